@@ -1,0 +1,127 @@
+"""Fixtures: real broker processes on ephemeral loopback ports, stopped by PID."""
+from __future__ import annotations
+
+import signal
+from typing import Callable, Iterator
+
+import pytest
+
+from tests.support.broker import BrokerProcess, find_nsqd
+from tests.support.wire import WireClient
+
+
+def _finish(b: BrokerProcess) -> None:
+    code = b.stop(signal.SIGTERM)
+    text = b.stderr_text()
+    b.cleanup()
+    assert "Traceback" not in text, text
+    assert code == 0, f"{b.kind} exited {code}:\n{text}"
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[BrokerProcess]:
+    """One pybroker shared by the session; tests use unique topic names."""
+    b = BrokerProcess("pybroker").start()
+    yield b
+    _finish(b)
+
+
+@pytest.fixture
+def make_broker() -> Iterator[Callable[..., BrokerProcess]]:
+    """Factory for a pybroker (or nsqd) with special options, stopped at teardown."""
+    started: list[BrokerProcess] = []
+
+    def make(*args: str, kind: str = "pybroker", **kw: object) -> BrokerProcess:
+        if kind == "nsqd":
+            path = find_nsqd()
+            if path is None:
+                pytest.skip("no nsqd binary on PATH (or $NSQD) to compare against")
+            kw.setdefault("nsqd_path", path)
+        b = BrokerProcess(kind, list(args), **kw).start()  # type: ignore[arg-type]
+        started.append(b)
+        return b
+
+    yield make
+    for b in started:
+        if b.proc is not None:
+            _finish(b)
+        else:
+            b.cleanup()
+
+
+@pytest.fixture(scope="session")
+def nsqd_path() -> str:
+    path = find_nsqd()
+    if path is None:
+        pytest.skip("no nsqd binary on PATH (or $NSQD) to compare against")
+    return path
+
+
+@pytest.fixture(scope="session")
+def nsqd(nsqd_path: str) -> Iterator[BrokerProcess]:
+    """A real nsqd shared by the session, for tests that compare behaviour."""
+    b = BrokerProcess("nsqd", nsqd_path=nsqd_path).start()
+    yield b
+    _finish(b)
+
+
+@pytest.fixture(params=["pybroker", "nsqd"])
+def any_broker(request: pytest.FixtureRequest) -> BrokerProcess:
+    """The same test against pybroker and, when one is found, a real nsqd."""
+    return request.getfixturevalue("broker" if request.param == "pybroker" else "nsqd")
+
+
+@pytest.fixture(params=["pybroker", "nsqd"])
+def broker_kind(request: pytest.FixtureRequest) -> str:
+    """"pybroker" or "nsqd": for tests that start their own broker of either kind."""
+    return str(request.param)
+
+
+@pytest.fixture
+def make_any_broker(make_broker: Callable[..., BrokerProcess],
+                    broker_kind: str) -> Callable[..., BrokerProcess]:
+    """make_broker for the kind under test: make_any_broker("--msg-timeout=2s")."""
+
+    def make(*args: str, **kw: object) -> BrokerProcess:
+        return make_broker(*args, kind=broker_kind, **kw)
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def make_module_broker() -> Iterator[Callable[..., BrokerProcess]]:
+    """Like make_broker, but shared by one module: the same (kind, flags) gives the same
+    running broker, so many tests can use special options at the cost of one start."""
+    started: dict[tuple[str, tuple[str, ...]], BrokerProcess] = {}
+
+    def make(*args: str, kind: str = "pybroker") -> BrokerProcess:
+        key = (kind, tuple(args))
+        if key not in started:
+            kw: dict[str, object] = {}
+            if kind == "nsqd":
+                path = find_nsqd()
+                if path is None:
+                    pytest.skip("no nsqd binary on PATH (or $NSQD) to compare against")
+                kw["nsqd_path"] = path
+            started[key] = BrokerProcess(kind, list(args), **kw).start()  # type: ignore[arg-type]
+        return started[key]
+
+    yield make
+    for b in started.values():
+        _finish(b)
+
+
+@pytest.fixture
+def connect() -> Iterator[Callable[..., WireClient]]:
+    """connect(broker, **kw) -> WireClient with the V2 magic sent; closed at teardown."""
+    clients: list[WireClient] = []
+
+    def make(b: BrokerProcess, **kw: object) -> WireClient:
+        assert b.tcp_address is not None
+        client = WireClient.connect(b.tcp_address, **kw)  # type: ignore[arg-type]
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()

@@ -1,0 +1,549 @@
+"""TCP protocol V2 on raw sockets: framing, every command, every error code and fatality.
+
+Every test runs against pybroker and, when the binary is found, a real nsqd 1.3.0, with
+the same assertions: codes match exactly, texts by nsqd's prefix. Commands are encoded
+with tests/support/wire.py, never with pybroker's own codec.
+"""
+from __future__ import annotations
+
+import json
+import struct
+import time
+from typing import Callable
+
+import pytest
+
+from tests.support import wire
+from tests.support.broker import BrokerProcess, unique_name
+from tests.support.wire import FRAME_ERROR, FRAME_RESPONSE, WireClient
+
+Connect = Callable[..., WireClient]
+UNKNOWN_ID = b"0123456789abcdef"
+# Small limits so oversized bodies stay small on the wire (a server that closes with
+# unread input may reset the connection before the error frame is read).
+SMALL = ("--max-msg-size=1024", "--max-body-size=4096", "--max-rdy-count=50",
+         "--max-req-timeout=10s")
+
+
+@pytest.fixture
+def small(make_module_broker: Callable[..., BrokerProcess], broker_kind: str) -> BrokerProcess:
+    return make_module_broker(*SMALL, kind=broker_kind)
+
+
+def subscribed(connect: Connect, b: BrokerProcess, topic: str, rdy: int = 0,
+               **identify: object) -> WireClient:
+    c = connect(b)
+    if identify:
+        c.identify(**identify)
+    c.sub(topic, "ch")
+    if rdy:
+        c.rdy(rdy)
+    return c
+
+
+# -- framing -------------------------------------------------------------------------------
+def test_bad_magic_gets_e_bad_protocol_and_close(any_broker: BrokerProcess,
+                                                 connect: Connect) -> None:
+    c = connect(any_broker, magic=False)
+    c.send(b"  V1")
+    c.expect_error("E_BAD_PROTOCOL")
+
+
+def test_magic_and_commands_split_into_single_bytes(any_broker: BrokerProcess,
+                                                    connect: Connect) -> None:
+    topic = unique_name()
+    c = connect(any_broker, magic=False)
+    data = (wire.MAGIC_V2 + wire.identify(client_id="split") + wire.pub(topic, b"hello")
+            + wire.sub(topic, "ch") + wire.rdy(1))
+    for i in range(len(data)):
+        c.send(data[i:i + 1])
+    c.expect_response(b"OK")  # IDENTIFY
+    c.expect_response(b"OK")  # PUB
+    c.expect_response(b"OK")  # SUB
+    msg = c.read_message()
+    assert (msg.body, msg.attempts) == (b"hello", 1)
+
+
+def test_pipelined_commands_in_one_send(any_broker: BrokerProcess, connect: Connect) -> None:
+    topic = unique_name()
+    c = connect(any_broker)
+    bodies = [b"m%d" % i for i in range(50)]
+    c.send(b"".join(wire.pub(topic, body) for body in bodies)
+           + wire.sub(topic, "ch") + wire.rdy(100))
+    for _ in range(51):
+        c.expect_response(b"OK")
+    msgs = c.read_messages(50)
+    assert sorted(m.body for m in msgs) == sorted(bodies)
+    c.send(b"".join(wire.fin(m.id) for m in msgs) + wire.nop())
+    c.assert_alive()  # no E_FIN_FAILED came back
+
+
+def test_crlf_line_endings(any_broker: BrokerProcess, connect: Connect) -> None:
+    topic = unique_name()
+    c = connect(any_broker)
+    c.send(wire.command("PUB", topic, body=b"crlf", eol=b"\r\n"))
+    c.expect_response(b"OK")
+    c.send(wire.command("SUB", topic, "ch", eol=b"\r\n") + wire.command("RDY", 1, eol=b"\r\n"))
+    c.expect_response(b"OK")
+    msg = c.read_message()
+    assert msg.body == b"crlf"
+    c.send(wire.command("FIN", msg.id, eol=b"\r\n"))
+    c.assert_alive()
+
+
+@pytest.mark.parametrize("line, text", [
+    (b"FOO\n", b"E_INVALID invalid command FOO"),
+    (b"pub t\n", b"E_INVALID invalid command pub"),
+    (b"\n", b"E_INVALID invalid command "),
+])
+def test_unknown_command_is_fatal(any_broker: BrokerProcess, connect: Connect,
+                                  line: bytes, text: bytes) -> None:
+    c = connect(any_broker)
+    c.send(line)
+    assert c.expect_error("E_INVALID") == text
+
+
+def test_nop_has_no_response(any_broker: BrokerProcess, connect: Connect) -> None:
+    c = connect(any_broker)
+    c.send(wire.nop() + wire.nop())
+    c.assert_alive()  # the first frame after the NOPs is the PUB's OK
+
+
+# -- IDENTIFY ------------------------------------------------------------------------------
+def test_identify_plain_ok_ignores_unknown_fields(any_broker: BrokerProcess,
+                                                  connect: Connect) -> None:
+    c = connect(any_broker)
+    assert c.identify(client_id="c1", hostname="h", user_agent="wire/1.0", short_id="s",
+                      long_id="l", some_future_field=[1, 2]) is None
+    c.assert_alive()
+
+
+NEGOTIATED_TYPES = {
+    "max_rdy_count": int, "version": str, "max_msg_timeout": int, "msg_timeout": int,
+    "tls_v1": bool, "deflate": bool, "deflate_level": int, "max_deflate_level": int,
+    "snappy": bool, "sample_rate": int, "auth_required": bool, "output_buffer_size": int,
+    "output_buffer_timeout": int,
+}
+
+
+def test_identify_feature_negotiation_defaults(any_broker: BrokerProcess,
+                                               connect: Connect) -> None:
+    data = connect(any_broker).identify(feature_negotiation=True)
+    assert data is not None
+    assert set(data) == set(NEGOTIATED_TYPES)
+    for key, typ in NEGOTIATED_TYPES.items():
+        assert type(data[key]) is typ, (key, data[key])
+    assert data["version"].split(".")[0].isdigit()
+    assert {k: v for k, v in data.items() if k != "version"} == {
+        "max_rdy_count": 2500, "max_msg_timeout": 900000, "msg_timeout": 60000,
+        "tls_v1": False, "deflate": False, "deflate_level": 6, "max_deflate_level": 6,
+        "snappy": False, "sample_rate": 0, "auth_required": False,
+        "output_buffer_size": 16384, "output_buffer_timeout": 250}
+
+
+def test_identify_feature_negotiation_reflects_fields(any_broker: BrokerProcess,
+                                                      connect: Connect) -> None:
+    c = connect(any_broker)
+    data = c.identify(feature_negotiation=True, heartbeat_interval=5000,
+                      output_buffer_size=1024, output_buffer_timeout=100, sample_rate=50,
+                      msg_timeout=5000)
+    assert data is not None
+    assert (data["output_buffer_size"], data["output_buffer_timeout"],
+            data["sample_rate"], data["msg_timeout"]) == (1024, 100, 50, 5000)
+    c.assert_alive()  # nothing follows the JSON when no upgrade was granted
+
+
+def test_identify_tls_snappy_deflate_not_granted(request: pytest.FixtureRequest,
+                                                 broker_kind: str,
+                                                 make_broker: Callable[..., BrokerProcess],
+                                                 connect: Connect) -> None:
+    """nsqd enables snappy and deflate by default, so it runs with them disabled here;
+    pybroker implements neither, and neither has a TLS certificate configured."""
+    b = request.getfixturevalue("broker") if broker_kind == "pybroker" else make_broker(
+        "--deflate=false", "--snappy=false", kind="nsqd")
+    for request in ({"tls_v1": True}, {"snappy": True}, {"deflate": True, "deflate_level": 3},
+                    {"snappy": True, "deflate": True}):
+        c = connect(b)
+        data = c.identify(feature_negotiation=True, **request)
+        assert data is not None
+        assert (data["tls_v1"], data["snappy"], data["deflate"]) == (False, False, False)
+        assert data["deflate_level"] == 6
+        c.assert_alive()  # still plaintext, no upgrade "OK" frame pending
+
+
+@pytest.mark.parametrize("field, value, text", [
+    ("heartbeat_interval", 999, "heartbeat interval (999) is invalid"),
+    ("heartbeat_interval", 60001, "heartbeat interval (60001) is invalid"),
+    ("heartbeat_interval", -2, "heartbeat interval (-2) is invalid"),
+    ("output_buffer_size", 63, "output buffer size (63) is invalid"),
+    ("output_buffer_size", 65537, "output buffer size (65537) is invalid"),
+    ("output_buffer_timeout", 24, "output buffer timeout (24) is invalid"),
+    ("output_buffer_timeout", 30001, "output buffer timeout (30001) is invalid"),
+    ("sample_rate", -1, "sample rate (-1) is invalid"),
+    ("sample_rate", 100, "sample rate (100) is invalid"),
+    ("msg_timeout", 999, "msg timeout (999) is invalid"),
+    ("msg_timeout", 900001, "msg timeout (900001) is invalid"),
+])
+def test_identify_field_out_of_range(any_broker: BrokerProcess, connect: Connect,
+                                     field: str, value: int, text: str) -> None:
+    c = connect(any_broker)
+    c.send(wire.identify(**{field: value}))
+    c.expect_error("E_BAD_BODY", prefix=f"E_BAD_BODY IDENTIFY {text}")
+
+
+@pytest.mark.parametrize("fields", [
+    {"heartbeat_interval": 1000}, {"heartbeat_interval": 60000}, {"heartbeat_interval": -1},
+    {"output_buffer_size": 64}, {"output_buffer_size": 65536}, {"output_buffer_size": -1},
+    {"output_buffer_timeout": 25}, {"output_buffer_timeout": 30000},
+    {"output_buffer_timeout": -1}, {"sample_rate": 99}, {"msg_timeout": 1000},
+    {"msg_timeout": 900000},
+])
+def test_identify_field_range_limits_accepted(any_broker: BrokerProcess, connect: Connect,
+                                              fields: dict[str, int]) -> None:
+    c = connect(any_broker)
+    c.identify(**fields)
+    c.assert_alive()
+
+
+@pytest.mark.parametrize("body, prefix", [
+    (b"{not json", "E_BAD_BODY IDENTIFY failed to decode JSON body"),
+    (b"", "E_BAD_BODY IDENTIFY invalid body size 0"),
+])
+def test_identify_bad_body(any_broker: BrokerProcess, connect: Connect, body: bytes,
+                           prefix: str) -> None:
+    c = connect(any_broker)
+    c.send(wire.command("IDENTIFY", body=body))
+    c.expect_error("E_BAD_BODY", prefix=prefix)
+
+
+def test_identify_body_too_big(small: BrokerProcess, connect: Connect) -> None:
+    c = connect(small)
+    c.send(b"IDENTIFY\n" + struct.pack(">i", 4097))
+    c.expect_error("E_BAD_BODY", prefix="E_BAD_BODY IDENTIFY body too big 4097 > 4096")
+
+
+def test_identify_after_sub_is_invalid(any_broker: BrokerProcess, connect: Connect) -> None:
+    c = subscribed(connect, any_broker, unique_name())
+    c.send(wire.identify(client_id="late"))
+    c.expect_error("E_INVALID", prefix="E_INVALID cannot IDENTIFY in current state")
+
+
+def test_identify_twice_before_sub(any_broker: BrokerProcess, connect: Connect) -> None:
+    """nsqd checks only the client state for IDENTIFY, and IDENTIFY leaves the state at
+    init: a second IDENTIFY before SUB is answered OK again."""
+    c = connect(any_broker)
+    c.identify(client_id="first")
+    c.identify(client_id="second")
+    c.assert_alive()
+
+
+# -- SUB -----------------------------------------------------------------------------------
+BAD_NAMES = ["a*b", "x" * 65, "#ephemeral", "t#ephemeral#ephemeral", "t#other", "t:c", "ü"]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_sub_bad_topic_name(any_broker: BrokerProcess, connect: Connect, name: str) -> None:
+    c = connect(any_broker)
+    c.send(wire.sub(name, "ch"))
+    c.expect_error("E_BAD_TOPIC", prefix=f"E_BAD_TOPIC SUB topic name {json.dumps(name)}"
+                   if name.isascii() else "E_BAD_TOPIC SUB topic name ")
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_sub_bad_channel_name(any_broker: BrokerProcess, connect: Connect, name: str) -> None:
+    c = connect(any_broker)
+    c.send(wire.sub(unique_name(), name))
+    c.expect_error("E_BAD_CHANNEL", prefix="E_BAD_CHANNEL SUB channel name ")
+
+
+def test_sub_empty_topic_is_bad_topic(any_broker: BrokerProcess, connect: Connect) -> None:
+    c = connect(any_broker)
+    c.send(b"SUB  ch\n")
+    c.expect_error("E_BAD_TOPIC", prefix='E_BAD_TOPIC SUB topic name "" is not valid')
+
+
+def test_sub_name_length_limits(any_broker: BrokerProcess, connect: Connect) -> None:
+    base = unique_name("len")
+    for topic, channel in [(base.ljust(64, "x"), "c" * 64),
+                           (base.ljust(54, "e") + "#ephemeral", "c" * 54 + "#ephemeral")]:
+        assert len(topic) == len(channel) == 64
+        connect(any_broker).sub(topic, channel)
+    c = connect(any_broker)
+    c.send(wire.sub(base.ljust(55, "e") + "#ephemeral", "ch"))
+    c.expect_error("E_BAD_TOPIC")
+    c = connect(any_broker)
+    c.send(wire.sub(base, "c" * 65))
+    c.expect_error("E_BAD_CHANNEL")
+
+
+def test_sub_ephemeral_names_ok(any_broker: BrokerProcess, connect: Connect) -> None:
+    topic = unique_name() + "#ephemeral"
+    c = connect(any_broker)
+    c.sub(topic, "ch#ephemeral")
+    c.rdy(1)
+    c.pub(topic, b"eph")
+    assert c.read_message().body == b"eph"
+
+
+def test_sub_twice_is_invalid(any_broker: BrokerProcess, connect: Connect) -> None:
+    topic = unique_name()
+    c = subscribed(connect, any_broker, topic)
+    c.send(wire.sub(topic, "other"))
+    c.expect_error("E_INVALID", prefix="E_INVALID cannot SUB in current state")
+
+
+def test_sub_with_heartbeats_disabled(any_broker: BrokerProcess, connect: Connect) -> None:
+    c = connect(any_broker)
+    c.identify(heartbeat_interval=-1)
+    c.send(wire.sub(unique_name(), "ch"))
+    c.expect_error("E_INVALID", prefix="E_INVALID cannot SUB with heartbeats disabled")
+
+
+@pytest.mark.parametrize("line", [b"SUB\n", b"SUB topic\n"])
+def test_sub_missing_params(any_broker: BrokerProcess, connect: Connect, line: bytes) -> None:
+    c = connect(any_broker)
+    c.send(line)
+    c.expect_error("E_INVALID", prefix="E_INVALID SUB insufficient number of parameters")
+
+
+# -- PUB / MPUB / DPUB ---------------------------------------------------------------------
+def test_pub_mpub_dpub_ok_and_delivered(any_broker: BrokerProcess, connect: Connect) -> None:
+    topic = unique_name()
+    c = connect(any_broker)
+    c.pub(topic, b"one")
+    c.mpub(topic, [b"two", b"three", b"\x00binary\xff"])
+    c.dpub(topic, 0, b"four")
+    c.dpub(topic, 50, b"five")
+    s = subscribed(connect, any_broker, topic, rdy=10)
+    msgs = s.read_messages(6)
+    assert sorted(m.body for m in msgs) == sorted(
+        [b"one", b"two", b"three", b"\x00binary\xff", b"four", b"five"])
+    assert all(m.attempts == 1 for m in msgs)
+    assert len({m.id for m in msgs}) == 6
+    assert all(len(m.id) == 16 for m in msgs)
+    now_ns = time.time_ns()
+    assert all(abs(now_ns - m.ts_ns) < 60e9 for m in msgs), "timestamp is wall-clock ns"
+
+
+@pytest.mark.parametrize("verb", ["PUB", "MPUB", "DPUB"])
+def test_pub_bad_topic(any_broker: BrokerProcess, connect: Connect, verb: str) -> None:
+    c = connect(any_broker)
+    params = ["a*b", "0"] if verb == "DPUB" else ["a*b"]
+    body = wire.mpub_body([b"x"]) if verb == "MPUB" else b"x"
+    c.send(wire.command(verb, *params, body=body))
+    c.expect_error("E_BAD_TOPIC")
+
+
+@pytest.mark.parametrize("line", [b"PUB\n", b"MPUB\n", b"DPUB\n", b"DPUB topic\n"])
+def test_pub_missing_params(any_broker: BrokerProcess, connect: Connect, line: bytes) -> None:
+    c = connect(any_broker)
+    c.send(line)
+    verb = line.split()[0].decode()
+    c.expect_error("E_INVALID", prefix=f"E_INVALID {verb} insufficient number of parameters")
+
+
+@pytest.mark.parametrize("verb, size, code, text", [
+    ("PUB", 0, "E_BAD_MESSAGE", "PUB invalid message body size 0"),
+    ("PUB", -1, "E_BAD_MESSAGE", "PUB invalid message body size -1"),
+    ("PUB", 1025, "E_BAD_MESSAGE", "PUB message too big 1025 > 1024"),
+    ("DPUB", 0, "E_BAD_MESSAGE", "DPUB invalid message body size 0"),
+    ("DPUB", -5, "E_BAD_MESSAGE", "DPUB invalid message body size -5"),
+    ("DPUB", 1025, "E_BAD_MESSAGE", "DPUB message too big 1025 > 1024"),
+    ("MPUB", 0, "E_BAD_BODY", "MPUB invalid body size 0"),
+    ("MPUB", -1, "E_BAD_BODY", "MPUB invalid body size -1"),
+    ("MPUB", 4097, "E_BAD_BODY", "MPUB body too big 4097 > 4096"),
+])
+def test_pub_body_size_errors(small: BrokerProcess, connect: Connect, verb: str, size: int,
+                              code: str, text: str) -> None:
+    c = connect(small)
+    params = [unique_name(), "10"] if verb == "DPUB" else [unique_name()]
+    c.send(wire.command(verb, *params) + struct.pack(">i", size))
+    c.expect_error(code, prefix=f"{code} {text}")
+
+
+@pytest.mark.parametrize("parts, code, text", [
+    (0, "E_BAD_BODY", "MPUB invalid message count 0"),
+    (-1, "E_BAD_BODY", "MPUB invalid message count -1"),
+    (819, "E_BAD_BODY", "MPUB invalid message count 819"),  # > (4096 - 4) / 5
+    ([b"ok", b"x" * 1025], "E_BAD_MESSAGE", "MPUB message too big 1025 > 1024"),
+    ([b"ok", b""], "E_BAD_MESSAGE", "MPUB invalid message(1) body size 0"),
+])
+def test_mpub_bad_parts_are_atomic(small: BrokerProcess, connect: Connect,
+                                   parts: int | list[bytes], code: str, text: str) -> None:
+    topic = unique_name()
+    consumer = subscribed(connect, small, topic, rdy=10)
+    if isinstance(parts, int):
+        body = struct.pack(">i", parts)
+    else:
+        body = wire.mpub_body(parts)
+    c = connect(small)
+    c.send(wire.command("MPUB", topic, body=body))
+    c.expect_error(code, prefix=f"{code} {text}")
+    connect(small).pub(topic, b"marker")
+    assert consumer.read_message().body == b"marker", "a rejected MPUB delivered a part"
+    consumer.expect_nothing(0.2)
+
+
+@pytest.mark.parametrize("delay, text", [
+    ("10001", "E_INVALID DPUB timeout 10001 out of range 0-10000"),
+    ("-1", "E_INVALID DPUB could not parse timeout -1"),
+    ("soon", "E_INVALID DPUB could not parse timeout soon"),
+])
+def test_dpub_timeout_out_of_range(small: BrokerProcess, connect: Connect, delay: str,
+                                   text: str) -> None:
+    c = connect(small)
+    c.send(wire.command("DPUB", unique_name(), delay, body=b"x"))
+    c.expect_error("E_INVALID", prefix=text)
+
+
+def test_dpub_at_max_req_timeout_ok(small: BrokerProcess, connect: Connect) -> None:
+    connect(small).dpub(unique_name(), 10000, b"later")
+
+
+# -- RDY -----------------------------------------------------------------------------------
+def test_rdy_without_count_means_one(any_broker: BrokerProcess, connect: Connect) -> None:
+    topic = unique_name()
+    connect(any_broker).mpub(topic, [b"a", b"b", b"c"])
+    c = subscribed(connect, any_broker, topic)
+    c.send(b"RDY\n")
+    first = c.read_message()
+    c.expect_nothing(0.3)
+    c.fin(first.id)
+    second = c.read_message()
+    assert first.body != second.body
+    c.expect_nothing(0.2)
+
+
+@pytest.mark.parametrize("count, text", [
+    ("51", "E_INVALID RDY count 51 out of range 0-50"),
+    ("-1", "E_INVALID RDY could not parse count -1"),
+    ("many", "E_INVALID RDY could not parse count many"),
+])
+def test_rdy_bad_count_is_fatal(small: BrokerProcess, connect: Connect, count: str,
+                                text: str) -> None:
+    c = subscribed(connect, small, unique_name())
+    c.send(wire.command("RDY", count))
+    c.expect_error("E_INVALID", prefix=text)
+
+
+def test_rdy_max_count_ok(small: BrokerProcess, connect: Connect) -> None:
+    c = subscribed(connect, small, unique_name())
+    c.rdy(50)
+    c.assert_alive()
+
+
+def test_rdy_before_sub_is_invalid(any_broker: BrokerProcess, connect: Connect) -> None:
+    c = connect(any_broker)
+    c.send(wire.rdy(1))
+    c.expect_error("E_INVALID", prefix="E_INVALID cannot RDY in current state")
+
+
+# -- FIN / REQ / TOUCH ---------------------------------------------------------------------
+MSG_VERBS = {"FIN": ("E_FIN_FAILED", ()), "REQ": ("E_REQ_FAILED", ("0",)),
+             "TOUCH": ("E_TOUCH_FAILED", ())}
+
+
+@pytest.mark.parametrize("verb", MSG_VERBS)
+@pytest.mark.parametrize("msg_id", [b"abc", UNKNOWN_ID + b"0", b""])
+def test_wrong_id_length_is_fatal(any_broker: BrokerProcess, connect: Connect, verb: str,
+                                  msg_id: bytes) -> None:
+    c = subscribed(connect, any_broker, unique_name())
+    c.send(wire.command(verb, msg_id, *MSG_VERBS[verb][1]))
+    c.expect_error("E_INVALID", prefix="E_INVALID invalid message ID")
+
+
+@pytest.mark.parametrize("verb", MSG_VERBS)
+def test_unknown_id_is_not_fatal(any_broker: BrokerProcess, connect: Connect,
+                                 verb: str) -> None:
+    topic = unique_name()
+    c = subscribed(connect, any_broker, topic, rdy=1)
+    code, extra = MSG_VERBS[verb]
+    c.send(wire.command(verb, UNKNOWN_ID, *extra))
+    c.expect_error(code, prefix=f"{code} {verb} {UNKNOWN_ID.decode()} failed ID not in flight")
+    # the connection keeps working as a consumer too
+    c.pub(topic, b"after")
+    msg = c.read_message()
+    assert msg.body == b"after"
+    c.fin(msg.id)
+    c.fin(msg.id)
+    c.expect_error("E_FIN_FAILED", prefix=f"E_FIN_FAILED FIN {msg.id.decode()} failed")
+
+
+def test_fin_of_message_owned_by_another_client(any_broker: BrokerProcess,
+                                                connect: Connect) -> None:
+    topic = unique_name()
+    owner = subscribed(connect, any_broker, topic, rdy=1)
+    other = subscribed(connect, any_broker, topic)
+    owner.pub(topic, b"mine")
+    msg = owner.read_message()
+    other.fin(msg.id)
+    other.expect_error("E_FIN_FAILED", prefix=f"E_FIN_FAILED FIN {msg.id.decode()} failed "
+                                              "client does not own message")
+    owner.fin(msg.id)
+    owner.assert_alive()
+
+
+@pytest.mark.parametrize("verb", MSG_VERBS)
+def test_msg_verbs_before_sub_are_invalid(any_broker: BrokerProcess, connect: Connect,
+                                          verb: str) -> None:
+    c = connect(any_broker)
+    c.send(wire.command(verb, UNKNOWN_ID, *MSG_VERBS[verb][1]))
+    c.expect_error("E_INVALID", prefix=f"E_INVALID cannot {verb} in current state")
+
+
+@pytest.mark.parametrize("line, text", [
+    (b"FIN\n", "E_INVALID FIN insufficient number of params"),
+    (b"TOUCH\n", "E_INVALID TOUCH insufficient number of params"),
+    (b"REQ " + UNKNOWN_ID + b"\n", "E_INVALID REQ insufficient number of params"),
+    (b"REQ " + UNKNOWN_ID + b" x\n", "E_INVALID REQ could not parse timeout x"),
+])
+def test_msg_verbs_bad_params(any_broker: BrokerProcess, connect: Connect, line: bytes,
+                              text: str) -> None:
+    c = subscribed(connect, any_broker, unique_name())
+    c.send(line)
+    c.expect_error("E_INVALID", prefix=text)
+
+
+def test_req_timeout_above_max_is_clamped(small: BrokerProcess, connect: Connect) -> None:
+    topic = unique_name()
+    c = subscribed(connect, small, topic, rdy=1)
+    c.pub(topic, b"clamped")
+    msg = c.read_message()
+    c.req(msg.id, 999_999_999)
+    c.assert_alive()  # clamped to max-req-timeout, not rejected
+    c.expect_nothing(0.3)
+
+
+# -- CLS -----------------------------------------------------------------------------------
+def test_cls_then_fin_still_works(any_broker: BrokerProcess, connect: Connect) -> None:
+    topic = unique_name()
+    c = subscribed(connect, any_broker, topic, rdy=2)
+    c.pub(topic, b"a")
+    msg = c.read_message()
+    c.cls()
+    c.fin(msg.id)
+    c.rdy(5)  # ignored while closing
+    c.pub(topic, b"b")  # not delivered to a closing client
+    c.expect_nothing(0.3)
+    c.fin(msg.id)
+    c.expect_error("E_FIN_FAILED")  # the first FIN after CLS succeeded
+
+
+def test_cls_before_sub_is_invalid(any_broker: BrokerProcess, connect: Connect) -> None:
+    c = connect(any_broker)
+    c.send(wire.cls())
+    c.expect_error("E_INVALID", prefix="E_INVALID cannot CLS in current state")
+
+
+def test_frames_are_well_formed(any_broker: BrokerProcess) -> None:
+    """Raw frame layout: size counts the type field; errors are type 1, replies type 0."""
+    with any_broker.connect() as sock:
+        sock.sendall(wire.MAGIC_V2 + wire.nop() + wire.pub(unique_name(), b"x") + b"BAD\n")
+        sock.settimeout(5)
+        data = b""
+        while len(data) < 10 + 8 + len(b"E_INVALID invalid command BAD"):
+            chunk = sock.recv(4096)
+            assert chunk, f"closed early after {data!r}"
+            data += chunk
+        assert data == (wire.encode_frame(FRAME_RESPONSE, b"OK")
+                        + wire.encode_frame(FRAME_ERROR, b"E_INVALID invalid command BAD"))
