@@ -1,0 +1,271 @@
+/*
+ * nsqframe.c -- pybroker's NSQ V2 frame codec (see nsqframe.h for the contract).
+ *
+ * Pure functions over caller-owned memory: no allocation, no globals, no I/O,
+ * no calls into Python. Every read is bounds-checked against the length the
+ * caller passed; integers on the wire are big-endian. The pure-Python module
+ * pybroker/_native/_pure.py is the executable spec this file must match.
+ */
+#include "nsqframe.h"
+
+#include <string.h>
+
+/* Offsets in nsqf_span and nsqf_stop are uint32_t: never look further. */
+#define NSQF_MAX_SCAN ((size_t)UINT32_MAX)
+
+/* Read a big-endian int32 from p[0, 4); the caller has checked the bounds. */
+static int32_t get_i32(const uint8_t *p)
+{
+    uint32_t u = ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) |
+                 ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+    /* Two's complement conversion without implementation-defined behaviour. */
+    if (u <= (uint32_t)INT32_MAX)
+        return (int32_t)u;
+    return (int32_t)(u - (uint32_t)INT32_MAX - 1u) + INT32_MIN;
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    put_u32(p, (uint32_t)(v >> 32));
+    put_u32(p + 4, (uint32_t)v);
+}
+
+/* Which verbs carry an [int32 size][body] after their line. */
+enum body_kind { BODY_NONE = 0, BODY_MSG, BODY_LARGE };
+
+/*
+ * Classify the first space-separated token of line[0, n). Only the whole
+ * token counts: "PUBX t" carries no body, a bare "PUB" does (as in nsqd,
+ * which dispatches on params[0] and reads the size whatever the params).
+ */
+static enum body_kind body_kind_of(const uint8_t *line, size_t n)
+{
+    const uint8_t *sp = memchr(line, ' ', n);
+    size_t vlen = sp ? (size_t)(sp - line) : n;
+
+    switch (vlen) {
+    case 3:
+        return memcmp(line, "PUB", 3) == 0 ? BODY_MSG : BODY_NONE;
+    case 4:
+        if (memcmp(line, "DPUB", 4) == 0)
+            return BODY_MSG;
+        if (memcmp(line, "MPUB", 4) == 0 || memcmp(line, "AUTH", 4) == 0)
+            return BODY_LARGE;
+        return BODY_NONE;
+    case 8:
+        return memcmp(line, "IDENTIFY", 8) == 0 ? BODY_LARGE : BODY_NONE;
+    default:
+        return BODY_NONE;
+    }
+}
+
+static void set_stop(nsqf_stop *stop, int32_t status, size_t line_off,
+                     size_t line_len, int64_t value)
+{
+    stop->status = status;
+    stop->line_off = (uint32_t)line_off;
+    stop->line_len = (uint32_t)line_len;
+    stop->value = value;
+    stop->index = 0;
+}
+
+/*
+ * nsqf_scan: see nsqframe.h. Finds every complete command in buf[0, len)
+ * (at most cap of them), stores their spans in out, sets *used and *stop.
+ * Reads only buf[0, min(len, UINT32_MAX)); writes only out[0, cap), *used
+ * and *stop. A cap < 1 stores nothing and reports NSQF_E_CAPACITY.
+ */
+int nsqf_scan(const uint8_t *buf, size_t len, const nsqf_limits *lim,
+              nsqf_span *out, int cap, size_t *used, nsqf_stop *stop)
+{
+    size_t pos = 0;
+    int n = 0;
+
+    if (len > NSQF_MAX_SCAN)
+        len = NSQF_MAX_SCAN;
+    *used = 0;
+    if (cap < 1) {
+        set_stop(stop, NSQF_E_CAPACITY, 0, 0, 1);
+        return 0;
+    }
+
+    for (;;) {
+        size_t avail = len - pos;
+        /* The '\n' may be at most max_line bytes after the line's start. */
+        size_t window = avail;
+        const uint8_t *nl;
+        size_t line_end, line_len, next;
+        enum body_kind kind;
+
+        if (avail == 0) {
+            set_stop(stop, NSQF_NEED_MORE, pos, 0, 0);
+            break;
+        }
+        if (n == cap) {
+            set_stop(stop, NSQF_FULL, pos, 0, 0);
+            break;
+        }
+        if ((size_t)lim->max_line < window)
+            window = (size_t)lim->max_line + 1;
+        nl = memchr(buf + pos, '\n', window);
+        if (nl == NULL) {
+            if (avail > (size_t)lim->max_line)
+                set_stop(stop, NSQF_E_LINE_TOO_LONG, pos, 0, 0);
+            else
+                set_stop(stop, NSQF_NEED_MORE, pos, 0, 0);
+            break;
+        }
+        line_end = (size_t)(nl - buf);
+        next = line_end + 1;
+        /* Strip one '\r' before the '\n', as nsqd's IOLoop does. */
+        if (line_end > pos && buf[line_end - 1] == '\r')
+            line_end--;
+        line_len = line_end - pos;
+
+        kind = body_kind_of(buf + pos, line_len);
+        if (kind == BODY_NONE) {
+            out[n].line_off = (uint32_t)pos;
+            out[n].line_len = (uint32_t)line_len;
+            out[n].body_off = 0;
+            out[n].body_len = 0;
+            n++;
+            pos = next;
+            continue;
+        }
+
+        /* A body verb: [int32 size][size bytes] follow the line. */
+        if (len - next < 4) {
+            set_stop(stop, NSQF_NEED_MORE, pos, line_len, 0);
+            break;
+        }
+        {
+            int32_t size = get_i32(buf + next);
+            uint32_t limit = kind == BODY_MSG ? lim->max_msg_size
+                                              : lim->max_body_size;
+            size_t body_off = next + 4;
+
+            if (size <= 0 || (uint32_t)size > limit) {
+                set_stop(stop, kind == BODY_MSG ? NSQF_E_MSG_SIZE
+                                                : NSQF_E_BODY_SIZE,
+                         pos, line_len, (int64_t)size);
+                break;
+            }
+            if (len - body_off < (size_t)size) {
+                set_stop(stop, NSQF_NEED_MORE, pos, line_len, (int64_t)size);
+                break;
+            }
+            out[n].line_off = (uint32_t)pos;
+            out[n].line_len = (uint32_t)line_len;
+            out[n].body_off = (uint32_t)body_off;
+            out[n].body_len = (uint32_t)size;
+            n++;
+            pos = body_off + (size_t)size;
+        }
+    }
+    *used = pos;
+    return n;
+}
+
+static int mpub_fail(nsqf_stop *err, int code, uint32_t index, int64_t value)
+{
+    err->status = code;
+    err->line_off = 0;
+    err->line_len = 0;
+    err->index = index;
+    err->value = value;
+    return code;
+}
+
+/*
+ * nsqf_mpub_split: see nsqframe.h. Validates the whole body in nsqd's order
+ * before reporting NSQF_E_CAPACITY, so a caller may size offs/lens from the
+ * body length; stores only parts [0, cap). Reads only body[0, len).
+ */
+int nsqf_mpub_split(const uint8_t *body, size_t len, uint32_t max_msg_size,
+                    uint32_t max_count, uint32_t *offs, uint32_t *lens, int cap,
+                    nsqf_stop *err)
+{
+    int32_t count;
+    size_t pos = 4;
+    int32_t i;
+
+    if (len > NSQF_MAX_SCAN)
+        len = NSQF_MAX_SCAN;
+    if (len < 4)
+        return mpub_fail(err, NSQF_E_MPUB_COUNT_READ, 0, 0);
+    count = get_i32(body);
+    if (count <= 0 || (uint32_t)count > max_count)
+        return mpub_fail(err, NSQF_E_MPUB_COUNT, 0, (int64_t)count);
+
+    for (i = 0; i < count; i++) {
+        int32_t size;
+
+        if (len - pos < 4)
+            return mpub_fail(err, NSQF_E_MPUB_PART_READ, (uint32_t)i, 0);
+        size = get_i32(body + pos);
+        pos += 4;
+        if (size <= 0)
+            return mpub_fail(err, NSQF_E_MPUB_PART_SIZE, (uint32_t)i, size);
+        if ((uint32_t)size > max_msg_size)
+            return mpub_fail(err, NSQF_E_MPUB_PART_BIG, (uint32_t)i, size);
+        if (len - pos < (size_t)size)
+            return mpub_fail(err, NSQF_E_MPUB_PART_SHORT, (uint32_t)i, size);
+        if (i < cap) {
+            offs[i] = (uint32_t)pos;
+            lens[i] = (uint32_t)size;
+        }
+        pos += (size_t)size;
+    }
+    if (pos != len)
+        return mpub_fail(err, NSQF_E_MPUB_TRAILING, (uint32_t)count,
+                         (int64_t)(len - pos));
+    if (count > cap)
+        return mpub_fail(err, NSQF_E_CAPACITY, 0, (int64_t)count);
+    return (int)count;
+}
+
+/*
+ * nsqf_encode_messages: see nsqframe.h. Checks every length first, then
+ * writes out[0, total) in one pass; on any error nothing is written.
+ */
+int64_t nsqf_encode_messages(uint8_t *out, size_t cap, uint32_t n,
+                             const int64_t *ts_ns, const uint16_t *attempts,
+                             const uint8_t *ids, const uint8_t *bodies,
+                             const uint32_t *lens)
+{
+    uint64_t total = 0;
+    uint32_t i;
+    uint8_t *p = out;
+
+    for (i = 0; i < n; i++) {
+        if (lens[i] > NSQF_MAX_BODY)
+            return NSQF_E_FRAME_SIZE;
+        total += 34u + (uint64_t)lens[i];
+    }
+    if (total > (uint64_t)cap || total > (uint64_t)INT64_MAX)
+        return NSQF_E_CAPACITY;
+
+    for (i = 0; i < n; i++) {
+        uint32_t blen = lens[i];
+
+        put_u32(p, 30u + blen);            /* frame size: type + data */
+        put_u32(p + 4, 2u);                /* frame type: message */
+        put_u64(p + 8, (uint64_t)ts_ns[i]);
+        p[16] = (uint8_t)(attempts[i] >> 8);
+        p[17] = (uint8_t)attempts[i];
+        memcpy(p + 18, ids + (size_t)16 * i, 16);
+        if (blen > 0)
+            memcpy(p + 34, bodies, blen);
+        bodies += blen;
+        p += 34 + (size_t)blen;
+    }
+    return (int64_t)total;
+}

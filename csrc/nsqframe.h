@@ -1,0 +1,138 @@
+/*
+ * nsqframe.h -- the whole C API of pybroker's NSQ V2 frame codec.
+ *
+ * Three functions, each called once per batch from pybroker/_native:
+ *   nsqf_scan            once per recv(): find every complete command in a buffer
+ *   nsqf_mpub_split      once per MPUB: validate and split the body into parts
+ *   nsqf_encode_messages once per flush: write N message frames into one buffer
+ *
+ * Rules: the caller owns every buffer (input and output); no function allocates,
+ * keeps state between calls, touches globals or calls back into Python. C knows
+ * framing (which verbs carry a body, size limits); policy (states, names, what a
+ * command means) stays in Python. All integers on the wire are big-endian.
+ */
+#ifndef NSQFRAME_H
+#define NSQFRAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Scan status codes (nsqf_stop.status). 0 and 1 are not errors. */
+#define NSQF_NEED_MORE          0   /* the rest of the buffer is an incomplete command */
+#define NSQF_FULL               1   /* out[] filled up: call again from *used */
+#define NSQF_E_LINE_TOO_LONG   -1   /* no '\n' within max_line bytes */
+#define NSQF_E_MSG_SIZE        -2   /* PUB/DPUB body size <= 0 or > max_msg_size */
+#define NSQF_E_BODY_SIZE       -3   /* MPUB/IDENTIFY/AUTH body size <= 0 or > max_body_size */
+
+/* nsqf_mpub_split error codes (returned; details in nsqf_stop). */
+#define NSQF_E_MPUB_COUNT_READ -10  /* body shorter than the 4-byte count */
+#define NSQF_E_MPUB_COUNT      -11  /* count <= 0 or > max_count; value = count */
+#define NSQF_E_MPUB_PART_READ  -12  /* part size header cut short; index = part */
+#define NSQF_E_MPUB_PART_SIZE  -13  /* part size <= 0; index = part, value = size */
+#define NSQF_E_MPUB_PART_BIG   -14  /* part size > max_msg_size; index, value = size */
+#define NSQF_E_MPUB_PART_SHORT -15  /* part data cut short; index = part */
+#define NSQF_E_MPUB_TRAILING   -16  /* bytes left after the last part; value = how many */
+#define NSQF_E_CAPACITY        -20  /* an output array or buffer is too small; value = needed */
+#define NSQF_E_FRAME_SIZE      -21  /* a body longer than NSQF_MAX_BODY cannot be framed */
+
+/* Longest message body a frame can carry: the int32 frame size is 30 + len. */
+#define NSQF_MAX_BODY   2147483617  /* INT32_MAX - 30 */
+
+/* One complete command, as offsets into the caller's buffer. */
+typedef struct {
+    uint32_t line_off;  /* first byte of the verb */
+    uint32_t line_len;  /* line length without the '\n' and one optional '\r' before it */
+    uint32_t body_off;  /* first body byte (after the int32 size); 0 when no body */
+    uint32_t body_len;  /* body length; 0 when the verb carries no body */
+} nsqf_span;
+
+/* Limits, from the broker's options. */
+typedef struct {
+    uint32_t max_line;       /* longest command line accepted, '\n' excluded */
+    uint32_t max_msg_size;   /* PUB and DPUB bodies */
+    uint32_t max_body_size;  /* MPUB, IDENTIFY and AUTH bodies */
+} nsqf_limits;
+
+/* Why a scan stopped, and where. */
+typedef struct {
+    int32_t  status;    /* NSQF_NEED_MORE, NSQF_FULL or a negative NSQF_E_* code */
+    uint32_t line_off;  /* the stopping command's line (== *used) ...             */
+    uint32_t line_len;  /* ... and its length if the whole line is there, else 0 */
+    int64_t  value;     /* the body size read (as int32) for NSQF_E_MSG_SIZE,
+                           NSQF_E_BODY_SIZE and a NEED_MORE waiting for a body;
+                           otherwise as documented per function, else 0 */
+    uint32_t index;     /* for nsqf_mpub_split: the part the error is about */
+} nsqf_stop;
+
+/*
+ * Scan buf[0, len) for complete commands.
+ *
+ * A command is a line ending in '\n'. When its first space-separated token is
+ * PUB, DPUB, MPUB, IDENTIFY or AUTH, an int32 size and that many body bytes
+ * follow the line; the size is checked against lim (PUB/DPUB: 1..max_msg_size,
+ * others: 1..max_body_size) as soon as its 4 bytes are there.
+ *
+ * A line is complete when a '\n' is at most lim->max_line bytes after its
+ * first byte (the limit counts a '\r' but not the '\n'); one '\r' before the
+ * '\n' is not part of line_len. Empty lines are commands too (line_len 0).
+ *
+ * Inputs:  buf/len (caller-owned, not modified; only the first UINT32_MAX
+ *          bytes are looked at, so offsets fit in 32 bits), lim,
+ *          out[0, cap) caller-allocated, cap >= 1.
+ * Outputs: out[0, n) spans in order; *used = bytes covered by those n commands;
+ *          *stop says why scanning ended at *used:
+ *            NSQF_NEED_MORE  the rest of the buffer (possibly nothing) is an
+ *                            incomplete command; line_len > 0 when its line is
+ *                            complete but its size or body is not yet (the
+ *                            caller may validate the line early), and value =
+ *                            the body size once its 4 bytes are there;
+ *            NSQF_FULL       cap spans stored and bytes remain: call again
+ *                            from *used;
+ *            NSQF_E_*        input that can never become valid; line_off/line_len
+ *                            give the offending command's line (line_len 0 for
+ *                            NSQF_E_LINE_TOO_LONG), value the bad size.
+ *          cap < 1 stores nothing and sets status NSQF_E_CAPACITY, value 1.
+ * Returns: n, the number of spans stored (0..cap). Never reads past buf + len.
+ */
+int nsqf_scan(const uint8_t *buf, size_t len, const nsqf_limits *lim,
+              nsqf_span *out, int cap, size_t *used, nsqf_stop *stop);
+
+/*
+ * Validate an MPUB body [int32 n]([int32 size][size bytes])* and split it.
+ *
+ * Inputs:  body/len (caller-owned), max_msg_size (part limit), max_count (count
+ *          limit, nsqd uses (max_body_size - 4) / 5), offs/lens[0, cap).
+ * Outputs: offs[i], lens[i] = offset (into body) and length of part i.
+ * Returns: n (>= 1) on success; a negative NSQF_E_MPUB_* code, with err->index
+ *          and err->value filled as documented above, checked in nsqd's order
+ *          (count, then per part: size header, size > 0, size limit, data; then
+ *          trailing bytes, with index = n). value is the part's size for
+ *          PART_SIZE, PART_BIG and PART_SHORT, 0 for COUNT_READ and PART_READ.
+ *          The whole body is validated first; only then is NSQF_E_CAPACITY
+ *          returned, with err->value = n, when n > cap (parts [0, cap) are
+ *          stored). A valid body has n <= (len - 4) / 5, so offs/lens of that
+ *          many entries always suffice. Only body[0, min(len, UINT32_MAX)) is read.
+ */
+int nsqf_mpub_split(const uint8_t *body, size_t len, uint32_t max_msg_size,
+                    uint32_t max_count, uint32_t *offs, uint32_t *lens, int cap,
+                    nsqf_stop *err);
+
+/*
+ * Encode n message frames back to back into out[0, cap):
+ *   [int32 size = 30 + len][int32 2][int64 ts_ns][uint16 attempts][16-byte id][body]
+ *
+ * Inputs:  ts_ns[n], attempts[n], ids (n * 16 bytes, message i at ids + 16 * i),
+ *          bodies (the n bodies back to back, sum(lens) bytes: body i starts
+ *          at bodies + lens[0] + ... + lens[i - 1]), lens[n]; all caller-owned.
+ *          (One joined buffer rather than n pointers: from Python a pointer
+ *          array costs a cdata object per body, about twice the whole encode.)
+ * Returns: bytes written; NSQF_E_FRAME_SIZE if some lens[i] > NSQF_MAX_BODY;
+ *          NSQF_E_CAPACITY if cap < sum(34 + lens[i]). Nothing is written
+ *          when an error is returned.
+ */
+int64_t nsqf_encode_messages(uint8_t *out, size_t cap, uint32_t n,
+                             const int64_t *ts_ns, const uint16_t *attempts,
+                             const uint8_t *ids, const uint8_t *bodies,
+                             const uint32_t *lens);
+
+#endif /* NSQFRAME_H */

@@ -1,0 +1,202 @@
+"""Pure-Python NSQ V2 frame codec: the executable spec of csrc/nsqframe.c.
+
+Same functions, results and errors as the C backend in pybroker._native; used
+when PYBROKER_PURE=1 and by the parity tests. Imports only the stdlib.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+# Values mirror csrc/nsqframe.h (build.py exposes the header's; tests compare).
+NEED_MORE = 0
+FULL = 1
+E_LINE_TOO_LONG = -1
+E_MSG_SIZE = -2
+E_BODY_SIZE = -3
+E_MPUB_COUNT_READ = -10
+E_MPUB_COUNT = -11
+E_MPUB_PART_READ = -12
+E_MPUB_PART_SIZE = -13
+E_MPUB_PART_BIG = -14
+E_MPUB_PART_SHORT = -15
+E_MPUB_TRAILING = -16
+E_CAPACITY = -20
+E_FRAME_SIZE = -21
+MAX_BODY = 0x7FFFFFFF - 30
+
+_U32_MAX = 0xFFFFFFFF
+_U16_MAX = 0xFFFF
+_I64_MIN = -(1 << 63)
+_I64_MAX = (1 << 63) - 1
+
+Span = tuple[int, int, int, int]
+"""(line_off, line_len, body_off, body_len); body_* are 0 for bodiless verbs."""
+Stop = tuple[int, int, int, int]
+"""(status, line_off, line_len, value) describing why a scan stopped."""
+
+_MSG_VERBS = frozenset((b"PUB", b"DPUB"))
+_LARGE_VERBS = frozenset((b"MPUB", b"IDENTIFY", b"AUTH"))
+_FRAME_HEAD = struct.Struct(">iiqH")
+_I32 = struct.Struct(">i")
+
+
+class ScanError(Exception):
+    """A framing error from mpub_split (and the code behind a scan stop).
+
+    Attributes:
+        code: a negative E_* constant.
+        index: the MPUB part the error is about (0 when not about a part).
+        value: the offending size or count, or the number of trailing bytes.
+    """
+
+    def __init__(self, code: int, index: int = 0, value: int = 0) -> None:
+        super().__init__(code, index, value)
+        self.code = code
+        self.index = index
+        self.value = value
+
+    def __str__(self) -> str:
+        return f"frame error {self.code} (index {self.index}, value {self.value})"
+
+
+def check_u32(name: str, value: int) -> int:
+    """Return value if it fits a uint32 limit, else raise ValueError."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not 0 <= value <= _U32_MAX:
+        raise ValueError(f"{name} {value} out of range 0-{_U32_MAX}")
+    return value
+
+
+class Scanner:
+    """Finds complete NSQ V2 commands in a receive buffer.
+
+    Owned by one connection decoder; not for concurrent use by two threads.
+    """
+
+    __slots__ = ("max_line", "max_msg_size", "max_body_size")
+
+    def __init__(self, max_line: int, max_msg_size: int, max_body_size: int) -> None:
+        self.max_line = check_u32("max_line", max_line)
+        self.max_msg_size = check_u32("max_msg_size", max_msg_size)
+        self.max_body_size = check_u32("max_body_size", max_body_size)
+
+    def scan(self, buf: bytes | bytearray) -> tuple[list[Span], int, Stop]:
+        """Find every complete command in buf.
+
+        Returns:
+            (spans, used, stop): spans of the complete commands in order, the
+            bytes they cover, and (status, line_off, line_len, value) where
+            status is NEED_MORE or a negative E_* code; see nsqframe.h.
+        """
+        max_line = self.max_line
+        end = min(len(buf), _U32_MAX)
+        spans: list[Span] = []
+        pos = 0
+        while True:
+            if pos == end:
+                return spans, pos, (NEED_MORE, pos, 0, 0)
+            # The '\n' may be at most max_line bytes after the line's start.
+            nl = buf.find(b"\n", pos, min(end, pos + max_line + 1))
+            if nl < 0:
+                status = E_LINE_TOO_LONG if end - pos > max_line else NEED_MORE
+                return spans, pos, (status, pos, 0, 0)
+            nxt = nl + 1
+            line_end = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl
+            line_len = line_end - pos
+            sp = buf.find(b" ", pos, line_end)
+            verb = bytes(buf[pos : line_end if sp < 0 else sp])
+            if verb in _MSG_VERBS:
+                limit, code = self.max_msg_size, E_MSG_SIZE
+            elif verb in _LARGE_VERBS:
+                limit, code = self.max_body_size, E_BODY_SIZE
+            else:
+                spans.append((pos, line_len, 0, 0))
+                pos = nxt
+                continue
+            if end - nxt < 4:
+                return spans, pos, (NEED_MORE, pos, line_len, 0)
+            (size,) = _I32.unpack_from(buf, nxt)
+            if size <= 0 or size > limit:
+                return spans, pos, (code, pos, line_len, size)
+            body_off = nxt + 4
+            if end - body_off < size:
+                return spans, pos, (NEED_MORE, pos, line_len, size)
+            spans.append((pos, line_len, body_off, size))
+            pos = body_off + size
+
+
+def mpub_split(
+    body: bytes | bytearray | memoryview, max_msg_size: int, max_count: int
+) -> list[bytes]:
+    """Validate an MPUB body [int32 n]([int32 size][data])* and split it.
+
+    Checks in nsqd's order: count read, 1 <= count <= max_count, then per
+    part: size read, size > 0, size <= max_msg_size, data present; then no
+    trailing bytes.
+
+    Returns:
+        The parts, as bytes.
+    Raises:
+        ScanError: code E_MPUB_*, index = part, value as in nsqframe.h.
+    """
+    check_u32("max_msg_size", max_msg_size)
+    check_u32("max_count", max_count)
+    mv = memoryview(body).cast("B")
+    end = min(len(mv), _U32_MAX)
+    if end < 4:
+        raise ScanError(E_MPUB_COUNT_READ, 0, 0)
+    (count,) = _I32.unpack_from(mv, 0)
+    if count <= 0 or count > max_count:
+        raise ScanError(E_MPUB_COUNT, 0, count)
+    parts: list[bytes] = []
+    pos = 4
+    for i in range(count):
+        if end - pos < 4:
+            raise ScanError(E_MPUB_PART_READ, i, 0)
+        (size,) = _I32.unpack_from(mv, pos)
+        pos += 4
+        if size <= 0:
+            raise ScanError(E_MPUB_PART_SIZE, i, size)
+        if size > max_msg_size:
+            raise ScanError(E_MPUB_PART_BIG, i, size)
+        if end - pos < size:
+            raise ScanError(E_MPUB_PART_SHORT, i, size)
+        parts.append(bytes(mv[pos : pos + size]))
+        pos += size
+    if pos != end:
+        raise ScanError(E_MPUB_TRAILING, count, end - pos)
+    return parts
+
+
+def encode_messages(msgs: Sequence[object]) -> bytes:
+    """Frame msgs back to back as NSQ message frames.
+
+    Each frame is [int32 30+len][int32 2][int64 ts_ns][uint16 attempts]
+    [16-byte id][body]; msgs need attributes id, body, ts_ns and attempts.
+
+    Raises:
+        ValueError: an id that is not 16 bytes, attempts outside 0-65535,
+            ts_ns outside int64, or a body longer than MAX_BODY.
+    """
+    out = bytearray()
+    pack = _FRAME_HEAD.pack
+    for m in msgs:
+        mid: bytes = m.id  # type: ignore[attr-defined]
+        body: bytes = m.body  # type: ignore[attr-defined]
+        ts_ns: int = m.ts_ns  # type: ignore[attr-defined]
+        attempts: int = m.attempts  # type: ignore[attr-defined]
+        if len(mid) != 16:
+            raise ValueError(f"message id must be 16 bytes, got {len(mid)}")
+        if not 0 <= attempts <= _U16_MAX:
+            raise ValueError(f"attempts {attempts} out of range 0-{_U16_MAX}")
+        if not _I64_MIN <= ts_ns <= _I64_MAX:
+            raise ValueError(f"ts_ns {ts_ns} out of int64 range")
+        if len(body) > MAX_BODY:
+            raise ValueError(f"message body of {len(body)} bytes is too large")
+        out += pack(30 + len(body), 2, ts_ns, attempts)
+        out += mid
+        out += body
+    return bytes(out)
