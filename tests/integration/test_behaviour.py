@@ -1,0 +1,327 @@
+"""Delivery semantics over raw sockets: RDY, REQ/TOUCH/timeouts, deferral, channels,
+heartbeats, fatality, many connections, ephemeral channels and message ids.
+
+Tests taking ``any_broker``/``make_any_broker`` run the same assertions against pybroker
+and a real nsqd 1.3.0; the pybroker-only tests say in their docstring why nsqd differs.
+Short per-client timeouts (IDENTIFY msg_timeout=1000, heartbeat_interval=1000) keep the
+module fast. Durations are measured with time.monotonic().
+"""
+from __future__ import annotations
+
+import re
+import resource
+import select
+import socket
+import time
+from typing import Callable
+
+import pytest
+
+from tests.support import wire
+from tests.support.broker import BrokerProcess, unique_name
+from tests.support.wire import ConnectionClosed, WireClient
+
+Connect = Callable[..., WireClient]
+# How late a timed redelivery may come. nsqd's queue scanner refreshes its list of
+# channels only every 5 s, so a new channel's timeouts can wait that long; pybroker is
+# expected to honour them within its scan interval.
+SLACK_S = {"pybroker": 1.5, "nsqd": 5.5}
+
+
+def consumer(connect: Connect, b: BrokerProcess, topic: str, channel: str = "ch",
+             rdy: int = 0, **identify: object) -> WireClient:
+    c = connect(b)
+    if identify:
+        c.identify(**identify)
+    c.sub(topic, channel)
+    if rdy:
+        c.rdy(rdy)
+    return c
+
+
+def test_rdy_caps_in_flight_exactly(any_broker: BrokerProcess, connect: Connect) -> None:
+    topic = unique_name()
+    c = consumer(connect, any_broker, topic, rdy=3)
+    c.mpub(topic, [b"%d" % i for i in range(10)])
+    first = c.read_messages(3)
+    c.expect_nothing(0.3)
+    c.fin(first[0].id)
+    fourth = c.read_message()
+    c.expect_nothing(0.3)
+    c.send(b"".join(wire.fin(m.id) for m in (*first[1:], fourth)))
+    rest = c.read_messages(3)
+    c.expect_nothing(0.2)
+    seen = [m.body for m in (*first, fourth, *rest)]
+    assert len(set(seen)) == 7
+
+
+def test_rdy_zero_pauses_delivery(any_broker: BrokerProcess, connect: Connect) -> None:
+    topic = unique_name()
+    c = consumer(connect, any_broker, topic, rdy=5)
+    c.rdy(0)
+    c.pub(topic, b"held")
+    c.expect_nothing(0.3)
+    c.rdy(1)
+    assert c.read_message().body == b"held"
+
+
+def test_req_until_attempts_above_five(any_broker: BrokerProcess, connect: Connect) -> None:
+    topic = unique_name()
+    c = consumer(connect, any_broker, topic, rdy=1)
+    c.pub(topic, b"retry me")
+    deliveries = []
+    while True:
+        msg = c.read_message()
+        deliveries.append(msg)
+        if msg.attempts > 5:
+            c.fin(msg.id)
+            break
+        c.req(msg.id, 0)
+    assert [m.attempts for m in deliveries] == [1, 2, 3, 4, 5, 6]
+    assert len({m.ts_ns for m in deliveries}) == 1, "timestamp must survive requeues"
+    assert len({m.id for m in deliveries}) == 1
+    assert {m.body for m in deliveries} == {b"retry me"}
+    c.expect_nothing(0.3)
+    c.fin(deliveries[-1].id)
+    c.expect_error("E_FIN_FAILED")
+
+
+def test_unfinished_message_redelivered_after_msg_timeout(any_broker: BrokerProcess,
+                                                          connect: Connect) -> None:
+    topic = unique_name()
+    c = consumer(connect, any_broker, topic, rdy=1, msg_timeout=1000)
+    c.pub(topic, b"slow")
+    first = c.read_message()
+    t0 = time.monotonic()
+    slack = SLACK_S[any_broker.kind]
+    again = c.read_message(timeout=1.0 + slack + 1)
+    elapsed = time.monotonic() - t0
+    assert (again.id, again.body, again.attempts) == (first.id, b"slow", 2)
+    assert again.ts_ns == first.ts_ns
+    assert 0.9 <= elapsed < 1.0 + slack, elapsed
+    c.fin(again.id)
+    c.expect_nothing(0.2)
+
+
+def test_touch_keeps_message_past_msg_timeout(any_broker: BrokerProcess,
+                                              connect: Connect) -> None:
+    topic = unique_name()
+    c = consumer(connect, any_broker, topic, rdy=1, msg_timeout=1000)
+    # First see one timeout redelivery on this channel, so that the TOUCH phase below
+    # runs while the channel's timeouts are certainly being scanned (see SLACK_S).
+    c.pub(topic, b"warm-up")
+    warm = c.read_message()
+    again = c.read_message(timeout=1.0 + SLACK_S[any_broker.kind] + 1)
+    assert (again.id, again.attempts) == (warm.id, 2)
+    c.fin(again.id)
+    c.pub(topic, b"long job")
+    msg = c.read_message()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 2.5:  # 2.5 x msg_timeout
+        c.touch(msg.id)
+        c.expect_nothing(0.3)  # no redelivery, no E_TOUCH_FAILED
+    c.fin(msg.id)
+    c.assert_alive()  # the FIN was accepted: still in flight after 2.5 s
+    c.fin(msg.id)
+    c.expect_error("E_FIN_FAILED")
+
+
+def test_dpub_not_delivered_before_delay(any_broker: BrokerProcess, connect: Connect) -> None:
+    topic = unique_name()
+    c = consumer(connect, any_broker, topic, rdy=2)
+    t0 = time.monotonic()
+    c.dpub(topic, 600, b"deferred")
+    c.pub(topic, b"now")
+    now = c.read_message()
+    assert now.body == b"now"
+    c.fin(now.id)
+    slack = SLACK_S[any_broker.kind]
+    msg = c.read_message(timeout=0.6 + slack + 1)
+    elapsed = time.monotonic() - t0
+    assert (msg.body, msg.attempts) == (b"deferred", 1)
+    assert 0.6 <= elapsed < 0.6 + slack, elapsed
+
+
+def test_req_with_delay_not_redelivered_early(any_broker: BrokerProcess,
+                                              connect: Connect) -> None:
+    topic = unique_name()
+    c = consumer(connect, any_broker, topic, rdy=1)
+    c.pub(topic, b"later")
+    msg = c.read_message()
+    t0 = time.monotonic()
+    c.req(msg.id, 600)
+    slack = SLACK_S[any_broker.kind]
+    again = c.read_message(timeout=0.6 + slack + 1)
+    elapsed = time.monotonic() - t0
+    assert (again.id, again.attempts) == (msg.id, 2)
+    assert 0.6 <= elapsed < 0.6 + slack, elapsed
+
+
+def test_two_channels_each_get_every_message(any_broker: BrokerProcess,
+                                             connect: Connect) -> None:
+    topic = unique_name()
+    a = consumer(connect, any_broker, topic, "ch1", rdy=50)
+    b = consumer(connect, any_broker, topic, "ch2", rdy=50)
+    bodies = [b"m%d" % i for i in range(20)]
+    connect(any_broker).mpub(topic, bodies)
+    for c in (a, b):
+        assert sorted(m.body for m in c.read_messages(20)) == sorted(bodies)
+        c.expect_nothing(0.1)
+
+
+def test_consumers_of_one_channel_share_messages(any_broker: BrokerProcess,
+                                                 connect: Connect) -> None:
+    topic = unique_name()
+    clients = [consumer(connect, any_broker, topic, rdy=100) for _ in range(2)]
+    bodies = [b"s%d" % i for i in range(40)]
+    connect(any_broker).mpub(topic, bodies)
+    got: list[bytes] = []
+    deadline = time.monotonic() + 5
+    while len(got) < 40 and time.monotonic() < deadline:
+        ready, _, _ = select.select([c.sock for c in clients], [], [], 0.2)
+        for c in clients:
+            if c.sock in ready:
+                m = c.read_message()
+                got.append(m.body)
+                c.fin(m.id)
+    assert sorted(got) == sorted(bodies)
+    for c in clients:
+        c.expect_nothing(0.1)
+
+
+def test_topic_without_channel_keeps_messages(any_broker: BrokerProcess,
+                                              connect: Connect) -> None:
+    topic = unique_name()
+    connect(any_broker).mpub(topic, [b"early1", b"early2"])
+    first = consumer(connect, any_broker, topic, "first", rdy=10)
+    assert sorted(m.body for m in first.read_messages(2)) == [b"early1", b"early2"]
+    late = consumer(connect, any_broker, topic, "late", rdy=10)
+    connect(any_broker).pub(topic, b"after")
+    assert late.read_message().body == b"after"  # later channels see only new messages
+    late.expect_nothing(0.2)
+    assert first.read_message().body == b"after"
+
+
+def test_silent_client_closed_after_two_heartbeats(any_broker: BrokerProcess,
+                                                   connect: Connect) -> None:
+    topic = unique_name()
+    silent = connect(any_broker, answer_heartbeats=False)
+    alive = connect(any_broker, answer_heartbeats=True)
+    for c in (silent, alive):
+        c.identify(heartbeat_interval=1000)
+        c.sub(topic, "hb")
+    t0 = time.monotonic()
+    closed_at = None
+    while time.monotonic() - t0 < 4.5:
+        socks = [c.sock for c in (silent, alive) if not (c is silent and closed_at)]
+        ready, _, _ = select.select(socks, [], [], 0.1)
+        if alive.sock in ready:
+            alive.expect_nothing(0.01)  # reads and answers the heartbeat
+        if silent.sock in ready:
+            try:
+                frame = wire.read_frame(silent.sock, 1.0)
+            except ConnectionClosed:
+                closed_at = time.monotonic() - t0
+                continue
+            assert frame == (wire.FRAME_RESPONSE, wire.HEARTBEAT), frame
+            silent.heartbeats.append(time.monotonic())
+    assert closed_at is not None, "silent client was never closed"
+    assert 1.8 <= closed_at <= 4.0, closed_at
+    assert len(silent.heartbeats) >= 1, "no heartbeat was sent before the close"
+    assert len(alive.heartbeats) >= 3
+    alive.assert_alive()
+
+
+def test_oversized_pub_is_bad_message(any_broker: BrokerProcess, connect: Connect) -> None:
+    c = connect(any_broker)
+    c.send(b"PUB " + unique_name().encode() + b"\n" + (1024 * 1024 + 1).to_bytes(4, "big"))
+    c.expect_error("E_BAD_MESSAGE", prefix="E_BAD_MESSAGE PUB message too big 1048577 > 1048576")
+
+
+def test_fatal_error_closes_and_non_fatal_does_not(any_broker: BrokerProcess,
+                                                   connect: Connect) -> None:
+    topic = unique_name()
+    c = consumer(connect, any_broker, topic, rdy=1)
+    for verb in (b"FIN", b"TOUCH"):
+        c.send(verb + b" 0000000000000000\n")
+        c.expect_error(b"E_" + verb + b"_FAILED")
+    c.send(b"REQ 0000000000000000 10\n")
+    c.expect_error("E_REQ_FAILED")
+    c.send(wire.pub("bad*topic", b"x"))
+    c.expect_error("E_BAD_TOPIC")  # and the server closes the connection
+
+
+def test_thousand_concurrent_connections(make_any_broker: Callable[..., BrokerProcess]) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2500:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
+    b = make_any_broker()  # started after raising the limit, so it inherits it
+    assert b.tcp_address is not None
+    topic = unique_name()
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(1000):
+            socks.append(socket.create_connection(b.tcp_address, timeout=10))
+        for i, s in enumerate(socks):
+            if i % 2:
+                s.sendall(wire.MAGIC_V2 + wire.pub(topic, b"c%d" % i))
+            else:
+                s.sendall(wire.MAGIC_V2 + wire.nop() + wire.identify(client_id=f"c{i}"))
+        for s in socks:
+            assert wire.read_frame(s, 10.0) == (wire.FRAME_RESPONSE, b"OK")
+    finally:
+        for s in socks:
+            s.close()
+    with WireClient.connect(b.tcp_address) as c:
+        c.sub(topic, "ch")
+        c.rdy(1000)
+        got = {m.body for m in c.read_messages(500, timeout=10)}
+        assert got == {b"c%d" % i for i in range(1, 1000, 2)}
+
+
+def test_ephemeral_channel_removed_with_last_consumer(any_broker: BrokerProcess,
+                                                      connect: Connect) -> None:
+    topic = unique_name()
+    keeper = consumer(connect, any_broker, topic, "keep", rdy=10)
+    eph = consumer(connect, any_broker, topic, "ch#ephemeral", rdy=10)
+    keeper.pub(topic, b"both")
+    assert eph.read_message().body == b"both"
+    assert keeper.read_message().body == b"both"
+    eph.close()
+    # Removal is asynchronous after the disconnect; neither server exposes it over TCP.
+    time.sleep(0.5)
+    keeper.pub(topic, b"nobody listening")
+    assert keeper.read_message().body == b"nobody listening"
+    again = consumer(connect, any_broker, topic, "ch#ephemeral", rdy=10)
+    again.expect_nothing(0.3)
+    keeper.pub(topic, b"new")
+    assert again.read_message().body == b"new"
+
+
+def test_message_ids_unique_hex(any_broker: BrokerProcess, connect: Connect) -> None:
+    topic = unique_name()
+    c = consumer(connect, any_broker, topic, rdy=600)
+    for batch in range(5):
+        c.mpub(topic, [b"%d-%d" % (batch, i) for i in range(100)])
+    msgs = c.read_messages(500, timeout=10)
+    ids = [m.id for m in msgs]
+    assert len(set(ids)) == 500
+    assert all(re.fullmatch(rb"[0-9a-f]{16}", i) for i in ids), ids[:3]
+
+
+def test_disconnected_consumer_in_flight_requeued_at_once(broker: BrokerProcess,
+                                                          connect: Connect) -> None:
+    """pybroker only: it requeues a disconnected consumer's in-flight messages at once,
+    whereas nsqd leaves them in flight until msg_timeout (60 s here) expires."""
+    topic = unique_name()
+    first = consumer(connect, broker, topic, rdy=5)
+    first.mpub(topic, [b"a", b"b", b"c"])
+    got = first.read_messages(3)
+    first.close()
+    t0 = time.monotonic()
+    second = consumer(connect, broker, topic, rdy=5)
+    again = second.read_messages(3, timeout=5.0)
+    assert time.monotonic() - t0 < 2.0
+    assert sorted(m.body for m in again) == [b"a", b"b", b"c"]
+    assert {m.id for m in again} == {m.id for m in got}
+    assert all(m.attempts == 2 for m in again)
