@@ -1,0 +1,177 @@
+"""nsqlookupd's HTTP API from the client side: ``/lookup`` polling and small queries.
+
+``LookupdPoller`` is owned by a Consumer: a thread that asks ``/lookup?topic=`` every
+``lookupd_poll_interval`` (after a random jitter, as go-nsq does), round-robin over the
+configured lookupds, retrying the next one up to three times, and hands the producers'
+``broadcast_address:tcp_port`` to the consumer. The helpers below serve the tools.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Callable
+
+from pybroker.client.config import Config
+
+log = logging.getLogger("pybroker.client")
+
+ACCEPT_V1 = "application/vnd.nsq; version=1.0"
+
+
+def _join_host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def build_lookup_url(address: str, topic: str) -> str:
+    """go-nsq's buildLookupAddr: add a scheme, default the path to /lookup, add topic.
+
+    Raises:
+        ValueError: the address has no port.
+    """
+    url = address if "://" in address else "http://" + address
+    parts = urllib.parse.urlsplit(url)
+    if parts.port is None:
+        raise ValueError(f"missing port in lookupd address {address!r}")
+    path = parts.path if parts.path not in ("", "/") else "/lookup"
+    query = urllib.parse.parse_qsl(parts.query)
+    query.append(("topic", topic))
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path,
+                                    urllib.parse.urlencode(query), ""))
+
+
+def get_json(url: str, timeout_s: float) -> Any:
+    """GET a v1 NSQ endpoint; unwrap the pre-1.0 ``{"data": ...}`` envelope.
+
+    Raises:
+        OSError (URLError, HTTPError), ValueError: unreachable, non-200 or not JSON.
+    """
+    req = urllib.request.Request(url, headers={"Accept": ACCEPT_V1})
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        body = resp.read()
+    data = json.loads(body)
+    if isinstance(data, dict) and "status_code" in data and "data" in data:
+        data = data["data"]
+    return data
+
+
+def http_url(address: str, path: str) -> str:
+    base = address if "://" in address else "http://" + address
+    return base.rstrip("/") + path
+
+
+def lookup_producers(address: str, topic: str, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+    """The ``producers`` a lookupd lists for ``topic`` (empty if it does not know it)."""
+    try:
+        data = get_json(build_lookup_url(address, topic), timeout_s)
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return []
+        raise
+    return list(data.get("producers") or [])
+
+
+def producer_tcp_address(p: dict[str, Any]) -> str:
+    return _join_host_port(str(p["broadcast_address"]), int(p["tcp_port"]))
+
+
+def producer_http_address(p: dict[str, Any]) -> str:
+    return _join_host_port(str(p["broadcast_address"]), int(p["http_port"]))
+
+
+def lookupd_topics(address: str, timeout_s: float = 5.0) -> list[str]:
+    """Every topic a lookupd knows (``/topics``)."""
+    data = get_json(http_url(address, "/topics"), timeout_s)
+    return [str(t) for t in data.get("topics") or []]
+
+
+class LookupdPoller:
+    """Polls nsqlookupd for a Consumer. Owned by the Consumer; runs its own thread."""
+
+    def __init__(self, topic: str, config: Config, on_producers: Callable[[list[str]], None],
+                 stop: threading.Event) -> None:
+        self.topic = topic
+        self.config = config
+        self.on_producers = on_producers
+        self._stop = stop
+        self._lock = threading.Lock()
+        self._urls: list[str] = []
+        self._index = 0
+        self._recheck = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.queries = 0
+
+    def has_addresses(self) -> bool:
+        with self._lock:
+            return bool(self._urls)
+
+    def add(self, address: str) -> None:
+        """Add a lookupd; the first one triggers a query now and starts the poll thread."""
+        url = build_lookup_url(address, self.topic)
+        with self._lock:
+            if url in self._urls:
+                return
+            self._urls.append(url)
+            first = len(self._urls) == 1
+        if first:
+            self.query()
+            self._thread = threading.Thread(target=self._run, name=f"nsq-lookupd-{self.topic}",
+                                            daemon=True)
+            self._thread.start()
+
+    def remove(self, address: str) -> None:
+        url = build_lookup_url(address, self.topic)
+        with self._lock:
+            if url not in self._urls:
+                raise ValueError(f"not using lookupd {address}")
+            if len(self._urls) == 1:
+                raise ValueError(f"cannot remove the only lookupd {address}")
+            self._urls.remove(url)
+
+    def recheck(self) -> None:
+        """Query again soon (a connection closed)."""
+        self._recheck.set()
+
+    def _run(self) -> None:
+        interval = self.config.lookupd_poll_interval
+        jitter = random.random() * self.config.lookupd_poll_jitter * interval
+        if self._stop.wait(jitter):
+            return
+        while not self._stop.is_set():
+            self._recheck.wait(interval)
+            if self._stop.is_set():
+                return
+            self._recheck.clear()
+            self.query()
+
+    def _next_url(self) -> str:
+        with self._lock:
+            if self._index >= len(self._urls):
+                self._index = 0
+            url = self._urls[self._index]
+            self._index = (self._index + 1) % len(self._urls)
+            return url
+
+    def query(self) -> None:
+        """One round: ask a lookupd (the next ones on failure, 3 tries) and connect."""
+        for _ in range(3):
+            url = self._next_url()
+            log.info("querying nsqlookupd %s", url)
+            self.queries += 1
+            try:
+                data = get_json(url, self.config.lookupd_poll_timeout)
+            except urllib.error.HTTPError as e:
+                if e.code == 404:      # the topic is not registered (yet)
+                    return
+                log.error("error querying nsqlookupd (%s) - %s", url, e)
+                continue
+            except (OSError, ValueError) as e:
+                log.error("error querying nsqlookupd (%s) - %s", url, e)
+                continue
+            addrs = [producer_tcp_address(p) for p in data.get("producers") or []]
+            self.on_producers(addrs)
+            return
