@@ -1,0 +1,110 @@
+"""pynsq (tornado) against the broker: 10,000 messages published with PUB, MPUB and DPUB
+and consumed with max_in_flight=50, each exactly once; errors as a pynsq user sees them.
+
+The tornado IOLoop runs on asyncio inside asyncio.run(), with a deadline.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from typing import Any
+
+import nsq
+import pytest
+
+from tests.support.broker import BrokerProcess, unique_name
+
+N_PUB, N_MPUB_BATCHES, MPUB_BATCH, N_DPUB = 4000, 50, 100, 1000
+TOTAL = N_PUB + N_MPUB_BATCHES * MPUB_BATCH + N_DPUB
+DEADLINE_S = 60.0
+
+
+def expected_bodies() -> tuple[list[bytes], list[list[bytes]], list[tuple[int, bytes]]]:
+    pubs = [b"pub-%d" % i for i in range(N_PUB)]
+    batches = [[b"mpub-%d-%d" % (b, i) for i in range(MPUB_BATCH)]
+               for b in range(N_MPUB_BATCHES)]
+    dpubs = [(10 + (i % 10) * 10, b"dpub-%d" % i) for i in range(N_DPUB)]
+    return pubs, batches, dpubs
+
+
+async def wait_for(pred: Any, what: str, timeout_s: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not pred():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def publish_and_consume(addr: str, topic: str) -> tuple[list[Any], Counter[bytes]]:
+    received: Counter[bytes] = Counter()
+
+    def handler(message: nsq.Message) -> bool:
+        received[message.body] += 1
+        return True  # FIN
+
+    reader = nsq.Reader(topic=topic, channel="ch", message_handler=handler,
+                        nsqd_tcp_addresses=[addr], max_in_flight=50)
+    writer = nsq.Writer([addr])
+    responses: list[Any] = []
+
+    def on_response(conn: Any, data: Any) -> None:
+        responses.append(data)
+
+    try:
+        await wait_for(lambda: writer.conns, "the writer to connect")
+        pubs, batches, dpubs = expected_bodies()
+        for body in pubs:
+            writer.pub(topic, body, callback=on_response)
+        for batch in batches:
+            writer.mpub(topic, batch, callback=on_response)
+        for delay_ms, body in dpubs:
+            writer.dpub(topic, delay_ms, body, callback=on_response)
+        n_cmds = N_PUB + N_MPUB_BATCHES + N_DPUB
+        await wait_for(lambda: len(responses) >= n_cmds, "publish responses", DEADLINE_S)
+        await wait_for(lambda: len(received) >= TOTAL, "all messages", DEADLINE_S)
+        await asyncio.sleep(0.3)  # room for any duplicate delivery to show up
+    finally:
+        reader.close()
+        for conn in list(writer.conns.values()):
+            conn.close()
+    return responses, received
+
+
+@pytest.mark.timeout(180)
+def test_pynsq_ten_thousand_messages_each_once(any_broker: BrokerProcess) -> None:
+    topic = unique_name("pynsq")
+    responses, received = asyncio.run(publish_and_consume(any_broker.tcp_hostport, topic))
+    assert responses == [b"OK"] * (N_PUB + N_MPUB_BATCHES + N_DPUB)
+    pubs, batches, dpubs = expected_bodies()
+    expected = set(pubs) | {b for batch in batches for b in batch} | {b for _, b in dpubs}
+    assert len(expected) == TOTAL
+    assert set(received) == expected
+    dups = {body: n for body, n in received.items() if n != 1}
+    assert not dups, f"delivered more than once: {list(dups.items())[:5]}"
+
+
+async def publish_errors(addr: str) -> list[Any]:
+    writer = nsq.Writer([addr], reconnect_interval=60.0)
+    results: list[Any] = []
+    try:
+        await wait_for(lambda: writer.conns, "the writer to connect")
+        writer.dpub(unique_name(), 3_600_001, b"too late",
+                    callback=lambda conn, data: results.append(data))
+        await wait_for(lambda: results, "the DPUB answer")
+        await wait_for(lambda: not writer.conns, "the server to close the connection")
+    finally:
+        for conn in list(writer.conns.values()):
+            conn.close()
+    return results
+
+
+def test_pynsq_sees_fatal_error(any_broker: BrokerProcess,
+                                caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.CRITICAL, logger="nsq")
+    results = asyncio.run(publish_errors(any_broker.tcp_hostport))
+    assert len(results) == 1
+    error = results[0]
+    assert isinstance(error, nsq.Error), error
+    assert "E_INVALID DPUB timeout 3600001 out of range 0-3600000" in str(error), str(error)
