@@ -81,6 +81,7 @@ class Conn:
         self.close_wait = False     # the server answered CLS with CLOSE_WAIT
         self._responding = 0        # FIN/REQ being sent right now
         self.messages_received = 0
+        self.heartbeats = 0
         self._sock: socket.socket | None = None
         self._reader = P.FrameReader()
         self._wlock = threading.Condition(threading.Lock())
@@ -258,6 +259,7 @@ class Conn:
             ftype, data = frame
             if ftype == P.FrameType.RESPONSE:
                 if data == P.HEARTBEAT:
+                    self.heartbeats += 1
                     self.delegate.on_heartbeat(self)
                     self.send_quietly(P.nop())
                 else:
