@@ -20,7 +20,7 @@
 /* Scan status codes (nsqf_stop.status). 0 and 1 are not errors. */
 #define NSQF_NEED_MORE          0   /* the rest of the buffer is an incomplete command */
 #define NSQF_FULL               1   /* out[] filled up: call again from *used */
-#define NSQF_E_LINE_TOO_LONG   -1   /* no '\n' within max_line bytes */
+#define NSQF_E_LINE_TOO_LONG   -1   /* more than max_line bytes and no '\n' yet */
 #define NSQF_E_MSG_SIZE        -2   /* PUB/DPUB body size <= 0 or > max_msg_size */
 #define NSQF_E_BODY_SIZE       -3   /* MPUB/IDENTIFY/AUTH body size <= 0 or > max_body_size */
 
@@ -30,8 +30,8 @@
 #define NSQF_E_MPUB_PART_READ  -12  /* part size header cut short; index = part */
 #define NSQF_E_MPUB_PART_SIZE  -13  /* part size <= 0; index = part, value = size */
 #define NSQF_E_MPUB_PART_BIG   -14  /* part size > max_msg_size; index, value = size */
-#define NSQF_E_MPUB_PART_SHORT -15  /* part data cut short; index = part */
-#define NSQF_E_MPUB_TRAILING   -16  /* bytes left after the last part; value = how many */
+#define NSQF_E_MPUB_PART_SHORT -15  /* part data cut short; index = part, value = size */
+#define NSQF_E_MPUB_TRAILING   -16  /* bytes after the last part; index = n, value = how many */
 #define NSQF_E_CAPACITY        -20  /* an output array or buffer is too small; value = needed */
 #define NSQF_E_FRAME_SIZE      -21  /* a body longer than NSQF_MAX_BODY cannot be framed */
 

@@ -11,6 +11,7 @@ several threads may be inside C at once).
 from __future__ import annotations
 
 import array
+import importlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -63,12 +64,11 @@ _ffi: Any = None
 _lib: Any = None
 _import_error: ImportError | None = None
 try:
-    from pybroker._native._nsqframe import (  # type: ignore[import-not-found,unused-ignore]
-        ffi as _ffi,
-        lib as _lib,
-    )
+    _compiled = importlib.import_module("pybroker._native._nsqframe")
 except ImportError as exc:
     _import_error = exc
+else:
+    _ffi, _lib = _compiled.ffi, _compiled.lib
 
 _U32_MAX = 0xFFFFFFFF
 _SPAN_WORDS = 4  # uint32 fields per nsqf_span
@@ -78,11 +78,12 @@ _SCAN_CAP_MAX = 16384  # grown by doubling on NSQF_FULL, kept afterwards
 
 def _check_header() -> None:
     """Refuse a compiled module built from a different header than _pure's."""
-    names = (
-        "NEED_MORE FULL E_LINE_TOO_LONG E_MSG_SIZE E_BODY_SIZE E_MPUB_COUNT_READ "
-        "E_MPUB_COUNT E_MPUB_PART_READ E_MPUB_PART_SIZE E_MPUB_PART_BIG "
-        "E_MPUB_PART_SHORT E_MPUB_TRAILING E_CAPACITY E_FRAME_SIZE"
-    ).split()
+    names = [
+        "NEED_MORE", "FULL", "E_LINE_TOO_LONG", "E_MSG_SIZE", "E_BODY_SIZE",
+        "E_MPUB_COUNT_READ", "E_MPUB_COUNT", "E_MPUB_PART_READ", "E_MPUB_PART_SIZE",
+        "E_MPUB_PART_BIG", "E_MPUB_PART_SHORT", "E_MPUB_TRAILING", "E_CAPACITY",
+        "E_FRAME_SIZE",
+    ]
     pairs = [(n, getattr(_lib, "NSQF_" + n, None), getattr(_pure, n)) for n in names]
     pairs.append(("MAX_BODY", getattr(_lib, "NSQF_MAX_BODY", None), _pure.MAX_BODY))
     bad = [f"{n}: C {c!r} != Python {p!r}" for n, c, p in pairs if c != p]
@@ -100,7 +101,7 @@ class CScanner:
     be used by different threads at the same time, but one Scanner may not.
     """
 
-    __slots__ = ("_lim", "_used", "_stop", "_cap", "_words", "_out_buf", "_out")
+    __slots__ = ("_cap", "_lim", "_out", "_out_buf", "_stop", "_used", "_words")
 
     def __init__(self, max_line: int, max_msg_size: int, max_body_size: int) -> None:
         limits = (
@@ -185,9 +186,10 @@ def c_mpub_split(
         if n == _pure.E_CAPACITY:  # cannot happen: cap covers any valid body
             raise RuntimeError(f"nsqf_mpub_split needs {err.value} slots, had {cap}")
         raise ScanError(n, err.index, err.value)
-    if type(src) is bytes:
-        return [src[o : o + s] for o, s in zip(offs, lens)]
-    return [src[o : o + s].tobytes() for o, s in zip(offs, lens)]
+    pairs = zip(offs[:n], lens[:n], strict=True)
+    if isinstance(src, memoryview):
+        return [src[o : o + s].tobytes() for o, s in pairs]
+    return [src[o : o + s] for o, s in pairs]
 
 
 def c_encode_messages(msgs: Sequence[object]) -> bytes:
@@ -195,8 +197,10 @@ def c_encode_messages(msgs: Sequence[object]) -> bytes:
     n = len(msgs)
     if n == 0:
         return b""
-    # One pass with list.append measured fastest (vs attrgetter+zip, list
-    # comprehensions, array.array + ffi.from_buffer).
+    # Measured (100 x 200-byte bodies): one pass of list.append, then
+    # array.array + ffi.from_buffer for the integer columns, beat passing
+    # Python lists (cffi converts element by element), ffi.new from lists,
+    # attrgetter + zip, and a cdata pointer per body.
     bodies: list[bytes] = []
     ts_ns: list[int] = []
     attempts: list[int] = []
@@ -211,20 +215,28 @@ def c_encode_messages(msgs: Sequence[object]) -> bytes:
         bad = next(len(i) for i in ids if len(i) != 16)
         raise ValueError(f"message id must be 16 bytes, got {bad}")
     blob = b"".join(bodies)
-    lens = list(map(len, bodies))
-    total_body = sum(lens)
-    if total_body != len(blob):  # e.g. a memoryview of non-byte items
-        raise ValueError("message bodies must be bytes")
-    total = 34 * n + total_body
-    out = bytearray(total)
     try:
-        with _ffi.from_buffer("uint8_t[]", out) as ptr:
-            r = _lib.nsqf_encode_messages(
-                ptr, total, n, ts_ns, attempts, joined_ids, blob, lens
-            )
+        lens = array.array("I", map(len, bodies))
+        ts_col = array.array("q", ts_ns)
+        attempts_col = array.array("H", attempts)
     except OverflowError as exc:
         raise ValueError(f"message field out of range: {exc}") from exc
-    if r < 0:
+    if sum(lens) != len(blob):  # e.g. a memoryview of non-byte items
+        raise ValueError("message bodies must be bytes")
+    total = 34 * n + len(blob)
+    out = bytearray(total)
+    fb = _ffi.from_buffer
+    r = _lib.nsqf_encode_messages(
+        fb("uint8_t[]", out),
+        total,
+        n,
+        fb("int64_t[]", ts_col),
+        fb("uint16_t[]", attempts_col),
+        joined_ids,
+        blob,
+        fb("uint32_t[]", lens),
+    )
+    if r != total:
         raise ValueError(f"message body too large to frame (code {r})")
     return bytes(out)
 

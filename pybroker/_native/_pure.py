@@ -27,9 +27,6 @@ E_FRAME_SIZE = -21
 MAX_BODY = 0x7FFFFFFF - 30
 
 _U32_MAX = 0xFFFFFFFF
-_U16_MAX = 0xFFFF
-_I64_MIN = -(1 << 63)
-_I64_MAX = (1 << 63) - 1
 
 Span = tuple[int, int, int, int]
 """(line_off, line_len, body_off, body_len); body_* are 0 for bodiless verbs."""
@@ -76,7 +73,7 @@ class Scanner:
     Owned by one connection decoder; not for concurrent use by two threads.
     """
 
-    __slots__ = ("max_line", "max_msg_size", "max_body_size")
+    __slots__ = ("max_body_size", "max_line", "max_msg_size")
 
     def __init__(self, max_line: int, max_msg_size: int, max_body_size: int) -> None:
         self.max_line = check_u32("max_line", max_line)
@@ -181,22 +178,20 @@ def encode_messages(msgs: Sequence[object]) -> bytes:
         ValueError: an id that is not 16 bytes, attempts outside 0-65535,
             ts_ns outside int64, or a body longer than MAX_BODY.
     """
-    out = bytearray()
+    parts: list[bytes] = []
+    add = parts.append
     pack = _FRAME_HEAD.pack
     for m in msgs:
         mid: bytes = m.id  # type: ignore[attr-defined]
         body: bytes = m.body  # type: ignore[attr-defined]
-        ts_ns: int = m.ts_ns  # type: ignore[attr-defined]
-        attempts: int = m.attempts  # type: ignore[attr-defined]
         if len(mid) != 16:
             raise ValueError(f"message id must be 16 bytes, got {len(mid)}")
-        if not 0 <= attempts <= _U16_MAX:
-            raise ValueError(f"attempts {attempts} out of range 0-{_U16_MAX}")
-        if not _I64_MIN <= ts_ns <= _I64_MAX:
-            raise ValueError(f"ts_ns {ts_ns} out of int64 range")
         if len(body) > MAX_BODY:
             raise ValueError(f"message body of {len(body)} bytes is too large")
-        out += pack(30 + len(body), 2, ts_ns, attempts)
-        out += mid
-        out += body
-    return bytes(out)
+        try:
+            add(pack(30 + len(body), 2, m.ts_ns, m.attempts))  # type: ignore[attr-defined]
+        except struct.error as exc:  # attempts outside uint16, ts_ns outside int64
+            raise ValueError(f"message field out of range: {exc}") from exc
+        add(mid)
+        add(body)
+    return b"".join(parts)

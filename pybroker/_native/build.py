@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-from cffi import FFI
+from cffi import FFI  # type: ignore[import-untyped,unused-ignore]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(os.path.dirname(_HERE))
@@ -24,7 +24,7 @@ _DEFINE = re.compile(r"#define\s+(\w+)\s+(-?\d+)\s*$")
 
 def cdef_from_header(text: str) -> str:
     """Turn the C header's text into a cffi cdef."""
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.DOTALL)
     text = re.sub(r"//[^\n]*", "", text)
     lines = []
     for line in text.splitlines():

@@ -141,7 +141,7 @@ class TestMpubParity:
 
 
 class Msg:
-    __slots__ = ("id", "body", "ts_ns", "attempts")
+    __slots__ = ("attempts", "body", "id", "ts_ns")
 
     def __init__(self, id: bytes, body: bytes, ts_ns: int, attempts: int) -> None:
         self.id, self.body, self.ts_ns, self.attempts = id, body, ts_ns, attempts

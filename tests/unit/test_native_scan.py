@@ -71,7 +71,7 @@ def check_incremental(
 def check_decoder_feed(backend: Any, buf: bytes, limits: tuple[int, int, int] = LIMITS) -> None:
     """Feed one byte at a time into a consuming buffer, as a decoder does."""
     scanner = backend.Scanner(*limits)
-    spans, used, stop = scanner.scan(buf)
+    spans, _, stop = scanner.scan(buf)
     want = [(buf[lo : lo + ll], buf[bo : bo + bl]) for lo, ll, bo, bl in spans]
     got: list[tuple[bytes, bytes]] = []
     pending = bytearray()
