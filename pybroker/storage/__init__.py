@@ -1,0 +1,11 @@
+"""pybroker.storage: disk queues, broker metadata, nsqd data import (stdlib only).
+
+Imports nothing from the rest of pybroker; the core reaches it through a Protocol.
+"""
+from .diskqueue import DiskQueue, list_queues
+from .errors import (DiskFullError, MetadataError, QueueClosedError, StorageAccessError,
+                     StorageError, StorageIOError, UnsupportedFormatError)
+
+__all__ = ["DiskQueue", "list_queues", "StorageError", "DiskFullError",
+           "StorageAccessError", "StorageIOError", "UnsupportedFormatError",
+           "QueueClosedError", "MetadataError"]

@@ -1,0 +1,101 @@
+"""Small filesystem helpers for pybroker.storage: atomic replace, directory fsync,
+file-name-safe queue names. stdlib only.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import urllib.parse
+
+_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.")
+_MAX_SAFE_LEN = 200
+
+
+def safe_name(name: str) -> str:
+    """A file name for a queue name that is safe on any POSIX filesystem.
+
+    Bytes outside ``[A-Za-z0-9_.-]`` are percent-encoded (so ``topic:channel`` becomes
+    ``topic%3Achannel``); a leading dot is encoded too, so the result is never hidden,
+    ``.`` or ``..``. The mapping is one-to-one and reversed by :func:`unsafe_name`,
+    except that names longer than 200 bytes once encoded are cut and given a hash
+    suffix (``%~<hex>``), which cannot be produced by the encoding itself.
+    """
+    if not name:
+        raise ValueError("queue name must not be empty")
+    out = []
+    for i, b in enumerate(name.encode("utf-8")):
+        if b in _SAFE and not (i == 0 and b == 0x2E):
+            out.append(chr(b))
+        else:
+            out.append(f"%{b:02X}")
+    safe = "".join(out)
+    if len(safe) > _MAX_SAFE_LEN:
+        digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:24]
+        safe = safe[:_MAX_SAFE_LEN - 26] + "%~" + digest
+    return safe
+
+
+def unsafe_name(safe: str) -> str | None:
+    """The queue name for a safe name, or None if it was hashed (read it from meta)."""
+    if "%~" in safe:
+        return None
+    return urllib.parse.unquote(safe, errors="strict")
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory so that renames, creations and deletions in it are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def tmp_path(path: str) -> str:
+    """A unique temporary path next to ``path`` (same directory, so rename is atomic)."""
+    return f"{path}.{secrets.token_hex(6)}.tmp"
+
+
+def atomic_write(path: str, data: bytes, *, sync_dir: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically: temp file, fsync, rename, fsync dir.
+
+    A crash leaves either the old content or the new, never a mix. Raises OSError.
+    """
+    tmp = tmp_path(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(tmp)
+        raise
+    os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    if sync_dir:
+        fsync_dir(os.path.dirname(path) or ".")
+
+
+def unique_aside(path: str, suffix: str) -> str:
+    """``path + suffix``, or ``path + suffix + '.N'`` if that already exists."""
+    cand = path + suffix
+    n = 1
+    while os.path.lexists(cand):
+        cand = f"{path}{suffix}.{n}"
+        n += 1
+    return cand
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

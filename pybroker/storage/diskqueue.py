@@ -1,0 +1,470 @@
+"""DiskQueue: a durable FIFO of opaque byte records with acknowledgements (stdlib only).
+
+Theory of operation
+-------------------
+Every record gets a sequence number (seq) when it is put: 0, 1, 2, ... per queue,
+never reused (the meta file keeps a floor, so even an emptied queue goes on upward).
+Records are appended to numbered segment files; a segment is rolled when the next
+batch would push it past ``max_bytes_per_file`` (a single larger batch gets a segment
+of its own). ``put_many`` frames a whole batch in memory and issues one ``pwrite``.
+
+Reading hands records out as ``(seq, data)`` and moves an in-memory cursor; a record
+stays *un-acked* until the caller calls ``ack(seq)`` (on FIN, in the broker). The read
+state persisted by a checkpoint is ``(frontier, unacked)``: every seq below
+``frontier`` that is not in ``unacked`` is done; everything else is delivered again
+after a restart, from the position of the lowest un-acked record (``start``). So
+after kill -9 each record that was put and not acked comes back (at-least-once);
+acks made after the last checkpoint only cause duplicates. ``put(..., claim=True)``
+appends a record that the caller keeps in memory: it counts as read-but-un-acked, so
+it is never read back while the process lives, yet comes back after a crash. This
+is the write-ahead mode the broker uses when publishes must be durable.
+
+Syncing: ``sync()`` fsyncs data (rolled segments, the write segment, the directory
+after a segment was created) and returns ``synced_seq``: every seq <= it is on disk.
+It may run in another thread than ``put``: the fsync happens outside the queue lock
+on a dup of the fd, so puts continue meanwhile and many publishers share one fsync
+(group commit). ``checkpoint()`` syncs data first, then writes the meta file, then
+deletes segments that hold no un-acked record; data is always durable before an ack
+that may depend on it. ``maybe_sync(now_ns)`` checkpoints every ``sync_every``
+puts+acks or after ``sync_timeout_s`` with activity (nsqd's policy; the caller
+supplies time). Every method is thread-safe.
+
+On-disk format, version 1 (directory ``<root>/<safe name>/``, see _fsutil.safe_name)
+----------------------------------------------------------------------------------
+``%08d.seg`` segment: 32-byte header ``>4sHHIQQI`` = magic ``PBDQ``, format version
+(1), header length (32), flags (0), file number, first seq, crc32 of the previous 28
+bytes; then records ``[u32 crc32][u32 length][u64 seq][data]`` (big-endian), crc32
+(zlib) over length+seq+data; seqs within a segment are consecutive. ``meta``: JSON
+read state (see _queuemeta), replaced atomically. ``*.bad``: damaged segments moved
+aside. ``*.tmp``: leftovers of an interrupted atomic write, removed on open.
+
+Damage
+------
+Open: the last segment is verified from the last checkpoint's write position (or
+its start); an incomplete record at its end, or a bad one followed only by zeros or
+ending exactly at EOF, is a torn write: the file is truncated there. Any other bad
+record (crc, impossible length, seq out of order) is damage, found on open or on
+read: it is logged, the segment's intact prefix is copied to a new file that takes
+the segment's name, the original is kept as ``<seg>.bad`` (hard link, else a copy),
+and reading goes on with the next segment (records after the damage in that segment
+are lost). A segment with a bad header is moved aside whole. Damage is never raised
+from read paths; OS errors on writes raise ``StorageError`` subclasses (``DiskFullError``
+for ENOSPC/EDQUOT/EFBIG) after truncating away any partial write.
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import secrets
+import shutil
+import threading
+from collections import OrderedDict
+from typing import Iterable
+
+from ._fsutil import atomic_write, fsync_dir, safe_name
+from ._queuemeta import QueueMeta, encode_meta, from_ranges, to_ranges
+from ._recovery import list_queues, quarantine, recover
+from ._segments import SegmentFiles
+from .errors import QueueClosedError, StorageError, from_oserror
+from .segment import REC_HEADER_SIZE, SEG_HEADER_SIZE, SegmentReader, Stop
+
+log = logging.getLogger("pybroker.storage.diskqueue")
+
+DEFAULT_MAX_BYTES_PER_FILE = 100 * 1024 * 1024   # nsqd --max-bytes-per-file
+DEFAULT_MAX_RECORD_BYTES = 64 * 1024 * 1024
+_POS_SHIFT = 40                                  # pos = file_num << 40 | offset
+_OFF_MASK = (1 << _POS_SHIFT) - 1
+
+
+class DiskQueue:
+    """One named queue in ``<root>/<safe name>/``; see the module docstring.
+
+    Args:
+        root: directory holding the queues (created if missing).
+        name: queue name, e.g. ``"topic"`` or ``"topic:channel"``.
+        max_bytes_per_file: segment roll size.
+        max_record_bytes: larger records are refused on put and are damage on read.
+        sync_every, sync_timeout_s: the checkpoint policy of ``maybe_sync``.
+    Raises:
+        StorageError: the directory or files cannot be created or opened.
+        UnsupportedFormatError: a segment of a newer format version is present.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], name: str, *,
+                 max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE,
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+                 sync_every: int = 2500, sync_timeout_s: float = 2.0) -> None:
+        if max_bytes_per_file < SEG_HEADER_SIZE + REC_HEADER_SIZE:
+            raise ValueError("max_bytes_per_file too small")
+        self.name = name
+        self.root = os.fspath(root)
+        self.path = os.path.join(self.root, safe_name(name))
+        self._max_record = max_record_bytes
+        self._sync_every = max(1, sync_every)
+        self._sync_timeout_ns = int(sync_timeout_s * 1e9)
+        self._lock = threading.Lock()        # all state below
+        self._sync_lock = threading.Lock()   # one sync/checkpoint at a time
+        self._closed = False
+        self._reader: SegmentReader | None = None
+        self._rnum = 0                       # read cursor: file, offset, seq there
+        self._roff = SEG_HEADER_SIZE
+        self._rseq = 0
+        self._rverify = False                # cursor came from meta: fall back if bad
+        self._frontier = 0                   # seqs below it not in _redeliver: acked
+        self._redeliver: set[int] = set()    # from the last checkpoint, not read yet
+        self._unacked: OrderedDict[int, int] = OrderedDict()   # seq -> pos, by seq
+        self._ops = 0                        # puts + acks since the last checkpoint
+        self._last_sync_ns: int | None = None
+        try:
+            rec = recover(self.path, name, max_record_bytes, max_bytes_per_file)
+        except OSError as e:
+            raise from_oserror("cannot open queue", self.path, e) from e
+        self._segs = SegmentFiles(self.path, rec, max_bytes_per_file)
+        meta = rec.meta
+        if meta is not None:
+            self._frontier = meta.frontier
+            self._redeliver = from_ranges(meta.unacked)
+        self._init_cursor(meta.start if meta is not None else None)
+
+    def _init_cursor(self, start: tuple[int, int, int] | None) -> None:
+        segs = self._segs
+        if start is not None:
+            for num in [n for n in segs.nums if n < start[0]]:
+                log.info("DISKQUEUE(%s) removing fully acked segment %d", self.name, num)
+                segs.drop(num)
+        if start is not None and start[0] in segs.first:
+            self._rnum, self._roff, self._rseq = start
+            self._rverify = True
+        elif segs.nums:
+            self._set_cursor_at(segs.nums[0])
+        else:
+            self._rnum, self._roff, self._rseq = segs.wnum, SEG_HEADER_SIZE, segs.next_seq
+
+    def _set_cursor_at(self, num: int) -> None:
+        self._rnum, self._roff, self._rseq = num, SEG_HEADER_SIZE, self._segs.first[num]
+        self._rverify = False
+
+    # -- writing --------------------------------------------------------------------
+    def put(self, record: bytes, *, claim: bool = False) -> int:
+        """Append one record; return its seq. See put_many."""
+        return self.put_many((record,), claim=claim)
+
+    def put_many(self, records: Iterable[bytes], *, claim: bool = False) -> int:
+        """Append records in one write; return the seq of the first (they are consecutive).
+
+        With ``claim=True`` the records count as handed out (the caller keeps them in
+        memory and acks them later); only allowed when nothing unread is on disk, so
+        FIFO order holds. Not durable until ``sync()`` returns a seq >= theirs.
+        Raises:
+            ValueError: a record is larger than max_record_bytes, or claim with depth > 0.
+            StorageError: the write failed; nothing was appended.
+        """
+        recs = records if isinstance(records, (list, tuple)) else list(records)
+        if recs and max(map(len, recs)) > self._max_record:
+            raise ValueError(f"record larger than max_record_bytes={self._max_record}")
+        with self._lock:
+            self._check_open()
+            segs = self._segs
+            if not recs:
+                return segs.next_seq
+            if claim and self._depth():
+                raise ValueError("cannot claim records while unread records are on disk")
+            first, base = segs.append(recs)
+            self._ops += len(recs)
+            if claim:
+                pos, seq, unacked = (segs.wnum << _POS_SHIFT) | base, first, self._unacked
+                for rec in recs:
+                    unacked[seq] = pos
+                    pos += REC_HEADER_SIZE + len(rec)
+                    seq += 1
+                self._rnum, self._roff, self._rseq = segs.wnum, segs.wend, segs.next_seq
+                self._rverify = False
+            return first
+
+    # -- reading and acking ---------------------------------------------------------
+    def read_many(self, max_n: int, *, auto_ack: bool = False) -> list[tuple[int, bytes]]:
+        """Hand out up to max_n unread records, oldest first, as (seq, data).
+
+        They stay un-acked (delivered again after a restart) until ``ack``; with
+        ``auto_ack`` they are done at once (nsqd's advance-on-hand-off semantics).
+        Never raises for damaged data (it is logged and skipped).
+        """
+        out: list[tuple[int, bytes]] = []
+        with self._lock:
+            self._check_open()
+            while len(out) < max_n and self._depth() > 0:
+                if not self._read_some(out, max_n - len(out), auto_ack):
+                    break
+            if self._redeliver and self._rseq >= self._frontier:
+                log.warning("DISKQUEUE(%s) %d un-acked records were not found on disk",
+                            self.name, len(self._redeliver))
+                self._redeliver.clear()
+            if auto_ack:
+                self._ops += len(out)
+        return out
+
+    def _read_some(self, out: list[tuple[int, bytes]], want: int, auto_ack: bool) -> bool:
+        """Parse from the cursor; False when nothing more can be read now."""
+        num, segs = self._rnum, self._segs
+        if num not in segs.first:
+            return self._next_segment()
+        reader = self._reader
+        if reader is None or reader.file_num != num:
+            if reader is not None:
+                reader.close()
+            try:
+                reader = self._reader = SegmentReader(segs.path(num), num)
+            except OSError as e:
+                log.error("DISKQUEUE(%s) cannot open segment %d (%s); skipping it",
+                          self.name, num, e)
+                self._reader = None
+                return self._next_segment()
+        limit, live = segs.limit(num, reader.size)
+        try:
+            items, off, nseq, stop = reader.parse(self._roff, limit, self._rseq, want,
+                                                  self._max_record)
+        except OSError as e:
+            log.error("DISKQUEUE(%s) read error in segment %d (%s); skipping the rest",
+                      self.name, num, e)
+            items, off, nseq, stop = [], self._roff, self._rseq, Stop.BAD_LENGTH
+        if stop.is_damage and not items and self._rverify:
+            self._set_cursor_at(num)     # meta position unusable: rescan this segment
+            return True
+        self._rverify = False
+        frontier, redeliver, unacked = self._frontier, self._redeliver, self._unacked
+        base = num << _POS_SHIFT
+        for seq, roff, data in items:
+            if seq < frontier:
+                if seq not in redeliver:
+                    continue              # acked before the restart
+                redeliver.discard(seq)
+            out.append((seq, data))
+            if not auto_ack:
+                unacked[seq] = base | roff
+        self._roff, self._rseq = off, nseq
+        if stop is Stop.FULL:
+            return True
+        if stop is Stop.TORN and not live:
+            log.warning("DISKQUEUE(%s) segment %d ends with a torn record at %d; "
+                        "going on with the next segment", self.name, num, off)
+        elif stop.is_damage:
+            quarantine(self.path, self.name, num, off, stop)
+            reader.close()
+            self._reader = None
+            segs.seal_damaged(num, off)
+        return self._next_segment()
+
+    def _next_segment(self) -> bool:
+        segs = self._segs
+        nxt = segs.next_after(self._rnum)
+        if nxt is None:
+            # Nothing after this segment: seqs up to next_seq that are not here were
+            # lost (damage) or never written; the next put starts a new segment.
+            self._rseq = max(self._rseq, segs.next_seq)
+            return False
+        if segs.first[nxt] < self._rseq:
+            log.error("DISKQUEUE(%s) segment %d starts at seq %d < %d; setting it aside",
+                      self.name, nxt, segs.first[nxt], self._rseq)
+            quarantine(self.path, self.name, nxt, 0, Stop.BAD_SEQ)
+            segs.drop(nxt)
+            return True
+        self._set_cursor_at(nxt)
+        return True
+
+    def ack(self, seq: int) -> bool:
+        """Mark a handed-out record done. False if seq was not un-acked (no-op)."""
+        with self._lock:
+            if self._unacked.pop(seq, None) is None:
+                return False
+            self._ops += 1
+            return True
+
+    def ack_many(self, seqs: Iterable[int]) -> int:
+        """ack() each seq; return how many were un-acked."""
+        with self._lock:
+            pop, n = self._unacked.pop, 0
+            for seq in seqs:
+                if pop(seq, None) is not None:
+                    n += 1
+            self._ops += n
+            return n
+
+    # -- syncing --------------------------------------------------------------------
+    def sync(self) -> int:
+        """fsync everything written so far; return synced_seq (all seqs <= it are on disk).
+
+        Group commit: call it once for many puts, from any thread; puts go on while
+        it waits for the disk. Raises StorageError if fsync fails.
+        """
+        with self._sync_lock:
+            return self._sync_data()
+
+    def _sync_data(self) -> int:
+        segs = self._segs
+        with self._lock:
+            plan = segs.begin_sync()
+            if plan is None:
+                return segs.synced_seq
+        try:
+            n = SegmentFiles.run_sync(plan)
+        except OSError as e:
+            with self._lock:
+                segs.end_sync(plan, 0, ok=False)
+            raise from_oserror("fsync failed in", self.path, e) from e
+        with self._lock:
+            segs.end_sync(plan, n, ok=True)
+            return segs.synced_seq
+
+    @property
+    def synced_seq(self) -> int:
+        """Highest seq known to be on disk (-1 if none)."""
+        return self._segs.synced_seq
+
+    def maybe_sync(self, now_ns: int) -> bool:
+        """Checkpoint if sync_every ops happened or sync_timeout passed with activity.
+
+        ``now_ns`` is a monotonic clock reading; returns whether it checkpointed.
+        """
+        with self._lock:
+            if self._last_sync_ns is None:
+                self._last_sync_ns = now_ns
+            due = self._ops >= self._sync_every or (
+                self._ops > 0 and now_ns - self._last_sync_ns >= self._sync_timeout_ns)
+        if due:
+            self.checkpoint(now_ns)
+        return due
+
+    def checkpoint(self, now_ns: int | None = None) -> None:
+        """Sync data, persist the read state atomically, delete fully acked segments.
+
+        Raises StorageError if the data cannot be synced or the meta file written.
+        """
+        with self._sync_lock:
+            self._sync_data()
+            with self._lock:
+                meta, dead = self._snapshot()
+                self._ops = 0
+                if now_ns is not None:
+                    self._last_sync_ns = now_ns
+            self._write_meta(meta)
+            with self._lock:
+                self._segs.fsyncs += 2
+                for num in dead:
+                    self._segs.drop(num)
+
+    def _write_meta(self, meta: QueueMeta) -> None:
+        path = os.path.join(self.path, "meta")
+        try:
+            atomic_write(path, encode_meta(meta))
+        except OSError as e:
+            raise from_oserror("cannot write meta", path, e) from e
+
+    def _snapshot(self) -> tuple[QueueMeta, list[int]]:
+        segs = self._segs
+        frontier = max(self._rseq, self._frontier)
+        ranges = to_ranges(heapq.merge(self._unacked, sorted(self._redeliver)))
+        if self._unacked:
+            seq, pos = next(iter(self._unacked.items()))
+            start = (pos >> _POS_SHIFT, pos & _OFF_MASK, seq)
+        else:
+            start = (self._rnum, self._roff, self._rseq)
+        write = (segs.wnum, segs.wend, segs.next_seq) if segs.wfd >= 0 else None
+        meta = QueueMeta(self.name, segs.next_seq, frontier, start, ranges, write)
+        pinned = {pos >> _POS_SHIFT for pos in self._unacked.values()}
+        dead = [n for n in segs.nums if n < self._rnum and n != segs.wnum
+                and n not in pinned]
+        return meta, dead
+
+    # -- state and lifecycle --------------------------------------------------------
+    def _depth(self) -> int:
+        return (len(self._redeliver) + self._segs.next_seq
+                - max(self._rseq, self._frontier))
+
+    def depth(self) -> int:
+        """Records on disk not yet handed out (nsqd's backend depth)."""
+        with self._lock:
+            return self._depth()
+
+    def is_empty(self) -> bool:
+        return self.depth() == 0
+
+    def unacked_count(self) -> int:
+        with self._lock:
+            return len(self._unacked)
+
+    def stats(self) -> dict[str, int]:
+        """Counters for health and metrics."""
+        with self._lock:
+            segs = self._segs
+            return {"depth": self._depth(), "unacked": len(self._unacked),
+                    "next_seq": segs.next_seq, "synced_seq": segs.synced_seq,
+                    "segments": len(segs.nums), "fsyncs": segs.fsyncs,
+                    "writes": segs.writes}
+
+    def empty(self) -> None:
+        """Drop every record, read or not (nsqd's Empty); seqs keep counting up.
+
+        Raises StorageError if the new (empty) state cannot be persisted.
+        """
+        with self._sync_lock, self._lock:
+            self._check_open()
+            self._close_reader()
+            segs = self._segs
+            segs.drop_all()
+            self._unacked.clear()
+            self._redeliver.clear()
+            self._frontier = segs.next_seq
+            self._rnum, self._roff, self._rseq = segs.wnum, SEG_HEADER_SIZE, segs.next_seq
+            self._write_meta(self._snapshot()[0])
+
+    def close(self) -> None:
+        """Checkpoint and release files. Idempotent; raises StorageError if the final
+        checkpoint fails (files are released anyway)."""
+        if self._closed:
+            return
+        try:
+            self.checkpoint()
+        finally:
+            with self._lock:
+                self._closed = True
+                self._close_reader()
+                self._segs.close()
+
+    def delete(self) -> None:
+        """Close without checkpointing and remove the queue's directory.
+
+        Crash-safe: the directory is first renamed to a hidden tombstone.
+        """
+        with self._sync_lock, self._lock:
+            self._closed = True
+            self._close_reader()
+            self._segs.close()
+        tomb = os.path.join(self.root, f".deleted-{secrets.token_hex(6)}")
+        try:
+            os.replace(self.path, tomb)
+            fsync_dir(self.root)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise from_oserror("cannot delete queue", self.path, e) from e
+        shutil.rmtree(tomb, ignore_errors=True)
+
+    def _close_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise QueueClosedError(f"queue {self.name!r} is closed", path=self.path)
+
+    def __enter__(self) -> "DiskQueue":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["DiskQueue", "StorageError", "list_queues", "DEFAULT_MAX_BYTES_PER_FILE",
+           "DEFAULT_MAX_RECORD_BYTES"]
