@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 import struct
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -203,3 +205,35 @@ def test_backend_selection() -> None:
     assert _native.mpub_split is impl.mpub_split
     assert _native.encode_messages is impl.encode_messages
     assert _native.Scanner(10, 10, 10).scan(b"NOP\n") == ([(0, 3, 0, 0)], 4, (0, 4, 0, 0))
+
+
+BLOCK_COMPILED = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "pybroker._native._nsqframe":
+            raise ImportError("blocked for the test")
+        return None
+sys.meta_path.insert(0, Block())
+try:
+    import pybroker._native as n
+except ImportError as exc:
+    print("ImportError:", exc)
+else:
+    print("backend:", n.BACKEND, n.c_backend)
+"""
+
+
+@pytest.mark.parametrize(("pure", "expected"), [
+    ("", "ImportError: pybroker's C frame codec"),
+    ("0", "ImportError: pybroker's C frame codec"),
+    ("1", "backend: pure None"),
+])
+def test_missing_compiled_module(pure: str, expected: str) -> None:
+    """No silent fallback: only PYBROKER_PURE=1 allows running without C."""
+    env = {k: v for k, v in os.environ.items() if k != "PYBROKER_PURE"}
+    if pure:
+        env["PYBROKER_PURE"] = pure
+    proc = subprocess.run([sys.executable, "-c", BLOCK_COMPILED], env=env,
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert proc.stdout.startswith(expected), proc.stdout + proc.stderr
