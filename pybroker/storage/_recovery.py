@@ -139,6 +139,8 @@ def _open_tail(rec: Recovered, qdir: str, name: str, max_record: int,
         reader.close()
     rec.next_seq = max(rec.next_seq, nseq)
     if stop.is_damage and not torn:
+        # Seqs are never reused: skip past any record the damaged bytes could hold.
+        rec.next_seq = max(rec.next_seq, nseq + (size - end) // REC_HEADER_SIZE + 1)
         quarantine(qdir, name, num, end, stop)
         rec.ends[num] = end
         return
