@@ -3,9 +3,24 @@
 Imports nothing from the rest of pybroker; the core reaches it through a Protocol.
 """
 from .diskqueue import DiskQueue, list_queues
-from .errors import (DiskFullError, MetadataError, QueueClosedError, StorageAccessError,
-                     StorageError, StorageIOError, UnsupportedFormatError)
+from .errors import (
+    DiskFullError,
+    MetadataError,
+    QueueClosedError,
+    StorageAccessError,
+    StorageError,
+    StorageIOError,
+    UnsupportedFormatError,
+)
 
-__all__ = ["DiskQueue", "list_queues", "StorageError", "DiskFullError",
-           "StorageAccessError", "StorageIOError", "UnsupportedFormatError",
-           "QueueClosedError", "MetadataError"]
+__all__ = [
+    "DiskFullError",
+    "DiskQueue",
+    "MetadataError",
+    "QueueClosedError",
+    "StorageAccessError",
+    "StorageError",
+    "StorageIOError",
+    "UnsupportedFormatError",
+    "list_queues",
+]

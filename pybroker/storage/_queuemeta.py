@@ -6,8 +6,8 @@ un-acked set; the file is replaced atomically by the queue. stdlib only.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 META_FORMAT = 1
 

@@ -15,8 +15,15 @@ from dataclasses import dataclass, field
 from ._fsutil import fsync_dir, tmp_path, unique_aside, unsafe_name
 from ._queuemeta import MetaFormatError, QueueMeta, decode_meta
 from .errors import UnsupportedFormatError
-from .segment import REC_HEADER_SIZE, SEG_HEADER_SIZE, FutureFormatError, \
-    SegmentHeaderError, SegmentReader, Stop, read_header
+from .segment import (
+    REC_HEADER_SIZE,
+    SEG_HEADER_SIZE,
+    FutureFormatError,
+    SegmentHeaderError,
+    SegmentReader,
+    Stop,
+    read_header,
+)
 
 log = logging.getLogger("pybroker.storage.diskqueue")
 

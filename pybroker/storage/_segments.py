@@ -13,8 +13,12 @@ from dataclasses import dataclass
 from ._fsutil import fsync_dir
 from ._recovery import Recovered, seg_path
 from .errors import from_oserror
-from .segment import REC_HEADER_SIZE, SEG_HEADER_SIZE, encode_records, \
-    pack_segment_header
+from .segment import (
+    REC_HEADER_SIZE,
+    SEG_HEADER_SIZE,
+    encode_records,
+    pack_segment_header,
+)
 
 
 @dataclass(slots=True)

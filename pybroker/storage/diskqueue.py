@@ -60,7 +60,8 @@ import secrets
 import shutil
 import threading
 from collections import OrderedDict
-from typing import Iterable
+from collections.abc import Iterable
+from typing import Self
 
 from ._fsutil import atomic_write, fsync_dir, safe_name
 from ._queuemeta import QueueMeta, encode_meta, from_ranges, to_ranges
@@ -459,12 +460,17 @@ class DiskQueue:
         if self._closed:
             raise QueueClosedError(f"queue {self.name!r} is closed", path=self.path)
 
-    def __enter__(self) -> "DiskQueue":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-__all__ = ["DiskQueue", "StorageError", "list_queues", "DEFAULT_MAX_BYTES_PER_FILE",
-           "DEFAULT_MAX_RECORD_BYTES"]
+__all__ = [
+    "DEFAULT_MAX_BYTES_PER_FILE",
+    "DEFAULT_MAX_RECORD_BYTES",
+    "DiskQueue",
+    "StorageError",
+    "list_queues",
+]

@@ -9,8 +9,8 @@ import enum
 import os
 import struct
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 MAGIC = b"PBDQ"
 FORMAT_VERSION = 1
@@ -98,7 +98,7 @@ class SegmentReader:
     is never used and a writer may append to the same file concurrently.
     """
 
-    __slots__ = ("fd", "file_num", "size", "_buf", "_view", "_base")
+    __slots__ = ("_base", "_buf", "_view", "fd", "file_num", "size")
 
     def __init__(self, path: str, file_num: int) -> None:
         self.fd = os.open(path, os.O_RDONLY)

@@ -15,8 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from pybroker.storage import DiskFullError, DiskQueue, QueueClosedError, StorageError, \
-    UnsupportedFormatError, list_queues
+from pybroker.storage import (
+    DiskQueue,
+    QueueClosedError,
+    StorageError,
+    UnsupportedFormatError,
+    list_queues,
+)
 from pybroker.storage.diskqueue import DEFAULT_MAX_BYTES_PER_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,7 +196,8 @@ def test_kill9_at_least_once(tmp_path: Path) -> None:
         print(json.dumps([s for s, _ in got[:20]]), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60,
+                          check=False)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
     acked = set(json.loads(proc.stdout))
     q = DiskQueue(tmp_path, "t:c", max_bytes_per_file=2048)
@@ -506,7 +512,8 @@ def test_file_size_limit_gives_disk_full_without_corruption(tmp_path: Path) -> N
         q.close()
         print(json.dumps({{"ok": ok, "errno": err}}))
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60,
+                          check=False)
     assert proc.returncode == 0, proc.stderr.decode()
     res = json.loads(proc.stdout)
     assert res["errno"] == 27                                 # EFBIG
