@@ -1,0 +1,121 @@
+"""The command line (typer): flags -> Options -> server.runtime.run(); nothing else.
+
+``pybroker serve`` takes every nsqd option as a flag with nsqd's name (``--mem-queue-size``)
+and a TOML file with nsqd's config names (``-c conf/prod.toml``); flags override the file.
+A bad configuration stops start-up with one line naming the key, and exit status 2.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+import time
+from typing import Any, List, Optional
+
+import typer
+
+from pybroker import NSQ_COMPAT_VERSION, __version__
+from pybroker.config import SPECS, load_toml, resolve
+from pybroker.errors import ConfigError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="pybroker: a message broker that speaks NSQ's protocols.")
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
+           "warning": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL}
+
+
+class _NsqFormatter(logging.Formatter):
+    """nsqd's log line: ``[pybroker] 2006/01/02 15:04:05.000000 INFO: message``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        t = time.localtime(record.created)
+        stamp = time.strftime("%Y/%m/%d %H:%M:%S", t) + f".{int((record.created % 1) * 1e6):06d}"
+        level = {"WARNING": "WARN", "CRITICAL": "FATAL"}.get(record.levelname, record.levelname)
+        text = f"[pybroker] {stamp} {level}: {record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+def setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_NsqFormatter())
+    root = logging.getLogger("pybroker")
+    root.handlers[:] = [handler]
+    root.setLevel(_LEVELS.get(level.lower(), logging.INFO))
+    root.propagate = False
+
+
+def _serve(config: Optional[str], version: bool, **flags: Any) -> None:
+    if version:
+        typer.echo(f"pybroker v{__version__} (nsqd protocol v{NSQ_COMPAT_VERSION})")
+        raise typer.Exit(0)
+    try:
+        file_values = load_toml(config) if config else {}
+        options = resolve(file_values, flags)
+        if options.log_level.lower() not in _LEVELS:
+            raise ConfigError(f"log_level: unknown level {options.log_level!r}")
+    except ConfigError as e:
+        typer.echo(f"pybroker: bad configuration: {e}", err=True)
+        raise typer.Exit(2)
+    setup_logging(options.log_level)
+    from pybroker.server.runtime import run
+
+    raise typer.Exit(run(options))
+
+
+def _build_serve() -> Any:
+    """A typer command whose flags are generated from config.SPECS (one per option)."""
+    params = [
+        inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+                          default=typer.Option(None, "--config", "-c",
+                                               help="TOML config file (nsqd config names)")),
+        inspect.Parameter("version", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                          default=typer.Option(False, "--version", help="print the version")),
+    ]
+    for spec in SPECS:
+        annotation: Any = Optional[List[str]] if spec.kind == "list" else Optional[str]
+        default = spec.default
+        shown = f" [default: {default}]" if spec.kind != "duration" else ""
+        params.append(inspect.Parameter(
+            spec.key, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+            default=typer.Option(None, spec.flag_name, help=spec.help + shown,
+                                 show_default=False)))
+
+    def serve(**kw: Any) -> None:
+        """Run the broker (nsqd's TCP protocol V2) until SIGTERM or SIGINT."""
+        config = kw.pop("config")
+        version = kw.pop("version")
+        flags = {k: (v or None) if isinstance(v, list) else v for k, v in kw.items()}
+        _serve(config, version, **flags)
+
+    serve.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    return serve
+
+
+@app.callback()
+def _group() -> None:
+    """pybroker: a message broker that speaks NSQ's protocols."""
+
+
+app.command("serve", help="Run the broker until SIGTERM or SIGINT.")(_build_serve())
+
+
+def _register_tools() -> None:
+    try:
+        from pybroker import tools
+    except ModuleNotFoundError as e:
+        if e.name != "pybroker.tools":
+            raise
+        return
+    register = getattr(tools, "register", None)
+    if register is not None:
+        register(app)
+
+
+_register_tools()
+
+
+def main() -> None:
+    app()

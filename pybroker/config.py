@@ -1,0 +1,302 @@
+"""Options: every setting with nsqd's name and default, TOML loading and validation.
+
+TOML keys are nsqd's config names (``mem_queue_size``, ``msg_timeout``), command-line flags
+are nsqd's flag names (``--mem-queue-size``), and durations are Go-style strings ("60s",
+"1h30m", "250ms"), so an nsqd config file carries over. Imports only the stdlib.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import socket
+import tomllib
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pybroker.errors import ConfigError
+
+NS = 1
+MS = 1_000_000
+S = 1_000_000_000
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": MS, "s": S, "m": 60 * S, "h": 3600 * S}
+
+
+def parse_duration(text: str) -> int:
+    """Parse a Go duration string ("1h30m", "250ms", "0") into nanoseconds."""
+    t = text.strip()
+    if t in ("0", "+0"):
+        return 0
+    pos, total = 0, 0.0
+    if not t:
+        raise ValueError("empty duration")
+    while pos < len(t):
+        m = _DURATION_RE.match(t, pos)
+        if not m:
+            raise ValueError(f"invalid duration {text!r} (use e.g. \"60s\", \"250ms\", \"1h\")")
+        total += float(m.group(1)) * _UNIT_NS[m.group(2)]
+        pos = m.end()
+    return int(total)
+
+
+def format_duration(ns: int) -> str:
+    """Format nanoseconds the way Go prints a time.Duration (for /config and logs)."""
+    if ns == 0:
+        return "0s"
+    for unit, size in (("h", 3600 * S), ("m", 60 * S)):
+        if ns % size == 0:
+            return f"{ns // size}{unit}"
+    if ns % S == 0:
+        return f"{ns // S}s"
+    if ns % MS == 0:
+        return f"{ns // MS}ms"
+    return f"{ns}ns"
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One option: its TOML key, kind, default, allowed range and help text."""
+
+    key: str
+    kind: str  # "str", "int", "float", "bool", "duration", "list"
+    default: Any
+    help: str
+    low: float | None = None
+    high: float | None = None
+    flag: str | None = None  # nsqd's flag name when it differs from the key
+
+    @property
+    def flag_name(self) -> str:
+        return "--" + (self.flag or self.key.replace("_", "-"))
+
+
+def _default_node_id() -> int:
+    # matches nsqd: the default node id is a hash of the hostname, mod 1024
+    return zlib.crc32(socket.gethostname().encode()) % 1024
+
+
+SPECS: tuple[OptionSpec, ...] = (
+    OptionSpec("id", "int", None, "unique part of message ids, 0..1023 (default: from hostname)",
+               0, 1023, flag="node-id"),
+    OptionSpec("log_level", "str", "info", "log level: debug, info, warn, error, fatal"),
+    OptionSpec("tcp_address", "str", "127.0.0.1:4150", "<addr>:<port> to listen on for TCP clients"),
+    OptionSpec("http_address", "str", "127.0.0.1:4151",
+               "<addr>:<port> to listen on for HTTP clients (empty: no HTTP)"),
+    OptionSpec("https_address", "str", "", "HTTPS is not available in this version; leave empty"),
+    OptionSpec("broadcast_address", "str", "",
+               "address registered with nsqlookupd (default: this host's name)"),
+    OptionSpec("nsqlookupd_tcp_addresses", "list", [],
+               "nsqlookupd TCP addresses to register with", flag="lookupd-tcp-address"),
+    OptionSpec("data_path", "str", "", "directory for on-disk state (default: current directory)"),
+    OptionSpec("mem_queue_size", "int", 10000,
+               "messages kept in memory per topic and per channel", 0, 2**31 - 1),
+    OptionSpec("max_bytes_per_file", "int", 104857600, "bytes per disk queue segment file",
+               1024, 2**40),
+    OptionSpec("sync_every", "int", 2500, "disk queue writes between fsyncs", 1, 2**31 - 1),
+    OptionSpec("sync_timeout", "duration", 2 * S, "longest time between disk queue fsyncs",
+               1 * MS, 3600 * S),
+    OptionSpec("queue_scan_interval", "duration", 100 * MS,
+               "how often to scan in-flight and deferred queues", 1 * MS, 60 * S),
+    OptionSpec("queue_scan_refresh_interval", "duration", 5 * S,
+               "how often to refresh the scanner's channel list", 1 * MS, 3600 * S),
+    OptionSpec("queue_scan_selection_count", "int", 20, "channels sampled per scan", 1, 1_000_000),
+    OptionSpec("queue_scan_worker_pool_max", "int", 4, "most scanner worker threads", 1, 256),
+    OptionSpec("queue_scan_dirty_percent", "float", 0.25,
+               "rescan at once while more than this fraction of sampled channels was dirty",
+               0.0, 1.0),
+    OptionSpec("msg_timeout", "duration", 60 * S,
+               "default time a message may stay in flight before it is requeued", 1 * MS, 24 * 3600 * S),
+    OptionSpec("max_msg_timeout", "duration", 15 * 60 * S,
+               "largest msg_timeout a client may ask for", 1 * MS, 24 * 3600 * S),
+    OptionSpec("max_msg_size", "int", 1048576, "largest message body in bytes", 1, 2**31 - 1),
+    OptionSpec("max_body_size", "int", 5 * 1048576, "largest command body (MPUB, IDENTIFY) in bytes",
+               1, 2**31 - 1),
+    OptionSpec("max_req_timeout", "duration", 3600 * S, "largest REQ or DPUB delay",
+               0, 365 * 24 * 3600 * S),
+    OptionSpec("client_timeout", "duration", 60 * S, "default client network timeout", 1 * MS,
+               3600 * S),
+    OptionSpec("max_heartbeat_interval", "duration", 60 * S,
+               "largest heartbeat interval a client may ask for", 1 * S, 3600 * S),
+    OptionSpec("max_rdy_count", "int", 2500, "largest RDY count a client may send", 1, 2**31 - 1),
+    OptionSpec("max_output_buffer_size", "int", 65536, "largest output buffer a client may ask for",
+               64, 2**31 - 1),
+    OptionSpec("max_output_buffer_timeout", "duration", 30 * S,
+               "largest output buffer timeout a client may ask for", 1 * MS, 3600 * S),
+    OptionSpec("min_output_buffer_timeout", "duration", 25 * MS,
+               "smallest output buffer timeout a client may ask for", 1 * MS, 3600 * S),
+    OptionSpec("output_buffer_timeout", "duration", 250 * MS,
+               "default time message frames may wait in a client's output buffer", 1 * MS, 3600 * S),
+    OptionSpec("output_buffer_size", "int", 16384,
+               "default output buffer size in bytes", 64, 2**31 - 1),
+    OptionSpec("max_channel_consumers", "int", 0, "most consumers per channel (0: no limit)",
+               0, 2**31 - 1),
+    OptionSpec("statsd_address", "str", "", "UDP <addr>:<port> of a statsd daemon to push to"),
+    OptionSpec("statsd_prefix", "str", "nsq.%s", "prefix of statsd keys (%s: host)"),
+    OptionSpec("statsd_interval", "duration", 60 * S, "time between statsd pushes", 1 * MS, 3600 * S),
+    OptionSpec("statsd_mem_stats", "bool", True, "push memory figures to statsd"),
+    OptionSpec("statsd_udp_packet_size", "int", 508, "largest statsd UDP packet", 64, 65507),
+    OptionSpec("e2e_processing_latency_window_time", "duration", 10 * 60 * S,
+               "window of the end-to-end latency percentiles", 1 * S, 24 * 3600 * S),
+    OptionSpec("e2e_processing_latency_percentiles", "list", [],
+               "end-to-end latency percentiles to compute, e.g. [0.99, 0.5]",
+               flag="e2e-processing-latency-percentile"),
+    OptionSpec("deflate", "bool", True, "allow deflate compression (not available yet: granted false)"),
+    OptionSpec("max_deflate_level", "int", 6, "largest deflate level a client may ask for", 1, 9),
+    OptionSpec("snappy", "bool", True, "allow snappy compression (not available yet: granted false)"),
+    OptionSpec("tls_cert", "str", "", "TLS is not available in this version; leave empty"),
+    OptionSpec("tls_key", "str", "", "TLS is not available in this version; leave empty"),
+    OptionSpec("tls_client_auth_policy", "str", "", "TLS is not available in this version"),
+    OptionSpec("tls_root_ca_file", "str", "", "TLS is not available in this version"),
+    OptionSpec("tls_required", "int", 0, "TLS is not available in this version; must be 0", 0, 0),
+    OptionSpec("tls_min_version", "str", "", "TLS is not available in this version"),
+    OptionSpec("auth_http_addresses", "list", [],
+               "authentication is not available in this version; leave empty",
+               flag="auth-http-address"),
+    # pybroker's own knobs
+    OptionSpec("loop_threads", "int", 0,
+               "event loop threads serving clients (0: one per CPU)", 0, 256),
+)
+
+SPEC_BY_KEY = {s.key: s for s in SPECS}
+
+
+@dataclass
+class Options:
+    """Resolved settings. Durations are integers in nanoseconds (suffix ``_ns`` in code)."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self.__dict__["values"][key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    def with_overrides(self, **kw: Any) -> "Options":
+        merged = dict(self.values)
+        merged.update(kw)
+        return dataclasses.replace(self, values=merged)
+
+
+def _coerce(spec: OptionSpec, value: Any, where: str) -> Any:
+    """Turn a TOML or command-line value into the option's type, or raise ConfigError."""
+    name = f"{where}{spec.key}"
+    kind = spec.kind
+    try:
+        if kind == "duration":
+            if isinstance(value, bool):
+                raise ValueError("expected a duration")
+            if isinstance(value, int):
+                out: Any = value * MS  # a bare number is milliseconds
+            elif isinstance(value, str):
+                out = parse_duration(value)
+            else:
+                raise ValueError("expected a duration string like \"60s\"")
+        elif kind == "int":
+            if isinstance(value, bool) or not isinstance(value, (int, str)):
+                raise ValueError("expected an integer")
+            out = int(value)
+        elif kind == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise ValueError("expected a number")
+            out = float(value)
+        elif kind == "bool":
+            if isinstance(value, bool):
+                out = value
+            elif isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+                out = value.lower() in ("true", "1", "yes")
+            else:
+                raise ValueError("expected true or false")
+        elif kind == "list":
+            if isinstance(value, str):
+                out = [v for v in (p.strip() for p in value.split(",")) if v]
+            elif isinstance(value, list):
+                out = list(value)
+            else:
+                raise ValueError("expected a list")
+        else:
+            if not isinstance(value, str):
+                raise ValueError("expected a string")
+            out = value
+    except ValueError as e:
+        raise ConfigError(f"{name}: {e} (got {value!r})") from None
+    if spec.low is not None and isinstance(out, (int, float)) and not spec.low <= out <= (spec.high or out):
+        shown = format_duration(int(out)) if kind == "duration" else out
+        lo = format_duration(int(spec.low)) if kind == "duration" else spec.low
+        hi = format_duration(int(spec.high or 0)) if kind == "duration" else spec.high
+        raise ConfigError(f"{name}: {shown} is out of range {lo}..{hi}")
+    return out
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    """Read a TOML config file into a dict of raw values."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path!r} is not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path!r} cannot be read: {e.strerror}") from None
+
+
+def resolve(file_values: dict[str, Any], flag_values: dict[str, Any],
+            validators: tuple[Callable[[dict[str, Any]], None], ...] = ()) -> Options:
+    """Merge defaults < config file < flags, validate, and return Options."""
+    values: dict[str, Any] = {s.key: s.default for s in SPECS}
+    for key, raw in file_values.items():
+        spec = SPEC_BY_KEY.get(key)
+        if spec is None:
+            raise ConfigError(f"unknown config key {key!r}")
+        values[key] = _coerce(spec, raw, "config key ")
+    for key, raw in flag_values.items():
+        if raw is None:
+            continue
+        values[key] = _coerce(SPEC_BY_KEY[key], raw, "flag --" + key.replace("_", "-") + " / ")
+    if values["id"] is None:
+        values["id"] = _default_node_id()
+    if not values["broadcast_address"]:
+        values["broadcast_address"] = socket.gethostname()
+    if values["loop_threads"] == 0:
+        values["loop_threads"] = os.cpu_count() or 1
+    _check(values)
+    for v in validators:
+        v(values)
+    return Options(values)
+
+
+def _check(v: dict[str, Any]) -> None:
+    """Cross-field checks and features that are not available (refused rather than ignored)."""
+    for key in ("tls_cert", "tls_key", "tls_root_ca_file", "https_address"):
+        if v[key]:
+            raise ConfigError(f"{key}: TLS/HTTPS is not available in this version; remove it")
+    if v["auth_http_addresses"]:
+        raise ConfigError("auth_http_addresses: authentication is not available in this version")
+    if v["msg_timeout"] > v["max_msg_timeout"]:
+        raise ConfigError("msg_timeout: must not exceed max_msg_timeout")
+    if v["max_msg_size"] > v["max_body_size"]:
+        raise ConfigError("max_msg_size: must not exceed max_body_size")
+    if v["min_output_buffer_timeout"] > v["max_output_buffer_timeout"]:
+        raise ConfigError("min_output_buffer_timeout: must not exceed max_output_buffer_timeout")
+    for key in ("tcp_address", "http_address"):
+        if v[key] or key == "tcp_address":
+            try:
+                split_hostport(v[key])
+            except ValueError as e:
+                raise ConfigError(f"{key}: {e}") from None
+    for p in v["e2e_processing_latency_percentiles"]:
+        if not isinstance(p, (int, float)) or not 0 < float(p) <= 1:
+            raise ConfigError(f"e2e_processing_latency_percentiles: {p!r} is not in (0, 1]")
+
+
+def split_hostport(addr: str) -> tuple[str, int]:
+    """Split "host:port", "[::1]:port" or ":port" (all interfaces) into (host, port)."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{addr!r} is not <host>:<port>")
+    host = host.strip("[]")
+    return (host or "0.0.0.0"), int(port)

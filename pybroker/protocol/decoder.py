@@ -1,0 +1,130 @@
+"""CommandDecoder: incremental NSQ V2 command parser. Owns a buffer; performs no I/O.
+
+``receive(data)`` appends bytes and finds every complete command with one call into the
+frame scanner (C, or the pure-Python spec with PYBROKER_PURE=1); ``next_command()``
+returns them in order. A command whose line is complete but whose body is not yet here is
+returned once with ``pending=True`` so the handler can check state and parameters in
+nsqd's order (nsqd validates the line before it reads the body). A body-size error is
+attached to its command (``body_error``) and raised by the handler at the body step, again
+in nsqd's order. Other framing errors are raised after the commands before them.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from pybroker import _native
+from pybroker.errors import BadBody, BadMessage, ClientError, Invalid
+from pybroker.protocol.wire import MAX_LINE
+
+
+class Command:
+    """One command: ``params`` as nsqd splits the line (params[0] is the verb)."""
+
+    __slots__ = ("params", "body", "pending", "body_error")
+
+    def __init__(self, params: list[bytes], body: bytes | None, pending: bool = False,
+                 body_error: ClientError | None = None) -> None:
+        self.params = params
+        self.body = body
+        self.pending = pending
+        self.body_error = body_error
+
+    @property
+    def verb(self) -> bytes:
+        return self.params[0]
+
+    def __repr__(self) -> str:
+        extra = " pending" if self.pending else ""
+        size = "" if self.body is None else f" +{len(self.body)}B"
+        return f"Command({b' '.join(self.params)!r}{size}{extra})"
+
+
+def _size_error(verb: bytes, code: int, size: int, max_msg: int, max_body: int) -> ClientError:
+    """nsqd's text for a body size that can never be valid."""
+    v = verb.decode("ascii", "replace")
+    if code == _native.E_MSG_SIZE:  # PUB, DPUB
+        if size <= 0:
+            return BadMessage(f"{v} invalid message body size {size}")
+        return BadMessage(f"{v} message too big {size} > {max_msg}")
+    if size <= 0:
+        return BadBody(f"{v} invalid body size {size}")
+    return BadBody(f"{v} body too big {size} > {max_body}")
+
+
+class CommandDecoder:
+    """Bytes in, Commands out. One per connection; never shared between threads."""
+
+    def __init__(self, max_msg_size: int, max_body_size: int, max_line: int = MAX_LINE) -> None:
+        self.max_msg_size = max_msg_size
+        self.max_body_size = max_body_size
+        self._scanner = _native.Scanner(max_line, max_msg_size, max_body_size)
+        self._buf = b""
+        self._chunks: list[bytes] = []  # bytes held back until a known body is complete
+        self._held = 0
+        self._need = 0  # total bytes the pending command needs; 0 if unknown
+        self._ready: deque[Command] = deque()
+        self._error: ClientError | None = None
+        self._announced = False  # the pending command at _buf[0] was already returned
+        self._failed = False  # a framing error was found: ignore everything after it
+
+    def receive(self, data: bytes) -> None:
+        """Append bytes and parse every complete command (one scanner call)."""
+        if self._failed:
+            return
+        if self._need:
+            # a large body is arriving: hold chunks until it is whole (no O(n^2) joins)
+            self._chunks.append(data)
+            self._held += len(data)
+            if len(self._buf) + self._held < self._need:
+                return
+            data = b"".join(self._chunks)
+            self._chunks.clear()
+            self._held = 0
+            self._need = 0
+        buf = self._buf + data if self._buf else data
+        spans, used, stop = self._scanner.scan(buf)
+        ready = self._ready
+        for line_off, line_len, body_off, body_len in spans:
+            params = buf[line_off:line_off + line_len].split(b" ")
+            ready.append(Command(params, buf[body_off:body_off + body_len] if body_off else None))
+        if used:
+            self._announced = False
+        status, line_off, line_len, value = stop
+        self._buf = buf[used:] if used < len(buf) else b""
+        if status == _native.NEED_MORE:
+            if line_len and not self._announced:
+                self._announced = True
+                ready.append(Command(buf[line_off:line_off + line_len].split(b" "), None, True))
+            if line_len:
+                self._need = self._needed(self._buf)
+        elif status == _native.E_LINE_TOO_LONG:
+            self._error = Invalid("command line too long")
+            self._failed = True
+        else:
+            params = buf[line_off:line_off + line_len].split(b" ")
+            err = _size_error(params[0], status, value, self.max_msg_size, self.max_body_size)
+            ready.append(Command(params, None, False, err))
+            self._error = err
+            self._failed = True
+
+    @staticmethod
+    def _needed(buf: bytes) -> int:
+        """Total bytes of a pending body command at buf[0], once its size is known."""
+        nl = buf.find(b"\n")
+        if nl < 0 or len(buf) < nl + 5:
+            return 0
+        size = int.from_bytes(buf[nl + 1:nl + 5], "big", signed=True)
+        return nl + 5 + size if size > 0 else 0
+
+    def next_command(self) -> Command | None:
+        """The next command; None means "need more bytes". Raises a fatal ClientError
+        for framing errors once the commands before them were returned."""
+        if self._ready:
+            return self._ready.popleft()
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+        return None
+
+    def buffered(self) -> int:
+        return len(self._buf) + self._held

@@ -1,0 +1,1 @@
+"""The only package that owns sockets, selectors and threads."""

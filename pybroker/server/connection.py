@@ -1,0 +1,349 @@
+"""ClientConn: one TCP client — socket I/O, output buffering, heartbeats, client state.
+
+Owned by the loop it is registered with (``self.loop``); a consumer moves once, at SUB,
+to the loop that owns its channel. This is the only place where socket I/O and the
+protocol meet: recv -> CommandDecoder -> handlers -> output buffer -> send.
+
+Output: responses and errors are flushed at the end of the current loop turn; message
+frames wait in ``pending`` until the output buffer fills, the client stops being ready,
+or its output_buffer_timeout passes (nsqd's bufio.Writer + flush ticker). Frames are
+encoded in one C call per flush.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from pybroker._native import encode_messages
+from pybroker.core.channel import Channel
+from pybroker.core.message import Message
+from pybroker.errors import ClientError, SubFailed, TooManyConsumers
+from pybroker.protocol.decoder import CommandDecoder
+from pybroker.protocol.encoder import HEARTBEAT_FRAME, OK_FRAME, encode_error
+from pybroker.protocol.wire import MAGIC_V2, ClientState
+from pybroker.server import handlers
+
+if TYPE_CHECKING:
+    from pybroker.server.loop import EventLoop
+
+log = logging.getLogger("pybroker")
+monotonic_ns = time.monotonic_ns
+RECV_SIZE = 256 * 1024
+# a consumer whose socket is this far behind gets no more messages until it catches up
+HIGH_WATER = 4 * 1024 * 1024
+_next_id = 0
+
+
+class ClientConn:
+    def __init__(self, loop: "EventLoop", sock: socket.socket, addr: Any) -> None:
+        global _next_id
+        _next_id += 1
+        self.id = _next_id
+        self.loop = loop
+        self.sock = sock
+        self.remote_address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+        opts = loop.options
+        self.opts = opts
+        self.decoder = CommandDecoder(opts.max_msg_size, opts.max_body_size)
+        self.magic_buf = b""
+        self.has_magic = False
+        self.state = ClientState.INIT
+        self.closed = False
+        self.closing_after_flush = False
+        self.moving = False
+        # identity and negotiated settings (IDENTIFY)
+        self.client_id = ""
+        self.hostname = ""
+        self.user_agent = ""
+        self.heartbeat_interval_ns = 30 * 1_000_000_000
+        self.msg_timeout_ns = opts.msg_timeout
+        self.output_buffer_size = opts.output_buffer_size
+        self.output_buffer_timeout_ns = opts.output_buffer_timeout
+        self.sample_rate = 0
+        self.identified = False
+        # consumer state
+        self.channel: Channel | None = None
+        self.rdy = 0
+        self.in_flight_count = 0
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+        self.pub_counts: dict[str, int] = {}
+        self.connect_ts = int(time.time())
+        # output
+        self.out: list[bytes] = []
+        self.out_bytes = 0
+        self.pending: list[Message] = []
+        self.pending_bytes = 0
+        self.writing = False
+        self.flush_timer: tuple | None = None
+        # liveness
+        self.last_read_ns = monotonic_ns()
+        self.hb_timer: tuple | None = None
+
+    def __repr__(self) -> str:
+        return f"{self.remote_address}"
+
+    # -- start and timers -------------------------------------------------------------
+    def start(self) -> None:
+        self.sock.setblocking(False)
+        try:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        log.info("TCP: new client(%s)", self.remote_address)
+        self.schedule_heartbeat()
+
+    def schedule_heartbeat(self) -> None:
+        """(Re)arm the heartbeat / read-deadline timer on the current loop."""
+        self.loop.cancel(self.hb_timer)
+        self.hb_timer = None
+        if self.closed:
+            return
+        if not self.has_magic:
+            # a connection that never sends the magic is closed after client_timeout
+            self.hb_timer = self.loop.call_later(self.opts.client_timeout, self._magic_timeout)
+            return
+        if self.heartbeat_interval_ns > 0:
+            self.hb_timer = self.loop.call_later(self.heartbeat_interval_ns, self._on_heartbeat)
+
+    def _magic_timeout(self) -> None:
+        self.hb_timer = None
+        if not self.has_magic:
+            self.close("no protocol magic received")
+
+    def _on_heartbeat(self) -> None:
+        self.hb_timer = None
+        if self.closed or self.moving:
+            return
+        interval = self.heartbeat_interval_ns
+        now = monotonic_ns()
+        deadline = self.last_read_ns + 2 * interval
+        if now >= deadline:
+            # matches nsqd: the read deadline is two heartbeat intervals
+            log.info("[%s] closing: no data for two heartbeat intervals", self)
+            self.close("heartbeat timeout")
+            return
+        self.send_frame(HEARTBEAT_FRAME)
+        self.hb_timer = self.loop.call_later(min(interval, deadline - now), self._on_heartbeat)
+
+    # -- reading ------------------------------------------------------------------------
+    def on_readable(self) -> None:
+        try:
+            data = self.sock.recv(RECV_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self.close(f"read error: {e.strerror}")
+            return
+        if not data:
+            self.close("peer closed")
+            return
+        self.last_read_ns = monotonic_ns()
+        if self.closing_after_flush:
+            return
+        if not self.has_magic:
+            data = self._read_magic(data)
+            if not data:
+                return
+        self.decoder.receive(data)
+        self.process()
+
+    def _read_magic(self, data: bytes) -> bytes:
+        buf = self.magic_buf + data
+        if len(buf) < 4:
+            self.magic_buf = buf
+            return b""
+        magic, rest = buf[:4], buf[4:]
+        self.magic_buf = b""
+        if magic != MAGIC_V2:
+            log.error("client(%s) bad protocol magic %r", self, magic)
+            # matches nsqd: the frame says only "E_BAD_PROTOCOL", then a close
+            self.send_frame(encode_error(b"E_BAD_PROTOCOL"))
+            self.close_after_flush()
+            return b""
+        self.has_magic = True
+        self.schedule_heartbeat()
+        return rest
+
+    def process(self) -> None:
+        """Run every parsed command; stop at a fatal error or when moving loops."""
+        try:
+            while not self.moving and not self.closed and not self.closing_after_flush:
+                cmd = self.decoder.next_command()
+                if cmd is None:
+                    break
+                try:
+                    handlers.dispatch(self, cmd)
+                except ClientError as err:
+                    if err.fatal:
+                        raise
+                    log.info("[%s] %s", self, err.payload().decode("utf-8", "replace"))
+                    self.send_frame(encode_error(err.payload()))
+        except ClientError as err:
+            log.error("[%s] - %s", self, err.payload().decode("utf-8", "replace"))
+            self.send_frame(encode_error(err.payload()))
+            self.close_after_flush()
+
+    # -- writing ------------------------------------------------------------------------
+    def send_frame(self, frame: bytes) -> None:
+        """Queue a response or error frame; flushed (with any messages) this turn."""
+        if self.closed:
+            return
+        if self.pending:
+            self._encode_pending()
+        self.out.append(frame)
+        self.out_bytes += len(frame)
+        self.loop.to_flush[self] = None
+
+    def send_ok(self) -> None:
+        self.send_frame(OK_FRAME)
+
+    def ready_room(self) -> int:
+        """Consumer protocol: how many more messages this client may take now."""
+        if self.state != ClientState.SUBSCRIBED or self.out_bytes > HIGH_WATER:
+            return 0
+        return self.rdy - self.in_flight_count
+
+    def send_messages(self, msgs: list[Message]) -> None:
+        """Consumer protocol: message frames for in-flight messages (owner loop)."""
+        self.pending.extend(msgs)
+        self.message_count += len(msgs)
+        self.pending_bytes += sum(len(m.body) for m in msgs) + 34 * len(msgs)
+        timeout = self.output_buffer_timeout_ns
+        if (timeout <= 0 or self.pending_bytes >= self.output_buffer_size
+                or self.in_flight_count >= self.rdy):
+            # matches nsqd: flush when the buffer is full or the client is no longer ready
+            self.loop.to_flush[self] = None
+        elif self.flush_timer is None:
+            self.flush_timer = self.loop.call_later(timeout, self._on_flush_timer)
+
+    def _on_flush_timer(self) -> None:
+        self.flush_timer = None
+        if not self.closed and not self.moving:
+            self.flush()
+
+    def _encode_pending(self) -> None:
+        data = encode_messages(self.pending)
+        self.pending = []
+        self.pending_bytes = 0
+        self.out.append(data)
+        self.out_bytes += len(data)
+
+    def flush(self) -> None:
+        """Encode waiting message frames and write as much as the socket takes."""
+        if self.closed:
+            return
+        if self.pending:
+            self._encode_pending()
+        if self.flush_timer is not None:
+            self.loop.cancel(self.flush_timer)
+            self.flush_timer = None
+        if self.out:
+            data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
+            try:
+                sent = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as e:
+                if e.errno not in (errno.EPIPE, errno.ECONNRESET):
+                    log.info("[%s] write error: %s", self, e.strerror)
+                self.close("write error")
+                return
+            if sent < len(data):
+                rest = data[sent:]
+                self.out = [rest]
+                self.out_bytes = len(rest)
+                if not self.writing:
+                    self.writing = True
+                    self.loop.want_write(self, True)
+                return
+            self.out = []
+            was_full = self.out_bytes > HIGH_WATER
+            self.out_bytes = 0
+            if was_full and self.channel is not None:
+                self.loop.mark_dirty(self.channel)
+        if self.writing:
+            self.writing = False
+            self.loop.want_write(self, False)
+        if self.closing_after_flush:
+            self.close("closed after error")
+
+    def close_after_flush(self) -> None:
+        """Stop reading; close once queued frames are written (fatal errors)."""
+        self.closing_after_flush = True
+        self.loop.to_flush[self] = None
+
+    def close(self, reason: str, flush: bool = False) -> None:
+        if self.closed:
+            return
+        if flush and (self.out or self.pending):
+            self.closing_after_flush = False
+            try:
+                self.sock.setblocking(True)
+                self.sock.settimeout(1.0)
+                if self.pending:
+                    self._encode_pending()
+                self.sock.sendall(b"".join(self.out))
+            except OSError:
+                pass
+        self.closed = True
+        log.info("PROTOCOL(V2): [%s] exiting ioloop (%s)", self, reason)
+        self.loop.cancel(self.hb_timer)
+        self.loop.cancel(self.flush_timer)
+        self.hb_timer = self.flush_timer = None
+        self.loop.release(self)
+        self.out = []
+        self.pending = []
+        ch = self.channel
+        if ch is not None:
+            self.channel = None
+            if ch.remove_consumer(self):
+                self.loop.mark_dirty(ch)
+            self.loop.runtime.consumer_left(ch)
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    # -- subscribing ----------------------------------------------------------------------
+    def begin_subscribe(self, ch: Channel) -> None:
+        """SUB accepted: join ch here, or move to the loop that owns it."""
+        target = ch.owner
+        if target is self.loop:
+            self.finish_subscribe(ch)
+            return
+        self.moving = True
+        self.loop.cancel(self.hb_timer)
+        self.loop.cancel(self.flush_timer)
+        self.hb_timer = self.flush_timer = None
+        if self.pending or self.out:
+            self.flush()
+        old = self.loop
+        old.release(self)
+        target.call_soon_threadsafe(target.adopt, self, ch)
+
+    def finish_subscribe(self, ch: Channel) -> None:
+        """On the channel's owner loop: join the channel, answer OK, resume reading."""
+        self.moving = False
+        if ch.deleted:
+            self.send_frame(encode_error(b"E_SUB_FAILED SUB failed to deleted topic/channel"))
+            self.close_after_flush()
+            return
+        try:
+            ch.add_consumer(self, self.opts.max_channel_consumers)
+        except TooManyConsumers as e:
+            err = SubFailed("SUB failed " + str(e))
+            self.send_frame(encode_error(err.payload()))
+            self.close_after_flush()
+            return
+        self.state = ClientState.SUBSCRIBED
+        self.channel = ch
+        self.send_ok()
+        self.schedule_heartbeat()
+        if self.out:
+            self.flush()
+        self.process()

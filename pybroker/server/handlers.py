@@ -1,0 +1,356 @@
+"""One function per V2 verb, with nsqd's checks, order and error texts.
+
+Each handler takes the connection and a parsed Command, and either queues a reply on the
+connection or raises a ClientError (fatal unless it is E_FIN/REQ/TOUCH_FAILED). Domain
+errors from core (BrokerError) are translated here. A command with ``pending=True`` has
+a complete line but no body yet: handlers check the line (state, parameters, names) and
+return; they run again when the body has arrived.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Callable
+
+from pybroker import NSQ_COMPAT_VERSION, _native
+from pybroker.errors import (AuthDisabled, BadBody, BadChannel, BadMessage, BadTopic, BrokerError,
+                             ClientError, DpubFailed, Exiting, FinFailed, Invalid, MpubFailed,
+                             PubFailed, ReqFailed, SubFailed, TouchFailed)
+from pybroker.protocol.decoder import Command
+from pybroker.protocol.encoder import CLOSE_WAIT_FRAME, encode_response
+from pybroker.protocol.names import is_valid_name
+from pybroker.protocol.wire import MSG_ID_LENGTH, ClientState
+
+if TYPE_CHECKING:
+    from pybroker.server.connection import ClientConn
+
+MS = 1_000_000
+monotonic_ns = time.monotonic_ns
+
+
+def _base10(b: bytes) -> int | None:
+    """nsqd's ByteToBase10: digits only (an empty string is 0); None if not digits."""
+    if not b:
+        return 0
+    return int(b) if b.isdigit() and b.isascii() else None
+
+
+def _msg_id(c: "ClientConn", params: list[bytes], verb: str, nparams: int) -> bytes:
+    if c.state not in (ClientState.SUBSCRIBED, ClientState.CLOSING):
+        raise Invalid(f"cannot {verb} in current state")
+    if len(params) < nparams:
+        raise Invalid(f"{verb} insufficient number of params")
+    mid = params[1]
+    if len(mid) != MSG_ID_LENGTH:
+        raise Invalid("invalid message ID")
+    return mid
+
+
+def _body(cmd: Command) -> bytes | None:
+    """The body, or None while it is still arriving; raises a pending size error."""
+    if cmd.body_error is not None:
+        raise cmd.body_error
+    return cmd.body
+
+
+def _q(name: bytes) -> str:
+    """Quote a name the way Go's %q does (for error texts)."""
+    text = name.decode("utf-8", "replace").replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
+
+
+def _topic_name(params: list[bytes], verb: str, nparams: int) -> str:
+    if len(params) < nparams:
+        raise Invalid(f"{verb} insufficient number of parameters")
+    name = params[1]
+    if not is_valid_name(name):
+        raise BadTopic(f"{verb} topic name {_q(name)} is not valid")
+    return name.decode()
+
+
+# -- IDENTIFY ------------------------------------------------------------------------------
+def identify(c: "ClientConn", cmd: Command) -> None:
+    if c.state != ClientState.INIT:
+        raise Invalid("cannot IDENTIFY in current state")
+    body = _body(cmd)
+    if body is None:
+        return
+    try:
+        data = json.loads(body)
+        if not isinstance(data, dict):
+            raise ValueError
+    except (ValueError, UnicodeDecodeError):
+        raise BadBody("IDENTIFY failed to decode JSON body") from None
+    o = c.opts
+    try:
+        hb = _int_field(data, "heartbeat_interval")
+        obs = _int_field(data, "output_buffer_size")
+        obt = _int_field(data, "output_buffer_timeout")
+        sample = _int_field(data, "sample_rate")
+        msg_timeout = _int_field(data, "msg_timeout")
+    except ValueError:
+        raise BadBody("IDENTIFY failed to decode JSON body") from None
+    # matches nsqd's clientV2.Identify: each setter validates its own range, in this order
+    if hb == -1:
+        hb_ns = 0
+    elif hb == 0:
+        hb_ns = c.heartbeat_interval_ns
+    elif 1000 <= hb <= o.max_heartbeat_interval // MS:
+        hb_ns = hb * MS
+    else:
+        raise BadBody(f"IDENTIFY heartbeat interval ({hb}) is invalid")
+    obt_ns = c.output_buffer_timeout_ns
+    if obt == -1:
+        obt_ns = 0
+    elif obt != 0:
+        if o.min_output_buffer_timeout // MS <= obt <= o.max_output_buffer_timeout // MS:
+            obt_ns = obt * MS
+        else:
+            raise BadBody(f"IDENTIFY output buffer timeout ({obt}) is invalid")
+    obs_size = c.output_buffer_size
+    if obs == -1:
+        obs_size, obt_ns = 1, 0
+    elif obs != 0:
+        if 64 <= obs <= o.max_output_buffer_size:
+            obs_size = obs
+        else:
+            raise BadBody(f"IDENTIFY output buffer size ({obs}) is invalid")
+    if not 0 <= sample <= 99:
+        raise BadBody(f"IDENTIFY sample rate ({sample}) is invalid")
+    mt_ns = c.msg_timeout_ns
+    if msg_timeout != 0:
+        if 1000 <= msg_timeout <= o.max_msg_timeout // MS:
+            mt_ns = msg_timeout * MS
+        else:
+            raise BadBody(f"IDENTIFY msg timeout ({msg_timeout}) is invalid")
+    c.client_id = str(data.get("client_id") or data.get("short_id") or "")
+    c.hostname = str(data.get("hostname") or data.get("long_id") or "")
+    c.user_agent = str(data.get("user_agent") or "")
+    c.heartbeat_interval_ns = hb_ns
+    c.output_buffer_timeout_ns = obt_ns
+    c.output_buffer_size = obs_size
+    c.sample_rate = sample
+    c.msg_timeout_ns = mt_ns
+    c.identified = True
+    c.schedule_heartbeat()
+    if not data.get("feature_negotiation"):
+        c.send_ok()
+        return
+    # TLS, snappy and deflate are not available yet: granted false, as nsqd does when
+    # they are disabled (so "both deflate and snappy" cannot be an error here), and the
+    # requested deflate level only counts when deflate is granted.
+    deflate_level = min(6, o.max_deflate_level)
+    resp = {
+        "max_rdy_count": o.max_rdy_count,
+        "version": NSQ_COMPAT_VERSION,
+        "max_msg_timeout": o.max_msg_timeout // MS,
+        "msg_timeout": mt_ns // MS,
+        "tls_v1": False,
+        "deflate": False,
+        "deflate_level": deflate_level,
+        "max_deflate_level": o.max_deflate_level,
+        "snappy": False,
+        "sample_rate": sample,
+        "auth_required": False,
+        "output_buffer_size": obs_size,
+        "output_buffer_timeout": obt_ns // MS,
+    }
+    c.send_frame(encode_response(json.dumps(resp, separators=(",", ":")).encode()))
+
+
+def _int_field(data: dict, key: str) -> int:
+    v = data.get(key, 0)
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(key)
+    if isinstance(v, float) and not v.is_integer():
+        raise ValueError(key)
+    return int(v)
+
+
+def auth(c: "ClientConn", cmd: Command) -> None:
+    if c.state != ClientState.INIT:
+        raise Invalid("cannot AUTH in current state")
+    if len(cmd.params) != 1:
+        raise Invalid("AUTH invalid number of parameters")
+    body = _body(cmd)
+    if body is None:
+        return
+    # matches nsqd without --auth-http-address
+    raise AuthDisabled("AUTH disabled")
+
+
+# -- SUB -------------------------------------------------------------------------------------
+def sub(c: "ClientConn", cmd: Command) -> None:
+    if c.state != ClientState.INIT:
+        raise Invalid("cannot SUB in current state")
+    if c.heartbeat_interval_ns <= 0:
+        raise Invalid("cannot SUB with heartbeats disabled")
+    p = cmd.params
+    if len(p) < 3:
+        raise Invalid("SUB insufficient number of parameters")
+    if not is_valid_name(p[1]):
+        raise BadTopic(f"SUB topic name {_q(p[1])} is not valid")
+    if not is_valid_name(p[2]):
+        raise BadChannel(f"SUB channel name {_q(p[2])} is not valid")
+    broker = c.loop.runtime.broker
+    try:
+        topic = broker.get_topic(p[1].decode())
+        ch = broker.get_channel(topic, p[2].decode())
+    except Exiting:
+        raise SubFailed("SUB failed exiting") from None
+    c.state = ClientState.CONNECTED  # no more commands until the subscription completes
+    c.begin_subscribe(ch)
+
+
+# -- publishing ------------------------------------------------------------------------------
+def pub(c: "ClientConn", cmd: Command) -> None:
+    name = _topic_name(cmd.params, "PUB", 2)
+    body = _body(cmd)
+    if body is None:
+        return
+    _publish(c, name, [body], 0, PubFailed, "PUB")
+
+
+def dpub(c: "ClientConn", cmd: Command) -> None:
+    p = cmd.params
+    name = _topic_name(p, "DPUB", 3)
+    ms = _base10(p[2])
+    if ms is None:
+        raise Invalid(f"DPUB could not parse timeout {p[2].decode('utf-8', 'replace')}")
+    max_ms = c.opts.max_req_timeout // MS
+    if ms > max_ms:
+        raise Invalid(f"DPUB timeout {ms} out of range 0-{max_ms}")
+    body = _body(cmd)
+    if body is None:
+        return
+    _publish(c, name, [body], ms * MS, DpubFailed, "DPUB")
+
+
+def mpub(c: "ClientConn", cmd: Command) -> None:
+    name = _topic_name(cmd.params, "MPUB", 2)
+    body = _body(cmd)
+    if body is None:
+        return
+    o = c.opts
+    try:
+        parts = _native.mpub_split(body, o.max_msg_size, (o.max_body_size - 4) // 5)
+    except _native.ScanError as e:
+        raise _mpub_error(e, o.max_msg_size) from None
+    _publish(c, name, parts, 0, MpubFailed, "MPUB")
+
+
+def _mpub_error(e: "_native.ScanError", max_msg: int) -> ClientError:
+    code, i, v = e.code, e.index, e.value
+    if code == _native.E_MPUB_COUNT_READ:
+        return BadBody("MPUB failed to read message count")
+    if code == _native.E_MPUB_COUNT:
+        return BadBody(f"MPUB invalid message count {v}")
+    if code == _native.E_MPUB_PART_READ:
+        return BadMessage(f"MPUB failed to read message({i}) body size")
+    if code == _native.E_MPUB_PART_SIZE:
+        return BadMessage(f"MPUB invalid message({i}) body size {v}")
+    if code == _native.E_MPUB_PART_BIG:
+        return BadMessage(f"MPUB message too big {v} > {max_msg}")
+    if code == _native.E_MPUB_PART_SHORT:
+        return BadMessage("MPUB failed to read message body")
+    return BadBody(f"MPUB body size does not match its messages ({v} bytes left over)")
+
+
+def _publish(c: "ClientConn", name: str, bodies: list[bytes], defer_ns: int,
+             failed: type[ClientError], verb: str) -> None:
+    broker = c.loop.runtime.broker
+    try:
+        topic = broker.get_topic(name)
+        deliveries = topic.publish(bodies, time.time_ns(), defer_ns)
+    except BrokerError as e:
+        raise failed(f"{verb} failed {e}") from None
+    if deliveries:
+        c.loop.route(deliveries)
+    c.pub_counts[name] = c.pub_counts.get(name, 0) + len(bodies)
+    c.send_ok()
+
+
+# -- consuming -------------------------------------------------------------------------------
+def rdy(c: "ClientConn", cmd: Command) -> None:
+    if c.state == ClientState.CLOSING:
+        return  # matches nsqd: RDY after CLS is ignored
+    if c.state != ClientState.SUBSCRIBED:
+        raise Invalid("cannot RDY in current state")
+    p = cmd.params
+    count = 1
+    if len(p) > 1:
+        n = _base10(p[1])
+        if n is None:
+            raise Invalid(f"RDY could not parse count {p[1].decode('utf-8', 'replace')}")
+        count = n
+    if count > c.opts.max_rdy_count:
+        # matches nsqd: fatal, or client and server would disagree about the count
+        raise Invalid(f"RDY count {count} out of range 0-{c.opts.max_rdy_count}")
+    c.rdy = count
+    if c.channel is not None:
+        c.loop.mark_dirty(c.channel)
+
+
+def fin(c: "ClientConn", cmd: Command) -> None:
+    mid = _msg_id(c, cmd.params, "FIN", 2)
+    assert c.channel is not None
+    try:
+        c.channel.finish(c, mid)
+    except BrokerError as e:
+        raise FinFailed(f"FIN {mid.decode('ascii', 'replace')} failed {e}") from None
+    c.finish_count += 1
+    c.loop.mark_dirty(c.channel)
+
+
+def req(c: "ClientConn", cmd: Command) -> None:
+    p = cmd.params
+    mid = _msg_id(c, p, "REQ", 3)
+    ms = _base10(p[2])
+    if ms is None:
+        raise Invalid(f"REQ could not parse timeout {p[2].decode('utf-8', 'replace')}")
+    # matches nsqd: a REQ timeout over max_req_timeout is clamped, not rejected
+    delay_ns = min(ms * MS, c.opts.max_req_timeout)
+    assert c.channel is not None
+    try:
+        c.channel.requeue(c, mid, delay_ns, monotonic_ns())
+    except BrokerError as e:
+        raise ReqFailed(f"REQ {mid.decode('ascii', 'replace')} failed {e}") from None
+    c.requeue_count += 1
+    c.loop.mark_dirty(c.channel)
+
+
+def touch(c: "ClientConn", cmd: Command) -> None:
+    mid = _msg_id(c, cmd.params, "TOUCH", 2)
+    assert c.channel is not None
+    try:
+        c.channel.touch(c, mid, monotonic_ns(), c.opts.max_msg_timeout)
+    except BrokerError as e:
+        raise TouchFailed(f"TOUCH {mid.decode('ascii', 'replace')} failed {e}") from None
+
+
+def cls(c: "ClientConn", cmd: Command) -> None:
+    if c.state != ClientState.SUBSCRIBED:
+        raise Invalid("cannot CLS in current state")
+    c.rdy = 0
+    c.state = ClientState.CLOSING
+    c.send_frame(CLOSE_WAIT_FRAME)
+
+
+def nop(c: "ClientConn", cmd: Command) -> None:
+    return None
+
+
+HANDLERS: dict[bytes, Callable[["ClientConn", Command], None]] = {
+    b"IDENTIFY": identify, b"AUTH": auth, b"SUB": sub, b"PUB": pub, b"MPUB": mpub,
+    b"DPUB": dpub, b"RDY": rdy, b"FIN": fin, b"REQ": req, b"TOUCH": touch, b"CLS": cls,
+    b"NOP": nop,
+}
+
+
+def dispatch(c: "ClientConn", cmd: Command) -> None:
+    handler = HANDLERS.get(cmd.params[0])
+    if handler is None:
+        raise Invalid(f"invalid command {cmd.params[0].decode('utf-8', 'replace')}")
+    handler(c, cmd)

@@ -1,0 +1,253 @@
+"""EventLoop: one thread, one selector (epoll), its connections, channels and timers.
+
+Theory of operation
+-------------------
+Each loop thread owns: its selector; the client connections registered with it; the
+channels whose names hash to it (``Broker.pick_owner``) and so every consumer of those
+channels; and a TimeoutWheel of timers. Nothing else touches them. Other threads reach
+a loop only through ``call_soon_threadsafe(fn, *args)``: a deque plus one byte written to
+a wake-up socketpair (written only when the loop may be asleep).
+
+One turn: compute the timeout from the next timer; ``select()``; run readers and
+writers; fire due timers; drain cross-thread calls; dispatch every channel marked dirty
+(hand queued messages to ready consumers); flush every connection marked for flush;
+post messages published here for channels owned by other loops, one call per target
+loop per turn. Producers may be on any loop; a connection that SUBscribes is moved to
+the loop that owns its channel (``adopt``).
+"""
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable
+
+from pybroker.core.channel import Channel
+from pybroker.core.message import Message
+from pybroker.core.timeouts import TimeoutWheel
+from pybroker.core.topic import Deliveries
+
+if TYPE_CHECKING:
+    from pybroker.server.connection import ClientConn
+
+log = logging.getLogger("pybroker")
+monotonic_ns = time.monotonic_ns
+
+
+class EventLoop:
+    def __init__(self, index: int, runtime: Any) -> None:
+        self.index = index
+        self.name = f"loop-{index}"
+        self.runtime = runtime
+        self.options = runtime.options
+        self.selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self.selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._calls: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+        self._wake_pending = False
+        self.timers: TimeoutWheel[tuple[Callable[..., Any], tuple[Any, ...]]] = TimeoutWheel()
+        self.connections: set[ClientConn] = set()
+        self.dirty: dict[Channel, None] = {}
+        self.to_flush: dict[ClientConn, None] = {}
+        self._outbox: dict[EventLoop, list[tuple[Channel, list[Message]]]] = {}
+        self._running = False
+        self.thread: threading.Thread | None = None
+        self.stopped = threading.Event()
+
+    def __repr__(self) -> str:
+        return f"EventLoop({self.name})"
+
+    # -- cross-thread entry points ----------------------------------------------------
+    def call_soon_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._calls.append((fn, args))
+        if not self._wake_pending:
+            self._wake_pending = True
+            try:
+                self._wake_w.send(b"\0")
+            except (BlockingIOError, OSError):
+                pass  # already full of wake-ups, or closing
+
+    def call_later(self, delay_ns: int, fn: Callable[..., Any], *args: Any) -> tuple:
+        """Run fn(*args) on this loop after delay_ns (owner thread only)."""
+        return self.timers.add(monotonic_ns() + delay_ns, (fn, args))
+
+    def cancel(self, handle: tuple | None) -> None:
+        if handle is not None:
+            self.timers.remove(handle)
+
+    # -- message routing ------------------------------------------------------------
+    def route(self, deliveries: Deliveries) -> None:
+        """Send published messages to their channels (owner thread of this loop)."""
+        for ch, msgs in deliveries:
+            owner = ch.owner
+            if owner is self:
+                if not ch.deleted:
+                    ch.put(msgs, monotonic_ns())
+                    self.dirty[ch] = None
+            else:
+                box = self._outbox.get(owner)
+                if box is None:
+                    self._outbox[owner] = [(ch, msgs)]
+                else:
+                    box.append((ch, msgs))
+
+    def receive_remote(self, batch: list[tuple[Channel, list[Message]]]) -> None:
+        now = monotonic_ns()
+        for ch, msgs in batch:
+            if not ch.deleted:
+                ch.put(msgs, now)
+                self.dirty[ch] = None
+
+    def on_expired(self, ch: Channel, timed_out: list[Message], due: list[Message]) -> None:
+        """Queue-scanner results for a channel this loop owns."""
+        ch.requeue_expired(timed_out, due)
+        if not ch.deleted:
+            self.dirty[ch] = None
+
+    def mark_dirty(self, ch: Channel) -> None:
+        self.dirty[ch] = None
+
+    def close_channel(self, ch: Channel) -> None:
+        """A deleted channel: close its consumers (matches nsqd) and drop its messages."""
+        for c in list(ch.consumers):
+            c.close("channel deleted")  # type: ignore[attr-defined]
+        ch.empty()
+        self.dirty.pop(ch, None)
+
+    # -- connections --------------------------------------------------------------------
+    def add_connection(self, sock: socket.socket, addr: Any) -> None:
+        from pybroker.server.connection import ClientConn
+
+        conn = ClientConn(self, sock, addr)
+        self.connections.add(conn)
+        self.selector.register(sock, selectors.EVENT_READ, conn)
+        conn.start()
+
+    def adopt(self, conn: "ClientConn", ch: Channel) -> None:
+        """Take over a connection that SUBscribed to a channel this loop owns."""
+        conn.loop = self
+        self.connections.add(conn)
+        self.selector.register(conn.sock, selectors.EVENT_READ, conn)
+        conn.finish_subscribe(ch)
+
+    def release(self, conn: "ClientConn") -> None:
+        """Forget a connection that moves to another loop (owner thread)."""
+        self.connections.discard(conn)
+        self.to_flush.pop(conn, None)
+        try:
+            self.selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+
+    def want_write(self, conn: "ClientConn", on: bool) -> None:
+        events = selectors.EVENT_READ | selectors.EVENT_WRITE if on else selectors.EVENT_READ
+        try:
+            self.selector.modify(conn.sock, events, conn)
+        except (KeyError, ValueError):
+            pass
+
+    # -- the loop -----------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self.run, name=self.name, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Ask the loop to close its connections and exit (any thread)."""
+        self.call_soon_threadsafe(self._stop)
+
+    def _stop(self) -> None:
+        for conn in list(self.connections):
+            conn.close("broker exiting", flush=True)
+        self._running = False
+
+    def run(self) -> None:
+        self._running = True
+        try:
+            while self._running:
+                self._turn()
+            self._flush_all()
+        except Exception:  # a bug: log it loudly, but let the runtime shut down cleanly
+            log.exception("%s: event loop crashed", self.name)
+            self.runtime.request_stop()
+        finally:
+            self.stopped.set()
+
+    def _turn(self) -> None:
+        if self._calls or self.dirty or self.to_flush:
+            timeout: float | None = 0
+        else:
+            nxt = self.timers.next_deadline()
+            timeout = None if nxt is None else max(0.0, (nxt - monotonic_ns()) / 1e9)
+        for key, mask in self.selector.select(timeout):
+            conn = key.data
+            if conn is None:
+                self._drain_wakeups()
+                continue
+            try:
+                if mask & selectors.EVENT_READ:
+                    conn.on_readable()
+                if mask & selectors.EVENT_WRITE and not conn.closed:
+                    conn.flush()
+            except Exception:
+                log.exception("[%s] unexpected error; closing the connection", conn)
+                conn.close("internal error")
+        self._fire_timers()
+        calls = self._calls
+        while calls:
+            fn, args = calls.popleft()
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("%s: error in a cross-thread call %r", self.name, fn)
+        self._flush_all()
+
+    def _drain_wakeups(self) -> None:
+        # Drain first, then clear the flag: a call queued while the flag was still set
+        # sent no byte, but it is run by this turn's drain of _calls, which comes later.
+        # (Clearing first could swallow a fresh byte and leave the flag set: lost wake-up.)
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        self._wake_pending = False
+
+    def _fire_timers(self) -> None:
+        due = self.timers.pop_expired(monotonic_ns())
+        for fn, args in due:
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("%s: error in timer %r", self.name, fn)
+
+    def _flush_all(self) -> None:
+        """Dispatch dirty channels, flush connections, post remote deliveries."""
+        if self.dirty:
+            now = monotonic_ns()
+            dirty = self.dirty
+            self.dirty = {}
+            for ch in dirty:
+                if not ch.deleted:
+                    ch.dispatch(now)
+        if self._outbox:
+            outbox = self._outbox
+            self._outbox = {}
+            for owner, batch in outbox.items():
+                owner.call_soon_threadsafe(owner.receive_remote, batch)
+        if self.to_flush:
+            conns = self.to_flush
+            self.to_flush = {}
+            for conn in conns:
+                if not conn.closed:
+                    conn.flush()
+
+    def close(self) -> None:
+        """Release the selector and wake-up pair once the thread has exited."""
+        self.selector.close()
+        self._wake_r.close()
+        self._wake_w.close()

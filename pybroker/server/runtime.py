@@ -1,0 +1,118 @@
+"""Runtime: start-up, the threads, signals and shutdown.
+
+Threads: the main thread (waits for SIGTERM/SIGINT), ``loop-N`` event loops (clients and
+the channels they own), ``scanner`` and ``scanner-N`` (queue timeouts). The main thread
+hands work to no one but the loops' ``call_soon_threadsafe``; shutdown goes through the
+loops' wake-up sockets, and every thread is joined with a deadline.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+from pybroker import NSQ_COMPAT_VERSION, __version__
+from pybroker.config import Options, split_hostport
+from pybroker.core.broker import Broker
+from pybroker.core.channel import Channel
+from pybroker.core.topic import Deliveries
+from pybroker.server.listener import Listener, bind, format_addr
+from pybroker.server.loop import EventLoop
+from pybroker.server.scanner import QueueScanner
+
+log = logging.getLogger("pybroker")
+
+
+class StartupError(Exception):
+    """Start-up cannot go on (e.g. an address in use); the message says why."""
+
+
+class Runtime:
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.loops = [EventLoop(i, self) for i in range(options.loop_threads)]
+        self.broker = Broker(options, self.loops, self._route)
+        self.scanner = QueueScanner(self.broker, options)
+        self.listener: Listener | None = None
+        self._stop = threading.Event()
+
+    # -- routing for publishers that are not loop threads (HTTP, start-up) --------------
+    def _route(self, deliveries: Deliveries) -> None:
+        current = threading.current_thread()
+        for loop in self.loops:
+            if loop.thread is current:
+                loop.route(deliveries)
+                return
+        by_owner: dict[Any, list[Any]] = {}
+        for ch, msgs in deliveries:
+            by_owner.setdefault(ch.owner, []).append((ch, msgs))
+        for owner, batch in by_owner.items():
+            owner.call_soon_threadsafe(owner.receive_remote, batch)
+
+    def consumer_left(self, ch: Channel) -> None:
+        """On ch's owner loop: remove an ephemeral channel whose last consumer left."""
+        if ch.ephemeral and not ch.consumers and not ch.deleted:
+            try:
+                self.broker.delete_channel(ch.topic_name, ch.name)
+            except Exception:  # already gone
+                pass
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        o = self.options
+        log.info("pybroker v%s (nsqd protocol v%s)", __version__, NSQ_COMPAT_VERSION)
+        log.info("ID: %d", o.id)
+        host, port = split_hostport(o.tcp_address)
+        try:
+            sock = bind(host, port)
+        except OSError as e:
+            raise StartupError(f"tcp_address: cannot listen on {o.tcp_address}: {e.strerror}") from None
+        for loop in self.loops:
+            loop.start()
+        self.listener = Listener(sock, self.loops)
+        self.listener.start()
+        log.info("TCP: listening on %s", format_addr(sock))
+        self.scanner.start()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def wait(self) -> None:
+        """Block the main thread until SIGTERM/SIGINT (or request_stop)."""
+        def on_signal(signum: int, frame: Any) -> None:
+            self._stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        while not self._stop.wait(0.5):
+            pass
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop accepting, close clients, join every thread with a deadline."""
+        self.broker.exiting = True
+        if self.listener is not None:
+            self.listener.home.call_soon_threadsafe(self.listener.close)
+        for loop in self.loops:
+            loop.stop()
+        for loop in self.loops:
+            if not loop.stopped.wait(timeout_s):
+                log.error("%s did not stop within %.0fs", loop.name, timeout_s)
+        self.scanner.stop(timeout_s)
+        for loop in self.loops:
+            loop.close()
+        log.info("NSQ: bye")
+
+
+def run(options: Options) -> int:
+    """Run the broker until a signal; returns the process exit status."""
+    rt = Runtime(options)
+    try:
+        rt.start()
+    except StartupError as e:
+        print(f"pybroker: {e}", file=sys.stderr)
+        return 2
+    rt.wait()
+    rt.shutdown()
+    return 0
