@@ -36,6 +36,7 @@ class Runtime:
         self.broker = Broker(options, self.loops, self._route)
         self.scanner = QueueScanner(self.broker, options)
         self.listener: Listener | None = None
+        self.http: Any = None
         self._stop = threading.Event()
 
     # -- routing for publishers that are not loop threads (HTTP, start-up) --------------
@@ -74,7 +75,25 @@ class Runtime:
         self.listener = Listener(sock, self.loops)
         self.listener.start()
         log.info("TCP: listening on %s", format_addr(sock))
+        if o.http_address:
+            self._start_http()
         self.scanner.start()
+
+    def _start_http(self) -> None:
+        try:
+            from pybroker.http.server import HttpServer
+        except ModuleNotFoundError as e:
+            if e.name != "pybroker.http.server":
+                raise
+            log.warning("HTTP: the HTTP API is not available in this build")
+            return
+        self.http = HttpServer(self)
+        try:
+            addr = self.http.start()
+        except OSError as e:
+            raise StartupError(f"http_address: cannot listen on {self.options.http_address}: "
+                               f"{e.strerror}") from None
+        log.info("HTTP: listening on %s", addr)
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -92,6 +111,8 @@ class Runtime:
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop accepting, close clients, join every thread with a deadline."""
         self.broker.exiting = True
+        if self.http is not None:
+            self.http.stop(timeout_s)
         if self.listener is not None:
             self.listener.home.call_soon_threadsafe(self.listener.close)
         for loop in self.loops:
