@@ -15,7 +15,7 @@ from typing import Any, List, Optional
 import typer
 
 from pybroker import NSQ_COMPAT_VERSION, __version__
-from pybroker.config import SPECS, load_toml, resolve
+from pybroker.config import SPECS, format_duration, load_toml, resolve
 from pybroker.errors import ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -77,7 +77,12 @@ def _build_serve() -> Any:
     for spec in SPECS:
         annotation: Any = Optional[List[str]] if spec.kind == "list" else Optional[str]
         default = spec.default
-        shown = f" [default: {default}]" if spec.kind != "duration" else ""
+        if default in (None, "", []):
+            shown = ""
+        elif spec.kind == "duration":
+            shown = f" (default: {format_duration(default)})"
+        else:
+            shown = f" (default: {str(default).lower() if isinstance(default, bool) else default})"
         params.append(inspect.Parameter(
             spec.key, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
             default=typer.Option(None, spec.flag_name, help=spec.help + shown,

@@ -183,7 +183,7 @@ class Options:
 
 def _coerce(spec: OptionSpec, value: Any, where: str) -> Any:
     """Turn a TOML or command-line value into the option's type, or raise ConfigError."""
-    name = f"{where}{spec.key}"
+    name = where or f"config key {spec.key}"
     kind = spec.kind
     try:
         if kind == "duration":
@@ -196,13 +196,17 @@ def _coerce(spec: OptionSpec, value: Any, where: str) -> Any:
             else:
                 raise ValueError("expected a duration string like \"60s\"")
         elif kind == "int":
-            if isinstance(value, bool) or not isinstance(value, (int, str)):
+            if isinstance(value, bool) or not isinstance(value, (int, str)) or (
+                    isinstance(value, str) and not re.fullmatch(r"\s*[+-]?\d+\s*", value)):
                 raise ValueError("expected an integer")
             out = int(value)
         elif kind == "float":
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
                 raise ValueError("expected a number")
-            out = float(value)
+            try:
+                out = float(value)
+            except ValueError:
+                raise ValueError("expected a number") from None
         elif kind == "bool":
             if isinstance(value, bool):
                 out = value
@@ -252,11 +256,12 @@ def resolve(file_values: dict[str, Any], flag_values: dict[str, Any],
         spec = SPEC_BY_KEY.get(key)
         if spec is None:
             raise ConfigError(f"unknown config key {key!r}")
-        values[key] = _coerce(spec, raw, "config key ")
+        values[key] = _coerce(spec, raw, "")
     for key, raw in flag_values.items():
         if raw is None:
             continue
-        values[key] = _coerce(SPEC_BY_KEY[key], raw, "flag --" + key.replace("_", "-") + " / ")
+        spec = SPEC_BY_KEY[key]
+        values[key] = _coerce(spec, raw, f"flag {spec.flag_name}")
     if values["id"] is None:
         values["id"] = _default_node_id()
     if not values["broadcast_address"]:
