@@ -75,7 +75,7 @@ class FakeGoDiskQueue:
 
     def record_offset(self, index_from_read: int) -> tuple[Path, int]:
         """(file, offset of the size field) of the index-th pending record."""
-        f, end = self._ends[index_from_read]
+        f = self._ends[index_from_read][0]
         if index_from_read > 0 and self._ends[index_from_read - 1][0] == f:
             return self.path(f), self._ends[index_from_read - 1][1]
         if index_from_read == 0 and f == self.read_file:
