@@ -86,38 +86,29 @@ def test_req_until_attempts_above_five(any_broker: BrokerProcess, connect: Conne
     c.expect_error("E_FIN_FAILED")
 
 
-def test_unfinished_message_redelivered_after_msg_timeout(any_broker: BrokerProcess,
-                                                          connect: Connect) -> None:
+def test_unfinished_redelivered_after_msg_timeout_and_touch_extends(
+        any_broker: BrokerProcess, connect: Connect) -> None:
+    """An un-FIN'd message comes back after msg_timeout with attempts 2; on the same
+    channel (now certainly under scan, see SLACK_S) TOUCH keeps a message in flight
+    for 2.5 x msg_timeout."""
     topic = unique_name()
+    slack = SLACK_S[any_broker.kind]
     c = consumer(connect, any_broker, topic, rdy=1, msg_timeout=1000)
     c.pub(topic, b"slow")
     first = c.read_message()
     t0 = time.monotonic()
-    slack = SLACK_S[any_broker.kind]
     again = c.read_message(timeout=1.0 + slack + 1)
     elapsed = time.monotonic() - t0
     assert (again.id, again.body, again.attempts) == (first.id, b"slow", 2)
     assert again.ts_ns == first.ts_ns
     assert 0.9 <= elapsed < 1.0 + slack, elapsed
     c.fin(again.id)
-    c.expect_nothing(0.2)
+    c.expect_nothing(0.1)
 
-
-def test_touch_keeps_message_past_msg_timeout(any_broker: BrokerProcess,
-                                              connect: Connect) -> None:
-    topic = unique_name()
-    c = consumer(connect, any_broker, topic, rdy=1, msg_timeout=1000)
-    # First see one timeout redelivery on this channel, so that the TOUCH phase below
-    # runs while the channel's timeouts are certainly being scanned (see SLACK_S).
-    c.pub(topic, b"warm-up")
-    warm = c.read_message()
-    again = c.read_message(timeout=1.0 + SLACK_S[any_broker.kind] + 1)
-    assert (again.id, again.attempts) == (warm.id, 2)
-    c.fin(again.id)
     c.pub(topic, b"long job")
     msg = c.read_message()
     t0 = time.monotonic()
-    while time.monotonic() - t0 < 2.5:  # 2.5 x msg_timeout
+    while time.monotonic() - t0 < 2.5:
         c.touch(msg.id)
         c.expect_nothing(0.3)  # no redelivery, no E_TOUCH_FAILED
     c.fin(msg.id)
@@ -126,8 +117,11 @@ def test_touch_keeps_message_past_msg_timeout(any_broker: BrokerProcess,
     c.expect_error("E_FIN_FAILED")
 
 
-def test_dpub_not_delivered_before_delay(any_broker: BrokerProcess, connect: Connect) -> None:
+def test_dpub_and_req_delay_not_delivered_early(any_broker: BrokerProcess,
+                                                connect: Connect) -> None:
+    """DPUB 600 ms and REQ 600 ms arrive no earlier than asked (and not much later)."""
     topic = unique_name()
+    slack = SLACK_S[any_broker.kind]
     c = consumer(connect, any_broker, topic, rdy=2)
     t0 = time.monotonic()
     c.dpub(topic, 600, b"deferred")
@@ -135,26 +129,19 @@ def test_dpub_not_delivered_before_delay(any_broker: BrokerProcess, connect: Con
     now = c.read_message()
     assert now.body == b"now"
     c.fin(now.id)
-    slack = SLACK_S[any_broker.kind]
     msg = c.read_message(timeout=0.6 + slack + 1)
     elapsed = time.monotonic() - t0
     assert (msg.body, msg.attempts) == (b"deferred", 1)
     assert 0.6 <= elapsed < 0.6 + slack, elapsed
 
-
-def test_req_with_delay_not_redelivered_early(any_broker: BrokerProcess,
-                                              connect: Connect) -> None:
-    topic = unique_name()
-    c = consumer(connect, any_broker, topic, rdy=1)
-    c.pub(topic, b"later")
-    msg = c.read_message()
     t0 = time.monotonic()
     c.req(msg.id, 600)
-    slack = SLACK_S[any_broker.kind]
     again = c.read_message(timeout=0.6 + slack + 1)
     elapsed = time.monotonic() - t0
-    assert (again.id, again.attempts) == (msg.id, 2)
-    assert 0.6 <= elapsed < 0.6 + slack, elapsed
+    assert (again.id, again.body, again.attempts) == (msg.id, b"deferred", 2)
+    assert 0.6 <= elapsed < 0.6 + SLACK_S["pybroker"], elapsed  # channel is scanned now
+    c.fin(again.id)
+    c.expect_nothing(0.1)
 
 
 def test_two_channels_each_get_every_message(any_broker: BrokerProcess,
@@ -212,7 +199,7 @@ def test_silent_client_closed_after_two_heartbeats(any_broker: BrokerProcess,
         c.sub(topic, "hb")
     t0 = time.monotonic()
     closed_at = None
-    while time.monotonic() - t0 < 4.5:
+    while time.monotonic() - t0 < 4.5 and not (closed_at and len(alive.heartbeats) >= 3):
         socks = [c.sock for c in (silent, alive) if not (c is silent and closed_at)]
         ready, _, _ = select.select(socks, [], [], 0.1)
         if alive.sock in ready:

@@ -312,14 +312,13 @@ def test_pub_mpub_dpub_ok_and_delivered(any_broker: BrokerProcess, connect: Conn
     c = connect(any_broker)
     c.pub(topic, b"one")
     c.mpub(topic, [b"two", b"three", b"\x00binary\xff"])
-    c.dpub(topic, 0, b"four")
-    c.dpub(topic, 50, b"five")
+    c.dpub(topic, 0, b"four")  # delays are tested in test_behaviour
     s = subscribed(connect, any_broker, topic, rdy=10)
-    msgs = s.read_messages(6)
+    msgs = s.read_messages(5)
     assert sorted(m.body for m in msgs) == sorted(
-        [b"one", b"two", b"three", b"\x00binary\xff", b"four", b"five"])
+        [b"one", b"two", b"three", b"\x00binary\xff", b"four"])
     assert all(m.attempts == 1 for m in msgs)
-    assert len({m.id for m in msgs}) == 6
+    assert len({m.id for m in msgs}) == 5
     assert all(len(m.id) == 16 for m in msgs)
     now_ns = time.time_ns()
     assert all(abs(now_ns - m.ts_ns) < 60e9 for m in msgs), "timestamp is wall-clock ns"
