@@ -75,6 +75,7 @@ class Conn:
         self.rdy_count = 0          # the RDY the server was last told (a cap on in-flight)
         self.rdy_remaining = 0      # rdy_count minus messages received since it was sent
         self.in_flight = 0          # received, not yet FIN'd or REQ'd
+        self.queued = 0             # of those, still waiting for a handler thread
         self.last_rdy_ts = 0.0
         self.last_message_ts = time.monotonic()
         self.closing = False        # CLS sent: drain, then close

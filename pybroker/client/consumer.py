@@ -112,6 +112,8 @@ class Consumer:
             msg = self._incoming.get()
             if msg is _STOP:
                 break
+            if isinstance(msg.delegate, Conn):
+                self.flow.on_dispatched(msg.delegate)
             max_attempts = self.config.max_attempts
             if max_attempts > 0 and msg.attempts > max_attempts:
                 log.warning("msg %s attempted %d times, giving up",
@@ -270,7 +272,8 @@ class Consumer:
             left = len(self._connections)
             reconnect = conn.address in self.nsqd_tcp_addresses
         self.flow.on_conn_close(conn, left)
-        log.warning("there are %d connections left alive", left)
+        log.log(logging.INFO if self._stop_flag.is_set() else logging.WARNING,
+                "there are %d connections left alive", left)
         if self._stop_flag.is_set():
             if left == 0:
                 self._stop_handlers()
@@ -309,10 +312,15 @@ class Consumer:
         self.flow.change_max_in_flight(max_in_flight)
 
     def is_starved(self) -> bool:
-        """True if a connection holds >= 85 % of its RDY in flight (go-nsq's IsStarved)."""
+        """True if handlers hold >= 85 % of a connection's RDY (go-nsq's IsStarved).
+
+        Held means given to a handler and not yet finished or requeued; messages still
+        queued for a handler do not count, as go-nsq reads no further than its handlers.
+        """
         for c in self.conns():
             threshold = int(c.rdy_count * 0.85)
-            if c.in_flight >= threshold and c.in_flight > 0 and not c.closing:
+            held = c.in_flight - c.queued
+            if held >= threshold and held > 0 and not c.closing:
                 return True
         return False
 

@@ -80,6 +80,7 @@ class FlowController:
         """Count a delivery and refill RDY when it runs low (loop thread)."""
         with self.lock:
             conn.in_flight += 1
+            conn.queued += 1
             conn.rdy_remaining -= 1
             if self.in_backoff() or self.in_backoff_timeout() or self.stopping:
                 return
@@ -87,6 +88,11 @@ class FlowController:
             remain = conn.rdy_remaining
             if remain <= 1 or remain < conn.rdy_count / 4 or (0 < share < conn.rdy_count):
                 self.update_rdy(conn, share)
+
+    def on_dispatched(self, conn: Conn) -> None:
+        """A handler thread took one of ``conn``'s messages off the queue."""
+        with self.lock:
+            conn.queued = max(0, conn.queued - 1)
 
     def on_response_sent(self, conn: Conn) -> None:
         """A FIN/REQ left for ``conn``: one fewer in flight."""

@@ -1,0 +1,218 @@
+"""What the tools share: Go-style flags, fatal exits, stop signals, logging and progress.
+
+NSQ's tools use Go's flag package, so scripts call them as ``-topic=x``, ``--topic x``
+or ``-gzip=true``. Every option here is declared with both ``--name`` and ``-name``, and
+``GoFlagsCommand`` turns ``-flag=true|false`` for boolean flags into click's form.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Any, Callable, NoReturn, TextIO
+
+import typer
+from typer.core import TyperCommand
+
+from pybroker.client.config import Config, parse_duration
+
+_TRUE = {"1", "t", "true"}
+_FALSE = {"0", "f", "false"}
+
+
+class GoFlagsCommand(TyperCommand):
+    """A typer command accepting Go's ``-boolflag=true|false`` spelling."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        flags = {name.lstrip("-") for p in self.params if getattr(p, "is_flag", False)
+                 for name in getattr(p, "opts", [])}
+        out: list[str] = []
+        for arg in args:
+            if arg.startswith("-") and "=" in arg:
+                name, _, value = arg.lstrip("-").partition("=")
+                if name in flags:
+                    if value.lower() in _TRUE:
+                        out.append("--" + name)
+                    elif value.lower() not in _FALSE:
+                        out.append(arg)     # let click report the bad value
+                    continue
+            out.append(arg)
+        return super().parse_args(ctx, out)
+
+
+def opt(default: Any, name: str, *extra: str, help: str, **kw: Any) -> Any:
+    """``typer.Option`` with Go's single-dash alias (``--topic`` and ``-topic``)."""
+    return typer.Option(default, f"--{name}", f"-{name}", *extra, help=help, **kw)
+
+
+def fatal(message: str) -> NoReturn:
+    """Go's log.Fatal: a dated line on stderr, exit status 1."""
+    sys.stderr.write(time.strftime("%Y/%m/%d %H:%M:%S ") + message + "\n")
+    sys.stderr.flush()
+    raise typer.Exit(1)
+
+
+def duration(value: str, flag: str) -> float:
+    """Parse a Go duration flag value or exit like Go's flag package would."""
+    try:
+        return parse_duration(value)
+    except ValueError:
+        fatal(f'invalid value "{value}" for flag -{flag}: parse error')
+
+
+def apply_opts(config: Config, opts: list[str], flag: str) -> None:
+    """Apply ``--consumer-opt``/``--producer-opt`` values ("name,value")."""
+    for text in opts:
+        try:
+            config.set_flag(text)
+        except ValueError as e:
+            fatal(f"invalid value {text!r} for flag -{flag}: {e}")
+
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
+           "warning": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL}
+
+
+def setup_logging(level: str = "warn", prefix: str = "") -> None:
+    """Send the client's and tools' logs to stderr, Go's log format, at ``level``."""
+    if level.lower() not in _LEVELS:
+        fatal("--log-level is invalid")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(prefix + "%(asctime)s %(levelname)s: %(message)s",
+                                           "%Y/%m/%d %H:%M:%S"))
+    for name in ("pybroker.client", "pybroker.tools"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(_LEVELS[level.lower()])
+        logger.propagate = False
+
+
+class StopSignals:
+    """SIGINT/SIGTERM (and optionally SIGHUP) set events instead of killing the process.
+
+    Use as a context manager in the main thread; the previous handlers come back after.
+    """
+
+    def __init__(self, hup: Callable[[], None] | None = None) -> None:
+        self.stop = threading.Event()
+        self.signal: int | None = None
+        self._hup = hup
+        self._saved: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signal = signum
+        self.stop.set()
+
+    def _on_hup(self, signum: int, frame: FrameType | None) -> None:
+        if self._hup is not None:
+            self._hup()
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._saved[sig] = signal.signal(sig, self._on_signal)
+            if self._hup is not None:
+                self._saved[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_hup)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Sleep until a stop signal (short slices, so signal handlers run promptly)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self.stop.is_set():
+            left = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            self.stop.wait(left)
+        return True
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+class Progress:
+    """Messages and bytes so far and the current rate, redrawn on one TTY line.
+
+    Silent (and threadless) unless ``stream`` is a terminal, so pipes stay clean.
+    """
+
+    def __init__(self, label: str, stream: TextIO | None = None, enabled: bool | None = None,
+                 interval_s: float = 0.5) -> None:
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        if enabled is None:
+            enabled = _isatty(self.stream)
+        self.enabled = enabled
+        self.interval_s = interval_s
+        self.messages = 0
+        self.bytes = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last = (time.monotonic(), 0)
+        self._rate = 0.0
+        self._drawn = False
+
+    def add(self, messages: int = 1, nbytes: int = 0) -> None:
+        with self._lock:
+            self.messages += messages
+            self.bytes += nbytes
+
+    def start(self) -> "Progress":
+        if self.enabled:
+            self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.draw()
+
+    def draw(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            msgs, nbytes = self.messages, self.bytes
+        t0, m0 = self._last
+        if now - t0 >= self.interval_s / 2:
+            self._rate = (msgs - m0) / (now - t0)
+            self._last = (now, msgs)
+        line = (f"{self.label}: {msgs} messages, {_human_bytes(nbytes)}, "
+                f"{self._rate:.0f} msg/s")
+        try:
+            self.stream.write("\r\x1b[K" + line)
+            self.stream.flush()
+            self._drawn = True
+        except (OSError, ValueError):
+            pass
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(2)
+        self._thread = None
+        self.draw()
+        if self._drawn:
+            try:
+                self.stream.write("\n")
+                self.stream.flush()
+            except (OSError, ValueError):
+                pass
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
