@@ -292,13 +292,20 @@ class DiskQueue:
             return n
 
     # -- syncing --------------------------------------------------------------------
-    def sync(self) -> int:
+    def sync(self, seq: int | None = None) -> int:
         """fsync everything written so far; return synced_seq (all seqs <= it are on disk).
 
-        Group commit: call it once for many puts, from any thread; puts go on while
-        it waits for the disk. Raises StorageError if fsync fails.
+        Group commit: puts go on while a sync waits for the disk, and the next sync
+        covers them all. With ``seq``, return at once if that seq is already synced,
+        including by a sync another thread finished while this one waited for it.
+        Raises StorageError if fsync fails.
         """
+        segs = self._segs
+        if seq is not None and segs.synced_seq >= seq:
+            return segs.synced_seq
         with self._sync_lock:
+            if seq is not None and segs.synced_seq >= seq:
+                return segs.synced_seq
             return self._sync_data()
 
     def _sync_data(self) -> int:

@@ -286,7 +286,7 @@ def test_group_commit_many_publishers_share_fsyncs(tmp_path: Path) -> None:
     def publisher(k: int) -> None:
         for i in range(per_thread):
             seq = q.put(b"p%d-%d" % (k, i))
-            synced = q.sync()                 # acknowledged only once on disk
+            synced = q.sync(seq)              # acknowledged only once on disk
             assert synced >= seq
             with lock:
                 acked.append(seq)
@@ -301,6 +301,19 @@ def test_group_commit_many_publishers_share_fsyncs(tmp_path: Path) -> None:
     assert stats["synced_seq"] == n_threads * per_thread - 1
     assert 0 < stats["fsyncs"] <= n_threads * per_thread + 10   # rolls add a few
     assert len(drain(q)) == n_threads * per_thread
+    q.close()
+
+
+def test_sync_with_a_covered_seq_does_not_fsync_again(tmp_path: Path) -> None:
+    q = DiskQueue(tmp_path, "t")
+    a = q.put(b"a")
+    b = q.put(b"b")
+    assert q.sync(a) == b                     # one fsync covers both
+    fsyncs = q.stats()["fsyncs"]
+    assert q.sync(a) == b and q.sync(b) == b and q.sync() == b
+    assert q.stats()["fsyncs"] == fsyncs
+    c = q.put(b"c")
+    assert q.sync(c) == c and q.stats()["fsyncs"] > fsyncs
     q.close()
 
 
