@@ -293,9 +293,21 @@ def _check(v: dict[str, Any]) -> None:
                 split_hostport(v[key])
             except ValueError as e:
                 raise ConfigError(f"{key}: {e}") from None
-    for p in v["e2e_processing_latency_percentiles"]:
-        if not isinstance(p, (int, float)) or not 0 < float(p) <= 1:
-            raise ConfigError(f"e2e_processing_latency_percentiles: {p!r} is not in (0, 1]")
+    # matches nsqd: the flag may repeat and each value may be a comma-separated list
+    percentiles: list[float] = []
+    for raw in v["e2e_processing_latency_percentiles"]:
+        parts = raw.split(",") if isinstance(raw, str) else [raw]
+        for p in parts:
+            try:
+                if isinstance(p, bool):
+                    raise ValueError
+                f = float(p)
+            except (TypeError, ValueError):
+                f = -1.0
+            if not 0 < f <= 1:
+                raise ConfigError(f"e2e_processing_latency_percentiles: {p!r} is not in (0, 1]")
+            percentiles.append(f)
+    v["e2e_processing_latency_percentiles"] = percentiles
 
 
 def split_hostport(addr: str) -> tuple[str, int]:
