@@ -535,3 +535,87 @@ def test_file_size_limit_gives_disk_full_without_corruption(tmp_path: Path) -> N
     assert got == [b"a" * 100] * 10 + [b"b" * 100] * (5 * res["ok"]) + [b"after"]
     assert not list(Path(q.path).glob("*.bad"))
     q.close()
+
+
+# -- model-based: random operations against a simple model ---------------------------
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("put"), st.integers(1, 12), st.booleans()),
+    st.tuples(st.just("read"), st.integers(1, 15), st.booleans()),
+    st.tuples(st.just("ack"), st.floats(0, 1), st.booleans()),
+    st.tuples(st.just("checkpoint"), st.just(0), st.just(False)),
+    st.tuples(st.just("reopen"), st.just(0), st.booleans()),     # True: as after kill -9
+    st.tuples(st.just("empty"), st.just(0), st.just(False)),
+), max_size=40)
+
+
+def _crash(q: DiskQueue) -> None:
+    """Drop the queue without a checkpoint (what kill -9 leaves: written bytes only)."""
+    q._close_reader()
+    q._segs.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=OPS)
+def test_model(ops: list[tuple[str, float, bool]]) -> None:
+    import random
+    import tempfile
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory() as d:
+        q = DiskQueue(d, "m:c", max_bytes_per_file=300)
+        data: dict[int, bytes] = {}
+        done: set[int] = set()           # acked and checkpointed
+        acked: set[int] = set()          # acked since the last checkpoint
+        out: set[int] = set()            # handed out (read or claimed), not acked
+        for op, arg, flag in ops:
+            pending = sorted(set(data) - done - acked - out)
+            if op == "put":
+                recs_ = [os.urandom(rng.randrange(0, 40)) for _ in range(int(arg))]
+                if flag and pending:
+                    with pytest.raises(ValueError):
+                        q.put_many(recs_, claim=True)
+                    continue
+                first = q.put_many(recs_, claim=flag)
+                assert first > max(data, default=-1)
+                for i, r in enumerate(recs_):
+                    data[first + i] = r
+                    if flag:
+                        out.add(first + i)
+            elif op == "read":
+                got = q.read_many(int(arg), auto_ack=flag)
+                assert [s for s, _ in got] == pending[:int(arg)]
+                assert all(data[s] == r for s, r in got)
+                (acked if flag else out).update(s for s, _ in got)
+            elif op == "ack":
+                chosen = {s for s in sorted(out) if rng.random() < arg}
+                assert q.ack_many(chosen) == len(chosen)
+                out -= chosen
+                acked |= chosen
+            elif op == "checkpoint":
+                q.checkpoint()
+                done |= acked
+                acked = set()
+            elif op == "reopen":
+                if flag:
+                    _crash(q)
+                    acked = set()
+                else:
+                    q.close()
+                    done |= acked
+                    acked = set()
+                out = set()
+                q = DiskQueue(d, "m:c", max_bytes_per_file=300)
+            elif op == "empty":
+                q.empty()
+                done |= set(data)
+                acked, out = set(), set()
+            assert q.depth() == len(set(data) - done - acked - out)
+        q.close()
+        q = DiskQueue(d, "m:c", max_bytes_per_file=300)
+        expect = sorted(set(data) - done - acked)
+        got = q.read_many(10_000)
+        assert [s for s, _ in got] == expect
+        assert all(data[s] == r for s, r in got)
+        q.close()
