@@ -10,7 +10,8 @@ EPHEMERAL_SUFFIX = "#ephemeral"
 def is_valid_name(name: bytes | str) -> bool:
     """True for 1..64 characters of [.a-zA-Z0-9_-], optionally ending in '#ephemeral'."""
     raw = name.encode() if isinstance(name, str) else name
-    return 0 < len(raw) <= 64 and _NAME_RE.match(raw) is not None
+    # fullmatch: "$" alone would also accept a trailing newline (Go's "$" does not)
+    return 0 < len(raw) <= 64 and _NAME_RE.fullmatch(raw) is not None
 
 
 def is_ephemeral(name: str) -> bool:
