@@ -22,7 +22,7 @@ UNKNOWN_ID = b"0123456789abcdef"
 # Small limits so oversized bodies stay small on the wire (a server that closes with
 # unread input may reset the connection before the error frame is read).
 SMALL = ("--max-msg-size=1024", "--max-body-size=4096", "--max-rdy-count=50",
-         "--max-req-timeout=10s")
+         "--max-req-timeout=10s", "--max-channel-consumers=1")
 
 
 @pytest.fixture
@@ -297,6 +297,17 @@ def test_sub_with_heartbeats_disabled(any_broker: BrokerProcess, connect: Connec
     c.identify(heartbeat_interval=-1)
     c.send(wire.sub(unique_name(), "ch"))
     c.expect_error("E_INVALID", prefix="E_INVALID cannot SUB with heartbeats disabled")
+
+
+def test_sub_over_max_channel_consumers(small: BrokerProcess, connect: Connect) -> None:
+    topic = unique_name()
+    first = subscribed(connect, small, topic)
+    c = connect(small)
+    c.send(wire.sub(topic, "ch"))
+    c.expect_error("E_SUB_FAILED",
+                   prefix=f"E_SUB_FAILED SUB failed consumers for {topic}:ch exceeds limit of 1")
+    connect(small).sub(topic, "other")  # the limit is per channel
+    first.close()
 
 
 @pytest.mark.parametrize("line", [b"SUB\n", b"SUB topic\n"])
