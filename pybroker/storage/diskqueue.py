@@ -22,12 +22,15 @@ is the write-ahead mode the broker uses when publishes must be durable.
 Syncing: ``sync()`` fsyncs data (rolled segments, the write segment, the directory
 after a segment was created) and returns ``synced_seq``: every seq <= it is on disk.
 It may run in another thread than ``put``: the fsync happens outside the queue lock
-on a dup of the fd, so puts continue meanwhile and many publishers share one fsync
-(group commit). ``checkpoint()`` syncs data first, then writes the meta file, then
-deletes segments that hold no un-acked record; data is always durable before an ack
-that may depend on it. ``maybe_sync(now_ns)`` checkpoints every ``sync_every``
-puts+acks or after ``sync_timeout_s`` with activity (nsqd's policy; the caller
-supplies time). Every method is thread-safe.
+on a dup of the fd, so puts continue meanwhile and the next sync covers them all
+(group commit); ``sync(seq)`` returns at once when seq is already covered. The meta
+file is not part of ``sync()``: a durable publish needs one fsync, not three.
+``checkpoint()`` syncs data first, then writes the meta file, then deletes segments
+that hold no un-acked record; data is always durable before an ack that may depend
+on it. ``maybe_sync(now_ns)`` checkpoints every ``sync_every`` puts+acks or after
+``sync_timeout_s`` with activity (nsqd's policy; the caller supplies time). Every
+method is thread-safe. Write side: _segments; read side and acks: _cursor; open and
+repair: _recovery; framing: segment; meta file: _queuemeta.
 
 On-disk format, version 1 (directory ``<root>/<safe name>/``, see _fsutil.safe_name)
 ----------------------------------------------------------------------------------
@@ -53,33 +56,33 @@ for ENOSPC/EDQUOT/EFBIG) after truncating away any partial write.
 """
 from __future__ import annotations
 
-import heapq
 import logging
 import os
 import secrets
 import shutil
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Self
 
+from ._cursor import ReadCursor
 from ._fsutil import atomic_write, fsync_dir, safe_name
-from ._queuemeta import QueueMeta, encode_meta, from_ranges, to_ranges
-from ._recovery import list_queues, quarantine, recover
+from ._queuemeta import QueueMeta, encode_meta
+from ._recovery import list_queues, recover
 from ._segments import SegmentFiles
 from .errors import QueueClosedError, StorageError, from_oserror
-from .segment import REC_HEADER_SIZE, SEG_HEADER_SIZE, SegmentReader, Stop
+from .segment import REC_HEADER_SIZE, SEG_HEADER_SIZE
 
 log = logging.getLogger("pybroker.storage.diskqueue")
 
 DEFAULT_MAX_BYTES_PER_FILE = 100 * 1024 * 1024   # nsqd --max-bytes-per-file
 DEFAULT_MAX_RECORD_BYTES = 64 * 1024 * 1024
-_POS_SHIFT = 40                                  # pos = file_num << 40 | offset
-_OFF_MASK = (1 << _POS_SHIFT) - 1
 
 
 class DiskQueue:
     """One named queue in ``<root>/<safe name>/``; see the module docstring.
+
+    Thread-safe: one lock guards the write side (SegmentFiles) and the read side
+    (ReadCursor); a second one serialises syncs, whose fsyncs run outside the first.
 
     Args:
         root: directory holding the queues (created if missing).
@@ -104,17 +107,9 @@ class DiskQueue:
         self._max_record = max_record_bytes
         self._sync_every = max(1, sync_every)
         self._sync_timeout_ns = int(sync_timeout_s * 1e9)
-        self._lock = threading.Lock()        # all state below
+        self._lock = threading.Lock()        # _segs, _cursor and the fields below
         self._sync_lock = threading.Lock()   # one sync/checkpoint at a time
         self._closed = False
-        self._reader: SegmentReader | None = None
-        self._rnum = 0                       # read cursor: file, offset, seq there
-        self._roff = SEG_HEADER_SIZE
-        self._rseq = 0
-        self._rverify = False                # cursor came from meta: fall back if bad
-        self._frontier = 0                   # seqs below it not in _redeliver: acked
-        self._redeliver: set[int] = set()    # from the last checkpoint, not read yet
-        self._unacked: OrderedDict[int, int] = OrderedDict()   # seq -> pos, by seq
         self._ops = 0                        # puts + acks since the last checkpoint
         self._last_sync_ns: int | None = None
         try:
@@ -122,29 +117,7 @@ class DiskQueue:
         except OSError as e:
             raise from_oserror("cannot open queue", self.path, e) from e
         self._segs = SegmentFiles(self.path, rec, max_bytes_per_file)
-        meta = rec.meta
-        if meta is not None:
-            self._frontier = meta.frontier
-            self._redeliver = from_ranges(meta.unacked)
-        self._init_cursor(meta.start if meta is not None else None)
-
-    def _init_cursor(self, start: tuple[int, int, int] | None) -> None:
-        segs = self._segs
-        if start is not None:
-            for num in [n for n in segs.nums if n < start[0]]:
-                log.info("DISKQUEUE(%s) removing fully acked segment %d", self.name, num)
-                segs.drop(num)
-        if start is not None and start[0] in segs.first:
-            self._rnum, self._roff, self._rseq = start
-            self._rverify = True
-        elif segs.nums:
-            self._set_cursor_at(segs.nums[0])
-        else:
-            self._rnum, self._roff, self._rseq = segs.wnum, SEG_HEADER_SIZE, segs.next_seq
-
-    def _set_cursor_at(self, num: int) -> None:
-        self._rnum, self._roff, self._rseq = num, SEG_HEADER_SIZE, self._segs.first[num]
-        self._rverify = False
+        self._cursor = ReadCursor(name, self._segs, max_record_bytes, rec.meta)
 
     # -- writing --------------------------------------------------------------------
     def put(self, record: bytes, *, claim: bool = False) -> int:
@@ -166,21 +139,14 @@ class DiskQueue:
             raise ValueError(f"record larger than max_record_bytes={self._max_record}")
         with self._lock:
             self._check_open()
-            segs = self._segs
             if not recs:
-                return segs.next_seq
-            if claim and self._depth():
+                return self._segs.next_seq
+            if claim and self._cursor.depth():
                 raise ValueError("cannot claim records while unread records are on disk")
-            first, base = segs.append(recs)
+            first, base = self._segs.append(recs)
             self._ops += len(recs)
             if claim:
-                pos, seq, unacked = (segs.wnum << _POS_SHIFT) | base, first, self._unacked
-                for rec in recs:
-                    unacked[seq] = pos
-                    pos += REC_HEADER_SIZE + len(rec)
-                    seq += 1
-                self._rnum, self._roff, self._rseq = segs.wnum, segs.wend, segs.next_seq
-                self._rverify = False
+                self._cursor.claim(first, base, recs)
             return first
 
     # -- reading and acking ---------------------------------------------------------
@@ -191,92 +157,17 @@ class DiskQueue:
         ``auto_ack`` they are done at once (nsqd's advance-on-hand-off semantics).
         Never raises for damaged data (it is logged and skipped).
         """
-        out: list[tuple[int, bytes]] = []
         with self._lock:
             self._check_open()
-            while len(out) < max_n and self._depth() > 0:
-                if not self._read_some(out, max_n - len(out), auto_ack):
-                    break
-            if self._redeliver and self._rseq >= self._frontier:
-                log.warning("DISKQUEUE(%s) %d un-acked records were not found on disk",
-                            self.name, len(self._redeliver))
-                self._redeliver.clear()
+            out = self._cursor.read(max_n, auto_ack)
             if auto_ack:
                 self._ops += len(out)
-        return out
-
-    def _read_some(self, out: list[tuple[int, bytes]], want: int, auto_ack: bool) -> bool:
-        """Parse from the cursor; False when nothing more can be read now."""
-        num, segs = self._rnum, self._segs
-        if num not in segs.first:
-            return self._next_segment()
-        reader = self._reader
-        if reader is None or reader.file_num != num:
-            if reader is not None:
-                reader.close()
-            try:
-                reader = self._reader = SegmentReader(segs.path(num), num)
-            except OSError as e:
-                log.error("DISKQUEUE(%s) cannot open segment %d (%s); skipping it",
-                          self.name, num, e)
-                self._reader = None
-                return self._next_segment()
-        limit, live = segs.limit(num, reader.size)
-        try:
-            items, off, nseq, stop = reader.parse(self._roff, limit, self._rseq, want,
-                                                  self._max_record)
-        except OSError as e:
-            log.error("DISKQUEUE(%s) read error in segment %d (%s); skipping the rest",
-                      self.name, num, e)
-            items, off, nseq, stop = [], self._roff, self._rseq, Stop.BAD_LENGTH
-        if stop.is_damage and not items and self._rverify:
-            self._set_cursor_at(num)     # meta position unusable: rescan this segment
-            return True
-        self._rverify = False
-        frontier, redeliver, unacked = self._frontier, self._redeliver, self._unacked
-        base = num << _POS_SHIFT
-        for seq, roff, data in items:
-            if seq < frontier:
-                if seq not in redeliver:
-                    continue              # acked before the restart
-                redeliver.discard(seq)
-            out.append((seq, data))
-            if not auto_ack:
-                unacked[seq] = base | roff
-        self._roff, self._rseq = off, nseq
-        if stop is Stop.FULL:
-            return True
-        if stop is Stop.TORN and not live:
-            log.warning("DISKQUEUE(%s) segment %d ends with a torn record at %d; "
-                        "going on with the next segment", self.name, num, off)
-        elif stop.is_damage:
-            quarantine(self.path, self.name, num, off, stop)
-            reader.close()
-            self._reader = None
-            segs.seal_damaged(num, off)
-        return self._next_segment()
-
-    def _next_segment(self) -> bool:
-        segs = self._segs
-        nxt = segs.next_after(self._rnum)
-        if nxt is None:
-            # Nothing after this segment: seqs up to next_seq that are not here were
-            # lost (damage) or never written; the next put starts a new segment.
-            self._rseq = max(self._rseq, segs.next_seq)
-            return False
-        if segs.first[nxt] < self._rseq:
-            log.error("DISKQUEUE(%s) segment %d starts at seq %d < %d; setting it aside",
-                      self.name, nxt, segs.first[nxt], self._rseq)
-            quarantine(self.path, self.name, nxt, 0, Stop.BAD_SEQ)
-            segs.drop(nxt)
-            return True
-        self._set_cursor_at(nxt)
-        return True
+            return out
 
     def ack(self, seq: int) -> bool:
         """Mark a handed-out record done. False if seq was not un-acked (no-op)."""
         with self._lock:
-            if self._unacked.pop(seq, None) is None:
+            if self._cursor.unacked.pop(seq, None) is None:
                 return False
             self._ops += 1
             return True
@@ -284,7 +175,7 @@ class DiskQueue:
     def ack_many(self, seqs: Iterable[int]) -> int:
         """ack() each seq; return how many were un-acked."""
         with self._lock:
-            pop, n = self._unacked.pop, 0
+            pop, n = self._cursor.unacked.pop, 0
             for seq in seqs:
                 if pop(seq, None) is not None:
                     n += 1
@@ -351,7 +242,7 @@ class DiskQueue:
         with self._sync_lock:
             self._sync_data()
             with self._lock:
-                meta, dead = self._snapshot()
+                meta, dead = self._cursor.snapshot()
                 self._ops = 0
                 if now_ns is not None:
                     self._last_sync_ns = now_ns
@@ -368,44 +259,24 @@ class DiskQueue:
         except OSError as e:
             raise from_oserror("cannot write meta", path, e) from e
 
-    def _snapshot(self) -> tuple[QueueMeta, list[int]]:
-        segs = self._segs
-        frontier = max(self._rseq, self._frontier)
-        ranges = to_ranges(heapq.merge(self._unacked, sorted(self._redeliver)))
-        if self._unacked:
-            seq, pos = next(iter(self._unacked.items()))
-            start = (pos >> _POS_SHIFT, pos & _OFF_MASK, seq)
-        else:
-            start = (self._rnum, self._roff, self._rseq)
-        write = (segs.wnum, segs.wend, segs.next_seq) if segs.wfd >= 0 else None
-        meta = QueueMeta(self.name, segs.next_seq, frontier, start, ranges, write)
-        pinned = {pos >> _POS_SHIFT for pos in self._unacked.values()}
-        dead = [n for n in segs.nums if n < self._rnum and n != segs.wnum
-                and n not in pinned]
-        return meta, dead
-
     # -- state and lifecycle --------------------------------------------------------
-    def _depth(self) -> int:
-        return (len(self._redeliver) + self._segs.next_seq
-                - max(self._rseq, self._frontier))
-
     def depth(self) -> int:
         """Records on disk not yet handed out (nsqd's backend depth)."""
         with self._lock:
-            return self._depth()
+            return self._cursor.depth()
 
     def is_empty(self) -> bool:
         return self.depth() == 0
 
     def unacked_count(self) -> int:
         with self._lock:
-            return len(self._unacked)
+            return len(self._cursor.unacked)
 
     def stats(self) -> dict[str, int]:
         """Counters for health and metrics."""
         with self._lock:
             segs = self._segs
-            return {"depth": self._depth(), "unacked": len(self._unacked),
+            return {"depth": self._cursor.depth(), "unacked": len(self._cursor.unacked),
                     "next_seq": segs.next_seq, "synced_seq": segs.synced_seq,
                     "segments": len(segs.nums), "fsyncs": segs.fsyncs,
                     "writes": segs.writes}
@@ -417,14 +288,9 @@ class DiskQueue:
         """
         with self._sync_lock, self._lock:
             self._check_open()
-            self._close_reader()
-            segs = self._segs
-            segs.drop_all()
-            self._unacked.clear()
-            self._redeliver.clear()
-            self._frontier = segs.next_seq
-            self._rnum, self._roff, self._rseq = segs.wnum, SEG_HEADER_SIZE, segs.next_seq
-            self._write_meta(self._snapshot()[0])
+            self._segs.drop_all()
+            self._cursor.reset()
+            self._write_meta(self._cursor.snapshot()[0])
 
     def close(self) -> None:
         """Checkpoint and release files. Idempotent; raises StorageError if the final
@@ -436,7 +302,7 @@ class DiskQueue:
         finally:
             with self._lock:
                 self._closed = True
-                self._close_reader()
+                self._cursor.close_reader()
                 self._segs.close()
 
     def delete(self) -> None:
@@ -446,7 +312,7 @@ class DiskQueue:
         """
         with self._sync_lock, self._lock:
             self._closed = True
-            self._close_reader()
+            self._cursor.close_reader()
             self._segs.close()
         tomb = os.path.join(self.root, f".deleted-{secrets.token_hex(6)}")
         try:
@@ -457,11 +323,6 @@ class DiskQueue:
         except OSError as e:
             raise from_oserror("cannot delete queue", self.path, e) from e
         shutil.rmtree(tomb, ignore_errors=True)
-
-    def _close_reader(self) -> None:
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
 
     def _check_open(self) -> None:
         if self._closed:

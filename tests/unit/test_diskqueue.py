@@ -553,7 +553,7 @@ OPS = st.lists(st.one_of(
 
 def _crash(q: DiskQueue) -> None:
     """Drop the queue without a checkpoint (what kill -9 leaves: written bytes only)."""
-    q._close_reader()
+    q._cursor.close_reader()
     q._segs.close()
 
 
