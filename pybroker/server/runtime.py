@@ -19,6 +19,7 @@ from pybroker.core.broker import Broker
 from pybroker.core.channel import Channel
 from pybroker.core.topic import Deliveries
 from pybroker.server.listener import Listener, bind, format_addr
+from pybroker.server.lookupd import LookupdRegistrar
 from pybroker.server.loop import EventLoop
 from pybroker.server.scanner import QueueScanner
 
@@ -37,6 +38,7 @@ class Runtime:
         self.scanner = QueueScanner(self.broker, options)
         self.listener: Listener | None = None
         self.http: Any = None
+        self.lookupd: LookupdRegistrar | None = None
         self._stop = threading.Event()
 
     # -- routing for publishers that are not loop threads (HTTP, start-up) --------------
@@ -75,18 +77,24 @@ class Runtime:
         self.listener = Listener(sock, self.loops)
         self.listener.start()
         log.info("TCP: listening on %s", format_addr(sock))
+        http_port = 0
         if o.http_address:
-            self._start_http()
+            http_addr = self._start_http()
+            http_port = split_hostport(http_addr)[1] if http_addr else 0
         self.scanner.start()
+        # nsqd registers with nsqlookupd even when the list starts empty (PUT /config can
+        # add addresses later), so the registrar always runs; it idles with no addresses.
+        self.lookupd = LookupdRegistrar(self, sock.getsockname()[1], http_port)
+        self.lookupd.start()
 
-    def _start_http(self) -> None:
+    def _start_http(self) -> str | None:
         try:
             from pybroker.http.server import HttpServer
         except ModuleNotFoundError as e:
             if e.name != "pybroker.http.server":
                 raise
             log.warning("HTTP: the HTTP API is not available in this build")
-            return
+            return None
         self.http = HttpServer(self)
         try:
             addr = self.http.start()
@@ -94,6 +102,7 @@ class Runtime:
             raise StartupError(f"http_address: cannot listen on {self.options.http_address}: "
                                f"{e.strerror}") from None
         log.info("HTTP: listening on %s", addr)
+        return str(addr)
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -121,6 +130,8 @@ class Runtime:
             if not loop.stopped.wait(timeout_s):
                 log.error("%s did not stop within %.0fs", loop.name, timeout_s)
         self.scanner.stop(timeout_s)
+        if self.lookupd is not None:
+            self.lookupd.stop(timeout_s)
         for loop in self.loops:
             loop.close()
         log.info("NSQ: bye")
