@@ -2,6 +2,7 @@
 
 Imports nothing from the rest of pybroker; the core reaches it through a Protocol.
 """
+from .backend import Backend, NullBackend
 from .diskqueue import DiskQueue, list_queues
 from .errors import (
     DiskFullError,
@@ -14,9 +15,11 @@ from .errors import (
 )
 
 __all__ = [
+    "Backend",
     "DiskFullError",
     "DiskQueue",
     "MetadataError",
+    "NullBackend",
     "QueueClosedError",
     "StorageAccessError",
     "StorageError",

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from pybroker.storage import (
+    Backend,
     DiskQueue,
+    NullBackend,
     QueueClosedError,
     StorageError,
     UnsupportedFormatError,
@@ -260,6 +262,16 @@ def test_empty_and_delete(tmp_path: Path) -> None:
     assert not any(p.name.startswith(".deleted") for p in tmp_path.iterdir())
     with pytest.raises(QueueClosedError):
         q.put(b"z")
+
+
+def test_backends_satisfy_the_protocol(tmp_path: Path) -> None:
+    q = DiskQueue(tmp_path, "t")
+    assert isinstance(q, Backend)
+    q.close()
+    null = NullBackend("t#ephemeral")
+    assert isinstance(null, Backend)
+    assert null.put_many([b"a", b"b"]) == 0 and null.put(b"c", claim=True) == 2
+    assert null.depth() == 0 and null.read_many(10) == [] and null.sync(2) == 2
 
 
 # -- sync policy and group commit -----------------------------------------------------
