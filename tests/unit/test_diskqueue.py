@@ -194,7 +194,10 @@ def test_kill9_at_least_once(tmp_path: Path) -> None:
         q.checkpoint()
         q.ack_many(s for s, _ in got[20:])        # after the checkpoint: may come back
         q.put_many([b"b%d" % i for i in range(20)], claim=False)
-        q.read_many(5)
+        q.read_many(100)
+        first = q.put_many([b"c%d" % i for i in range(10)], claim=True)  # durable mode
+        assert q.sync(first + 9) == first + 9     # "OK" may be sent to the publisher
+        q.ack_many(range(first, first + 5))       # FIN'd, but no checkpoint after
         print(json.dumps([s for s, _ in got[:20]]), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
@@ -205,7 +208,7 @@ def test_kill9_at_least_once(tmp_path: Path) -> None:
     q = DiskQueue(tmp_path, "t:c", max_bytes_per_file=2048)
     seqs = [s for s, _ in drain(q)]
     assert seqs == sorted(seqs)
-    assert set(seqs) == set(range(70)) - acked
+    assert set(seqs) == set(range(80)) - acked
     q.close()
 
 
