@@ -1,0 +1,237 @@
+"""nsqd's stats document: topic, channel and client dicts with nsqd's field names, types
+and units (stats.go, client_v2.go), and the end-to-end latency window behind
+``e2e_processing_latency``.
+
+Domain only: no I/O, no clock (``now_ns`` is an argument), no threads. The caller decides
+where each function runs: ``channel_snapshot`` and ``client_stats`` read state owned by a
+channel's (or connection's) event loop and must run on that loop; ``topic_stats``,
+``e2e_result`` and ``document`` only assemble what those returned.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Iterable, Protocol, Sequence
+
+# one half of a latency window as (exact count, sampled values)
+LatencyPart = tuple[int, list[int]]
+
+
+class LatencyWindow:
+    """End-to-end processing latency (publish to FIN) over a sliding window.
+
+    Like nsqd's quantile.Quantile: two halves of ``window_ns / 2`` each; inserts go to
+    the current half, queries see both, and the older half is dropped as time moves on.
+    nsqd keeps a targeted CKMS stream per half; here each half keeps an exact count and
+    a uniform reservoir of at most ``RESERVOIR`` samples, weighted by count at query time.
+
+    Owner: the event loop that owns the channel (it inserts on FIN and snapshots for
+    stats); not locked.
+    """
+
+    RESERVOIR = 2048
+
+    def __init__(self, window_ns: int, now_ns: int) -> None:
+        self.half_ns = max(1, window_ns // 2)
+        self.moved_ns = now_ns
+        self.counts = [0, 0]
+        self.samples: list[list[int]] = [[], []]
+        self.current = 0
+
+    def _advance(self, now_ns: int) -> None:
+        if now_ns - self.moved_ns > 2 * self.half_ns:
+            # idle for longer than the window: both halves are stale
+            self.counts = [0, 0]
+            self.samples = [[], []]
+            self.moved_ns = now_ns
+            return
+        while now_ns > self.moved_ns + self.half_ns:
+            self.current ^= 1
+            self.counts[self.current] = 0
+            self.samples[self.current] = []
+            self.moved_ns += self.half_ns
+
+    def insert(self, latency_ns: int, now_ns: int) -> None:
+        self._advance(now_ns)
+        i = self.current
+        self.counts[i] += 1
+        bucket = self.samples[i]
+        if len(bucket) < self.RESERVOIR:
+            bucket.append(latency_ns)
+        else:
+            j = random.randrange(self.counts[i])
+            if j < self.RESERVOIR:
+                bucket[j] = latency_ns
+
+    def snapshot(self, now_ns: int) -> list[LatencyPart]:
+        """Copies of both halves, for ``e2e_result`` (safe to hand to another thread)."""
+        self._advance(now_ns)
+        return [(self.counts[i], list(self.samples[i])) for i in (0, 1) if self.counts[i]]
+
+
+def record_latency(ch: Any, latency_ns: int, now_ns: int, window_ns: int) -> None:
+    """Record one FIN's publish-to-finish latency on ch (its owner loop), creating the
+    channel's window on first use."""
+    window = ch.e2e
+    if window is None:
+        window = ch.e2e = LatencyWindow(window_ns, now_ns)
+    window.insert(max(0, latency_ns), now_ns)
+
+
+def quantiles(parts: Iterable[LatencyPart], percentiles: Sequence[float]) -> list[int]:
+    """Weighted quantiles over sampled halves (each sample stands for count/len values)."""
+    weighted: list[tuple[int, float]] = []
+    for count, values in parts:
+        if values:
+            w = count / len(values)
+            weighted.extend((v, w) for v in values)
+    if not weighted:
+        return [0 for _ in percentiles]
+    weighted.sort()
+    total = sum(w for _, w in weighted)
+    out = []
+    for p in percentiles:
+        target = p * total
+        acc = 0.0
+        pick = weighted[-1][0]
+        for v, w in weighted:
+            acc += w
+            if acc >= target:
+                pick = v
+                break
+        out.append(pick)
+    return out
+
+
+def e2e_result(percentiles: Sequence[float], parts: list[LatencyPart] | None) -> dict[str, Any]:
+    """nsqd's quantile.Result: ``{"count": N, "percentiles": [{"quantile", "value"}]}``.
+
+    ``parts`` is None where nsqd has no stream (e2e not configured, or a topic without
+    channels): then ``percentiles`` is null and the count 0, exactly as nsqd prints it.
+    """
+    if not percentiles or parts is None:
+        return {"count": 0, "percentiles": None}
+    values = quantiles(parts, percentiles)
+    return {"count": sum(c for c, _ in parts),
+            "percentiles": [{"quantile": p, "value": v} for p, v in zip(percentiles, values)]}
+
+
+# -- clients ----------------------------------------------------------------------------
+class StatsClient(Protocol):
+    """What a client connection exposes for stats (implemented by server.ClientConn)."""
+
+    client_id: str
+    hostname: str
+    user_agent: str
+    remote_address: str
+    state: int
+    rdy: int
+    in_flight_count: int
+    message_count: int
+    finish_count: int
+    requeue_count: int
+    connect_ts: int
+    sample_rate: int
+    pub_counts: dict[str, int]
+
+
+def client_stats(c: StatsClient, topic_filter: str = "") -> dict[str, Any]:
+    """nsqd's ClientV2Stats (run on the connection's loop).
+
+    ``pub_counts`` is left out when empty (nsqd's omitempty), and holds only
+    ``topic_filter`` when one is given. nsqd 1.3.0 lists just one topic otherwise (a
+    ``break`` in clientV2.Stats); every topic is listed here, sorted by name.
+    """
+    d: dict[str, Any] = {
+        "client_id": c.client_id,
+        "hostname": c.hostname,
+        "version": "V2",
+        "remote_address": c.remote_address,
+        "state": int(c.state),
+        "ready_count": c.rdy,
+        "in_flight_count": c.in_flight_count,
+        "message_count": c.message_count,
+        "finish_count": c.finish_count,
+        "requeue_count": c.requeue_count,
+        "connect_ts": c.connect_ts,
+        "sample_rate": c.sample_rate,
+        "deflate": bool(getattr(c, "deflate", False)),
+        "snappy": bool(getattr(c, "snappy", False)),
+        "user_agent": c.user_agent,
+    }
+    pubs = c.pub_counts
+    if pubs:
+        names = [topic_filter] if topic_filter else sorted(pubs)
+        counts = [{"topic": n, "count": pubs[n]} for n in names if n in pubs]
+        if counts:
+            d["pub_counts"] = counts
+    d.update(tls=False, tls_cipher_suite="", tls_version="", tls_negotiated_protocol="",
+             tls_negotiated_protocol_is_mutual=False)
+    return d
+
+
+def producer_stats(conns: Iterable[Any], topic_filter: str = "") -> list[dict[str, Any]]:
+    """Clients that have published (nsqd's typeProducer), in connection order."""
+    return [client_stats(c, topic_filter)
+            for c in sorted((c for c in conns if c.pub_counts), key=lambda c: c.id)]
+
+
+# -- channels and topics ----------------------------------------------------------------
+def backend_depth(obj: Any) -> int:
+    """Messages a topic or channel holds on disk (0 while it has no backend)."""
+    backend = getattr(obj, "backend", None)
+    return int(backend.depth()) if backend is not None else 0
+
+
+def channel_snapshot(ch: Any, include_clients: bool, topic_filter: str,
+                     now_ns: int) -> tuple[dict[str, Any], list[LatencyPart] | None]:
+    """nsqd's ChannelStats without the latency result, plus the latency samples.
+
+    Runs on the channel's owner loop, so counts and clients are one consistent view.
+    ``clients`` is null when clients are not requested (nsqd leaves the slice nil).
+    """
+    disk = backend_depth(ch)
+    window = ch.e2e
+    parts = window.snapshot(now_ns) if window is not None else []
+    consumers = list(ch.consumers)
+    d = {
+        "channel_name": ch.name,
+        "depth": len(ch.queue) + disk,
+        "backend_depth": disk,
+        "in_flight_count": len(ch.in_flight),
+        "deferred_count": len(ch.deferred),
+        "message_count": ch.message_count,
+        "requeue_count": ch.requeue_count,
+        "timeout_count": ch.timeout_count,
+        "client_count": len(consumers),
+        "clients": [client_stats(c, topic_filter) for c in consumers] if include_clients else None,
+        "paused": ch.paused,
+    }
+    return d, parts
+
+
+def topic_stats(t: Any, channels: list[dict[str, Any]],
+                e2e: dict[str, Any]) -> dict[str, Any]:
+    """nsqd's TopicStats around already-built channel dicts."""
+    disk = backend_depth(t)
+    return {
+        "topic_name": t.name,
+        "channels": channels,
+        "depth": len(t.buffer) + disk,
+        "backend_depth": disk,
+        "message_count": t.message_count,
+        "message_bytes": t.message_bytes,
+        "paused": t.paused,
+        "e2e_processing_latency": e2e,
+    }
+
+
+def document(version: str, health: str, start_time: int, topics: list[dict[str, Any]] | None,
+             memory: dict[str, Any] | None,
+             producers: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The /stats?format=json body; ``memory`` is left out when None (omitempty)."""
+    doc: dict[str, Any] = {"version": version, "health": health, "start_time": start_time,
+                           "topics": topics}
+    if memory is not None:
+        doc["memory"] = memory
+    doc["producers"] = producers
+    return doc
