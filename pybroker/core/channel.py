@@ -11,11 +11,14 @@ from __future__ import annotations
 import random
 import threading
 from collections import deque
-from typing import Any, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from pybroker.core.message import Message
 from pybroker.core.timeouts import TimeoutWheel
 from pybroker.errors import NotInFlight, NotOwner, TooManyConsumers
+
+if TYPE_CHECKING:
+    from pybroker.core.stats import LatencyWindow
 
 
 class Consumer(Protocol):
@@ -55,6 +58,8 @@ class Channel:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
+        # end-to-end latency window, created on the first FIN when e2e percentiles are set
+        self.e2e: LatencyWindow | None = None
 
     def __repr__(self) -> str:
         return f"Channel({self.topic_name}/{self.name})"

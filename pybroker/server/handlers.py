@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from pybroker import NSQ_COMPAT_VERSION, _native
+from pybroker.core.stats import record_latency
 from pybroker.errors import (AuthDisabled, BadBody, BadChannel, BadMessage, BadTopic, BrokerError,
                              ClientError, DpubFailed, Exiting, FinFailed, Invalid, MpubFailed,
                              PubFailed, ReqFailed, SubFailed, TouchFailed)
@@ -297,10 +298,14 @@ def fin(c: "ClientConn", cmd: Command) -> None:
     mid = _msg_id(c, cmd.params, "FIN", 2)
     assert c.channel is not None
     try:
-        c.channel.finish(c, mid)
+        m = c.channel.finish(c, mid)
     except BrokerError as e:
         raise FinFailed(f"FIN {mid.decode('ascii', 'replace')} failed {e}") from None
     c.finish_count += 1
+    if c.opts.e2e_processing_latency_percentiles:
+        # matches nsqd: FIN feeds the channel's publish-to-finish latency percentiles
+        record_latency(c.channel, time.time_ns() - m.ts_ns, monotonic_ns(),
+                       c.opts.e2e_processing_latency_window_time)
     c.loop.mark_dirty(c.channel)
 
 
