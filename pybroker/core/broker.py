@@ -117,6 +117,11 @@ class Broker:
         if deliveries:
             self.route(deliveries)
 
+    def notify_changed(self) -> None:
+        """Tell observers that persistent state changed (e.g. a topic or channel was
+        paused over HTTP), so metadata is saved at once as nsqd does."""
+        self._changed()
+
     def _changed(self) -> None:
         self.generation += 1
         for fn in self.on_change:

@@ -38,6 +38,9 @@ class Runtime:
         self.scanner = QueueScanner(self.broker, options)
         self.listener: Listener | None = None
         self.http: Any = None
+        # None while healthy; otherwise why not (e.g. a storage write failure). HTTP /ping
+        # answers 500 "NOK - <health>" and /stats reports it, as nsqd's SetHealth does.
+        self.health: str | None = None
         self.lookupd: LookupdRegistrar | None = None
         self._stop = threading.Event()
 
