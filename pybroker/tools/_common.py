@@ -27,8 +27,10 @@ class GoFlagsCommand(TyperCommand):
     """A typer command accepting Go's ``-boolflag=true|false`` spelling."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        flags = {name.lstrip("-") for p in self.params if getattr(p, "is_flag", False)
-                 for name in getattr(p, "opts", [])}
+        names = [(name.lstrip("-"), bool(getattr(p, "is_flag", False)))
+                 for p in self.params for name in getattr(p, "opts", [])]
+        flags = {n for n, is_flag in names if is_flag}
+        short = {n for n, is_flag in names if len(n) == 1 and not is_flag}
         out: list[str] = []
         for arg in args:
             if arg.startswith("-") and "=" in arg:
@@ -38,6 +40,9 @@ class GoFlagsCommand(TyperCommand):
                         out.append("--" + name)
                     elif value.lower() not in _FALSE:
                         out.append(arg)     # let click report the bad value
+                    continue
+                if name in short:           # Go's -n=5; click reads "-n=5" as "-n '=5'"
+                    out += ["-" + name, value]
                     continue
             out.append(arg)
         return super().parse_args(ctx, out)

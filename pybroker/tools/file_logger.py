@@ -195,8 +195,12 @@ class FileLogger:
             if self._gz is not None:
                 self._gz.write(data)
             else:
+                # unbuffered, one write per line: a killed process leaves whole lines only
                 assert self._out is not None
-                self._out.write(data)
+                view = memoryview(data)
+                while view:
+                    n = self._out.write(view)
+                    view = view[n or 0:]
         except OSError as e:
             _die(f"{self._tag()} writing message to disk: {e}")
         self.filesize += len(data)
@@ -299,7 +303,8 @@ class FileLogger:
             except OSError as e:
                 _die(f"{self._tag()} unable to open {path}: {e}")
             log.info("%s opening %s", self._tag(), path)
-            self._out = os.fdopen(fd, "ab" if flags & os.O_APPEND else "wb")
+            self._out = os.fdopen(fd, "ab" if flags & os.O_APPEND else "wb",
+                                  buffering=-1 if self.opts.gzip else 0)
             self._path = path
             self.filesize = os.fstat(fd).st_size
             if self.opts.rotate_size > 0 and self.filesize > self.opts.rotate_size:
