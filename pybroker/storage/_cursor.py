@@ -37,10 +37,14 @@ class ReadCursor:
         self.frontier = 0                # seqs below it not in redeliver were acked
         self.redeliver: set[int] = set()     # from the last checkpoint, not read yet
         self.unacked: OrderedDict[int, int] = OrderedDict()   # seq -> pos, by seq
+        # claimed records the cursor has not passed yet: seq -> pos, or -1 once acked
+        self.ahead: dict[int, int] = {}
+        self.ahead_unacked = 0
         start = None
         if meta is not None:
             self.frontier = meta.frontier
             self.redeliver = from_ranges(meta.unacked)
+            self.ahead = dict.fromkeys(from_ranges(meta.skip), -1)
             start = meta.start
         if start is not None:
             for num in [n for n in segs.nums if n < start[0]]:
@@ -59,18 +63,50 @@ class ReadCursor:
         self.rverify = False
 
     def depth(self) -> int:
-        return len(self.redeliver) + self.segs.next_seq - max(self.rseq, self.frontier)
+        return (len(self.redeliver) + self.segs.next_seq
+                - max(self.rseq, self.frontier) - len(self.ahead))
+
+    def unacked_count(self) -> int:
+        return len(self.unacked) + self.ahead_unacked
 
     def claim(self, first: int, base: int, recs: list[bytes] | tuple[bytes, ...]) -> None:
-        """Records just appended at ``base`` count as handed out; cursor to the end."""
-        segs, unacked = self.segs, self.unacked
+        """Records just appended at ``base`` count as handed out.
+
+        With nothing unread before them the cursor jumps past them; otherwise they
+        wait in ``ahead`` and the reader skips them when it gets there.
+        """
+        segs = self.segs
+        caught_up = self.depth() == len(recs)     # they were just appended
+        if caught_up and self.ahead:
+            self._pass_ahead()
+        dest = self.unacked if caught_up else self.ahead
         pos, seq = (segs.wnum << _POS_SHIFT) | base, first
         for rec in recs:
-            unacked[seq] = pos
+            dest[seq] = pos
             pos += REC_HEADER_SIZE + len(rec)
             seq += 1
-        self.rnum, self.roff, self.rseq = segs.wnum, segs.wend, segs.next_seq
-        self.rverify = False
+        if caught_up:
+            self.rnum, self.roff, self.rseq = segs.wnum, segs.wend, segs.next_seq
+            self.rverify = False
+        else:
+            self.ahead_unacked += len(recs)
+
+    def _pass_ahead(self) -> None:
+        for seq in sorted(self.ahead):
+            pos = self.ahead[seq]
+            if pos >= 0:
+                self.unacked[seq] = pos
+        self.ahead.clear()
+        self.ahead_unacked = 0
+
+    def ack(self, seq: int) -> bool:
+        if self.unacked.pop(seq, None) is not None:
+            return True
+        if self.ahead.get(seq, -1) >= 0:
+            self.ahead[seq] = -1
+            self.ahead_unacked -= 1
+            return True
+        return False
 
     def read(self, max_n: int, auto_ack: bool) -> list[tuple[int, bytes]]:
         out: list[tuple[int, bytes]] = []
@@ -111,11 +147,17 @@ class ReadCursor:
         self.rverify = False
         frontier, redeliver, unacked = self.frontier, self.redeliver, self.unacked
         base = num << _POS_SHIFT
+        ahead = self.ahead
         for seq, roff, data in items:
             if seq < frontier:
                 if seq not in redeliver:
                     continue             # acked before the restart
                 redeliver.discard(seq)
+            elif ahead and seq in ahead:
+                if ahead.pop(seq) >= 0:  # claimed, still un-acked: now behind us
+                    unacked[seq] = base | roff
+                    self.ahead_unacked -= 1
+                continue
             out.append((seq, data))
             if not auto_ack:
                 unacked[seq] = base | roff
@@ -138,6 +180,11 @@ class ReadCursor:
             # Nothing after this segment: seqs up to next_seq that are not here were
             # lost (damage) or never written; the next put starts a new segment.
             self.rseq = max(self.rseq, segs.next_seq)
+            if self.ahead:
+                lost = [s for s in self.ahead if s < self.rseq]
+                for s in lost:
+                    if self.ahead.pop(s) >= 0:
+                        self.ahead_unacked -= 1
             return False
         if segs.first[nxt] < self.rseq:
             log.error("DISKQUEUE(%s) segment %d starts at seq %d < %d; setting it aside",
@@ -159,7 +206,8 @@ class ReadCursor:
         else:
             start = (self.rnum, self.roff, self.rseq)
         write = (segs.wnum, segs.wend, segs.next_seq) if segs.wfd >= 0 else None
-        meta = QueueMeta(self.name, segs.next_seq, frontier, start, ranges, write)
+        skip = to_ranges(sorted(s for s, p in self.ahead.items() if p < 0))
+        meta = QueueMeta(self.name, segs.next_seq, frontier, start, ranges, write, skip)
         pinned = {pos >> _POS_SHIFT for pos in self.unacked.values()}
         dead = [n for n in segs.nums if n < self.rnum and n != segs.wnum
                 and n not in pinned]
@@ -170,6 +218,8 @@ class ReadCursor:
         self.close_reader()
         self.unacked.clear()
         self.redeliver.clear()
+        self.ahead.clear()
+        self.ahead_unacked = 0
         segs = self.segs
         self.frontier = segs.next_seq
         self.rnum, self.roff, self.rseq = segs.wnum, SEG_HEADER_SIZE, segs.next_seq

@@ -26,6 +26,8 @@ class QueueMeta:
     unacked: seqs < frontier handed out but not acked, as sorted [lo, hi) ranges.
     write: (file_num, offset, seq) of the write end at the checkpoint, a hint that
         lets open() verify the tail from there instead of from the segment start.
+    skip: seqs >= frontier that are done (claimed ahead of unread records, then
+        acked), as sorted [lo, hi) ranges.
     """
 
     name: str
@@ -34,6 +36,7 @@ class QueueMeta:
     start: tuple[int, int, int] | None = None
     unacked: list[tuple[int, int]] = field(default_factory=list)
     write: tuple[int, int, int] | None = None
+    skip: list[tuple[int, int]] = field(default_factory=list)
 
 
 def to_ranges(seqs: Iterable[int]) -> list[tuple[int, int]]:
@@ -68,6 +71,7 @@ def encode_meta(meta: QueueMeta) -> bytes:
         "start": list(meta.start) if meta.start else None,
         "unacked": [list(r) for r in meta.unacked],
         "write": list(meta.write) if meta.write else None,
+        "skip": [list(r) for r in meta.skip],
     }
     return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
 
@@ -99,23 +103,29 @@ def decode_meta(raw: bytes) -> QueueMeta:
     name = doc.get("name")
     if not isinstance(name, str):
         raise MetaFormatError("name missing")
-    ranges: list[tuple[int, int]] = []
-    raw_ranges = doc.get("unacked", [])
-    if not isinstance(raw_ranges, list):
-        raise MetaFormatError("unacked must be a list")
-    prev = -1
-    for r in raw_ranges:
-        if not isinstance(r, list) or len(r) != 2:
-            raise MetaFormatError(f"bad unacked range {r!r}")
-        lo, hi = _int(r[0], "unacked"), _int(r[1], "unacked")
-        if lo >= hi or lo < prev:
-            raise MetaFormatError(f"unacked ranges not sorted: {r!r}")
-        prev = hi
-        ranges.append((lo, hi))
+    ranges = _ranges(doc.get("unacked", []), "unacked")
+    skip = _ranges(doc.get("skip", []), "skip")
     meta = QueueMeta(name=name, next_seq=_int(doc.get("next_seq"), "next_seq"),
                      frontier=_int(doc.get("frontier"), "frontier"),
                      start=_triple(doc.get("start"), "start"), unacked=ranges,
-                     write=_triple(doc.get("write"), "write"))
-    if meta.frontier > meta.next_seq or (ranges and ranges[-1][1] > meta.frontier):
-        raise MetaFormatError("frontier/unacked inconsistent with next_seq")
+                     write=_triple(doc.get("write"), "write"), skip=skip)
+    if meta.frontier > meta.next_seq or (ranges and ranges[-1][1] > meta.frontier) \
+            or (skip and (skip[0][0] < meta.frontier or skip[-1][1] > meta.next_seq)):
+        raise MetaFormatError("frontier/unacked/skip inconsistent with next_seq")
     return meta
+
+
+def _ranges(raw: object, what: str) -> list[tuple[int, int]]:
+    if not isinstance(raw, list):
+        raise MetaFormatError(f"{what} must be a list")
+    out: list[tuple[int, int]] = []
+    prev = -1
+    for r in raw:
+        if not isinstance(r, list) or len(r) != 2:
+            raise MetaFormatError(f"bad {what} range {r!r}")
+        lo, hi = _int(r[0], what), _int(r[1], what)
+        if lo >= hi or lo < prev:
+            raise MetaFormatError(f"{what} ranges not sorted: {r!r}")
+        prev = hi
+        out.append((lo, hi))
+    return out

@@ -16,8 +16,10 @@ after a restart, from the position of the lowest un-acked record (``start``). So
 after kill -9 each record that was put and not acked comes back (at-least-once);
 acks made after the last checkpoint only cause duplicates. ``put(..., claim=True)``
 appends a record that the caller keeps in memory: it counts as read-but-un-acked, so
-it is never read back while the process lives, yet comes back after a crash. This
-is the write-ahead mode the broker uses when publishes must be durable.
+it is never read back while the queue is open (if unread records precede it, the
+reader skips it when it gets there), yet comes back after a crash. This is the
+write-ahead mode the broker uses when publishes must be durable, and how a
+deferred message is re-written with its new due time before the old copy is acked.
 
 Syncing: ``sync()`` fsyncs data (rolled segments, the write segment, the directory
 after a segment was created) and returns ``synced_seq``: every seq <= it is on disk.
@@ -128,10 +130,13 @@ class DiskQueue:
         """Append records in one write; return the seq of the first (they are consecutive).
 
         With ``claim=True`` the records count as handed out (the caller keeps them in
-        memory and acks them later); only allowed when nothing unread is on disk, so
-        FIFO order holds. Not durable until ``sync()`` returns a seq >= theirs.
+        memory and acks them later): they are never read back while the queue is
+        open, but come back after a restart unless acked. Claiming while unread
+        records are on disk lets the claimed ones overtake them (fine for a deferred
+        or requeued message; keep FIFO for publishes by claiming only when
+        ``depth() == 0``). Not durable until ``sync()`` returns a seq >= theirs.
         Raises:
-            ValueError: a record is larger than max_record_bytes, or claim with depth > 0.
+            ValueError: a record is larger than max_record_bytes.
             StorageError: the write failed; nothing was appended.
         """
         recs = records if isinstance(records, (list, tuple)) else list(records)
@@ -141,8 +146,6 @@ class DiskQueue:
             self._check_open()
             if not recs:
                 return self._segs.next_seq
-            if claim and self._cursor.depth():
-                raise ValueError("cannot claim records while unread records are on disk")
             first, base = self._segs.append(recs)
             self._ops += len(recs)
             if claim:
@@ -167,7 +170,7 @@ class DiskQueue:
     def ack(self, seq: int) -> bool:
         """Mark a handed-out record done. False if seq was not un-acked (no-op)."""
         with self._lock:
-            if self._cursor.unacked.pop(seq, None) is None:
+            if not self._cursor.ack(seq):
                 return False
             self._ops += 1
             return True
@@ -175,9 +178,9 @@ class DiskQueue:
     def ack_many(self, seqs: Iterable[int]) -> int:
         """ack() each seq; return how many were un-acked."""
         with self._lock:
-            pop, n = self._cursor.unacked.pop, 0
+            ack, n = self._cursor.ack, 0
             for seq in seqs:
-                if pop(seq, None) is not None:
+                if ack(seq):
                     n += 1
             self._ops += n
             return n
@@ -270,13 +273,13 @@ class DiskQueue:
 
     def unacked_count(self) -> int:
         with self._lock:
-            return len(self._cursor.unacked)
+            return self._cursor.unacked_count()
 
     def stats(self) -> dict[str, int]:
         """Counters for health and metrics."""
         with self._lock:
             segs = self._segs
-            return {"depth": self._cursor.depth(), "unacked": len(self._cursor.unacked),
+            return {"depth": self._cursor.depth(), "unacked": self._cursor.unacked_count(),
                     "next_seq": segs.next_seq, "synced_seq": segs.synced_seq,
                     "segments": len(segs.nums), "fsyncs": segs.fsyncs,
                     "writes": segs.writes}
