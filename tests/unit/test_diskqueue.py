@@ -17,6 +17,7 @@ import pytest
 
 from pybroker.storage import (
     Backend,
+    DiskFullError,
     DiskQueue,
     NullBackend,
     QueueClosedError,
@@ -348,6 +349,53 @@ def test_sync_with_a_covered_seq_does_not_fsync_again(tmp_path: Path) -> None:
     c = q.put(b"c")
     assert q.sync(c) == c and q.stats()["fsyncs"] > fsyncs
     q.close()
+
+
+def test_producer_consumer_and_checkpointer_threads(tmp_path: Path) -> None:
+    q = DiskQueue(tmp_path, "t", max_bytes_per_file=4096, sync_every=50)
+    total, seen = 3000, []
+    stop = threading.Event()
+
+    def producer() -> None:
+        for i in range(0, total, 30):
+            q.put_many([b"%d" % j for j in range(i, i + 30)])
+
+    def consumer() -> None:
+        while len(seen) < total:
+            got = q.read_many(64)
+            seen.extend(int(d) for _, d in got)
+            q.ack_many(s for s, _ in got)
+
+    def checkpointer() -> None:
+        now = 0
+        while not stop.is_set():
+            now += 10_000_000
+            q.maybe_sync(now)
+
+    threads = [threading.Thread(target=f) for f in (producer, consumer, checkpointer)]
+    for t in threads:
+        t.start()
+    for t in threads[:2]:
+        t.join(60)
+    stop.set()
+    threads[2].join(10)
+    assert seen == list(range(total))
+    q = reopen(q, max_bytes_per_file=4096)
+    assert q.read_many(10) == [] and len(segments(q)) == 1
+    q.close()
+
+
+def test_os_errors_map_to_storage_errors() -> None:
+    import errno
+
+    from pybroker.storage import StorageAccessError, StorageIOError
+    from pybroker.storage.errors import from_oserror
+    for num, cls in [(errno.ENOSPC, DiskFullError), (errno.EDQUOT, DiskFullError),
+                     (errno.EFBIG, DiskFullError), (errno.EACCES, StorageAccessError),
+                     (errno.EROFS, StorageAccessError), (errno.EIO, StorageIOError)]:
+        err = from_oserror("cannot write to", "/x", OSError(num, os.strerror(num)))
+        assert type(err) is cls and err.errno == num and err.path == "/x"
+        assert errno.errorcode[num] in str(err)
 
 
 # -- torn writes and damage -----------------------------------------------------------
