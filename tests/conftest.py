@@ -125,3 +125,16 @@ def connect() -> Iterator[Callable[..., WireClient]]:
     yield make
     for client in clients:
         client.close()
+
+
+# Small limits so oversized bodies stay small on the wire (a server that closes with
+# unread input may reset the connection before the error frame is read).
+SMALL_LIMITS = ("--max-msg-size=1024", "--max-body-size=4096", "--max-rdy-count=50",
+                "--max-req-timeout=10s", "--max-channel-consumers=1")
+
+
+@pytest.fixture
+def small_broker(make_module_broker: Callable[..., BrokerProcess],
+                 broker_kind: str) -> BrokerProcess:
+    """A broker of the kind under test with SMALL_LIMITS, shared within a module."""
+    return make_module_broker(*SMALL_LIMITS, kind=broker_kind)

@@ -13,9 +13,7 @@ import resource
 import select
 import socket
 import time
-from typing import Callable
-
-import pytest
+from collections.abc import Callable
 
 from tests.support import wire
 from tests.support.broker import BrokerProcess, unique_name
@@ -115,6 +113,59 @@ def test_unfinished_redelivered_after_msg_timeout_and_touch_extends(
     c.assert_alive()  # the FIN was accepted: still in flight after 2.5 s
     c.fin(msg.id)
     c.expect_error("E_FIN_FAILED")
+
+
+def test_touch_capped_at_max_msg_timeout(make_any_broker: Callable[..., BrokerProcess],
+                                         connect: Connect) -> None:
+    """TOUCH cannot keep a message past delivery + max-msg-timeout."""
+    b = make_any_broker("--msg-timeout=1s", "--max-msg-timeout=2s")
+    slack = SLACK_S[b.kind]
+    topic = unique_name()
+    c = connect(b)
+    c.sub(topic, "ch")
+    c.rdy(1)
+    c.pub(topic, b"capped")
+    msg = c.read_message()
+    t0 = time.monotonic()
+    again = None
+    while again is None and time.monotonic() - t0 < 2.0 + slack + 1:
+        c.touch(msg.id)
+        try:
+            ftype, data = c.read_frame(0.3)
+        except TimeoutError:
+            continue
+        if ftype == wire.FRAME_MESSAGE:
+            again = wire.parse_message(data)
+        else:  # a TOUCH racing the timeout may fail, without closing the connection
+            assert data.startswith(b"E_TOUCH_FAILED"), data
+    elapsed = time.monotonic() - t0
+    assert again is not None, "message never came back despite max-msg-timeout"
+    assert (again.id, again.attempts) == (msg.id, 2)
+    assert 1.9 <= elapsed < 2.0 + slack, elapsed
+
+
+def test_stuck_consumer_does_not_stall_others(any_broker: BrokerProcess,
+                                              connect: Connect) -> None:
+    """A consumer with a large RDY that never reads fills its socket; publishers and
+    other consumers must still get prompt answers."""
+    topic, other_topic = unique_name(), unique_name()
+    stuck = connect(any_broker)
+    stuck.sub(topic, "ch")
+    stuck.rdy(2500)
+    publisher = connect(any_broker)
+    body = b"x" * 100_000
+    for _ in range(5):  # 20 MB: more than the loopback socket buffers hold
+        publisher.mpub(topic, [body] * 40)
+    other = connect(any_broker)
+    other.sub(other_topic, "ch")
+    other.rdy(1)
+    for i in range(20):
+        t0 = time.monotonic()
+        publisher.pub(other_topic, b"ping %d" % i)
+        msg = other.read_message(timeout=2.0)
+        other.fin(msg.id)
+        assert msg.body == b"ping %d" % i
+        assert time.monotonic() - t0 < 0.5, f"round trip {i} took {time.monotonic() - t0}s"
 
 
 def test_dpub_and_req_delay_not_delivered_early(any_broker: BrokerProcess,

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gevent
 import gnsq
@@ -40,9 +41,10 @@ def test_gnsq_ten_thousand_messages_each_once(any_broker: BrokerProcess) -> None
     received: Counter[bytes] = Counter()
     consumer = gnsq.Consumer(topic, "ch", nsqd_tcp_addresses=[addr], max_in_flight=50)
 
-    @consumer.on_message.connect
     def handler(_consumer: Any, message: Any) -> None:
         received[message.body] += 1  # gnsq FINs after a handler returns normally
+
+    consumer.on_message.connect(handler, weak=False)
 
     producer = gnsq.Producer(nsqd_tcp_addresses=[addr])
     pubs = [b"pub-%d" % i for i in range(N_PUB)]
@@ -97,6 +99,7 @@ def test_gnsq_tcp_client_finish_failed_is_not_fatal(any_broker: BrokerProcess) -
     """gnsq's low-level client reports NSQFinishFailed (not fatal) for an unknown id and
     the connection goes on."""
     topic = unique_name("gnsq")
+    assert any_broker.tcp_address is not None
     client = gnsq.NsqdTCPClient(*any_broker.tcp_address)
     try:
         client.connect()

@@ -1,4 +1,5 @@
-"""TCP protocol V2 on raw sockets: framing, every command, every error code and fatality.
+"""TCP protocol V2 on raw sockets: framing, IDENTIFY, SUB and the publishing commands,
+with every error code and its fatality (consuming commands: test_raw_tcp_consume.py).
 
 Every test runs against pybroker and, when the binary is found, a real nsqd 1.3.0, with
 the same assertions: codes match exactly, texts by nsqd's prefix. Commands are encoded
@@ -9,36 +10,15 @@ from __future__ import annotations
 import json
 import struct
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 
 from tests.support import wire
 from tests.support.broker import BrokerProcess, unique_name
-from tests.support.wire import FRAME_ERROR, FRAME_RESPONSE, WireClient
+from tests.support.wire import FRAME_ERROR, FRAME_RESPONSE, WireClient, subscribe
 
 Connect = Callable[..., WireClient]
-UNKNOWN_ID = b"0123456789abcdef"
-# Small limits so oversized bodies stay small on the wire (a server that closes with
-# unread input may reset the connection before the error frame is read).
-SMALL = ("--max-msg-size=1024", "--max-body-size=4096", "--max-rdy-count=50",
-         "--max-req-timeout=10s", "--max-channel-consumers=1")
-
-
-@pytest.fixture
-def small(make_module_broker: Callable[..., BrokerProcess], broker_kind: str) -> BrokerProcess:
-    return make_module_broker(*SMALL, kind=broker_kind)
-
-
-def subscribed(connect: Connect, b: BrokerProcess, topic: str, rdy: int = 0,
-               **identify: object) -> WireClient:
-    c = connect(b)
-    if identify:
-        c.identify(**identify)
-    c.sub(topic, "ch")
-    if rdy:
-        c.rdy(rdy)
-    return c
 
 
 # -- framing -------------------------------------------------------------------------------
@@ -103,6 +83,19 @@ def test_unknown_command_is_fatal(any_broker: BrokerProcess, connect: Connect,
     assert c.expect_error("E_INVALID") == text
 
 
+def test_commands_after_a_fatal_error_are_not_executed(any_broker: BrokerProcess,
+                                                       connect: Connect) -> None:
+    topic = unique_name()
+    consumer = subscribe(connect(any_broker), topic, rdy=5)
+    c = connect(any_broker)
+    c.send(wire.pub(topic, b"before") + b"FOO\n" + wire.pub(topic, b"after fatal"))
+    c.expect_response(b"OK")
+    c.expect_error("E_INVALID", prefix="E_INVALID invalid command FOO")
+    connect(any_broker).pub(topic, b"marker")
+    assert [m.body for m in consumer.read_messages(2)] == [b"before", b"marker"]
+    consumer.expect_nothing(0.2)
+
+
 def test_nop_has_no_response(any_broker: BrokerProcess, connect: Connect) -> None:
     c = connect(any_broker)
     c.send(wire.nop() + wire.nop())
@@ -161,10 +154,12 @@ def test_identify_tls_snappy_deflate_not_granted(request: pytest.FixtureRequest,
     pybroker implements neither, and neither has a TLS certificate configured."""
     b = request.getfixturevalue("broker") if broker_kind == "pybroker" else make_broker(
         "--deflate=false", "--snappy=false", kind="nsqd")
-    for request in ({"tls_v1": True}, {"snappy": True}, {"deflate": True, "deflate_level": 3},
-                    {"snappy": True, "deflate": True}):
+    asks: list[dict[str, object]] = [{"tls_v1": True}, {"snappy": True},
+                                     {"deflate": True, "deflate_level": 3},
+                                     {"snappy": True, "deflate": True}]
+    for ask in asks:
         c = connect(b)
-        data = c.identify(feature_negotiation=True, **request)
+        data = c.identify(feature_negotiation=True, **ask)
         assert data is not None
         assert (data["tls_v1"], data["snappy"], data["deflate"]) == (False, False, False)
         assert data["deflate_level"] == 6
@@ -216,14 +211,14 @@ def test_identify_bad_body(any_broker: BrokerProcess, connect: Connect, body: by
     c.expect_error("E_BAD_BODY", prefix=prefix)
 
 
-def test_identify_body_too_big(small: BrokerProcess, connect: Connect) -> None:
-    c = connect(small)
+def test_identify_body_too_big(small_broker: BrokerProcess, connect: Connect) -> None:
+    c = connect(small_broker)
     c.send(b"IDENTIFY\n" + struct.pack(">i", 4097))
     c.expect_error("E_BAD_BODY", prefix="E_BAD_BODY IDENTIFY body too big 4097 > 4096")
 
 
 def test_identify_after_sub_is_invalid(any_broker: BrokerProcess, connect: Connect) -> None:
-    c = subscribed(connect, any_broker, unique_name())
+    c = subscribe(connect(any_broker), unique_name())
     c.send(wire.identify(client_id="late"))
     c.expect_error("E_INVALID", prefix="E_INVALID cannot IDENTIFY in current state")
 
@@ -287,7 +282,7 @@ def test_sub_ephemeral_names_ok(any_broker: BrokerProcess, connect: Connect) -> 
 
 def test_sub_twice_is_invalid(any_broker: BrokerProcess, connect: Connect) -> None:
     topic = unique_name()
-    c = subscribed(connect, any_broker, topic)
+    c = subscribe(connect(any_broker), topic)
     c.send(wire.sub(topic, "other"))
     c.expect_error("E_INVALID", prefix="E_INVALID cannot SUB in current state")
 
@@ -299,14 +294,14 @@ def test_sub_with_heartbeats_disabled(any_broker: BrokerProcess, connect: Connec
     c.expect_error("E_INVALID", prefix="E_INVALID cannot SUB with heartbeats disabled")
 
 
-def test_sub_over_max_channel_consumers(small: BrokerProcess, connect: Connect) -> None:
+def test_sub_over_max_channel_consumers(small_broker: BrokerProcess, connect: Connect) -> None:
     topic = unique_name()
-    first = subscribed(connect, small, topic)
-    c = connect(small)
+    first = subscribe(connect(small_broker), topic)
+    c = connect(small_broker)
     c.send(wire.sub(topic, "ch"))
     c.expect_error("E_SUB_FAILED",
                    prefix=f"E_SUB_FAILED SUB failed consumers for {topic}:ch exceeds limit of 1")
-    connect(small).sub(topic, "other")  # the limit is per channel
+    connect(small_broker).sub(topic, "other")  # the limit is per channel
     first.close()
 
 
@@ -324,7 +319,7 @@ def test_pub_mpub_dpub_ok_and_delivered(any_broker: BrokerProcess, connect: Conn
     c.pub(topic, b"one")
     c.mpub(topic, [b"two", b"three", b"\x00binary\xff"])
     c.dpub(topic, 0, b"four")  # delays are tested in test_behaviour
-    s = subscribed(connect, any_broker, topic, rdy=10)
+    s = subscribe(connect(any_broker), topic, rdy=10)
     msgs = s.read_messages(5)
     assert sorted(m.body for m in msgs) == sorted(
         [b"one", b"two", b"three", b"\x00binary\xff", b"four"])
@@ -333,6 +328,19 @@ def test_pub_mpub_dpub_ok_and_delivered(any_broker: BrokerProcess, connect: Conn
     assert all(len(m.id) == 16 for m in msgs)
     now_ns = time.time_ns()
     assert all(abs(now_ns - m.ts_ns) < 60e9 for m in msgs), "timestamp is wall-clock ns"
+
+
+def test_message_of_max_size_delivered_intact(any_broker: BrokerProcess,
+                                              connect: Connect) -> None:
+    topic = unique_name()
+    body = bytes(range(256)) * 4096  # 1 MiB, nsqd's default max-msg-size
+    consumer = subscribe(connect(any_broker), topic, rdy=3)
+    c = connect(any_broker)
+    c.pub(topic, body)
+    c.mpub(topic, [body[:1000], body])
+    got = consumer.read_messages(3, timeout=10)
+    assert [len(m.body) for m in got] == [len(body), 1000, len(body)]
+    assert got[0].body == body and got[2].body == body and got[1].body == body[:1000]
 
 
 @pytest.mark.parametrize("verb", ["PUB", "MPUB", "DPUB"])
@@ -363,9 +371,9 @@ def test_pub_missing_params(any_broker: BrokerProcess, connect: Connect, line: b
     ("MPUB", -1, "E_BAD_BODY", "MPUB invalid body size -1"),
     ("MPUB", 4097, "E_BAD_BODY", "MPUB body too big 4097 > 4096"),
 ])
-def test_pub_body_size_errors(small: BrokerProcess, connect: Connect, verb: str, size: int,
+def test_pub_body_size_errors(small_broker: BrokerProcess, connect: Connect, verb: str, size: int,
                               code: str, text: str) -> None:
-    c = connect(small)
+    c = connect(small_broker)
     params = [unique_name(), "10"] if verb == "DPUB" else [unique_name()]
     c.send(wire.command(verb, *params) + struct.pack(">i", size))
     c.expect_error(code, prefix=f"{code} {text}")
@@ -378,18 +386,18 @@ def test_pub_body_size_errors(small: BrokerProcess, connect: Connect, verb: str,
     ([b"ok", b"x" * 1025], "E_BAD_MESSAGE", "MPUB message too big 1025 > 1024"),
     ([b"ok", b""], "E_BAD_MESSAGE", "MPUB invalid message(1) body size 0"),
 ])
-def test_mpub_bad_parts_are_atomic(small: BrokerProcess, connect: Connect,
+def test_mpub_bad_parts_are_atomic(small_broker: BrokerProcess, connect: Connect,
                                    parts: int | list[bytes], code: str, text: str) -> None:
     topic = unique_name()
-    consumer = subscribed(connect, small, topic, rdy=10)
+    consumer = subscribe(connect(small_broker), topic, rdy=10)
     if isinstance(parts, int):
         body = struct.pack(">i", parts)
     else:
         body = wire.mpub_body(parts)
-    c = connect(small)
+    c = connect(small_broker)
     c.send(wire.command("MPUB", topic, body=body))
     c.expect_error(code, prefix=f"{code} {text}")
-    connect(small).pub(topic, b"marker")
+    connect(small_broker).pub(topic, b"marker")
     assert consumer.read_message().body == b"marker", "a rejected MPUB delivered a part"
     consumer.expect_nothing(0.2)
 
@@ -399,150 +407,15 @@ def test_mpub_bad_parts_are_atomic(small: BrokerProcess, connect: Connect,
     ("-1", "E_INVALID DPUB could not parse timeout -1"),
     ("soon", "E_INVALID DPUB could not parse timeout soon"),
 ])
-def test_dpub_timeout_out_of_range(small: BrokerProcess, connect: Connect, delay: str,
+def test_dpub_timeout_out_of_range(small_broker: BrokerProcess, connect: Connect, delay: str,
                                    text: str) -> None:
-    c = connect(small)
+    c = connect(small_broker)
     c.send(wire.command("DPUB", unique_name(), delay, body=b"x"))
     c.expect_error("E_INVALID", prefix=text)
 
 
-def test_dpub_at_max_req_timeout_ok(small: BrokerProcess, connect: Connect) -> None:
-    connect(small).dpub(unique_name(), 10000, b"later")
-
-
-# -- RDY -----------------------------------------------------------------------------------
-def test_rdy_without_count_means_one(any_broker: BrokerProcess, connect: Connect) -> None:
-    topic = unique_name()
-    connect(any_broker).mpub(topic, [b"a", b"b", b"c"])
-    c = subscribed(connect, any_broker, topic)
-    c.send(b"RDY\n")
-    first = c.read_message()
-    c.expect_nothing(0.3)
-    c.fin(first.id)
-    second = c.read_message()
-    assert first.body != second.body
-    c.expect_nothing(0.2)
-
-
-@pytest.mark.parametrize("count, text", [
-    ("51", "E_INVALID RDY count 51 out of range 0-50"),
-    ("-1", "E_INVALID RDY could not parse count -1"),
-    ("many", "E_INVALID RDY could not parse count many"),
-])
-def test_rdy_bad_count_is_fatal(small: BrokerProcess, connect: Connect, count: str,
-                                text: str) -> None:
-    c = subscribed(connect, small, unique_name())
-    c.send(wire.command("RDY", count))
-    c.expect_error("E_INVALID", prefix=text)
-
-
-def test_rdy_max_count_ok(small: BrokerProcess, connect: Connect) -> None:
-    c = subscribed(connect, small, unique_name())
-    c.rdy(50)
-    c.assert_alive()
-
-
-def test_rdy_before_sub_is_invalid(any_broker: BrokerProcess, connect: Connect) -> None:
-    c = connect(any_broker)
-    c.send(wire.rdy(1))
-    c.expect_error("E_INVALID", prefix="E_INVALID cannot RDY in current state")
-
-
-# -- FIN / REQ / TOUCH ---------------------------------------------------------------------
-MSG_VERBS = {"FIN": ("E_FIN_FAILED", ()), "REQ": ("E_REQ_FAILED", ("0",)),
-             "TOUCH": ("E_TOUCH_FAILED", ())}
-
-
-@pytest.mark.parametrize("verb", MSG_VERBS)
-@pytest.mark.parametrize("msg_id", [b"abc", UNKNOWN_ID + b"0", b""])
-def test_wrong_id_length_is_fatal(any_broker: BrokerProcess, connect: Connect, verb: str,
-                                  msg_id: bytes) -> None:
-    c = subscribed(connect, any_broker, unique_name())
-    c.send(wire.command(verb, msg_id, *MSG_VERBS[verb][1]))
-    c.expect_error("E_INVALID", prefix="E_INVALID invalid message ID")
-
-
-@pytest.mark.parametrize("verb", MSG_VERBS)
-def test_unknown_id_is_not_fatal(any_broker: BrokerProcess, connect: Connect,
-                                 verb: str) -> None:
-    topic = unique_name()
-    c = subscribed(connect, any_broker, topic, rdy=1)
-    code, extra = MSG_VERBS[verb]
-    c.send(wire.command(verb, UNKNOWN_ID, *extra))
-    c.expect_error(code, prefix=f"{code} {verb} {UNKNOWN_ID.decode()} failed ID not in flight")
-    # the connection keeps working as a consumer too
-    c.pub(topic, b"after")
-    msg = c.read_message()
-    assert msg.body == b"after"
-    c.fin(msg.id)
-    c.fin(msg.id)
-    c.expect_error("E_FIN_FAILED", prefix=f"E_FIN_FAILED FIN {msg.id.decode()} failed")
-
-
-def test_fin_of_message_owned_by_another_client(any_broker: BrokerProcess,
-                                                connect: Connect) -> None:
-    topic = unique_name()
-    owner = subscribed(connect, any_broker, topic, rdy=1)
-    other = subscribed(connect, any_broker, topic)
-    owner.pub(topic, b"mine")
-    msg = owner.read_message()
-    other.fin(msg.id)
-    other.expect_error("E_FIN_FAILED", prefix=f"E_FIN_FAILED FIN {msg.id.decode()} failed "
-                                              "client does not own message")
-    owner.fin(msg.id)
-    owner.assert_alive()
-
-
-@pytest.mark.parametrize("verb", MSG_VERBS)
-def test_msg_verbs_before_sub_are_invalid(any_broker: BrokerProcess, connect: Connect,
-                                          verb: str) -> None:
-    c = connect(any_broker)
-    c.send(wire.command(verb, UNKNOWN_ID, *MSG_VERBS[verb][1]))
-    c.expect_error("E_INVALID", prefix=f"E_INVALID cannot {verb} in current state")
-
-
-@pytest.mark.parametrize("line, text", [
-    (b"FIN\n", "E_INVALID FIN insufficient number of params"),
-    (b"TOUCH\n", "E_INVALID TOUCH insufficient number of params"),
-    (b"REQ " + UNKNOWN_ID + b"\n", "E_INVALID REQ insufficient number of params"),
-    (b"REQ " + UNKNOWN_ID + b" x\n", "E_INVALID REQ could not parse timeout x"),
-])
-def test_msg_verbs_bad_params(any_broker: BrokerProcess, connect: Connect, line: bytes,
-                              text: str) -> None:
-    c = subscribed(connect, any_broker, unique_name())
-    c.send(line)
-    c.expect_error("E_INVALID", prefix=text)
-
-
-def test_req_timeout_above_max_is_clamped(small: BrokerProcess, connect: Connect) -> None:
-    topic = unique_name()
-    c = subscribed(connect, small, topic, rdy=1)
-    c.pub(topic, b"clamped")
-    msg = c.read_message()
-    c.req(msg.id, 999_999_999)
-    c.assert_alive()  # clamped to max-req-timeout, not rejected
-    c.expect_nothing(0.3)
-
-
-# -- CLS -----------------------------------------------------------------------------------
-def test_cls_then_fin_still_works(any_broker: BrokerProcess, connect: Connect) -> None:
-    topic = unique_name()
-    c = subscribed(connect, any_broker, topic, rdy=2)
-    c.pub(topic, b"a")
-    msg = c.read_message()
-    c.cls()
-    c.fin(msg.id)
-    c.rdy(5)  # ignored while closing
-    c.pub(topic, b"b")  # not delivered to a closing client
-    c.expect_nothing(0.3)
-    c.fin(msg.id)
-    c.expect_error("E_FIN_FAILED")  # the first FIN after CLS succeeded
-
-
-def test_cls_before_sub_is_invalid(any_broker: BrokerProcess, connect: Connect) -> None:
-    c = connect(any_broker)
-    c.send(wire.cls())
-    c.expect_error("E_INVALID", prefix="E_INVALID cannot CLS in current state")
+def test_dpub_at_max_req_timeout_ok(small_broker: BrokerProcess, connect: Connect) -> None:
+    connect(small_broker).dpub(unique_name(), 10000, b"later")
 
 
 def test_frames_are_well_formed(any_broker: BrokerProcess) -> None:

@@ -11,8 +11,9 @@ import json
 import socket
 import struct
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Self
 
 MAGIC_V2 = b"  V2"
 FRAME_RESPONSE = 0
@@ -130,7 +131,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
         sock.settimeout(left)
         try:
             chunk = sock.recv(n)
-        except socket.timeout as exc:
+        except TimeoutError as exc:
             raise TimeoutError("deadline passed while reading a frame") from exc
         except (ConnectionResetError, ConnectionAbortedError) as exc:
             raise ConnectionClosed(str(exc)) from exc
@@ -165,7 +166,7 @@ def wait_closed(sock: socket.socket, timeout: float = 5.0) -> None:
         sock.settimeout(left)
         try:
             data = sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             continue
         except (ConnectionResetError, ConnectionAbortedError):
             return
@@ -193,7 +194,7 @@ class WireClient:
 
     @classmethod
     def connect(cls, address: tuple[str, int], magic: bool = True,
-                **kw: Any) -> "WireClient":
+                **kw: Any) -> WireClient:
         sock = socket.create_connection(address, timeout=5.0)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         client = cls(sock, **kw)
@@ -201,7 +202,7 @@ class WireClient:
             client.send(MAGIC_V2)
         return client
 
-    def __enter__(self) -> "WireClient":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -352,15 +353,14 @@ class WireClient:
             raise AssertionError(f"expected silence, got frame type {ftype}: {data[:200]!r}")
 
 
-def consumer(address: tuple[str, int], topic: str, channel: str, rdy_count: int = 0,
-             **identify_fields: Any) -> WireClient:
-    """Connected, identified (if fields given) and subscribed client, with RDY if > 0."""
-    client = WireClient.connect(address)
+def subscribe(client: WireClient, topic: str, channel: str = "ch", rdy: int = 0,
+              **identify_fields: Any) -> WireClient:
+    """IDENTIFY (if fields are given), SUB and RDY (if > 0) on ``client``; returns it."""
     if identify_fields:
         client.identify(**identify_fields)
     client.sub(topic, channel)
-    if rdy_count:
-        client.rdy(rdy_count)
+    if rdy:
+        client.rdy(rdy)
     return client
 
 
