@@ -114,12 +114,15 @@ class DiskQueue:
         self._closed = False
         self._ops = 0                        # puts + acks since the last checkpoint
         self._last_sync_ns: int | None = None
+        rec = None
         try:
             rec = recover(self.path, name, max_record_bytes, max_bytes_per_file)
+            self._segs = SegmentFiles(self.path, rec, max_bytes_per_file)
+            self._cursor = ReadCursor(name, self._segs, max_record_bytes, rec.meta)
         except OSError as e:
+            if rec is not None and rec.wfd >= 0:
+                os.close(rec.wfd)
             raise from_oserror("cannot open queue", self.path, e) from e
-        self._segs = SegmentFiles(self.path, rec, max_bytes_per_file)
-        self._cursor = ReadCursor(name, self._segs, max_record_bytes, rec.meta)
 
     # -- writing --------------------------------------------------------------------
     def put(self, record: bytes, *, claim: bool = False) -> int:
@@ -229,6 +232,8 @@ class DiskQueue:
         ``now_ns`` is a monotonic clock reading; returns whether it checkpointed.
         """
         with self._lock:
+            if self._closed:
+                return False
             if self._last_sync_ns is None:
                 self._last_sync_ns = now_ns
             due = self._ops >= self._sync_every or (
@@ -243,17 +248,22 @@ class DiskQueue:
         Raises StorageError if the data cannot be synced or the meta file written.
         """
         with self._sync_lock:
-            self._sync_data()
-            with self._lock:
-                meta, dead = self._cursor.snapshot()
-                self._ops = 0
-                if now_ns is not None:
-                    self._last_sync_ns = now_ns
-            self._write_meta(meta)
-            with self._lock:
-                self._segs.fsyncs += 2
-                for num in dead:
-                    self._segs.drop(num)
+            self._check_open()
+            self._checkpoint(now_ns)
+
+    def _checkpoint(self, now_ns: int | None) -> None:
+        """checkpoint() with the sync lock held."""
+        self._sync_data()
+        with self._lock:
+            meta, dead = self._cursor.snapshot()
+            self._ops = 0
+            if now_ns is not None:
+                self._last_sync_ns = now_ns
+        self._write_meta(meta)
+        with self._lock:
+            self._segs.fsyncs += 2
+            for num in dead:
+                self._segs.drop(num)
 
     def _write_meta(self, meta: QueueMeta) -> None:
         path = os.path.join(self.path, "meta")
@@ -298,15 +308,16 @@ class DiskQueue:
     def close(self) -> None:
         """Checkpoint and release files. Idempotent; raises StorageError if the final
         checkpoint fails (files are released anyway)."""
-        if self._closed:
-            return
-        try:
-            self.checkpoint()
-        finally:
-            with self._lock:
-                self._closed = True
-                self._cursor.close_reader()
-                self._segs.close()
+        with self._sync_lock:
+            if self._closed:
+                return
+            try:
+                self._checkpoint(None)
+            finally:
+                with self._lock:
+                    self._closed = True
+                    self._cursor.close_reader()
+                    self._segs.close()
 
     def delete(self) -> None:
         """Close without checkpointing and remove the queue's directory.
