@@ -6,13 +6,12 @@ are nsqd's flag names (``--mem-queue-size``), and durations are Go-style strings
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import socket
 import tomllib
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from pybroker.errors import ConfigError
@@ -163,22 +162,23 @@ SPECS: tuple[OptionSpec, ...] = (
 SPEC_BY_KEY = {s.key: s for s in SPECS}
 
 
-@dataclass
 class Options:
-    """Resolved settings. Durations are integers in nanoseconds (suffix ``_ns`` in code)."""
+    """Resolved settings, one attribute per key (hot paths read them per command).
 
-    values: dict[str, Any] = field(default_factory=dict)
+    Durations are integers in nanoseconds.
+    """
 
-    def __getattr__(self, key: str) -> Any:
-        try:
-            return self.__dict__["values"][key]
-        except KeyError:
-            raise AttributeError(key) from None
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+
+    @property
+    def values(self) -> dict[str, Any]:
+        return {s.key: getattr(self, s.key) for s in SPECS}
 
     def with_overrides(self, **kw: Any) -> "Options":
-        merged = dict(self.values)
+        merged = self.values
         merged.update(kw)
-        return dataclasses.replace(self, values=merged)
+        return Options(merged)
 
 
 def _coerce(spec: OptionSpec, value: Any, where: str) -> Any:

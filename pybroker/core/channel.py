@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from pybroker.core.message import Message
 from pybroker.core.timeouts import TimeoutWheel
-from pybroker.errors import NotInFlight, NotOwner, TooManyConsumers
+from pybroker.errors import BrokerError, NotInFlight, NotOwner, TooManyConsumers
 
 if TYPE_CHECKING:
     from pybroker.core.stats import LatencyWindow
@@ -67,7 +67,7 @@ class Channel:
     # -- consumers (owner thread) ---------------------------------------------------
     def add_consumer(self, c: Consumer, max_consumers: int) -> None:
         if max_consumers and len(self.consumers) >= max_consumers:
-            raise TooManyConsumers(f"channel consumers for {self.topic_name}:{self.name} "
+            raise TooManyConsumers(f"consumers for {self.topic_name}:{self.name} "
                                    f"exceeds limit of {max_consumers}")
         self.consumers.append(c)
 
@@ -184,6 +184,30 @@ class Channel:
             m = self._pop_in_flight(client, msg_id)
         client.in_flight_count -= 1
         return m
+
+    def finish_many(self, client: Consumer, msg_ids: list[bytes]) -> list[tuple[bytes, BrokerError]]:
+        """FIN a batch in order under one lock; returns the failures, in order."""
+        failed: list[tuple[bytes, BrokerError]] = []
+        in_flight = self.in_flight
+        remove = self.in_flight_wheel.remove
+        done = 0
+        with self.lock:
+            for mid in msg_ids:
+                m = in_flight.get(mid)
+                if m is None:
+                    failed.append((mid, NotInFlight()))
+                    continue
+                if m.client is not client:
+                    failed.append((mid, NotOwner()))
+                    continue
+                del in_flight[mid]
+                if m.entry is not None:
+                    remove(m.entry)
+                    m.entry = None
+                m.client = None
+                done += 1
+        client.in_flight_count -= done
+        return failed
 
     def requeue(self, client: Consumer, msg_id: bytes, delay_ns: int, now_ns: int) -> None:
         """REQ: back to the queue now (delay 0) or after delay_ns."""

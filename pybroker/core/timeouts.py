@@ -1,11 +1,15 @@
 """TimeoutWheel: items ordered by deadline, for in-flight, deferred and timer queues.
 
-Theory of operation: entries are ``(deadline_ns, seq, item)`` tuples in a
-sortedcontainers.SortedList. ``seq`` is unique per wheel, so two entries never compare
-their items, and the tuple itself is the handle used to remove an entry. Expiry pops a
-prefix of the list in one slice. Only ``add``, ``remove``, ``pop_expired`` and
-``next_deadline`` are public, so a switch to another structure stays local.
-Not thread-safe: the owner (a Channel under its lock, or an EventLoop) serialises calls.
+Theory of operation: deadlines are rounded *up* to a bucket of ``resolution_ns``
+(1 ms by default), so an item never fires early and at most one resolution late. A
+sortedcontainers.SortedList holds the bucket numbers that exist; each bucket is a dict
+``seq -> item`` in insertion order. Adding or removing an item is a dict operation
+(O(1)); the SortedList only changes once per bucket, not per item, which keeps per-message
+cost flat at high rates. ``add`` returns the handle ``(bucket, seq)`` that ``remove``
+takes. Expiry pops every bucket up to now in one slice. Only ``add``, ``remove``,
+``pop_expired`` and ``next_deadline`` are needed by callers, so a switch to another
+structure stays local. Not thread-safe: the owner (a Channel under its lock, or an
+EventLoop) serialises calls.
 """
 from __future__ import annotations
 
@@ -14,50 +18,66 @@ from typing import Generic, TypeVar
 from sortedcontainers import SortedList
 
 T = TypeVar("T")
-Entry = tuple  # (deadline_ns, seq, item)
+Handle = tuple[int, int]  # (bucket, seq)
 
 
 class TimeoutWheel(Generic[T]):
-    __slots__ = ("_entries", "_seq")
+    __slots__ = ("_keys", "_buckets", "_seq", "_len", "_res")
 
-    def __init__(self) -> None:
-        self._entries: SortedList = SortedList()
+    def __init__(self, resolution_ns: int = 1_000_000) -> None:
+        self._keys: SortedList = SortedList()
+        self._buckets: dict[int, dict[int, T]] = {}
         self._seq = 0
+        self._len = 0
+        self._res = resolution_ns
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._len
 
-    def add(self, deadline_ns: int, item: T) -> Entry:
+    def add(self, deadline_ns: int, item: T) -> Handle:
         """Schedule item at deadline_ns; returns the handle that remove() takes."""
+        b = -(-deadline_ns // self._res)
+        bucket = self._buckets.get(b)
+        if bucket is None:
+            bucket = self._buckets[b] = {}
+            self._keys.add(b)
         self._seq += 1
-        entry = (deadline_ns, self._seq, item)
-        self._entries.add(entry)
-        return entry
+        bucket[self._seq] = item
+        self._len += 1
+        return (b, self._seq)
 
-    def remove(self, entry: Entry) -> bool:
+    def remove(self, handle: Handle) -> bool:
         """Drop a scheduled entry; False if it already expired or was removed."""
-        try:
-            self._entries.remove(entry)
-        except ValueError:
+        bucket = self._buckets.get(handle[0])
+        if bucket is None or handle[1] not in bucket:
             return False
+        del bucket[handle[1]]
+        self._len -= 1
         return True
 
     def pop_expired(self, now_ns: int) -> list[T]:
         """Remove and return every item whose deadline is <= now_ns, earliest first."""
-        entries = self._entries
-        if not entries or entries[0][0] > now_ns:
+        keys = self._keys
+        if not keys or keys[0] * self._res > now_ns:
             return []
-        idx = entries.bisect_left((now_ns + 1,))
-        expired = [e[2] for e in entries.islice(0, idx)]
-        del entries[:idx]
-        return expired
+        idx = keys.bisect_right(now_ns // self._res)
+        out: list[T] = []
+        pop = self._buckets.pop
+        for b in keys.islice(0, idx):
+            out.extend(pop(b).values())
+        del keys[:idx]
+        self._len -= len(out)
+        return out
 
     def next_deadline(self) -> int | None:
-        return self._entries[0][0] if self._entries else None
+        """The earliest bucket's time (it may have emptied: waking then finds nothing)."""
+        return self._keys[0] * self._res if self._keys else None
 
     def items(self) -> list[T]:
         """Every scheduled item, earliest first (for shutdown and stats)."""
-        return [e[2] for e in self._entries]
+        return [item for b in self._keys for item in self._buckets[b].values()]
 
     def clear(self) -> None:
-        self._entries.clear()
+        self._keys.clear()
+        self._buckets.clear()
+        self._len = 0

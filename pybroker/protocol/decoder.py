@@ -18,16 +18,22 @@ from pybroker.protocol.wire import MAX_LINE
 
 
 class Command:
-    """One command: ``params`` as nsqd splits the line (params[0] is the verb)."""
+    """One command: ``params`` as nsqd splits the line (params[0] is the verb).
 
-    __slots__ = ("params", "body", "pending", "body_error")
+    ``fin_ids`` is set on a batch of consecutive well-formed ``FIN <id>`` lines (the
+    consumer's hot path), which run in order as one command: params is then [b"FIN"].
+    """
+
+    __slots__ = ("params", "body", "pending", "body_error", "fin_ids")
 
     def __init__(self, params: list[bytes], body: bytes | None, pending: bool = False,
-                 body_error: ClientError | None = None) -> None:
+                 body_error: ClientError | None = None,
+                 fin_ids: list[bytes] | None = None) -> None:
         self.params = params
         self.body = body
         self.pending = pending
         self.body_error = body_error
+        self.fin_ids = fin_ids
 
     @property
     def verb(self) -> bytes:
@@ -84,9 +90,23 @@ class CommandDecoder:
         buf = self._buf + data if self._buf else data
         spans, used, stop = self._scanner.scan(buf)
         ready = self._ready
+        fins: list[bytes] | None = None
         for line_off, line_len, body_off, body_len in spans:
+            if line_len == 20 and buf.startswith(b"FIN ", line_off):
+                mid = buf[line_off + 4:line_off + 20]
+                if b" " not in mid:
+                    if fins is None:
+                        fins = [mid]
+                    else:
+                        fins.append(mid)
+                    continue
+            if fins is not None:
+                ready.append(Command([b"FIN"], None, fin_ids=fins))
+                fins = None
             params = buf[line_off:line_off + line_len].split(b" ")
             ready.append(Command(params, buf[body_off:body_off + body_len] if body_off else None))
+        if fins is not None:
+            ready.append(Command([b"FIN"], None, fin_ids=fins))
         if used:
             self._announced = False
         status, line_off, line_len, value = stop

@@ -9,6 +9,7 @@ return; they run again when the body has arrived.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
@@ -18,13 +19,14 @@ from pybroker.errors import (AuthDisabled, BadBody, BadChannel, BadMessage, BadT
                              ClientError, DpubFailed, Exiting, FinFailed, Invalid, MpubFailed,
                              PubFailed, ReqFailed, SubFailed, TouchFailed)
 from pybroker.protocol.decoder import Command
-from pybroker.protocol.encoder import CLOSE_WAIT_FRAME, encode_response
+from pybroker.protocol.encoder import CLOSE_WAIT_FRAME, encode_error, encode_response
 from pybroker.protocol.names import is_valid_name
 from pybroker.protocol.wire import MSG_ID_LENGTH, ClientState
 
 if TYPE_CHECKING:
     from pybroker.server.connection import ClientConn
 
+log = logging.getLogger("pybroker")
 MS = 1_000_000
 monotonic_ns = time.monotonic_ns
 
@@ -295,6 +297,10 @@ def rdy(c: "ClientConn", cmd: Command) -> None:
 
 
 def fin(c: "ClientConn", cmd: Command) -> None:
+    ids = cmd.fin_ids
+    if ids is not None:
+        _fin_batch(c, ids)
+        return
     mid = _msg_id(c, cmd.params, "FIN", 2)
     assert c.channel is not None
     try:
@@ -307,6 +313,21 @@ def fin(c: "ClientConn", cmd: Command) -> None:
         record_latency(c.channel, time.time_ns() - m.ts_ns, monotonic_ns(),
                        c.opts.e2e_processing_latency_window_time)
     c.loop.mark_dirty(c.channel)
+
+
+def _fin_batch(c: "ClientConn", ids: list[bytes]) -> None:
+    """Consecutive well-formed FINs: one lock round trip; E_FIN_FAILED for each failure."""
+    if c.state not in (ClientState.SUBSCRIBED, ClientState.CLOSING):
+        raise Invalid("cannot FIN in current state")
+    ch = c.channel
+    assert ch is not None
+    failed = ch.finish_many(c, ids)
+    c.finish_count += len(ids) - len(failed)
+    c.loop.mark_dirty(ch)
+    for mid, e in failed:
+        err = FinFailed(f"FIN {mid.decode('ascii', 'replace')} failed {e}")
+        log.info("[%s] %s", c, err.payload().decode("utf-8", "replace"))
+        c.send_frame(encode_error(err.payload()))
 
 
 def req(c: "ClientConn", cmd: Command) -> None:

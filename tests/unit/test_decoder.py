@@ -38,7 +38,14 @@ def drain(d: CommandDecoder) -> list[Command]:
 
 
 def complete(cmds: list[Command]) -> list[tuple[list[bytes], bytes | None]]:
-    return [(c.params, c.body) for c in cmds if not c.pending]
+    """Complete commands, with FIN batches spelled out one FIN per id."""
+    out: list[tuple[list[bytes], bytes | None]] = []
+    for c in cmds:
+        if c.fin_ids is not None:
+            out.extend(([b"FIN", i], None) for i in c.fin_ids)
+        elif not c.pending:
+            out.append((c.params, c.body))
+    return out
 
 
 def test_whole() -> None:
@@ -114,3 +121,15 @@ def test_params_split_like_nsqd() -> None:
     d = CommandDecoder(1024, 4096)
     d.receive(b"SUB  t c\n\n")
     assert [c.params for c in drain(d)] == [[b"SUB", b"", b"t", b"c"], [b""]]
+
+
+def test_consecutive_fins_become_one_batch_in_order() -> None:
+    d = CommandDecoder(1024, 4096)
+    ids = [b"%016x" % i for i in range(5)]
+    d.receive(b"".join(b"FIN " + i + b"\n" for i in ids[:3]) + b"NOP\n"
+              + b"".join(b"FIN " + i + b"\n" for i in ids[3:]) + b"FIN short\n"
+              + b"FIN 0123456 89abcdef\n")
+    cmds = drain(d)
+    assert [c.fin_ids for c in cmds[:3]] == [ids[:3], None, ids[3:]]
+    # malformed FIN lines keep nsqd's parameter split (and so its errors)
+    assert [c.params for c in cmds[3:]] == [[b"FIN", b"short"], [b"FIN", b"0123456", b"89abcdef"]]

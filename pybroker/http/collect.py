@@ -1,0 +1,124 @@
+"""Collecting nsqd's stats across the event loops.
+
+``plan_stats`` runs on the asking thread: it picks the topics and channels (sorted by
+name, filtered as nsqd's GetStats does) and returns a Gather with one job per loop that
+owns some of those channels (or every loop, when clients and producers are wanted).
+Each job (``loop_snapshot``) runs on its loop, where channel counts, clients and
+producers form a consistent view. ``Collected`` holds the assembled answer.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pybroker.core.stats import (LatencyPart, channel_snapshot, e2e_result, producer_stats,
+                                 topic_stats)
+from pybroker.http.gather import MISSING, Gather, Job
+
+
+class LoopSnapshot:
+    """What one loop reported: its channels' stats, its producers, its connections."""
+
+    __slots__ = ("name", "channels", "producers", "connections", "owned")
+
+    def __init__(self, name: str, channels: dict[int, tuple[dict[str, Any], list[LatencyPart]]],
+                 producers: list[dict[str, Any]], connections: int) -> None:
+        self.name = name
+        self.channels = channels
+        self.producers = producers
+        self.connections = connections
+        self.owned = 0
+
+
+def loop_snapshot(loop: Any, chans: list[Any], include_clients: bool, topic_filter: str,
+                  want_producers: bool) -> LoopSnapshot:
+    """On ``loop``'s thread: stats of the channels it owns, and of its producers."""
+    now = time.monotonic_ns()
+    out = {id(ch): channel_snapshot(ch, include_clients, topic_filter, now)
+           for ch in chans if not ch.deleted}
+    producers = producer_stats(loop.connections, topic_filter) if want_producers else []
+    return LoopSnapshot(loop.name, out, producers, len(loop.connections))
+
+
+class Collected:
+    """The stats of one request: topics (None when the asked-for topic does not exist,
+    which nsqd answers as ``"topics": null``), producers, and per-loop figures."""
+
+    __slots__ = ("topics", "producers", "loops")
+
+    def __init__(self, topics: list[dict[str, Any]] | None,
+                 producers: list[dict[str, Any]] | None, loops: list[LoopSnapshot]) -> None:
+        self.topics = topics
+        self.producers = producers
+        self.loops = loops
+
+
+def plan_stats(runtime: Any, topic_filter: str = "", channel_filter: str = "",
+               include_clients: bool = True, every_loop: bool = False) -> Gather[Collected]:
+    """A Gather whose answer is the Collected stats (see the module docstring)."""
+    broker = runtime.broker
+    percentiles = list(runtime.options.e2e_processing_latency_percentiles)
+    with broker.lock:
+        if topic_filter:
+            t = broker.topics.get(topic_filter)
+            topics = [t] if t is not None else None
+        else:
+            topics = sorted(broker.topics.values(), key=lambda t: t.name)
+    if topics is None:
+        # matches nsqd: an unknown topic gives empty stats (no topics, no producers)
+        return Gather([], lambda _: Collected(None, None, []))
+    plan: list[tuple[Any, list[Any]]] = []
+    by_loop: dict[Any, list[Any]] = {}
+    for t in topics:
+        with t.lock:
+            chans = sorted(t.channels.values(), key=lambda c: c.name)
+        if channel_filter:
+            chans = [c for c in chans if c.name == channel_filter]
+            if not chans:
+                continue  # matches nsqd: the topic is left out
+        plan.append((t, chans))
+        for ch in chans:
+            by_loop.setdefault(ch.owner, []).append(ch)
+    loops = list(runtime.loops)
+    jobs: list[Job] = []
+    for loop in loops:
+        if loop in by_loop or include_clients or every_loop:
+            jobs.append((loop, loop_snapshot,
+                         (loop, by_loop.get(loop, []), include_clients, topic_filter,
+                          include_clients)))
+
+    def finish(results: list[Any]) -> Collected:
+        snaps = [r for r in results if r is not MISSING]
+        answered = {id(job[0]) for job, r in zip(jobs, results) if r is not MISSING}
+        found: dict[int, tuple[dict[str, Any], list[LatencyPart]]] = {}
+        for s in snaps:
+            found.update(s.channels)
+        now = time.monotonic_ns()
+        out = []
+        for t, chans in plan:
+            ch_dicts = []
+            topic_parts: list[LatencyPart] = []
+            for ch in chans:
+                entry = found.get(id(ch))
+                if entry is None:
+                    if id(ch.owner) in answered:
+                        continue  # deleted meanwhile
+                    # the owner loop did not answer in time: counts read from here
+                    entry = channel_snapshot(ch, False, topic_filter, now)
+                    if include_clients:
+                        entry[0]["clients"] = []
+                d, parts = entry
+                d["e2e_processing_latency"] = e2e_result(percentiles, parts)
+                topic_parts.extend(parts)
+                ch_dicts.append(d)
+            # matches nsqd: a topic's latency merges its channels'; none without channels
+            out.append(topic_stats(t, ch_dicts,
+                                   e2e_result(percentiles, topic_parts if chans else None)))
+        producers: list[dict[str, Any]] = []
+        for s in snaps:
+            producers.extend(s.producers)
+        for s in snaps:
+            s.owned = len(s.channels)
+        return Collected(out, producers if include_clients and producers else None, snaps)
+
+    return Gather(jobs, finish)

@@ -1,0 +1,79 @@
+"""Gather: work that must run on event-loop threads before a request can be answered.
+
+A loop's thread owns its connections and channels, so reads that need a consistent view
+(channel counts, clients, producers) and channel changes (pause, empty) are posted to
+the owning loops with ``call_soon_threadsafe``. A Gather lists those jobs and a
+``finish(results)`` that turns their results into the answer. The HTTP thread runs a
+Gather without blocking (HttpServer.submit); other threads, such as the statsd pusher,
+wait for one with a deadline (``run_blocking``). A job that did not answer in time, or
+failed, yields ``MISSING``.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Generic, TypeVar
+
+log = logging.getLogger("pybroker")
+T = TypeVar("T")
+U = TypeVar("U")
+Job = tuple[Any, Callable[..., Any], tuple[Any, ...]]  # (loop, fn, args)
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+
+
+class Gather(Generic[T]):
+    __slots__ = ("jobs", "finish", "timeout_s")
+
+    def __init__(self, jobs: list[Job], finish: Callable[[list[Any]], T],
+                 timeout_s: float = 2.0) -> None:
+        self.jobs = jobs
+        self.finish = finish
+        self.timeout_s = timeout_s
+
+    def then(self, fn: Callable[[T], U]) -> "Gather[U]":
+        """A Gather with the same jobs whose answer is fn(this one's answer)."""
+        inner = self.finish
+        return Gather(self.jobs, lambda results: fn(inner(results)), self.timeout_s)
+
+
+def run_job(fn: Callable[..., Any], args: tuple[Any, ...],
+            deliver: Callable[[Any], None]) -> None:
+    """On the loop thread: run one job and hand its result (or MISSING) to deliver."""
+    try:
+        result = fn(*args)
+    except Exception:
+        log.exception("HTTP: a job on the event loop failed")
+        result = MISSING
+    deliver(result)
+
+
+def run_blocking(g: Gather[T], timeout_s: float | None = None) -> T:
+    """Post g's jobs and wait (with a deadline) for them; for threads that may block."""
+    n = len(g.jobs)
+    results: list[Any] = [MISSING] * n
+    lock = threading.Lock()
+    done = threading.Event()
+    remaining = [n]
+    if n == 0:
+        done.set()
+
+    def deliver(i: int, value: Any) -> None:
+        with lock:
+            results[i] = value
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                done.set()
+
+    for i, (loop, fn, args) in enumerate(g.jobs):
+        loop.call_soon_threadsafe(run_job, fn, args, lambda v, i=i: deliver(i, v))
+    done.wait(g.timeout_s if timeout_s is None else timeout_s)
+    with lock:
+        snapshot = list(results)
+    return g.finish(snapshot)

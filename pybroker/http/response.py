@@ -1,0 +1,129 @@
+"""HTTP responses as nsqd's Go server writes them: status lines, headers, JSON errors.
+
+``Response`` is what a route returns; ``encode`` turns it into bytes for one request
+(HTTP version, keep-alive, HEAD). Pure: no sockets; the Date header comes from the
+caller's once-a-second ``DateCache``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from email.utils import formatdate
+from typing import Any
+
+NSQ_HEADER = b"X-Nsq-Content-Type: nsq; version=1.0\r\n"
+TEXT = b"text/plain; charset=utf-8"
+JSON = b"application/json; charset=utf-8"
+HTML = b"text/html; charset=utf-8"
+
+REASONS = {
+    100: "Continue", 200: "OK", 301: "Moved Permanently", 307: "Temporary Redirect",
+    400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
+    413: "Request Entity Too Large", 431: "Request Header Fields Too Large",
+    500: "Internal Server Error", 503: "Service Unavailable",
+    505: "HTTP Version Not Supported",
+}
+
+
+class Response:
+    """One answer: status, body, content type and extra header lines.
+
+    ``nsq`` adds nsqd's ``X-Nsq-Content-Type`` header (every V1 route; not /ping or
+    OPTIONS). ``close`` forces ``Connection: close`` and a close after the write.
+    """
+
+    __slots__ = ("status", "body", "content_type", "nsq", "headers", "close", "raw")
+
+    def __init__(self, status: int, body: bytes = b"", content_type: bytes | None = None,
+                 nsq: bool = True, headers: tuple[bytes, ...] = (), close: bool = False,
+                 raw: bytes | None = None) -> None:
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+        self.nsq = nsq
+        self.headers = headers
+        self.close = close
+        self.raw = raw  # complete pre-encoded bytes (protocol-level errors)
+
+
+def _dumps(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def ok_text(text: bytes = b"OK") -> Response:
+    """200 with a text body (nsqd's V1 string results: Go sniffs them as text/plain)."""
+    return Response(200, text, TEXT if text else None)
+
+
+def empty() -> Response:
+    """200 with an empty body and no Content-Type (nsqd's V1 nil results)."""
+    return Response(200)
+
+
+def ok_json(data: Any) -> Response:
+    return Response(200, _dumps(data), JSON)
+
+
+def error(status: int, message: str, close: bool = False) -> Response:
+    """nsqd's V1 error: ``{"message":"CODE"}`` with the status."""
+    return Response(status, _dumps({"message": message}), JSON, close=close)
+
+
+def plain_error(status: int, detail: str = "") -> Response:
+    """Go's net/http protocol-level error (bad request line, header too large, ...):
+    ``<code> <reason>[: detail]`` in the status line and body, then a close."""
+    reason = (REASONS.get(status, "Error") + (f": {detail}" if detail else "")).encode()
+    raw = (b"HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\n"
+           b"Connection: close\r\n\r\n%d %s" % (status, reason, status, reason))
+    return Response(status, close=True, raw=raw)
+
+
+class DateCache:
+    """The RFC 1123 Date header value, recomputed at most once a second."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self.value = b""
+
+    def get(self) -> bytes:
+        now = int(time.time())
+        if now != self._second:
+            self._second = now
+            self.value = formatdate(now, usegmt=True).encode()
+        return self.value
+
+
+def encode(r: Response, date: bytes, version: str, keep_alive: bool,
+           head: bool = False) -> bytes:
+    """Bytes for r in answer to a request of ``version`` ("1.0"/"1.1").
+
+    Matches Go's net/http: an HTTP/1.0 request gets an HTTP/1.0 status line and
+    ``Connection: keep-alive`` if it asked for keep-alive; an HTTP/1.1 request that
+    will not be kept alive gets ``Connection: close``; HEAD gets headers only.
+    """
+    if r.raw is not None:
+        return r.raw
+    v10 = version == "1.0"
+    status = r.status
+    parts = [b"HTTP/1.0 " if v10 else b"HTTP/1.1 ", str(status).encode(), b" ",
+             REASONS.get(status, "Unknown").encode(), b"\r\n"]
+    parts.extend(r.headers)
+    if r.content_type is not None:
+        parts += [b"Content-Type: ", r.content_type, b"\r\n"]
+    if r.nsq:
+        parts.append(NSQ_HEADER)
+    parts += [b"Date: ", date, b"\r\nContent-Length: ", str(len(r.body)).encode(), b"\r\n"]
+    if r.close or not keep_alive:
+        if not v10:
+            parts.append(b"Connection: close\r\n")
+    elif v10:
+        parts.append(b"Connection: keep-alive\r\n")
+    parts.append(b"\r\n")
+    if not head:
+        parts.append(r.body)
+    return b"".join(parts)
+
+
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
