@@ -129,7 +129,7 @@ def pub_command(
                     raise item
                 assert isinstance(item, bytes)
                 throttle.wait(signals.stop)
-                for p, window in zip(producers, windows):
+                for p, window in zip(producers, windows, strict=True):
                     window.append(p.publish_async(topic, item))
                     settle(window, _WINDOW)
                 progress.add(1, len(item))

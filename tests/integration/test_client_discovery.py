@@ -186,6 +186,7 @@ def test_discovery_through_real_nsqlookupd(make_broker: Callable[..., BrokerProc
         c.connect_to_nsqlookupd(http_addr)
         wait_until(lambda: got.bodies() == [b"registered"], 10,
                    what="the message through a real nsqlookupd")
+        assert b.tcp_address is not None
         assert [x.address.rsplit(":", 1)[1] for x in c.conns()] == [str(b.tcp_address[1])]
     finally:
         c.close()

@@ -6,7 +6,6 @@ Where nsq_to_file is installed, both tools write the same topic and must agree.
 from __future__ import annotations
 
 import functools
-import os
 import shutil
 import signal
 import socket
@@ -141,7 +140,7 @@ def test_gzip_rotate_size_with_work_dir(any_broker: BrokerProcess, tmp_path: Pat
     # a file rotates once it holds more than 500 bytes: 51 lines (510 bytes) each
     lines = [b + b"\n" for b in bodies]
     chunks = [lines[0:51], lines[51:102], lines[102:153], lines[153:200]]
-    for name, chunk in zip(names, chunks):
+    for name, chunk in zip(names, chunks, strict=True):
         text, members, clean = gunzip((out / name).read_bytes())
         assert clean, f"{name} has a truncated gzip member"
         assert members >= 1
@@ -216,7 +215,7 @@ def test_topic_pattern_through_lookupd(any_broker: BrokerProcess, tmp_path: Path
                    what="files for the matching topics")
         stop(proc)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f.name for f in files)
-    for t, f in zip(wanted, files):
+    for t, f in zip(wanted, files, strict=True):
         assert f.read_bytes() == t.encode() + b"\n"
 
 

@@ -46,8 +46,7 @@ class FakeLookupd:
 
     @property
     def http_hostport(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"{host}:{port}"
+        return f"127.0.0.1:{self._server.server_port}"
 
     # -- registry --------------------------------------------------------------------
     def add_producer(self, topic: str, broker: BrokerProcess) -> None:

@@ -50,9 +50,10 @@ class ManualLoop:
         return [d for d, t in due if not t.cancelled]
 
 
-def make(n: int, **cfg: Any) -> tuple[FlowController, list[StubConn], ManualLoop,
+def make(n: int, **cfg: Any) -> tuple[FlowController, list[Any], ManualLoop,
                                        list[tuple[str, int]]]:
-    conns = [StubConn(f"c{i}") for i in range(n)]
+    """A FlowController over ``n`` stand-in connections (typed Any: they quack like Conn)."""
+    conns: list[Any] = [StubConn(f"c{i}") for i in range(n)]
     loop = ManualLoop()
     hooks: list[tuple[str, int]] = []
     fc = FlowController(Config(**cfg), loop, lambda: list(conns),  # type: ignore[arg-type]
@@ -63,7 +64,7 @@ def make(n: int, **cfg: Any) -> tuple[FlowController, list[StubConn], ManualLoop
 def test_share_is_max_in_flight_over_connections() -> None:
     fc, conns, _, _ = make(3, max_in_flight=30)
     for c in conns:
-        fc.maybe_update_rdy(c)                       # type: ignore[arg-type]
+        fc.maybe_update_rdy(c)
     assert [c.sent for c in conns] == [[10], [10], [10]]
     assert fc.total_rdy_count == 30
     fc.max_in_flight = 2
@@ -72,11 +73,11 @@ def test_share_is_max_in_flight_over_connections() -> None:
 
 def test_rdy_truncated_to_max_in_flight_and_retried() -> None:
     fc, conns, loop, _ = make(3, max_in_flight=2)
-    results = [fc.update_rdy(c, 1) for c in conns]  # type: ignore[arg-type]
+    results = [fc.update_rdy(c, 1) for c in conns]
     assert results == [True, True, False]
     assert [c.rdy_count for c in conns] == [1, 1, 0]
     assert [d for d, _ in loop.timers] == [5.0]      # c2 retries leaving RDY 0 later
-    fc.update_rdy(conns[0], 0)                       # type: ignore[arg-type]
+    fc.update_rdy(conns[0], 0)
     loop.fire()
     assert conns[2].rdy_count == 1 and fc.total_rdy_count == 2
 
@@ -84,30 +85,30 @@ def test_rdy_truncated_to_max_in_flight_and_retried() -> None:
 def test_refill_when_remaining_runs_low() -> None:
     fc, conns, _, _ = make(1, max_in_flight=10)
     c = conns[0]
-    fc.maybe_update_rdy(c)                           # type: ignore[arg-type]
-    for i in range(7):
-        fc.on_message(c)                             # type: ignore[arg-type]
+    fc.maybe_update_rdy(c)
+    for _ in range(7):
+        fc.on_message(c)
     assert c.sent == [10], "refilled too early"
     fc.on_message(c)                                 # remaining 2 < 25 % of 10
     assert c.sent == [10, 10] and c.rdy_remaining == 10
     assert c.in_flight == 8 and c.queued == 8
-    fc.on_dispatched(c)                              # type: ignore[arg-type]
-    fc.on_response_sent(c)                           # type: ignore[arg-type]
+    fc.on_dispatched(c)
+    fc.on_response_sent(c)
     assert (c.in_flight, c.queued) == (7, 7)
 
 
 def test_rdy_lowered_when_above_share() -> None:
     fc, conns, _, _ = make(1, max_in_flight=10)
-    fc.maybe_update_rdy(conns[0])                    # type: ignore[arg-type]
+    fc.maybe_update_rdy(conns[0])
     conns.append(StubConn("late"))                   # a second connection arrives
-    fc.on_message(conns[0])                          # type: ignore[arg-type]
+    fc.on_message(conns[0])
     assert conns[0].sent == [10, 5]
 
 
 def test_backoff_rdy_zero_then_trial_one_then_full() -> None:
     fc, conns, loop, hooks = make(2, max_in_flight=10, backoff_multiplier=0.5)
     for c in conns:
-        fc.maybe_update_rdy(c)                       # type: ignore[arg-type]
+        fc.maybe_update_rdy(c)
     fc.signal(BackoffSignal.BACKOFF)
     assert [c.rdy_count for c in conns] == [0, 0] and fc.backoff_counter == 1
     assert [d for d, _ in loop.timers] == [1.0]      # 0.5 * 2**1
@@ -127,7 +128,7 @@ def test_backoff_rdy_zero_then_trial_one_then_full() -> None:
 def test_backoff_levels_and_cap() -> None:
     fc, conns, loop, _ = make(1, max_in_flight=4, backoff_multiplier=1.0,
                               max_backoff_duration=4.0)
-    fc.maybe_update_rdy(conns[0])                    # type: ignore[arg-type]
+    fc.maybe_update_rdy(conns[0])
     delays = []
     for _ in range(4):
         fc.signal(BackoffSignal.BACKOFF)
@@ -144,7 +145,7 @@ def test_backoff_levels_and_cap() -> None:
 
 def test_redistribute_moves_rdy_from_idle_connections() -> None:
     fc, conns, _, _ = make(3, max_in_flight=1, low_rdy_idle_timeout=1.0)
-    fc.update_rdy(conns[0], 1)                       # type: ignore[arg-type]
+    fc.update_rdy(conns[0], 1)
     conns[0].last_message_ts = time.monotonic() - 5  # idle for 5 s
     moved = set()
     for _ in range(30):
@@ -160,10 +161,10 @@ def test_redistribute_moves_rdy_from_idle_connections() -> None:
 def test_conn_close_returns_its_rdy() -> None:
     fc, conns, _, _ = make(2, max_in_flight=2)
     for c in conns:
-        fc.maybe_update_rdy(c)                       # type: ignore[arg-type]
+        fc.maybe_update_rdy(c)
     gone = conns.pop()
-    fc.on_conn_close(gone, left=1)                   # type: ignore[arg-type]
+    fc.on_conn_close(gone, left=1)
     assert fc.total_rdy_count == 1 and gone.rdy_count == 0
     assert not fc.need_rdy_redistributed
-    fc.maybe_update_rdy(conns[0])                    # type: ignore[arg-type]
+    fc.maybe_update_rdy(conns[0])
     assert conns[0].rdy_count == 2
