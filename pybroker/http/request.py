@@ -18,7 +18,7 @@ class Request:
 
     __slots__ = ("method", "url", "version", "keep_alive", "content_length", "body",
                  "body_len", "expect_continue", "has_host", "header_bytes", "path", "query",
-                 "param", "reject", "begin_ns")
+                 "param", "reject", "begin_ns", "headers_done", "limit", "over_limit")
 
     def __init__(self, begin_ns: int) -> None:
         self.method = b""
@@ -36,6 +36,9 @@ class Request:
         self.param = ""  # the value of a route parameter (/config/:opt)
         self.reject: object = None  # an early Response: answer it without the body
         self.begin_ns = begin_ns
+        self.headers_done = False
+        self.limit = 0  # largest body the route accepts
+        self.over_limit: object = None  # the answer when the body is larger
 
     def body_bytes(self) -> bytes:
         parts = self.body

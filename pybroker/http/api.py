@@ -1,0 +1,411 @@
+"""nsqd's HTTP endpoints (nsqd/http.go): parameters, checks in nsqd's order, status codes
+and ``{"message":"CODE"}`` bodies; plus /metrics.
+
+Runs on the HTTP thread. Publishing goes through the topic (thread-safe) and the server's
+per-turn outbox to the channels' owner loops; anything that touches a channel's state
+(pause, empty) or needs a consistent view of it (stats) is a Gather of jobs on the owner
+loops. The endpoint table is at the bottom (``build_router``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import socket
+import time
+from typing import Any, Callable
+
+from pybroker import NSQ_COMPAT_VERSION, _native
+from pybroker.core import stats as core_stats
+from pybroker.errors import ChannelNotFound, Exiting, TopicNotFound
+from pybroker.http import metrics, process, statstext
+from pybroker.http.collect import Collected, plan_stats
+from pybroker.http.gather import Gather
+from pybroker.http.request import Request, first, parse_query
+from pybroker.http.response import (TEXT, Response, empty, error, ok_json, ok_text)
+from pybroker.http.routes import Router
+from pybroker.protocol.names import is_valid_name
+
+log = logging.getLogger("pybroker")
+MS = 1_000_000
+OK = ok_text(b"OK")
+_BOOL = {b"true": True, b"1": True, b"false": False, b"0": False}
+_INT = re.compile(rb"[+-]?[0-9]+\Z")
+_LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "warning": 3, "error": 4, "fatal": 5}
+_PY_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR,
+              5: logging.CRITICAL}
+_LEVEL_NAMES = {1: "debug", 2: "info", 3: "warn", 4: "error", 5: "fatal"}
+_TLS_VERSIONS = {"": 0x0301, "ssl3.0": 0x0300, "tls1.0": 0x0301, "tls1.1": 0x0302,
+                 "tls1.2": 0x0303, "tls1.3": 0x0304}
+
+
+def _channel_pause(ch: Any, paused: bool) -> None:
+    """On ch's owner loop: stop or resume delivery."""
+    ch.paused = paused
+    if not paused and not ch.deleted:
+        ch.owner.mark_dirty(ch)
+
+
+def _channel_empty(ch: Any) -> None:
+    """On ch's owner loop: drop queued, in-flight and deferred messages."""
+    ch.empty()
+    backend = getattr(ch, "backend", None)
+    if backend is not None:
+        backend.empty()
+
+
+class Api:
+    """The endpoints. Owned by the HttpServer; every method runs on the HTTP thread."""
+
+    def __init__(self, runtime: Any, server: Any) -> None:
+        self.rt = runtime
+        self.broker = runtime.broker
+        self.opts = runtime.options
+        self.server = server
+        self.hostname = socket.gethostname()
+
+    # -- health, info ---------------------------------------------------------------
+    def health(self) -> str:
+        """nsqd's GetHealth(): "OK" or "NOK - <why>"."""
+        why = getattr(self.rt, "health", None)
+        if why:
+            return f"NOK - {why}"
+        if self.broker.exiting:
+            return "NOK - exiting"
+        return "OK"
+
+    def ping(self, req: Request) -> Response:
+        # nsqd's PlainText decorator: no X-NSQ-Content-Type header, 500 when unhealthy
+        h = self.health()
+        return Response(200 if h == "OK" else 500, h.encode(), TEXT, nsq=False)
+
+    def info(self, req: Request) -> Response:
+        o = self.opts
+        return ok_json({
+            "version": NSQ_COMPAT_VERSION,
+            "broadcast_address": o.broadcast_address,
+            "hostname": self.hostname,
+            "http_port": self.server.port,
+            "tcp_port": self.server.tcp_port,
+            "start_time": self.broker.start_time,
+            "max_heartbeat_interval": o.max_heartbeat_interval,
+            "max_output_buffer_size": o.max_output_buffer_size,
+            "max_output_buffer_timeout": o.max_output_buffer_timeout,
+            "max_deflate_level": o.max_deflate_level,
+        })
+
+    # -- publishing -----------------------------------------------------------------
+    def _topic_from_query(self, req: Request) -> tuple[dict[bytes, list[bytes]], Any]:
+        """nsqd's getTopicFromQuery: parse, check, and get-or-create the topic."""
+        q, ok = parse_query(req.query)
+        if not ok:
+            raise _Answer(error(400, "INVALID_REQUEST"))
+        name = first(q, b"topic")
+        if name is None:
+            raise _Answer(error(400, "MISSING_ARG_TOPIC"))
+        if not is_valid_name(name):
+            raise _Answer(error(400, "INVALID_TOPIC"))
+        try:
+            return q, self.broker.get_topic(name.decode())
+        except Exiting:
+            raise _Answer(error(503, "EXITING")) from None
+
+    def _publish(self, topic: Any, bodies: list[bytes], defer_ns: int = 0) -> Response:
+        if self.broker.exiting:
+            return error(503, "EXITING")
+        if bodies:
+            deliveries = topic.publish(bodies, time.time_ns(), defer_ns)
+            if deliveries:
+                self.server.route(deliveries)
+        return OK
+
+    def pub(self, req: Request) -> Response:
+        o = self.opts
+        body = req.body_bytes()
+        if len(body) > o.max_msg_size:
+            return error(413, "MSG_TOO_BIG")
+        if not body:
+            return error(400, "MSG_EMPTY")
+        q, topic = self._topic_from_query(req)
+        defer_ns = 0
+        ds = first(q, b"defer")
+        if ds is not None:
+            if not _INT.match(ds) or not -2**63 <= int(ds) < 2**63:
+                return error(400, "INVALID_DEFER")
+            defer_ns = int(ds) * MS
+            if defer_ns < 0 or defer_ns > o.max_req_timeout:
+                return error(400, "INVALID_DEFER")
+        return self._publish(topic, [body], defer_ns)
+
+    def mpub(self, req: Request) -> Response:
+        o = self.opts
+        if req.content_length > o.max_body_size:
+            return error(413, "BODY_TOO_BIG")
+        q, topic = self._topic_from_query(req)
+        vals = q.get(b"binary")
+        # matches nsqd: text is the default; an unrecognised binary value counts as true
+        binary = _BOOL.get(vals[0], True) if vals else False
+        body = req.body_bytes()
+        if binary:
+            try:
+                parts = self._split_binary(body)
+            except _native.ScanError as e:
+                code = "BAD_BODY" if e.code in (_native.E_MPUB_COUNT_READ,
+                                                _native.E_MPUB_COUNT) else "BAD_MESSAGE"
+                return error(413, code)
+        else:
+            if len(body) > o.max_body_size:
+                return error(413, "BODY_TOO_BIG")
+            # matches nsqd: one message per line; empty lines are dropped
+            parts = [p for p in body.split(b"\n") if p]
+            if any(len(p) > o.max_msg_size for p in parts):
+                return error(413, "MSG_TOO_BIG")
+        return self._publish(topic, parts)
+
+    def _split_binary(self, body: bytes) -> list[bytes]:
+        o = self.opts
+        max_count = (o.max_body_size - 4) // 5
+        try:
+            return list(_native.mpub_split(body, o.max_msg_size, max_count))
+        except _native.ScanError as e:
+            if e.code != _native.E_MPUB_TRAILING:
+                raise
+            # matches nsqd over HTTP: bytes after the last message are ignored
+            return list(_native.mpub_split(memoryview(body)[:len(body) - e.value],
+                                           o.max_msg_size, max_count))
+
+    # -- topics ---------------------------------------------------------------------
+    def _params(self, req: Request) -> dict[bytes, list[bytes]]:
+        q, ok = parse_query(req.query)
+        if not ok:
+            raise _Answer(error(400, "INVALID_REQUEST"))
+        return q
+
+    def _topic_arg(self, req: Request, validate: bool) -> str:
+        name = first(self._params(req), b"topic")
+        if name is None:
+            raise _Answer(error(400, "MISSING_ARG_TOPIC"))
+        if validate and not is_valid_name(name):
+            raise _Answer(error(400, "INVALID_TOPIC"))
+        return name.decode("utf-8", "replace")
+
+    def _existing_topic(self, name: str) -> Any:
+        try:
+            return self.broker.find_topic(name)
+        except TopicNotFound:
+            raise _Answer(error(404, "TOPIC_NOT_FOUND")) from None
+
+    def topic_create(self, req: Request) -> Response:
+        self._topic_from_query(req)
+        return empty()
+
+    def topic_delete(self, req: Request) -> Response:
+        try:
+            self.broker.delete_topic(self._topic_arg(req, validate=False))
+        except TopicNotFound:
+            return error(404, "TOPIC_NOT_FOUND")
+        return empty()
+
+    def topic_empty(self, req: Request) -> Response:
+        t = self._existing_topic(self._topic_arg(req, validate=True))
+        t.empty()
+        backend = getattr(t, "backend", None)
+        if backend is not None:
+            backend.empty()
+        return empty()
+
+    def _topic_pause(self, req: Request, paused: bool) -> Response:
+        t = self._existing_topic(self._topic_arg(req, validate=False))
+        deliveries = t.set_paused(paused)
+        if deliveries:
+            self.server.route(deliveries)
+        self.broker.notify_changed()  # matches nsqd: persist the paused flag at once
+        return empty()
+
+    def topic_pause(self, req: Request) -> Response:
+        return self._topic_pause(req, True)
+
+    def topic_unpause(self, req: Request) -> Response:
+        return self._topic_pause(req, False)
+
+    # -- channels -------------------------------------------------------------------
+    def _topic_channel(self, req: Request) -> tuple[Any, str]:
+        """nsqd's getExistingTopicFromQuery (with GetTopicChannelArgs' error codes)."""
+        q = self._params(req)
+        topic = first(q, b"topic")
+        if topic is None:
+            raise _Answer(error(400, "MISSING_ARG_TOPIC"))
+        if not is_valid_name(topic):
+            raise _Answer(error(400, "INVALID_ARG_TOPIC"))
+        channel = first(q, b"channel")
+        if channel is None:
+            raise _Answer(error(400, "MISSING_ARG_CHANNEL"))
+        if not is_valid_name(channel):
+            raise _Answer(error(400, "INVALID_ARG_CHANNEL"))
+        return self._existing_topic(topic.decode()), channel.decode()
+
+    def _existing_channel(self, req: Request) -> Any:
+        t, name = self._topic_channel(req)
+        ch = t.find_channel(name)
+        if ch is None:
+            raise _Answer(error(404, "CHANNEL_NOT_FOUND"))
+        return ch
+
+    def channel_create(self, req: Request) -> Response:
+        t, name = self._topic_channel(req)
+        self.broker.get_channel(t, name)
+        return empty()
+
+    def channel_delete(self, req: Request) -> Response:
+        t, name = self._topic_channel(req)
+        try:
+            self.broker.delete_channel(t.name, name)
+        except (ChannelNotFound, TopicNotFound):
+            return error(404, "CHANNEL_NOT_FOUND")
+        return empty()
+
+    def channel_empty(self, req: Request) -> Gather[Response]:
+        ch = self._existing_channel(req)
+        return Gather([(ch.owner, _channel_empty, (ch,))], lambda _: empty())
+
+    def _channel_pause(self, req: Request, paused: bool) -> Gather[Response]:
+        ch = self._existing_channel(req)
+
+        def done(_: list[Any]) -> Response:
+            self.broker.notify_changed()  # matches nsqd: persist the paused flag at once
+            return empty()
+
+        return Gather([(ch.owner, _channel_pause, (ch, paused))], done)
+
+    def channel_pause(self, req: Request) -> Gather[Response]:
+        return self._channel_pause(req, True)
+
+    def channel_unpause(self, req: Request) -> Gather[Response]:
+        return self._channel_pause(req, False)
+
+    # -- stats, metrics -------------------------------------------------------------
+    def stats(self, req: Request) -> Gather[Response]:
+        q = self._params(req)
+        as_json = first(q, b"format") == b"json"
+        topic = (first(q, b"topic") or b"").decode("utf-8", "replace")
+        channel = (first(q, b"channel") or b"").decode("utf-8", "replace")
+        # matches nsqd: anything but a recognised false value means true
+        include_clients = _BOOL.get(first(q, b"include_clients") or b"", True)
+        include_mem = _BOOL.get(first(q, b"include_mem") or b"", True)
+
+        def answer(c: Collected) -> Response:
+            doc = self.stats_document(c, process.memory_stats() if include_mem else None)
+            if as_json:
+                return ok_json(doc)
+            now = time.time()
+            uptime_ns = int((now - self.server.started_at) * 1e9)
+            return Response(200, statstext.render(doc, now, uptime_ns), TEXT)
+
+        return plan_stats(self.rt, topic, channel, include_clients).then(answer)
+
+    def stats_document(self, c: Collected, memory: dict[str, Any] | None) -> dict[str, Any]:
+        return core_stats.document(NSQ_COMPAT_VERSION, self.health(), self.broker.start_time,
+                                   c.topics, memory, c.producers)
+
+    def metrics(self, req: Request) -> Gather[Response]:
+        def answer(c: Collected) -> Response:
+            body = metrics.render(c, self.health(), self.broker.start_time,
+                                  self.server.figures())
+            return Response(200, body, metrics.CONTENT_TYPE, nsq=False)
+
+        return plan_stats(self.rt, include_clients=False, every_loop=True).then(answer)
+
+    # -- /config/:opt ---------------------------------------------------------------
+    def config_value(self, key: str) -> tuple[bool, Any]:
+        """(known, value) of an option by nsqd's config name, in nsqd's JSON types."""
+        values = self.opts.values
+        if key == "log_level":
+            return True, _LOG_LEVELS.get(str(values["log_level"]).lower(), 2)
+        if key == "tls_min_version":
+            return True, _TLS_VERSIONS.get(str(values[key]).lower(), 0x0301)
+        if key == "statsd_prefix":
+            return True, self.server.statsd_prefix()
+        if key not in values:
+            return False, None
+        return True, values[key]
+
+    def config(self, req: Request) -> Response:
+        key = req.param
+        if req.method == b"PUT":
+            body = req.body_bytes()
+            if not body or len(body) > self.opts.max_msg_size:
+                return error(413, "INVALID_VALUE")
+            setter = self._setters.get(key)
+            if setter is None:
+                return error(400, "INVALID_OPTION")
+            if not setter(body):
+                return error(400, "INVALID_VALUE")
+            notify = getattr(self.rt, "options_changed", None)
+            if callable(notify):
+                notify(key)
+        known, value = self.config_value(key)
+        if not known:
+            return error(400, "INVALID_OPTION")
+        return ok_json(value)
+
+    def _set_lookupd(self, body: bytes) -> bool:
+        try:
+            value = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return False
+        if value is not None and (not isinstance(value, list)
+                                  or not all(isinstance(v, str) for v in value)):
+            return False
+        self.opts.values["nsqlookupd_tcp_addresses"] = list(value or [])
+        return True
+
+    def _set_log_level(self, body: bytes) -> bool:
+        level = _LOG_LEVELS.get(body.decode("utf-8", "replace").lower())
+        if level is None:
+            return False
+        self.opts.values["log_level"] = _LEVEL_NAMES[level]
+        logging.getLogger("pybroker").setLevel(_PY_LEVELS[level])
+        return True
+
+    @property
+    def _setters(self) -> dict[str, Callable[[bytes], bool]]:
+        return {"nsqlookupd_tcp_addresses": self._set_lookupd, "log_level": self._set_log_level}
+
+
+class _Answer(Exception):
+    """Raised by a check to answer the request at once with ``response``."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__(response.status)
+        self.response = response
+
+
+def guarded(fn: Callable[[Request], Any]) -> Callable[[Request], Any]:
+    """Turn an _Answer raised by a check into the handler's result."""
+    def handler(req: Request) -> Any:
+        try:
+            return fn(req)
+        except _Answer as a:
+            return a.response
+    handler.__name__ = getattr(fn, "__name__", "handler")
+    return handler
+
+
+def build_router(api: Api) -> Router:
+    """nsqd's routes (http.go), each with its body limit and the answer past it."""
+    o = api.opts
+    too_big = (o.max_body_size, error(413, "BODY_TOO_BIG", close=True))
+    r = Router(default_limit=too_big)
+    r.add("GET", "/ping", api.ping)
+    r.add("GET", "/info", api.info)
+    r.add("POST", "/pub", guarded(api.pub), (o.max_msg_size, error(413, "MSG_TOO_BIG", close=True)))
+    r.add("POST", "/mpub", guarded(api.mpub), too_big)
+    r.add("GET", "/stats", guarded(api.stats))
+    for verb in ("create", "delete", "empty", "pause", "unpause"):
+        r.add("POST", f"/topic/{verb}", guarded(getattr(api, f"topic_{verb}")))
+        r.add("POST", f"/channel/{verb}", guarded(getattr(api, f"channel_{verb}")))
+    invalid = (o.max_msg_size, error(413, "INVALID_VALUE", close=True))
+    r.add("GET", "/config/:opt", api.config)
+    r.add("PUT", "/config/:opt", api.config, invalid)
+    r.add("GET", "/metrics", api.metrics)  # beyond nsqd: Prometheus
+    return r

@@ -1,0 +1,363 @@
+"""HttpServer: nsqd's HTTP API on ``http_address``, served by one ``http`` thread.
+
+Theory of operation
+-------------------
+One thread owns a selector, the listening socket, every HttpConn and a wake-up
+socketpair; no asyncio and no thread per request. One turn: ``select()`` (at most until
+the next deadline sweep); accept, read (parse, answer) and write; run calls posted from
+other threads (results of loop jobs); post this turn's published messages to their
+channels' owner loops, one call per loop (``route``); flush the connections that have
+output; every ``SWEEP_S`` close connections whose deadline passed and finish Gathers
+whose loops did not answer in time.
+
+The HTTP thread never blocks on an event loop: a request that needs loop threads
+(stats, channel pause/empty) is a Gather whose jobs are posted with the loops'
+``call_soon_threadsafe``; each job posts its result back here, and the request is
+answered when the last one arrives (or at its deadline). Other requests on other
+connections go on meanwhile, and so does the TCP side.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+from pybroker.config import split_hostport
+from pybroker.http.api import Api, build_router
+from pybroker.http.conn import HttpConn
+from pybroker.http.gather import MISSING, Gather, run_job
+from pybroker.http.process import GcPauses
+from pybroker.http.request import Request
+from pybroker.http.response import DateCache, Response, error
+from pybroker.http.statstext import go_duration
+
+log = logging.getLogger("pybroker")
+monotonic_ns = time.monotonic_ns
+SWEEP_S = 0.1
+MAX_CONNECTIONS = 10_000
+_LISTENER = object()
+_WAKE = object()
+# matches nsqd: /pub and /mpub are not logged (hot paths); other requests are
+_QUIET = frozenset({"/pub", "/mpub", "/metrics"})
+
+
+class _Pending:
+    __slots__ = ("conn", "req", "gather", "results", "remaining", "deadline_ns")
+
+    def __init__(self, conn: HttpConn, req: Request, gather: Gather[Response]) -> None:
+        self.conn = conn
+        self.req = req
+        self.gather = gather
+        self.results: list[Any] = [MISSING] * len(gather.jobs)
+        self.remaining = len(gather.jobs)
+        self.deadline_ns = monotonic_ns() + int(gather.timeout_s * 1e9)
+
+
+def _bind(address: str) -> socket.socket:
+    host, port = split_hostport(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+class HttpServer:
+    def __init__(self, runtime: Any) -> None:
+        self.runtime = runtime
+        o = runtime.options
+        self.options = o
+        # slowloris limits, from nsqd's client_timeout (nsqd's HTTP server has none)
+        self.request_timeout_ns = int(o.client_timeout)
+        self.header_timeout_ns = min(int(o.client_timeout), 10_000_000_000)
+        self.idle_timeout_ns = int(o.client_timeout)
+        self.api = Api(runtime, self)
+        self.router = build_router(self.api)
+        self.dates = DateCache()
+        self.selector = selectors.DefaultSelector()
+        self.sock: socket.socket | None = None
+        self.port = 0
+        self.tcp_port = 0
+        self.address = ""
+        self.started_at = time.time()
+        self.conns: set[HttpConn] = set()
+        self.to_flush: dict[HttpConn, None] = {}
+        self._outbox: dict[Any, list[tuple[Any, list[Any]]]] = {}
+        self._pending: dict[int, _Pending] = {}
+        self._tokens = itertools.count(1)
+        self._calls: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._wake_pending = False
+        self._running = False
+        self._thread: threading.Thread | None = None
+        self.requests: dict[int, int] = {}
+        self.statsd: Any = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> str:
+        """Bind and start the ``http`` thread; returns "host:port". Raises OSError."""
+        self.sock = _bind(self.options.http_address)
+        host, port = self.sock.getsockname()[:2]
+        self.port = port
+        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        listener = getattr(self.runtime, "listener", None)
+        if listener is not None:
+            self.tcp_port = listener.sock.getsockname()[1]
+        GcPauses.install()
+        self.selector.register(self.sock, selectors.EVENT_READ, _LISTENER)
+        self.selector.register(self._wake_r, selectors.EVENT_READ, _WAKE)
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="http", daemon=True)
+        self._thread.start()
+        if self.options.statsd_address:
+            from pybroker.http.statsd import StatsdPusher
+
+            self.statsd = StatsdPusher(self.runtime, self)
+            self.statsd.start()
+        return self.address
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop accepting, close every HTTP connection, join the thread (any thread)."""
+        if self.statsd is not None:
+            self.statsd.stop(timeout_s)
+        self.call_soon_threadsafe(self._stop)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.error("HTTP: the http thread did not stop within %.0fs", timeout_s)
+                return
+        self.selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _stop(self) -> None:
+        self._running = False
+
+    # -- cross-thread entry point -----------------------------------------------------
+    def call_soon_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._calls.append((fn, args))
+        if not self._wake_pending:
+            self._wake_pending = True
+            try:
+                self._wake_w.send(b"\0")
+            except OSError:
+                pass  # full of wake-ups already, or closed
+
+    # -- the loop -----------------------------------------------------------------------
+    def _run(self) -> None:
+        next_sweep = time.monotonic() + SWEEP_S
+        try:
+            while self._running:
+                timeout = 0.0 if self._calls else max(0.0, next_sweep - time.monotonic())
+                for key, mask in self.selector.select(timeout):
+                    self._dispatch(key.data, mask)
+                self._run_calls()
+                self._flush()
+                if time.monotonic() >= next_sweep:
+                    self._sweep()
+                    next_sweep = time.monotonic() + SWEEP_S
+        except Exception:
+            log.exception("HTTP: the http thread crashed")
+            self.runtime.request_stop()
+        finally:
+            self._close_all()
+
+    def _dispatch(self, obj: Any, mask: int) -> None:
+        if obj is _LISTENER:
+            self._accept()
+        elif obj is _WAKE:
+            try:
+                while self._wake_r.recv(4096):
+                    pass
+            except (BlockingIOError, InterruptedError):
+                pass
+            self._wake_pending = False
+        else:
+            try:
+                if mask & selectors.EVENT_READ:
+                    obj.on_readable()
+                if mask & selectors.EVENT_WRITE and not obj.closed:
+                    obj.flush()
+            except Exception:
+                log.exception("%r: unexpected error; closing the connection", obj)
+                obj.close()
+
+    def _run_calls(self) -> None:
+        calls = self._calls
+        while calls:
+            fn, args = calls.popleft()
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("HTTP: error in a posted call %r", fn)
+
+    def _flush(self) -> None:
+        # published messages reach their loops before the client sees "OK"
+        self._post_outbox()
+        while self.to_flush:
+            conns = self.to_flush
+            self.to_flush = {}
+            for conn in conns:
+                if not conn.closed:
+                    conn.flush()  # may answer more queued requests (and publish)
+            self._post_outbox()
+
+    def _post_outbox(self) -> None:
+        if self._outbox:
+            outbox = self._outbox
+            self._outbox = {}
+            for owner, batch in outbox.items():
+                owner.call_soon_threadsafe(owner.receive_remote, batch)
+
+    def _accept(self) -> None:
+        assert self.sock is not None
+        for _ in range(64):
+            try:
+                sock, addr = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # EMFILE and friends: try again on the next event
+                log.error("HTTP: accept failed: %s", e.strerror)
+                return
+            if len(self.conns) >= MAX_CONNECTIONS:
+                log.warning("HTTP: too many connections (%d); refusing %s", len(self.conns), addr)
+                sock.close()
+                continue
+            sock.setblocking(False)
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+            conn = HttpConn(self, sock, addr)
+            self.conns.add(conn)
+            conn.events = selectors.EVENT_READ
+            self.selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _sweep(self) -> None:
+        now = monotonic_ns()
+        for conn in list(self.conns):
+            why = conn.expired(now)
+            if why is not None:
+                if why != "linger":
+                    log.info("HTTP: closing %s (%s)", conn.remote, why)
+                conn.close()
+        for token, p in list(self._pending.items()):
+            if now >= p.deadline_ns:
+                log.warning("HTTP: %s %s: event loops did not answer within %.1fs",
+                            p.req.method.decode(), p.req.path, p.gather.timeout_s)
+                self._finish(token)
+
+    def _close_all(self) -> None:
+        if self.sock is not None:
+            log.info("HTTP: closing %s", self.address)
+            try:
+                self.selector.unregister(self.sock)
+            except (KeyError, ValueError):
+                pass
+            self.sock.close()
+        for conn in list(self.conns):
+            conn.close()
+
+    # -- used by connections --------------------------------------------------------------
+    def update_events(self, conn: HttpConn) -> None:
+        want = conn.wanted_events()
+        if want == conn.events or conn.closed:
+            return
+        try:
+            if conn.events == 0:
+                self.selector.register(conn.sock, want, conn)
+            elif want == 0:
+                self.selector.unregister(conn.sock)
+            else:
+                self.selector.modify(conn.sock, want, conn)
+        except (KeyError, ValueError, OSError):
+            return
+        conn.events = want
+
+    def forget(self, conn: HttpConn) -> None:
+        self.conns.discard(conn)
+        self.to_flush.pop(conn, None)
+        if conn.events:
+            try:
+                self.selector.unregister(conn.sock)
+            except (KeyError, ValueError, OSError):
+                pass
+            conn.events = 0
+
+    def count(self, status: int, r: Request, remote: str) -> None:
+        """Count an answer; log it as nsqd's Log decorator does (not /pub, /mpub)."""
+        self.requests[status] = self.requests.get(status, 0) + 1
+        if r.path not in _QUIET and r.method:
+            log.info("%d %s %s (%s) %s", status, r.method.decode(), r.url.decode("latin-1"),
+                     remote, go_duration(monotonic_ns() - r.begin_ns))
+
+    def figures(self) -> dict[str, Any]:
+        return {"connections": len(self.conns), "requests": dict(self.requests)}
+
+    def route(self, deliveries: list[tuple[Any, list[Any]]]) -> None:
+        """Queue published messages for their channels' owner loops (sent this turn)."""
+        outbox = self._outbox
+        for ch, msgs in deliveries:
+            box = outbox.get(ch.owner)
+            if box is None:
+                outbox[ch.owner] = [(ch, msgs)]
+            else:
+                box.append((ch, msgs))
+
+    def submit(self, conn: HttpConn, req: Request, gather: Gather[Response]) -> None:
+        """Post gather's jobs to their loops; conn.complete() runs when all answered."""
+        token = next(self._tokens)
+        self._pending[token] = _Pending(conn, req, gather)
+        if not gather.jobs:
+            self.call_soon_threadsafe(self._finish, token)
+            return
+        for i, (loop, fn, args) in enumerate(gather.jobs):
+            deliver = functools.partial(self._deliver, token, i)
+            loop.call_soon_threadsafe(run_job, fn, args, deliver)
+
+    def _deliver(self, token: int, index: int, value: Any) -> None:
+        # on a loop thread: hand the result to the http thread
+        self.call_soon_threadsafe(self._job_done, token, index, value)
+
+    def _job_done(self, token: int, index: int, value: Any) -> None:
+        p = self._pending.get(token)
+        if p is None:
+            return  # finished at its deadline already
+        p.results[index] = value
+        p.remaining -= 1
+        if p.remaining <= 0:
+            self._finish(token)
+
+    def _finish(self, token: int) -> None:
+        p = self._pending.pop(token, None)
+        if p is None:
+            return
+        try:
+            resp = p.gather.finish(p.results)
+        except Exception:
+            log.exception("HTTP: %s %s failed", p.req.method.decode(), p.req.path)
+            resp = error(500, "INTERNAL_ERROR")
+        p.conn.complete(p.req, resp)
+
+    def statsd_prefix(self) -> str:
+        """statsd_prefix with nsqd's expansion: %s -> broadcast host_port, and a final dot."""
+        prefix = str(self.options.statsd_prefix)
+        if not prefix:
+            return ""
+        host_key = f"{self.options.broadcast_address}:{self.port}".replace(".", "_")
+        prefix = prefix.replace("%s", host_key.replace(":", "_"))
+        return prefix if prefix.endswith(".") else prefix + "."
