@@ -83,6 +83,19 @@ def test_unknown_command_is_fatal(any_broker: BrokerProcess, connect: Connect,
     assert c.expect_error("E_INVALID") == text
 
 
+def test_overlong_command_line_closes(any_broker: BrokerProcess, connect: Connect) -> None:
+    """A line longer than any buffer closes the connection. nsqd closes without a frame
+    (its line reader fails); an E_INVALID frame before the close is tolerated."""
+    c = connect(any_broker)
+    c.send(b"X" * 70_000)
+    try:
+        ftype, data = c.read_frame()
+    except wire.ConnectionClosed:
+        return
+    assert ftype == FRAME_ERROR and data.startswith(b"E_INVALID"), (ftype, data)
+    c.assert_closed()
+
+
 def test_commands_after_a_fatal_error_are_not_executed(any_broker: BrokerProcess,
                                                        connect: Connect) -> None:
     topic = unique_name()
@@ -200,8 +213,35 @@ def test_identify_field_range_limits_accepted(any_broker: BrokerProcess, connect
     c.assert_alive()
 
 
+@pytest.mark.parametrize("fields, expected", [
+    ({"output_buffer_size": -1}, (1, 0)),  # unbuffered: every write goes out at once
+    ({"output_buffer_timeout": -1}, (16384, 0)),
+    ({"output_buffer_size": -1, "output_buffer_timeout": 100}, (1, 0)),
+    ({"output_buffer_size": 0, "output_buffer_timeout": 0, "msg_timeout": 0}, (16384, 250)),
+])
+def test_identify_output_buffer_special_values(any_broker: BrokerProcess, connect: Connect,
+                                               fields: dict[str, int],
+                                               expected: tuple[int, int]) -> None:
+    data = connect(any_broker).identify(feature_negotiation=True, **fields)
+    assert data is not None
+    assert (data["output_buffer_size"], data["output_buffer_timeout"]) == expected
+    assert data["msg_timeout"] == 60000
+
+
+DECODE_FAILED = "E_BAD_BODY IDENTIFY failed to decode JSON body"
+
+
+# nsqd decodes IDENTIFY into typed fields: a value of the wrong JSON type is an error.
 @pytest.mark.parametrize("body, prefix", [
-    (b"{not json", "E_BAD_BODY IDENTIFY failed to decode JSON body"),
+    (b"{not json", DECODE_FAILED),
+    (b"[]", DECODE_FAILED),
+    (b"{} trailing", DECODE_FAILED),
+    (b'{"heartbeat_interval": "1000"}', DECODE_FAILED),
+    (b'{"heartbeat_interval": 1000.0}', DECODE_FAILED),
+    (b'{"heartbeat_interval": 99999999999999999999}', DECODE_FAILED),
+    (b'{"sample_rate": true}', DECODE_FAILED),
+    (b'{"client_id": 5}', DECODE_FAILED),
+    (b'{"feature_negotiation": "yes"}', DECODE_FAILED),
     (b"", "E_BAD_BODY IDENTIFY invalid body size 0"),
 ])
 def test_identify_bad_body(any_broker: BrokerProcess, connect: Connect, body: bytes,
