@@ -53,6 +53,38 @@ def test_rdy_caps_in_flight_exactly(any_broker: BrokerProcess, connect: Connect)
     assert len(set(seen)) == 7
 
 
+def test_lowering_rdy_caps_existing_in_flight(any_broker: BrokerProcess,
+                                              connect: Connect) -> None:
+    """RDY is a cap on in-flight, not a counter: after RDY 2 with 5 in flight, a new
+    message comes only once fewer than 2 are in flight."""
+    topic = unique_name()
+    c = consumer(connect, any_broker, topic, rdy=5)
+    c.mpub(topic, [b"%d" % i for i in range(10)])
+    got = c.read_messages(5)
+    c.rdy(2)
+    c.send(b"".join(wire.fin(m.id) for m in got[:3]))
+    c.expect_nothing(0.3)  # 2 in flight, RDY 2
+    c.fin(got[3].id)
+    c.read_message()
+    c.expect_nothing(0.3)
+
+
+def test_sample_rate_delivers_a_sample(any_broker: BrokerProcess, connect: Connect) -> None:
+    """IDENTIFY sample_rate=1: nsqd keeps a message when rand(100) <= 1, about 2%."""
+    topic = unique_name()
+    c = consumer(connect, any_broker, topic, rdy=1000, sample_rate=1)
+    c.mpub(topic, [b"%d" % i for i in range(500)])
+    n = 0
+    while True:
+        try:
+            msg = c.read_message(timeout=0.5)
+        except TimeoutError:
+            break
+        c.fin(msg.id)
+        n += 1
+    assert 1 <= n <= 40, n
+
+
 def test_rdy_zero_pauses_delivery(any_broker: BrokerProcess, connect: Connect) -> None:
     topic = unique_name()
     c = consumer(connect, any_broker, topic, rdy=5)
@@ -117,8 +149,9 @@ def test_unfinished_redelivered_after_msg_timeout_and_touch_extends(
 
 def test_touch_capped_at_max_msg_timeout(make_any_broker: Callable[..., BrokerProcess],
                                          connect: Connect) -> None:
-    """TOUCH cannot keep a message past delivery + max-msg-timeout."""
-    b = make_any_broker("--msg-timeout=1s", "--max-msg-timeout=2s")
+    """TOUCH cannot keep a message past delivery + max-msg-timeout; REQ clamps its
+    timeout to max-req-timeout."""
+    b = make_any_broker("--msg-timeout=1s", "--max-msg-timeout=2s", "--max-req-timeout=1s")
     slack = SLACK_S[b.kind]
     topic = unique_name()
     c = connect(b)
@@ -142,6 +175,15 @@ def test_touch_capped_at_max_msg_timeout(make_any_broker: Callable[..., BrokerPr
     assert again is not None, "message never came back despite max-msg-timeout"
     assert (again.id, again.attempts) == (msg.id, 2)
     assert 1.9 <= elapsed < 2.0 + slack, elapsed
+
+    # and a REQ timeout above max-req-timeout is clamped to it, not rejected
+    t0 = time.monotonic()
+    c.req(again.id, 999_999)
+    third = c.read_message(timeout=1.0 + slack + 1)
+    elapsed = time.monotonic() - t0
+    assert (third.id, third.attempts) == (msg.id, 3)
+    assert 0.95 <= elapsed < 1.0 + SLACK_S["pybroker"], elapsed  # channel is scanned now
+    c.fin(third.id)
 
 
 def test_stuck_consumer_does_not_stall_others(any_broker: BrokerProcess,
