@@ -1,0 +1,43 @@
+"""pybroker.spark: topics as PySpark sources and sinks (the optional ``spark`` extra).
+
+    from pybroker.spark import register
+    register(spark)                                   # adds format("pybroker")
+    df = (spark.readStream.format("pybroker")
+          .option("nsqd", "127.0.0.1:4150").option("topic", "events")
+          .option("channel", "archive").load())      # id, body, timestamp, attempts, topic
+    df.write.format("pybroker").option("nsqd", "127.0.0.1:4150") \\
+        .option("topic", "copy").save()              # MPUB from the executors
+
+Importing this package does not import pyspark; ``register`` and the modules that
+define Spark classes (source, stream_reader) do. ``pybroker spark archive`` is the
+topic-to-Parquet pipeline (cli.py, pipeline.py).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pybroker.spark.options import COLUMNS, SCHEMA_DDL, OptionError
+
+__all__ = ["COLUMNS", "SCHEMA_DDL", "OptionError", "register", "MissingSpark"]
+
+
+class MissingSpark(ImportError):
+    """pyspark (the ``spark`` extra) is not installed."""
+
+
+def require_pyspark() -> None:
+    """Raises MissingSpark with the install hint when pyspark cannot be imported."""
+    try:
+        import pyarrow  # noqa: F401
+        import pyspark  # noqa: F401
+    except ImportError as e:
+        raise MissingSpark("pybroker.spark needs PySpark 4.2+ and pyarrow: "
+                           "pip install 'pybroker[spark]'") from e
+
+
+def register(spark: Any) -> None:
+    """Register the ``pybroker`` data source with a SparkSession."""
+    require_pyspark()
+    from pybroker.spark.source import PyBrokerDataSource
+
+    spark.dataSource.register(PyBrokerDataSource)
