@@ -146,13 +146,17 @@ def nsqlookupd() -> Iterator[str]:
             if m:
                 addrs[m.group(1)] = m.group(2)
 
-    threading.Thread(target=read, daemon=True).start()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
         wait_until(lambda: len(addrs) == 2, 10, what="nsqlookupd to listen")
         yield f"{addrs['HTTP']}|{addrs['TCP']}"
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
+        reader.join(5)
+        assert proc.stderr is not None
+        proc.stderr.close()
 
 
 def _supports_lookupd_flag() -> bool:

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import urllib.request
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -24,6 +24,27 @@ from tests.support.broker import BrokerProcess, project_root, unique_name, wait_
 from tests.support.lookupd import FakeLookupd
 
 pytestmark = pytest.mark.timeout(60)
+
+
+_SPAWNED: list[subprocess.Popen[bytes]] = []
+
+
+@pytest.fixture(autouse=True)
+def _reap_tools() -> Iterator[None]:
+    """Tools a failed test left running are killed (by their Popen handle) and reaped."""
+    yield
+    while _SPAWNED:
+        proc = _SPAWNED.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+def spawn(argv: list[str]) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=project_root())
+    _SPAWNED.append(proc)
+    return proc
 
 
 @functools.lru_cache(maxsize=1)
@@ -43,8 +64,7 @@ def run_tool(*args: str, input: bytes | None = None, timeout_s: float = 20.0
 
 
 def start_tool(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([*tool_prefix(), *args], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=project_root())
+    return spawn([*tool_prefix(), *args])
 
 
 def consume(b: BrokerProcess, topic: str, channel: str, n: int, timeout_s: float = 10.0
@@ -191,14 +211,13 @@ def test_tail_exits_cleanly_on_signal(any_broker: BrokerProcess, sig: int) -> No
                 out += proc.stdout.read() or b""
         assert b"hello\n" in out
         proc.send_signal(sig)
-        assert proc.wait(10) == 0
-        assert proc.stderr is not None
-        err = proc.stderr.read()
+        _, err = proc.communicate(timeout=10)
+        assert proc.returncode == 0, err
         assert b"Traceback" not in err, err
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait(5)
+        proc.communicate(timeout=5)
 
 
 def test_tail_argument_errors() -> None:

@@ -14,6 +14,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -24,6 +25,27 @@ from tests.support.lookupd import FakeLookupd
 pytestmark = pytest.mark.timeout(60)
 HOST = socket.gethostname().split(".")[0]
 YEAR = time.strftime("%Y")
+
+
+_SPAWNED: list[subprocess.Popen[bytes]] = []
+
+
+@pytest.fixture(autouse=True)
+def _reap_tools() -> Iterator[None]:
+    """Tools a failed test left running are killed (by their Popen handle) and reaped."""
+    yield
+    while _SPAWNED:
+        proc = _SPAWNED.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+def spawn(argv: list[str]) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=project_root())
+    _SPAWNED.append(proc)
+    return proc
 
 
 @functools.lru_cache(maxsize=1)
@@ -37,10 +59,8 @@ def tool_prefix() -> tuple[str, ...]:
 
 
 def start_to_file(b: BrokerProcess, *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([*tool_prefix(), "to-file", f"--nsqd-tcp-address={b.tcp_hostport}",
-                             "--sync-interval=100ms", "--datetime-format=%Y", *args],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=project_root())
+    return spawn([*tool_prefix(), "to-file", f"--nsqd-tcp-address={b.tcp_hostport}",
+                  "--sync-interval=100ms", "--datetime-format=%Y", *args])
 
 
 def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> bytes:
@@ -183,7 +203,7 @@ def test_killed_and_restarted_loses_nothing(any_broker: BrokerProcess, tmp_path:
     proc = start_to_file(any_broker, *args)
     wait_until(lambda: len(lines()) >= 300, 15, what="300 lines before the kill")
     proc.kill()                                     # SIGKILL: no chance to clean up
-    proc.wait(5)
+    proc.communicate(timeout=5)
     assert len(lines()) < 5000, "the run finished before it could be killed"
     proc = start_to_file(any_broker, *args)
     wait_until(lambda: set(lines()) >= set(bodies), 20, what="every message on disk")
@@ -204,12 +224,10 @@ def test_topic_pattern_through_lookupd(any_broker: BrokerProcess, tmp_path: Path
         for t in [*wanted, other]:
             publish(any_broker, t, [t.encode()])
             lookupd.add_producer(t, any_broker)
-        proc = subprocess.Popen(
-            [*tool_prefix(), "to-file", f"--topic-pattern=^{base}",
-             f"--lookupd-http-address={lookupd.http_hostport}", f"--output-dir={tmp_path}",
-             "--sync-interval=100ms", "--datetime-format=%Y"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=project_root())
+        proc = spawn([*tool_prefix(), "to-file", f"--topic-pattern=^{base}",
+                      f"--lookupd-http-address={lookupd.http_hostport}",
+                      f"--output-dir={tmp_path}", "--sync-interval=100ms",
+                      "--datetime-format=%Y"])
         files = [tmp_path / f"{t}.{HOST}.{YEAR}.log" for t in wanted]
         wait_until(lambda: all(f.exists() and f.stat().st_size > 0 for f in files), 15,
                    what="files for the matching topics")
@@ -252,9 +270,8 @@ def test_same_files_as_nsq_to_file(any_broker: BrokerProcess, tmp_path: Path,
     extra = ["--gzip", "--rotate-size=2000"] if gzip else []
     go_dir, py_dir = tmp_path / "go", tmp_path / "py"
     common = [f"--topic={topic}", "--sync-interval=100ms", "--datetime-format=%Y", *extra]
-    go = subprocess.Popen([go_tool, *common, "--channel=go", f"--output-dir={go_dir}",
-                           f"--nsqd-tcp-address={any_broker.tcp_hostport}"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    go = spawn([go_tool, *common, "--channel=go", f"--output-dir={go_dir}",
+                f"--nsqd-tcp-address={any_broker.tcp_hostport}"])
     py = start_to_file(any_broker, *common, "--channel=py", f"--output-dir={py_dir}")
     total = sum(len(b) + 1 for b in bodies)
 

@@ -5,6 +5,7 @@ import gzip
 import io
 import os
 import time
+from pathlib import Path
 from typing import List
 
 import pytest
@@ -70,17 +71,16 @@ def test_gzip_members_are_complete_and_go_shaped() -> None:
     assert data.count(b"\x1f\x8b\x08\x00\x00\x00\x00\x00") == 3
 
 
-def test_exclusive_rename_never_overwrites(tmp_path: "os.PathLike[str]") -> None:
-    src, dst = os.path.join(tmp_path, "a"), os.path.join(tmp_path, "b")
-    for p, text in ((src, "new"), (dst, "old")):
-        with open(p, "w") as f:
-            f.write(text)
+def test_exclusive_rename_never_overwrites(tmp_path: Path) -> None:
+    src, dst = tmp_path / "a", tmp_path / "b"
+    src.write_text("new")
+    dst.write_text("old")
     with pytest.raises(FileExistsError):
-        exclusive_rename(src, dst)
-    assert open(dst).read() == "old" and os.path.exists(src)
-    os.remove(dst)
-    exclusive_rename(src, dst)
-    assert open(dst).read() == "new" and not os.path.exists(src)
+        exclusive_rename(str(src), str(dst))
+    assert dst.read_text() == "old" and src.exists()
+    dst.unlink()
+    exclusive_rename(str(src), str(dst))
+    assert dst.read_text() == "new" and not src.exists()
 
 
 def test_stat_row_format() -> None:
