@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable
 
 from pybroker import NSQ_COMPAT_VERSION, _native
+from pybroker.config import SPEC_BY_KEY
 from pybroker.core import stats as core_stats
 from pybroker.errors import ChannelNotFound, Exiting, TopicNotFound
 from pybroker.http import metrics, process, statstext
@@ -318,16 +319,16 @@ class Api:
     # -- /config/:opt ---------------------------------------------------------------
     def config_value(self, key: str) -> tuple[bool, Any]:
         """(known, value) of an option by nsqd's config name, in nsqd's JSON types."""
-        values = self.opts.values
+        if key not in SPEC_BY_KEY:
+            return False, None
+        value = getattr(self.opts, key)
         if key == "log_level":
-            return True, _LOG_LEVELS.get(str(values["log_level"]).lower(), 2)
+            return True, _LOG_LEVELS.get(str(value).lower(), 2)
         if key == "tls_min_version":
-            return True, _TLS_VERSIONS.get(str(values[key]).lower(), 0x0301)
+            return True, _TLS_VERSIONS.get(str(value).lower(), 0x0301)
         if key == "statsd_prefix":
             return True, self.server.statsd_prefix()
-        if key not in values:
-            return False, None
-        return True, values[key]
+        return True, value
 
     def config(self, req: Request) -> Response:
         key = req.param
@@ -353,17 +354,19 @@ class Api:
             value = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             return False
+        if isinstance(value, str):
+            return ok_text(value.encode())  # nsqd's V1: a string is sent as it is
         if value is not None and (not isinstance(value, list)
                                   or not all(isinstance(v, str) for v in value)):
             return False
-        self.opts.values["nsqlookupd_tcp_addresses"] = list(value or [])
+        setattr(self.opts, "nsqlookupd_tcp_addresses", list(value or []))
         return True
 
     def _set_log_level(self, body: bytes) -> bool:
         level = _LOG_LEVELS.get(body.decode("utf-8", "replace").lower())
         if level is None:
             return False
-        self.opts.values["log_level"] = _LEVEL_NAMES[level]
+        setattr(self.opts, "log_level", _LEVEL_NAMES[level])
         logging.getLogger("pybroker").setLevel(_PY_LEVELS[level])
         return True
 

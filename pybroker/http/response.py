@@ -105,14 +105,20 @@ def encode(r: Response, date: bytes, version: str, keep_alive: bool,
         return r.raw
     v10 = version == "1.0"
     status = r.status
-    parts = [b"HTTP/1.0 " if v10 else b"HTTP/1.1 ", str(status).encode(), b" ",
-             REASONS.get(status, "Unknown").encode(), b"\r\n"]
-    parts.extend(r.headers)
-    if r.content_type is not None:
-        parts += [b"Content-Type: ", r.content_type, b"\r\n"]
+    # Go's order: the handler's headers sorted by name, then Date and Content-Length,
+    # then a Content-Type sniffed from the body (text), then Connection
+    sniffed = r.content_type is TEXT
+    named = list(r.headers)
+    if r.content_type is not None and not sniffed:
+        named.append(b"Content-Type: " + r.content_type + b"\r\n")
     if r.nsq:
-        parts.append(NSQ_HEADER)
-    parts += [b"Date: ", date, b"\r\nContent-Length: ", str(len(r.body)).encode(), b"\r\n"]
+        named.append(NSQ_HEADER)
+    named.sort()
+    parts = [b"HTTP/1.0 " if v10 else b"HTTP/1.1 ", str(status).encode(), b" ",
+             REASONS.get(status, "Unknown").encode(), b"\r\n", *named,
+             b"Date: ", date, b"\r\nContent-Length: ", str(len(r.body)).encode(), b"\r\n"]
+    if sniffed:
+        parts.append(b"Content-Type: text/plain; charset=utf-8\r\n")
     if r.close or not keep_alive:
         if not v10:
             parts.append(b"Connection: close\r\n")
