@@ -370,3 +370,29 @@ def test_progress_only_on_a_tty(any_broker: BrokerProcess) -> None:
                      input=data)
     assert piped.returncode == 0 and piped.stderr == b"" and piped.stdout == b""
 
+
+
+def test_pub_and_stat_exit_cleanly_on_signals(any_broker: BrokerProcess) -> None:
+    topic = unique_name("tool_sig")
+    create_channel(any_broker, topic, "ch")
+    pub = subprocess.Popen([*tool_prefix(), "pub", f"--topic={topic}",
+                            f"--nsqd-tcp-address={any_broker.tcp_hostport}"],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, cwd=project_root())
+    _SPAWNED.append(pub)
+    assert pub.stdin is not None
+    pub.stdin.write(b"before-signal\n")
+    pub.stdin.flush()                       # stdin stays open: pub waits for more
+    got = consume(any_broker, topic, "ch", 1)
+    assert got == [b"before-signal"]
+    pub.send_signal(signal.SIGTERM)
+    _, err = pub.communicate(timeout=10)
+    assert pub.returncode == 0 and b"Traceback" not in err, err
+    _require_stats(any_broker)
+    stat = start_tool("stat", f"--topic={topic}", "--channel=ch", "--interval=200ms",
+                      f"--nsqd-http-address={any_broker.http_hostport}")
+    assert stat.stdout is not None
+    assert stat.stdout.readline().startswith(b"------rate------")   # polling has begun
+    stat.send_signal(signal.SIGINT)
+    out, err = stat.communicate(timeout=10)
+    assert stat.returncode == 0 and b"Traceback" not in err, err
