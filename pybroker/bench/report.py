@@ -62,7 +62,29 @@ def table(result: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"Medians of {runs} run(s) per scenario and broker"
                  + ("" if counts == [runs] else f" (successful runs: {counts})") + ".")
+    if both:
+        checks = [f"{label} {r:.2f}x nsqd ({op} {goal}x: {'met' if ok else 'NOT met'})"
+                  for label, r, op, goal, ok in targets(summary)]
+        if checks:
+            lines.append("Targets: " + "; ".join(checks) + ".")
     return "\n".join(lines)
+
+
+# the project's targets: (label, scenario, figure, higher is better, goal ratio)
+TARGETS = [("publish", "pub", "pub_msgs_s", True, 0.5),
+           ("consume", "sub", "sub_msgs_s", True, 0.5),
+           ("p99 latency", "latency", "e2e_p99_ms", False, 2.0)]
+
+
+def targets(summary: dict[str, Any]) -> list[tuple[str, float, str, float, bool]]:
+    """Each target whose ratio was measured: (label, ratio, ">="/"<=", goal, met)."""
+    out = []
+    for label, scenario, key, higher, goal in TARGETS:
+        r = summary.get(scenario, {}).get("ratio", {}).get(key)
+        if r is not None:
+            out.append((label, r, ">=" if higher else "<=", goal,
+                        r >= goal if higher else r <= goal))
+    return out
 
 
 def settings_line(result: dict[str, Any]) -> str:
@@ -90,9 +112,10 @@ def write_plot(result: dict[str, Any], path: str | Path) -> None:
     names = list(result["brokers"])
     summary = result["summary"]
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 5))
-    groups = [(s, k, f"{s}\n{k.split('_')[0]}") for s, k in
-              (("pub", "pub_msgs_s"), ("sub", "sub_msgs_s"), ("pubsub", "pub_msgs_s"),
-               ("pubsub", "sub_msgs_s")) if s in summary]
+    groups = [(s, k, label) for s, k, label in
+              (("pub", "pub_msgs_s", "pub"), ("sub", "sub_msgs_s", "sub"),
+               ("pubsub", "pub_msgs_s", "pubsub\n(publish)"),
+               ("pubsub", "sub_msgs_s", "pubsub\n(consume)")) if s in summary]
     width = 0.8 / max(len(names), 1)
     for i, name in enumerate(names):
         vals = [(summary[s].get(name, {}).get(k) or 0) / 1000 for s, k, _ in groups]

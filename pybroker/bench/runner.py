@@ -25,7 +25,7 @@ from pybroker.bench.stats import median, ratio
 # figures compared pybroker/nsqd; "lower" ones are better when smaller
 HIGHER_BETTER = ("pub_msgs_s", "pub_mb_s", "sub_msgs_s", "sub_mb_s", "rate_achieved")
 LOWER_BETTER = ("e2e_p50_ms", "e2e_p99_ms", "e2e_p99.9_ms", "e2e_max_ms", "bytes_per_msg",
-                "rss_growth", "peak_rss", "pub_req_p50_ms", "pub_req_p99_ms")
+                "rss_growth", "rss_after", "peak_rss", "pub_req_p50_ms", "pub_req_p99_ms")
 
 
 @dataclass
