@@ -18,7 +18,7 @@ from typing import Any
 
 from pybroker.spark.options import COLUMNS, SCHEMA_DDL, OptionError
 
-__all__ = ["COLUMNS", "SCHEMA_DDL", "OptionError", "register", "MissingSpark"]
+__all__ = ["COLUMNS", "SCHEMA_DDL", "MissingSpark", "OptionError", "register"]
 
 
 class MissingSpark(ImportError):
@@ -28,7 +28,7 @@ class MissingSpark(ImportError):
 def require_pyspark() -> None:
     """Raises MissingSpark with the install hint when pyspark cannot be imported."""
     try:
-        import pyarrow  # noqa: F401
+        import pyarrow  # type: ignore[import-untyped]  # noqa: F401
         import pyspark  # noqa: F401
     except ImportError as e:
         raise MissingSpark("pybroker.spark needs PySpark 4.2+ and pyarrow: "

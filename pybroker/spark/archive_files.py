@@ -13,9 +13,10 @@ import glob
 import os
 import re
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import BinaryIO, Iterator
+from datetime import UTC, datetime
+from typing import BinaryIO
 
 _NAME_RE = re.compile(r"^(?P<topic>.+)\.(?P<host>[^.]*)\.(?P<dt>[^.]+)\.log(?:\.gz)?$")
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -46,7 +47,7 @@ def parse_name(name: str, datetime_format: str = "%Y-%m-%d_%H",
     try:
         when = datetime.strptime(m.group("dt"), datetime_format)
         if utc:
-            when = when.replace(tzinfo=timezone.utc)
+            when = when.replace(tzinfo=UTC)
         ts = int(when.timestamp()) * 1_000_000
     except ValueError:
         pass
@@ -57,7 +58,7 @@ def _candidates(path: str) -> list[str]:
     if any(c in path for c in "*?["):
         return sorted(p for p in glob.glob(path) if os.path.isfile(p))
     if os.path.isdir(path):
-        found = []
+        found: list[str] = []
         for root, dirs, files in os.walk(path):
             dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
             found.extend(os.path.join(root, f) for f in sorted(files)

@@ -21,7 +21,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Iterable, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 
 class Delivery(Protocol):
@@ -106,7 +107,7 @@ class Ledger:
                     take = min(cap - numbered, len(self._waiting))
                     admitted = [self._waiting.popleft() for _ in range(take)]
                 else:
-                    admitted, kept = [], deque()
+                    admitted, kept = [], deque[Delivery]()
                     for msg in self._waiting:
                         if len(admitted) < cap - numbered and msg.timestamp <= newest_ts_ns:
                             admitted.append(msg)

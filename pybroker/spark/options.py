@@ -7,8 +7,8 @@ It imports neither pyspark nor any socket code.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from pybroker.client.config import parse_duration
 from pybroker.client.protocol import is_valid_channel_name, is_valid_topic_name
@@ -102,7 +102,7 @@ class SourceOptions:
     lookupd_poll_interval_s: float = 15.0
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> "SourceOptions":
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         """Raises OptionError for a missing or malformed option."""
         topic = _topic(options)
         channel = _get(options, "channel")
@@ -145,7 +145,7 @@ class SinkOptions:
     timeout_s: float = 30.0             # wait this long for each OK
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> "SinkOptions":
+    def parse(cls, options: Mapping[str, str]) -> SinkOptions:
         """Raises OptionError for a missing or malformed option."""
         nsqd = _addresses(options, "nsqd")
         if not nsqd:
@@ -170,7 +170,7 @@ class ArchiveOptions:
     batch_rows: int = 8192
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> "ArchiveOptions":
+    def parse(cls, options: Mapping[str, str]) -> ArchiveOptions:
         """Raises OptionError for a missing or malformed option."""
         paths = _addresses(options, "path") or _addresses(options, "paths")
         if not paths:

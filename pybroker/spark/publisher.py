@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
-from typing import Iterable, Iterator
 
-import pyarrow as pa
+import pyarrow as pa  # type: ignore[import-untyped]
 
 from pybroker.client import Producer
 from pybroker.client.protocol import is_valid_topic_name

@@ -14,18 +14,28 @@ pybroker installed (``pip install 'pybroker[spark]'``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
-import pyarrow as pa
+import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark import TaskContext
-from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader,
-                                    DataSourceStreamArrowWriter, InputPartition,
-                                    WriterCommitMessage)
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
 from pyspark.sql.types import StructType
 
 from pybroker.spark.archive_files import ArchiveFile, find_archives, read_bodies
-from pybroker.spark.options import (SCHEMA_DDL, ArchiveOptions, SinkOptions, SourceOptions)
+from pybroker.spark.options import (
+    SCHEMA_DDL,
+    ArchiveOptions,
+    SinkOptions,
+    SourceOptions,
+)
 from pybroker.spark.publisher import pick_address, publish
 from pybroker.spark.stream_reader import ARROW_SCHEMA, PyBrokerStreamReader
 
@@ -45,13 +55,13 @@ class PyBrokerDataSource(DataSource):
     def streamReader(self, schema: StructType) -> PyBrokerStreamReader:
         return PyBrokerStreamReader(SourceOptions.parse(self.options))
 
-    def reader(self, schema: StructType) -> "ArchiveReader":
+    def reader(self, schema: StructType) -> ArchiveReader:
         return ArchiveReader(ArchiveOptions.parse(self.options))
 
-    def writer(self, schema: StructType, overwrite: bool) -> "TopicWriter":
+    def writer(self, schema: StructType, overwrite: bool) -> TopicWriter:
         return TopicWriter(SinkOptions.parse(self.options))
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> "TopicStreamWriter":
+    def streamWriter(self, schema: StructType, overwrite: bool) -> TopicStreamWriter:
         return TopicStreamWriter(SinkOptions.parse(self.options))
 
 
@@ -133,11 +143,11 @@ class TopicWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
         return _publish_task(iterator, self.opts)
 
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         log.info("published %d messages to %s", _total(messages),
                  self.opts.topic or "the rows' topics")
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         log.warning("publish job aborted after %d messages were published (a retry "
                     "publishes them again)", _total(messages))
 
@@ -151,11 +161,11 @@ class TopicStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
         return _publish_task(iterator, self.opts)
 
-    def commit(self, messages: list[WriterCommitMessage | None],  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None],
                batchId: int) -> None:
         log.info("batch %d: published %d messages", batchId, _total(messages))
 
-    def abort(self, messages: list[WriterCommitMessage | None],  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None],
               batchId: int) -> None:
         log.warning("batch %d aborted after %d messages were published", batchId,
                     _total(messages))

@@ -18,10 +18,11 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
-from typing import Any, Iterator
+from typing import Any
 
-import pyarrow as pa
+import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadMaxRows, SupportsTriggerAvailableNow
 

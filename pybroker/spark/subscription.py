@@ -40,7 +40,7 @@ class Subscription:
         self.given_up = 0
 
     # -- lifecycle -----------------------------------------------------------------------
-    def start(self) -> "Subscription":
+    def start(self) -> Subscription:
         """Connect (blocking for nsqd addresses) and start the touch thread.
 
         Raises:

@@ -1,0 +1,173 @@
+"""The archive pipeline: a topic streamed into a columnar lake partitioned by date/hour.
+
+``ArchiveJob`` says what to archive and where; ``start_archive`` starts the Structured
+Streaming query on a SparkSession (``spark_session`` makes one, local unless a master
+URL is given). Rows keep the source's columns, gain ``date`` and ``hour`` (of the
+publish time, in the session time zone, UTC by default) as partition columns and,
+given a DDL schema, the fields parsed from JSON bodies. The checkpoint directory
+(``<output>/_checkpoint`` by default) makes restarts resume without loss; the source
+is told about it so that it can FIN what the commit log proves written.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from pybroker.spark import register, require_pyspark
+from pybroker.spark.checkpoint import local_path
+from pybroker.spark.options import COLUMNS, DEFAULT_MAX_IN_FLIGHT
+
+FORMATS = ("parquet", "orc", "json")
+PARTITION_COLUMNS = ("date", "hour")
+
+
+class JobError(ValueError):
+    """The job cannot run as given (bad schema, missing Java...)."""
+
+
+@dataclass
+class ArchiveJob:
+    """One archive run: a topic/channel into ``output`` (see the module docstring)."""
+
+    topic: str
+    channel: str
+    output: str
+    nsqd: list[str] = field(default_factory=list)
+    lookupd: list[str] = field(default_factory=list)
+    format: str = "parquet"
+    trigger_s: float = 10.0
+    available_now: bool = False
+    checkpoint: str = ""
+    json_schema: str = ""
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_batch_size: int = 0              # 0: half of max_in_flight
+    num_partitions: int = 2
+    msg_timeout: str = ""
+    drain_timeout: str = "2s"
+    query_name: str = ""
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.checkpoint or os.path.join(self.output, "_checkpoint")
+
+    def source_options(self) -> dict[str, str]:
+        opts = {"topic": self.topic, "channel": self.channel,
+                "nsqd": ",".join(self.nsqd), "lookupd": ",".join(self.lookupd),
+                "max_in_flight": str(self.max_in_flight),
+                "num_partitions": str(self.num_partitions),
+                "drain_timeout": self.drain_timeout}
+        if self.max_batch_size:
+            opts["max_batch_size"] = str(self.max_batch_size)
+        if self.msg_timeout:
+            opts["msg_timeout"] = self.msg_timeout
+        if local_path(self.checkpoint_dir) is not None:
+            opts["checkpoint"] = self.checkpoint_dir
+        return {k: v for k, v in opts.items() if v}
+
+    def validate(self) -> None:
+        if self.format not in FORMATS:
+            raise JobError(f"--format must be one of {', '.join(FORMATS)}")
+        if not self.nsqd and not self.lookupd:
+            raise JobError("give --nsqd-tcp-address or --lookupd-http-address")
+        if self.trigger_s <= 0 and not self.available_now:
+            raise JobError("--trigger must be a positive duration")
+
+
+def find_java() -> str | None:
+    """The java that PySpark will start: $JAVA_HOME/bin/java, else java on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(os.path.join(home, "bin", "java"), os.X_OK):
+        return os.path.join(home, "bin", "java")
+    return shutil.which("java")
+
+
+def spark_session(master: str = "local[*]", app_name: str = "pybroker",
+                  conf: dict[str, str] | None = None) -> Any:
+    """A SparkSession with the pybroker data source registered.
+
+    A local master runs the Python workers with this interpreter (unless
+    PYSPARK_PYTHON says otherwise), so they import the same pybroker.
+
+    Raises:
+        MissingSpark: pyspark is not installed. JobError: no Java to run Spark with.
+    """
+    require_pyspark()
+    if find_java() is None:
+        raise JobError("Spark needs a Java runtime (17 or 21): install one (Debian: "
+                       "apt-get install openjdk-17-jre-headless) or set JAVA_HOME")
+    if master.startswith("local"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(app_name)
+    settings = {"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false"}
+    settings.update(conf or {})
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    register(spark)
+    return spark
+
+
+def archive_frame(spark: Any, job: ArchiveJob) -> Any:
+    """The streaming DataFrame the job writes: source columns, parsed JSON, date, hour.
+
+    Raises:
+        JobError: the JSON schema is not valid DDL, or a field collides with a column.
+    """
+    from pyspark.sql import functions as F
+
+    reader = spark.readStream.format("pybroker")
+    for key, value in job.source_options().items():
+        reader = reader.option(key, value)
+    df = reader.load()
+    if job.json_schema:
+        try:
+            parsed = F.from_json(F.col("body").cast("string"), job.json_schema,
+                                 {"mode": "PERMISSIVE"})
+            df = df.withColumn("_json", parsed)
+            fields = df.select("_json.*").columns
+        except Exception as e:  # pyspark's parse errors have no common base class
+            raise JobError(f"--json-schema: {e}") from e
+        clash = sorted(set(fields) & (set(COLUMNS) | set(PARTITION_COLUMNS)))
+        if clash:
+            raise JobError(f"--json-schema fields {clash} collide with the archive's "
+                           "columns; rename them in the schema")
+        df = df.select(*COLUMNS, "_json.*")
+    return (df.withColumn("date", F.to_date("timestamp"))
+              .withColumn("hour", F.hour("timestamp")))
+
+
+def start_archive(spark: Any, job: ArchiveJob) -> Any:
+    """Start the archive query; returns the StreamingQuery.
+
+    Raises:
+        JobError: the job is invalid.
+    """
+    job.validate()
+    writer = (archive_frame(spark, job).writeStream.format(job.format)
+              .option("path", job.output)
+              .option("checkpointLocation", job.checkpoint_dir)
+              .partitionBy(*PARTITION_COLUMNS)
+              .outputMode("append"))
+    if job.query_name:
+        writer = writer.queryName(job.query_name)
+    if job.available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{job.trigger_s} seconds")
+    return writer.start()
+
+
+def batch_rows(query: Any) -> dict[int, int]:
+    """{batch id: input rows} of the query's recent progress reports."""
+    out: dict[int, int] = {}
+    for p in query.recentProgress or []:
+        get = p.get if isinstance(p, dict) else lambda k, d=None, p=p: getattr(p, k, d)
+        batch, rows = get("batchId", None), get("numInputRows", 0)
+        if batch is not None:
+            out[int(batch)] = int(rows or 0)
+    return out
