@@ -22,13 +22,14 @@ Durations in ``Config`` are seconds. A Consumer exposes its connections (``conns
 each with ``rdy_count``, ``in_flight``, ``max_rdy_count``) and an ``on_rdy`` hook.
 """
 from pybroker.client.config import Config, parse_duration
-from pybroker.client.conn import Conn, IdentifyResponse
+from pybroker.client.conn import Conn
 from pybroker.client.consumer import Consumer, ConsumerStats, random_ephemeral_channel
 from pybroker.client.errors import (AuthError, IdentifyError, NotConnectedError, NSQError,
                                     ProtocolError, StoppedError)
 from pybroker.client.message import Message
 from pybroker.client.producer import Producer
-from pybroker.client.protocol import is_valid_channel_name, is_valid_topic_name
+from pybroker.client.protocol import (IdentifyResponse, is_valid_channel_name,
+                                      is_valid_topic_name)
 
 __all__ = [
     "AuthError", "Config", "Conn", "Consumer", "ConsumerStats", "IdentifyError",

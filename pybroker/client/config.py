@@ -11,7 +11,7 @@ import random
 import re
 import socket
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from pybroker import __version__
 
@@ -96,6 +96,21 @@ class Config:
         if self.backoff_strategy == "full_jitter":
             return full_jitter_backoff(self.backoff_multiplier)(attempt)
         return exponential_backoff(self.backoff_multiplier)(attempt)
+
+    def identify_fields(self) -> dict[str, Any]:
+        """The IDENTIFY body (milliseconds on the wire; -1 keeps its "disabled" meaning)."""
+        def ms(value: float) -> int:
+            return -1 if value == -1 else int(value * 1000)
+
+        return {
+            "client_id": self.client_id, "hostname": self.hostname,
+            "user_agent": self.user_agent, "feature_negotiation": True,
+            "heartbeat_interval": ms(self.heartbeat_interval),
+            "sample_rate": self.sample_rate, "output_buffer_size": self.output_buffer_size,
+            "output_buffer_timeout": ms(self.output_buffer_timeout),
+            "msg_timeout": int(self.msg_timeout * 1000),
+            "tls_v1": False, "snappy": False, "deflate": False,
+        }
 
     def validate(self) -> None:
         """Raises ValueError for values go-nsq would reject."""

@@ -9,19 +9,18 @@ belong to the Consumer, which changes them under its own lock.
 """
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from pybroker.client import protocol as P
 from pybroker.client.config import Config
 from pybroker.client.errors import AuthError, IdentifyError, NotConnectedError, ProtocolError
 from pybroker.client.loop import IOLoop
 from pybroker.client.message import Message
+from pybroker.client.protocol import IdentifyResponse
 
 log = logging.getLogger("pybroker.client")
 
@@ -40,17 +39,6 @@ class ConnDelegate(Protocol):
     def on_close(self, conn: "Conn") -> None: ...
     def on_message_finished(self, conn: "Conn", message: Message) -> None: ...
     def on_message_requeued(self, conn: "Conn", message: Message, backoff: bool) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class IdentifyResponse:
-    """What the server granted in its IDENTIFY answer (feature negotiation)."""
-
-    max_rdy_count: int = 2500
-    msg_timeout_ms: int = 60000
-    auth_required: bool = False
-    version: str = ""
-    raw: dict[str, Any] | None = None
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -83,6 +71,9 @@ class Conn:
         self._responding = 0        # FIN/REQ being sent right now
         self.messages_received = 0
         self.heartbeats = 0
+        # writers wait while this much output is pending (producers); 0: never wait
+        # (consumers, which write RDY/FIN with their flow-control lock held)
+        self.max_pending_write = _MAX_PENDING_WRITE
         self._sock: socket.socket | None = None
         self._reader = P.FrameReader()
         self._wlock = threading.Condition(threading.Lock())
@@ -123,38 +114,17 @@ class Conn:
         return resp
 
     def _identify(self) -> IdentifyResponse:
-        cfg = self.config
-
-        def ms(value: float) -> int:
-            return -1 if value == -1 else int(value * 1000)
-
-        data: dict[str, Any] = {
-            "client_id": cfg.client_id, "hostname": cfg.hostname,
-            "user_agent": cfg.user_agent, "feature_negotiation": True,
-            "heartbeat_interval": ms(cfg.heartbeat_interval),
-            "sample_rate": cfg.sample_rate, "output_buffer_size": cfg.output_buffer_size,
-            "output_buffer_timeout": ms(cfg.output_buffer_timeout),
-            "msg_timeout": int(cfg.msg_timeout * 1000),
-            "tls_v1": False, "snappy": False, "deflate": False,
-        }
         try:
-            self._sock_send(P.identify(data))
+            self._sock_send(P.identify(self.config.identify_fields()))
             ftype, payload = self._read_frame_blocking()
         except OSError as e:
             raise IdentifyError(f"IDENTIFY failed: {e}") from e
         if ftype == P.FrameType.ERROR:
             raise IdentifyError(payload.decode("utf-8", "replace"))
-        if not payload.startswith(b"{"):
-            return IdentifyResponse()      # an old server answering plain OK
         try:
-            raw = json.loads(payload)
+            return P.parse_identify_response(payload)
         except ValueError as e:
             raise IdentifyError(f"bad IDENTIFY response: {payload[:64]!r}") from e
-        return IdentifyResponse(
-            max_rdy_count=int(raw.get("max_rdy_count", 2500)),
-            msg_timeout_ms=int(raw.get("msg_timeout", 60000)),
-            auth_required=bool(raw.get("auth_required", False)),
-            version=str(raw.get("version", "")), raw=raw)
 
     def _auth(self) -> None:
         if not self.config.auth_secret:
@@ -296,7 +266,7 @@ class Conn:
             return
         error: str | None = None
         with self._wlock:
-            while (len(self._wbuf) > _MAX_PENDING_WRITE and not self._closed
+            while (0 < self.max_pending_write < len(self._wbuf) and not self._closed
                    and not self.loop.in_loop_thread()):
                 self._wlock.wait(1.0)
             if self._closed or self._sock is None:

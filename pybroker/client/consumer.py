@@ -168,6 +168,7 @@ class Consumer:
                 self.nsqd_tcp_addresses.append(address)
         log.info("(%s) connecting to nsqd", address)
         conn = Conn(address, self.config, self, self._loop)
+        conn.max_pending_write = 0
         try:
             resp = conn.connect()
             if resp.max_rdy_count < self.flow.max_in_flight:

@@ -102,6 +102,35 @@ def nop() -> bytes:
     return b"NOP\n"
 
 
+@dataclass(frozen=True, slots=True)
+class IdentifyResponse:
+    """What the server granted in its IDENTIFY answer (feature negotiation)."""
+
+    max_rdy_count: int = 2500
+    msg_timeout_ms: int = 60000
+    auth_required: bool = False
+    version: str = ""
+    raw: dict[str, Any] | None = None
+
+
+def parse_identify_response(payload: bytes) -> IdentifyResponse:
+    """The JSON answer to IDENTIFY; a plain ``OK`` (old servers) gives the defaults.
+
+    Raises:
+        ValueError: the payload is neither ``OK`` nor a JSON object.
+    """
+    if not payload.startswith(b"{"):
+        return IdentifyResponse()
+    raw = json.loads(payload)
+    if not isinstance(raw, dict):
+        raise ValueError("IDENTIFY response is not a JSON object")
+    return IdentifyResponse(
+        max_rdy_count=int(raw.get("max_rdy_count", 2500)),
+        msg_timeout_ms=int(raw.get("msg_timeout", 60000)),
+        auth_required=bool(raw.get("auth_required", False)),
+        version=str(raw.get("version", "")), raw=raw)
+
+
 # -- frames --------------------------------------------------------------------------
 class FrameError(Exception):
     """The server sent bytes that can never form a valid frame."""

@@ -136,3 +136,18 @@ def test_producer_addresses() -> None:
     p = {"broadcast_address": "::1", "tcp_port": 4150, "http_port": 4151}
     assert producer_tcp_address(p) == "[::1]:4150"
     assert producer_http_address(dict(p, broadcast_address="h")) == "h:4151"
+
+
+def test_identify_fields_and_response() -> None:
+    fields = Config(heartbeat_interval=-1, output_buffer_timeout=0.1, msg_timeout=5.5,
+                    client_id="cid", user_agent="ua/1").identify_fields()
+    assert fields["heartbeat_interval"] == -1 and fields["output_buffer_timeout"] == 100
+    assert fields["msg_timeout"] == 5500 and fields["feature_negotiation"] is True
+    assert (fields["client_id"], fields["user_agent"]) == ("cid", "ua/1")
+    resp = P.parse_identify_response(b'{"max_rdy_count":100,"msg_timeout":2000,'
+                                     b'"auth_required":true,"version":"1.3.0"}')
+    assert (resp.max_rdy_count, resp.msg_timeout_ms, resp.auth_required, resp.version) == \
+        (100, 2000, True, "1.3.0")
+    assert P.parse_identify_response(b"OK").max_rdy_count == 2500
+    with pytest.raises(ValueError):
+        P.parse_identify_response(b"{nope")
