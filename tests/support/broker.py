@@ -57,7 +57,8 @@ class BrokerProcess:
         self._own_data = data_path is None
         self.data_path = data_path or tempfile.mkdtemp(prefix=f"{kind}-test-")
         self.nsqd_path = nsqd_path
-        self.wait_http = (kind == "nsqd") if wait_http is None else wait_http
+        # both kinds log "HTTP: listening on ..."; pass wait_http=False when HTTP is off
+        self.wait_http = True if wait_http is None else wait_http
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self.stderr_lines: list[str] = []
