@@ -24,6 +24,7 @@ from pybroker.protocol.names import is_valid_name
 from pybroker.protocol.wire import MSG_ID_LENGTH, ClientState
 
 if TYPE_CHECKING:
+    from pybroker.core.channel import Channel
     from pybroker.server.connection import ClientConn
 
 log = logging.getLogger("pybroker")
@@ -321,13 +322,26 @@ def _fin_batch(c: "ClientConn", ids: list[bytes]) -> None:
         raise Invalid("cannot FIN in current state")
     ch = c.channel
     assert ch is not None
+    e2e_ts = _e2e_stamps(c, ch, ids) if c.opts.e2e_processing_latency_percentiles else None
     failed = ch.finish_many(c, ids)
     c.finish_count += len(ids) - len(failed)
+    if e2e_ts:
+        # matches nsqd: FIN feeds the channel's publish-to-finish latency percentiles
+        now_ns, wall_ns = monotonic_ns(), time.time_ns()
+        window = c.opts.e2e_processing_latency_window_time
+        for ts in e2e_ts:
+            record_latency(ch, wall_ns - ts, now_ns, window)
     c.loop.mark_dirty(ch)
     for mid, e in failed:
         err = FinFailed(f"FIN {mid.decode('ascii', 'replace')} failed {e}")
         log.info("[%s] %s", c, err.payload().decode("utf-8", "replace"))
         c.send_frame(encode_error(err.payload()))
+
+
+def _e2e_stamps(c: "ClientConn", ch: "Channel", ids: list[bytes]) -> list[int]:
+    """Publish times of the messages in ids that c may FIN (read before they go)."""
+    found = (ch.in_flight.get(mid) for mid in ids)
+    return [m.ts_ns for m in found if m is not None and m.client is c]
 
 
 def req(c: "ClientConn", cmd: Command) -> None:
