@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from typing import BinaryIO, List
+from typing import BinaryIO, Callable, List
 
 import typer
 
@@ -40,7 +40,8 @@ class TailPrinter:
         self._done = False
         self._lock = threading.Lock()
 
-    def handler(self, topic: str):  # type: ignore[no-untyped-def]
+    def handler(self, topic: str) -> Callable[[Message], None]:
+        """The handler for ``topic``'s consumer."""
         prefix = topic.encode() + b" | " if self.print_topic else b""
 
         def handle(msg: Message) -> None:

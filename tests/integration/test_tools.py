@@ -256,14 +256,25 @@ def _require_stats(b: BrokerProcess) -> None:
 
 
 class Holder:
+    """Keeps every message in flight until ``release()``; after that, finishes at once."""
+
     def __init__(self) -> None:
         self.held: list[Message] = []
         self.lock = threading.Lock()
+        self.released = False
 
     def __call__(self, m: Message) -> None:
-        m.disable_auto_response()
         with self.lock:
-            self.held.append(m)
+            if not self.released:
+                m.disable_auto_response()
+                self.held.append(m)
+
+    def release(self) -> None:
+        with self.lock:
+            self.released = True
+            held, self.held = self.held, []
+        for m in held:
+            m.finish()
 
 
 HEADER = (b"------rate------+----------------depth----------------+"
@@ -299,9 +310,8 @@ def test_stat_table(any_broker: BrokerProcess) -> None:
                           "--interval=100ms", f"--lookupd-http-address={lookupd.http_hostport}")
         assert r2.returncode == 0, r2.stderr
         assert r2.stdout == HEADER + row
-        for m in holder.held:
-            m.finish()
     finally:
+        holder.release()
         c.close()
 
 

@@ -288,3 +288,24 @@ def test_same_files_as_nsq_to_file(any_broker: BrokerProcess, tmp_path: Path,
     assert sorted(p.name for p in py_dir.iterdir()) == go_files
     for name in go_files:
         assert content(py_dir / name) == content(go_dir / name), name
+
+
+def test_sighup_closes_and_moves_the_current_file(any_broker: BrokerProcess,
+                                                  tmp_path: Path) -> None:
+    topic = unique_name("tf_hup")
+    out, work = tmp_path / "out", tmp_path / "work"
+    publish(any_broker, topic, [b"one", b"two"])
+    proc = start_to_file(any_broker, f"--topic={topic}", f"--output-dir={out}",
+                         f"--work-dir={work}")
+    rev0 = out / f"{topic}.{HOST}-000000.{YEAR}.log"
+    wait_until(lambda: any(p.stat().st_size >= 8 for p in work.glob("*.log")), 15,
+               what="the first lines in the work dir")
+    proc.send_signal(signal.SIGHUP)           # sync, close, move; keep running
+    wait_until(rev0.exists, 10, what="the file moved by SIGHUP")
+    assert proc.poll() is None, "SIGHUP must not stop the tool"
+    publish(any_broker, topic, [b"three"])
+    rev1 = work / f"{topic}.{HOST}-000001.{YEAR}.log"
+    wait_until(lambda: rev1.exists() and rev1.stat().st_size == 6, 10, what="the next file")
+    stop(proc)
+    assert rev0.read_bytes() == b"one\ntwo\n"
+    assert (out / rev1.name).read_bytes() == b"three\n"
