@@ -236,3 +236,24 @@ def test_rdy_redistributed_to_the_busy_connection(make_broker: Callable[..., Bro
         consumer.close()
     assert set(got) == {busy.tcp_hostport}
     assert max(totals) <= 1, f"total RDY above max_in_flight: {totals}"
+
+
+def test_change_max_in_flight_pauses_and_resumes(any_broker: BrokerProcess) -> None:
+    topic = unique_name("flow_change")
+    got: list[bytes] = []
+    rdys: list[int] = []
+    c = Consumer(topic, "ch", lambda m: got.append(m.body), max_in_flight=4,
+                 on_rdy=lambda conn, n: rdys.append(n))
+    c.connect_to_nsqd(any_broker.tcp_hostport)
+    try:
+        c.change_max_in_flight(0)                 # go-nsq: ChangeMaxInFlight(0) pauses
+        assert rdys == [4, 0] and c.conns()[0].rdy_count == 0
+        with Producer(any_broker.tcp_hostport) as p:
+            p.multi_publish(topic, [b"%d" % i for i in range(10)])
+        time.sleep(0.5)
+        assert got == [], "messages delivered with RDY 0"
+        c.change_max_in_flight(2)
+        wait_until(lambda: len(got) == 10, 10, what="delivery after resuming")
+        assert max(rdys[2:]) == 2
+    finally:
+        c.close()
