@@ -61,7 +61,9 @@ def table(result: dict[str, Any]) -> str:
     counts = sorted({e[n]["ok_runs"] for e in summary.values() for n in names if n in e})
     lines.append("")
     lines.append(f"Medians of {runs} run(s) per scenario and broker"
-                 + ("" if counts == [runs] else f" (successful runs: {counts})") + ".")
+                 + ("" if counts == [runs] else f" (successful runs: {counts})") + "."
+                 + (" pybroker/nsqd: the median of the runs' ratios (the two brokers of a"
+                    " run are measured back to back)." if both else ""))
     if both:
         checks = [f"{label} {r:.2f}x nsqd ({op} {goal}x: {'met' if ok else 'NOT met'})"
                   for label, r, op, goal, ok in targets(summary)]
@@ -100,6 +102,18 @@ def write_json(result: dict[str, Any], path: str | Path) -> None:
     Path(path).write_text(json.dumps(result, indent=2, default=str) + "\n")
 
 
+def _spread(result: dict[str, Any], name: str, keys: list[tuple[str, str]],
+            medians: list[float], scale: float) -> tuple[list[float], list[float]]:
+    """Distances from each median down to the runs' minimum and up to their maximum."""
+    lo, hi = [], []
+    for (scenario, key), mid in zip(keys, medians):
+        vals = [r[key] / scale for r in result["records"] if r["broker"] == name
+                and r["scenario"] == scenario and r.get(key) is not None]
+        lo.append(mid - min(vals) if vals else 0.0)
+        hi.append(max(vals) - mid if vals else 0.0)
+    return lo, hi
+
+
 def write_plot(result: dict[str, Any], path: str | Path) -> None:
     """Throughput bars, latency percentile bars and latency over time (matplotlib PNG)."""
     try:
@@ -119,17 +133,22 @@ def write_plot(result: dict[str, Any], path: str | Path) -> None:
     width = 0.8 / max(len(names), 1)
     for i, name in enumerate(names):
         vals = [(summary[s].get(name, {}).get(k) or 0) / 1000 for s, k, _ in groups]
-        ax1.bar([g + i * width for g in range(len(groups))], vals, width, label=name)
+        lo, hi = _spread(result, name, [(s, k) for s, k, _ in groups], vals, 1000)
+        ax1.bar([g + i * width for g in range(len(groups))], vals, width, label=name,
+                yerr=[lo, hi], capsize=3)
     ax1.set_xticks([g + width * (len(names) - 1) / 2 for g in range(len(groups))])
     ax1.set_xticklabels([label for _, _, label in groups])
     ax1.set_ylabel("thousand messages / s (median)")
-    ax1.set_title("Throughput")
+    ax1.set_title("Throughput (bars: median, whiskers: min-max of runs)")
     ax1.legend()
     pcts = ["e2e_p50_ms", "e2e_p99_ms", "e2e_p99.9_ms"]
     lat = summary.get("latency", {})
     for i, name in enumerate(names):
         vals = [lat.get(name, {}).get(k) or 0 for k in pcts]
-        ax2.bar([g + i * width for g in range(len(pcts))], vals, width, label=name)
+        lo, hi = _spread(result, name, [("latency", k) for k in pcts], vals, 1)
+        ax2.bar([g + i * width for g in range(len(pcts))], vals, width, label=name,
+                yerr=[lo, hi], capsize=3)
+    ax2.set_yscale("log")
     ax2.set_xticks([g + width * (len(names) - 1) / 2 for g in range(len(pcts))])
     ax2.set_xticklabels(["p50", "p99", "p99.9"])
     ax2.set_ylabel("ms, publish to receipt (median of runs)")

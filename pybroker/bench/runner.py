@@ -113,6 +113,7 @@ def run_bench(targets: list[Target], scenarios: list[str], cfg: BenchConfig, run
                     if code not in (0, None) and "error" not in rec:
                         rec["error"] = f"{target.name} exited with status {code}"
                 rec["wall_s"] = time.monotonic() - t0
+                rec["loadavg_1m"] = os.getloadavg()[0]
                 records.append(rec)
                 log(format_record(rec, cfg))
     return {"machine": machine_info(), "config": cfg.as_dict(), "runs": runs,
@@ -135,11 +136,28 @@ def summarize(records: list[dict[str, Any]], names: list[str]) -> dict[str, Any]
             entry[name] = {k: median(r.get(k) for r in recs) for k in keys}
             entry[name]["ok_runs"] = len(recs)
         if "pybroker" in entry and "nsqd" in entry:
-            py, ns = entry["pybroker"], entry["nsqd"]
-            entry["ratio"] = {k: ratio(py.get(k), ns.get(k))
-                              for k in (*HIGHER_BETTER, *LOWER_BETTER)
-                              if py.get(k) is not None and ns.get(k) is not None}
+            entry["ratio"] = paired_ratios([r for r in records if r["scenario"] == scenario])
         out[scenario] = entry
+    return out
+
+
+def paired_ratios(records: list[dict[str, Any]]) -> dict[str, float]:
+    """pybroker/nsqd per figure: the median over runs of each run's ratio.
+
+    The two brokers of one run are measured back to back, so pairing them cancels most
+    of the drift in what else the machine is doing between runs.
+    """
+    by_run: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in records:
+        if "error" not in r:
+            by_run.setdefault(r["run"], {})[r["broker"]] = r
+    out: dict[str, float] = {}
+    for k in (*HIGHER_BETTER, *LOWER_BETTER):
+        rs = [ratio(pair["pybroker"].get(k), pair["nsqd"].get(k)) for pair in by_run.values()
+              if "pybroker" in pair and "nsqd" in pair]
+        m = median(rs)
+        if m is not None:
+            out[k] = m
     return out
 
 
