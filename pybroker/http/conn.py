@@ -34,9 +34,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
-RECV_SIZE = 256 * 1024
+RECV_SIZE = 64 * 1024
 MAX_HEADER_BYTES = 64 * 1024
 MAX_QUEUED = 64  # pipelined requests waiting before reading stops
+TURN_BUDGET = 64  # requests answered per connection per turn, so one cannot starve others
 HIGH_WATER = 4 * 1024 * 1024  # response bytes waiting before reading stops
 LINGER_NS = 2_000_000_000  # after a close-response: wait this long for the peer's EOF
 LINGER_BYTES = 16 * 1024 * 1024
@@ -213,7 +214,12 @@ class HttpConn:
     def process(self) -> None:
         """Answer queued requests in order until one waits for the event loops."""
         server = self.server
+        budget = TURN_BUDGET
         while self.queue and not self.busy and not self.closed and not self.close_after:
+            if budget == 0:
+                server.to_process[self] = None  # carry on next turn
+                break
+            budget -= 1
             r = self.queue.popleft()
             if r.reject is not None:
                 self.respond(r, r.reject)  # type: ignore[arg-type]
@@ -287,13 +293,9 @@ class HttpConn:
         else:
             self.out = []
             self.out_bytes = 0
-            if not self.busy:
-                if self.queue and not self.close_after:
-                    self.process()
-                    return
-                if self.close_after or self.eof:
-                    self._begin_linger()
-                    return
+            if not self.busy and not self.queue and (self.close_after or self.eof):
+                self._begin_linger()
+                return
         self.server.update_events(self)
 
     def _begin_linger(self) -> None:

@@ -94,6 +94,7 @@ class HttpServer:
         self.started_at = time.time()
         self.conns: set[HttpConn] = set()
         self.to_flush: dict[HttpConn, None] = {}
+        self.to_process: dict[HttpConn, None] = {}  # out of budget last turn
         self._outbox: dict[Any, list[tuple[Any, list[Any]]]] = {}
         self._pending: dict[int, _Pending] = {}
         self._tokens = itertools.count(1)
@@ -162,9 +163,16 @@ class HttpServer:
         next_sweep = time.monotonic() + SWEEP_S
         try:
             while self._running:
-                timeout = 0.0 if self._calls else max(0.0, next_sweep - time.monotonic())
+                timeout = (0.0 if self._calls or self.to_process
+                           else max(0.0, next_sweep - time.monotonic()))
                 for key, mask in self.selector.select(timeout):
                     self._dispatch(key.data, mask)
+                if self.to_process:
+                    again = self.to_process
+                    self.to_process = {}
+                    for conn in again:
+                        if not conn.closed:
+                            conn.process()
                 self._run_calls()
                 self._flush()
                 if time.monotonic() >= next_sweep:
@@ -291,6 +299,7 @@ class HttpServer:
     def forget(self, conn: HttpConn) -> None:
         self.conns.discard(conn)
         self.to_flush.pop(conn, None)
+        self.to_process.pop(conn, None)
         if conn.events:
             try:
                 self.selector.unregister(conn.sock)
