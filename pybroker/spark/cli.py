@@ -79,7 +79,12 @@ def archive(
     except ValueError as e:
         _fail(str(e))
     try:
-        from pybroker.spark.pipeline import ArchiveJob, JobError, spark_session
+        from pybroker.spark.pipeline import (
+            ArchiveJob,
+            JobError,
+            existing_session,
+            spark_session,
+        )
     except MissingSpark as e:
         _fail(str(e), 1)
     job = ArchiveJob(topic=topic, channel=channel, output=output,
@@ -90,7 +95,11 @@ def archive(
                      max_batch_size=batch_size, drain_timeout=drain_timeout)
     try:
         job.validate()
-        spark = spark_session(master, f"pybroker-archive-{topic}", _conf_pairs(list(conf or [])))
+        # A session this process already runs (a notebook, a test) is used as it is
+        # and left running; otherwise the command makes its own and stops it.
+        owned = existing_session() is None
+        spark = spark_session(master, f"pybroker-archive-{topic}",
+                              _conf_pairs(list(conf or [])))
     except (JobError, MissingSpark) as e:
         _fail(str(e), 2 if isinstance(e, JobError) else 1)
     try:
@@ -98,7 +107,8 @@ def archive(
     except (JobError, OptionError) as e:
         _fail(str(e))
     finally:
-        spark.stop()
+        if owned:
+            spark.stop()
     raise typer.Exit(code)
 
 

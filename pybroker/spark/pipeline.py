@@ -112,6 +112,14 @@ def spark_session(master: str = "local[*]", app_name: str = "pybroker",
     return spark
 
 
+def existing_session() -> Any | None:
+    """The SparkSession already active in this thread (an embedding program's), if any."""
+    require_pyspark()
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession()
+
+
 def archive_frame(spark: Any, job: ArchiveJob) -> Any:
     """The streaming DataFrame the job writes: source columns, parsed JSON, date, hour.
 

@@ -14,8 +14,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -182,7 +183,8 @@ def test_checkpoint_commit_log_is_read_for_this_run_only(tmp_path: Path) -> None
 
 
 def test_publisher_mpub_batches_and_refusals(make_broker: Callable[..., BrokerProcess]) -> None:
-    from pybroker.spark.publisher import PublishError, publish as mpub
+    from pybroker.spark.publisher import PublishError
+    from pybroker.spark.publisher import publish as mpub
 
     b = make_broker("--max-msg-size=100")
     topic = unique_name("sp_pub")
@@ -208,7 +210,8 @@ def test_publisher_mpub_batches_and_refusals(make_broker: Callable[..., BrokerPr
 # -- archives ---------------------------------------------------------------------------
 def to_file_prefix() -> list[str]:
     probe = subprocess.run([sys.executable, "-m", "pybroker", "to-file", "--version"],
-                           capture_output=True, text=True, timeout=30, cwd=project_root())
+                           capture_output=True, text=True, timeout=30, cwd=project_root(),
+                           check=False)
     if probe.returncode == 0 and "to-file" in probe.stdout:
         return [sys.executable, "-m", "pybroker"]
     return [sys.executable, "-m", "pybroker.tools"]

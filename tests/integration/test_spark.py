@@ -1,0 +1,255 @@
+"""PySpark end to end: a local Spark (local[2]) against a real pybroker process.
+
+The streaming source into Parquet (20,000 messages, read back complete, every message
+FIN'd), a query stopped mid-stream and restarted (no loss; duplicates counted), the
+batch sink (20,000 rows, all received; a refused MPUB fails the task and Spark's retry
+moves to the next nsqd), the streaming sink, the archive reader over files written by
+``pybroker to-file``, and the ``pybroker spark archive`` command. Skipped when pyspark
+or a Java runtime is missing.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pybroker.client import Consumer
+from tests.integration.test_spark_core import channel_stats, publish, write_archive
+from tests.support.broker import BrokerProcess, unique_name, wait_until
+
+pytest.importorskip("pyspark", reason="pyspark is not installed (pip install "
+                                      "'pybroker[spark]')")
+pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install "
+                                      "'pybroker[spark]')")
+
+from pybroker.spark.pipeline import (
+    ArchiveJob,
+    batch_rows,
+    find_java,
+    spark_session,
+    start_archive,
+)
+
+if find_java() is None:
+    pytest.skip("no Java runtime for Spark (apt-get install openjdk-17-jre-headless)",
+                allow_module_level=True)
+
+pytestmark = pytest.mark.timeout(240)
+
+N = 20_000
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """One local Spark for the module: 2 cores, tasks retried up to 4 times."""
+    session = spark_session("local[2,4]", "pybroker-tests", {
+        "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
+        "spark.default.parallelism": "2", "spark.driver.memory": "1g",
+        "spark.sql.streaming.noDataMicroBatches.enabled": "false"})
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def big_broker(make_module_broker: Callable[..., BrokerProcess]) -> BrokerProcess:
+    """A broker that grants RDY up to 10,000, so batches can hold 5,000 messages."""
+    return make_module_broker("--max-rdy-count=10000")
+
+
+def bodies(prefix: str, n: int = N) -> list[bytes]:
+    return [b"%s-%05d" % (prefix.encode(), i) for i in range(n)]
+
+
+def drained(b: BrokerProcess, topic: str, channel: str) -> bool:
+    stats = channel_stats(b, topic, channel)
+    return stats["depth"] == 0 and stats["in_flight_count"] == 0
+
+
+def consume(b: BrokerProcess, topic: str, want: int, timeout_s: float = 60) -> list[bytes]:
+    got: list[bytes] = []
+    c = Consumer(topic, "verify", lambda m: got.append(m.body), max_in_flight=2000)
+    c.connect_to_nsqd(b.tcp_hostport)
+    try:
+        wait_until(lambda: len(got) >= want, timeout_s, interval_s=0.1,
+                   what=f"{want} messages")
+    finally:
+        c.close()
+    return got
+
+
+def job(b: BrokerProcess, topic: str, out: Path, **kw: Any) -> ArchiveJob:
+    kw.setdefault("max_in_flight", 10000)
+    return ArchiveJob(topic=topic, channel="archive", output=str(out / "lake"),
+                      nsqd=[b.tcp_hostport], **kw)
+
+
+def test_stream_20000_messages_into_parquet(spark: Any, big_broker: BrokerProcess,
+                                            tmp_path: Path,
+                                            record_property: Callable[[str, object], None]
+                                            ) -> None:
+    topic = unique_name("sk_stream")
+    sent = bodies("s")
+    published_at = time.time()
+    publish(big_broker, topic, sent)
+    days = {time.strftime("date=%Y-%m-%d", time.gmtime(t)) for t in (published_at, time.time())}
+    started = time.monotonic()
+    query = start_archive(spark, job(big_broker, topic, tmp_path, available_now=True))
+    assert query.awaitTermination(180), "the available-now query did not finish"
+    took = time.monotonic() - started
+    assert query.exception() is None
+    record_property("stream_msgs_per_s", round(N / took))
+    lake = spark.read.parquet(str(tmp_path / "lake"))
+    assert set(lake.columns) == {"id", "body", "timestamp", "attempts", "topic", "date",
+                                 "hour"}
+    rows = lake.select("body", "topic", "attempts", "id").collect()
+    assert len(rows) == N
+    assert sorted(bytes(r.body) for r in rows) == sent
+    assert {r.topic for r in rows} == {topic} and {r.attempts for r in rows} == {1}
+    assert len({r.id for r in rows}) == N
+    parts = sorted(p.name for p in (tmp_path / "lake").iterdir() if p.name.startswith("date="))
+    assert parts and set(parts) <= days, parts
+    # every message was FIN'd, the last batch too (through the checkpoint's commit log)
+    wait_until(lambda: drained(big_broker, topic, "archive"), 10, what="FINs")
+
+
+def test_stopped_query_restarts_without_loss(spark: Any, big_broker: BrokerProcess,
+                                             tmp_path: Path,
+                                             record_property: Callable[[str, object], None]
+                                             ) -> None:
+    topic = unique_name("sk_restart")
+    sent = bodies("r")
+    publish(big_broker, topic, sent)
+    first = start_archive(spark, job(big_broker, topic, tmp_path, max_in_flight=2000,
+                                     trigger_s=0.2))
+    wait_until(lambda: sum(batch_rows(first).values()) >= 5000, 120, interval_s=0.2,
+               what="5,000 rows through the first query")
+    first.stop()                                      # mid-stream: batches still to come
+    assert first.exception() is None
+    done_first = sum(batch_rows(first).values())
+    assert done_first < N, "the first query drained the topic before it was stopped"
+    second = start_archive(spark, job(big_broker, topic, tmp_path, available_now=True))
+    assert second.awaitTermination(180), "the restarted query did not finish"
+    assert second.exception() is None
+    got = [bytes(r.body) for r in spark.read.parquet(str(tmp_path / "lake"))
+           .select("body").collect()]
+    counts = Counter(got)
+    assert set(counts) == set(sent), f"{len(set(sent) - set(counts))} messages lost"
+    duplicates = len(got) - len(counts)
+    record_property("restart_duplicates", duplicates)
+    print(f"restart: {done_first} rows before the stop, {duplicates} duplicates")
+    assert duplicates <= 2000                         # at most what was held at the stop
+    wait_until(lambda: drained(big_broker, topic, "archive"), 10, what="FINs")
+
+
+def test_sink_publishes_20000_rows(spark: Any, broker: BrokerProcess,
+                                   record_property: Callable[[str, object], None]) -> None:
+    from pyspark.sql import functions as F
+
+    topic = unique_name("sk_sink")
+    df = spark.range(N, numPartitions=4).select(
+        F.format_string("k-%05d", "id").cast("binary").alias("body"))
+    started = time.monotonic()
+    (df.write.format("pybroker").option("nsqd", broker.tcp_hostport)
+       .option("topic", topic).mode("append").save())
+    record_property("sink_msgs_per_s", round(N / (time.monotonic() - started)))
+    got = consume(broker, topic, N)
+    assert sorted(got) == bodies("k")
+
+
+def test_sink_task_fails_on_refusal_and_retries_elsewhere(
+        spark: Any, broker: BrokerProcess,
+        make_broker: Callable[..., BrokerProcess]) -> None:
+    refusing = make_broker("--max-msg-size=8")       # every body below is 10 bytes
+    topic = unique_name("sk_retry")
+    df = spark.createDataFrame([(f"x-{i:08d}",) for i in range(300)], "body string")
+    df = df.coalesce(1)
+    # partition 0, attempt 0 -> the refusing broker; Spark's retry -> the next address
+    (df.write.format("pybroker").option("nsqd", f"{refusing.tcp_hostport},"
+                                                f"{broker.tcp_hostport}")
+       .option("topic", topic).mode("append").save())
+    assert sorted(consume(broker, topic, 300)) == [b"x-%08d" % i for i in range(300)]
+    with pytest.raises(Exception, match="E_BAD_MESSAGE"):
+        (df.write.format("pybroker").option("nsqd", refusing.tcp_hostport)
+           .option("topic", topic).mode("append").save())
+
+
+def test_stream_sink_copies_a_topic(spark: Any, big_broker: BrokerProcess,
+                                    tmp_path: Path) -> None:
+    src, dst = unique_name("sk_src"), unique_name("sk_dst")
+    sent = bodies("c", 5000)
+    publish(big_broker, src, sent)
+    df = (spark.readStream.format("pybroker").option("nsqd", big_broker.tcp_hostport)
+          .option("topic", src).option("channel", "copy").option("max_in_flight", "4000")
+          .option("checkpoint", str(tmp_path / "ck")).load())
+    query = (df.select("body").writeStream.format("pybroker")
+             .option("nsqd", big_broker.tcp_hostport).option("topic", dst)
+             .option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(120)
+    assert query.exception() is None
+    assert sorted(set(consume(big_broker, dst, 5000))) == sent
+    wait_until(lambda: drained(big_broker, src, "copy"), 10, what="FINs")
+
+
+def test_archive_reader_reads_to_file_output(spark: Any, broker: BrokerProcess,
+                                             tmp_path: Path) -> None:
+    topic = unique_name("sk_files")
+    sent = bodies("f", 4000)
+    publish(broker, topic, sent[:2000])
+    write_archive(broker, topic, tmp_path, 2000, "--gzip")
+    publish(broker, topic, sent[2000:])
+    write_archive(broker, topic, tmp_path, 4000)       # a plain file beside the gzip one
+    df = spark.read.format("pybroker").option("topic", topic).load(str(tmp_path))
+    live = (spark.readStream.format("pybroker").option("nsqd", broker.tcp_hostport)
+            .option("topic", topic).option("channel", "schema").load())
+    assert df.schema == live.schema                   # the archive and the live topic
+    rows = df.collect()
+    assert sorted(bytes(r.body) for r in rows) == sent
+    assert {r.topic for r in rows} == {topic}
+    assert all(r.timestamp is not None and r.id is None for r in rows)
+    assert df.rdd.getNumPartitions() == 2             # one task per file
+
+
+def test_archive_command(spark: Any, big_broker: BrokerProcess, tmp_path: Path) -> None:
+    """``spark archive`` in this process: it uses the running session and leaves it up."""
+    from typer.testing import CliRunner
+
+    from pybroker.spark.cli import make_app
+
+    topic = unique_name("sk_cli")
+    sent = [json.dumps({"user": f"u{i % 7}", "amount": i}).encode() for i in range(3000)]
+    publish(big_broker, topic, sent)
+    out = tmp_path / "lake"
+    result = CliRunner().invoke(make_app(), [
+        "archive", f"--topic={topic}", "--channel=cli", f"--output={out}",
+        f"--nsqd-tcp-address={big_broker.tcp_hostport}", "--available-now",
+        "--max-in-flight=4000", "--json-schema=user string, amount int"])
+    assert result.exit_code == 0, result.output
+    assert "archived 3000 messages" in result.output, result.output
+    assert (out / "_checkpoint" / "commits").is_dir()
+    assert list(out.glob("date=*/hour=*")), list(out.iterdir())
+    lake = spark.read.parquet(str(out))
+    assert {"user", "amount", "body", "date", "hour"} <= set(lake.columns)
+    rows = lake.select("user", "amount").collect()
+    assert sorted(r.amount for r in rows) == list(range(3000))
+    assert {r.user for r in rows} == {f"u{i}" for i in range(7)}
+    wait_until(lambda: drained(big_broker, topic, "cli"), 10, what="FINs")
+    assert spark.range(3).count() == 3                # the session is still up
+
+
+def test_archive_command_usage_errors(tmp_path: Path) -> None:
+    run = [sys.executable, "-m", "pybroker.spark.cli", "archive", "--topic=t",
+           f"--output={tmp_path}"]
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and "--nsqd-tcp-address" in proc.stderr
+    proc = subprocess.run([*run, "--nsqd-tcp-address=127.0.0.1:1", "--format=csv"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and "--format" in proc.stderr
