@@ -155,6 +155,10 @@ SPECS: tuple[OptionSpec, ...] = (
                "authentication is not available in this version; leave empty",
                flag="auth-http-address"),
     # pybroker's own knobs
+    OptionSpec("durability", "str", "memory",
+               "\"memory\": nsqd's behaviour (fsync every sync_every writes / sync_timeout); "
+               "\"fsync\": PUB/MPUB/DPUB answered OK only once on disk, nothing acknowledged "
+               "is lost to a crash"),
     OptionSpec("loop_threads", "int", 0,
                "event loop threads serving clients (0: one per CPU)", 0, 256),
 )
@@ -281,6 +285,8 @@ def _check(v: dict[str, Any]) -> None:
             raise ConfigError(f"{key}: TLS/HTTPS is not available in this version; remove it")
     if v["auth_http_addresses"]:
         raise ConfigError("auth_http_addresses: authentication is not available in this version")
+    if v["durability"] not in ("memory", "fsync"):
+        raise ConfigError(f"durability: {v['durability']!r} is not \"memory\" or \"fsync\"")
     if v["msg_timeout"] > v["max_msg_timeout"]:
         raise ConfigError("msg_timeout: must not exceed max_msg_timeout")
     if v["max_msg_size"] > v["max_body_size"]:

@@ -12,7 +12,7 @@ import zlib
 from typing import Any, Callable, Protocol
 
 from pybroker.core.channel import Channel
-from pybroker.core.topic import Deliveries, Topic
+from pybroker.core.topic import BackendFactory, Deliveries, Topic
 from pybroker.errors import ChannelNotFound, Exiting, TopicNotFound
 
 
@@ -24,10 +24,13 @@ class Owner(Protocol):
 
 class Broker:
     def __init__(self, options: Any, owners: list[Any],
-                 route: Callable[[Deliveries], None]) -> None:
+                 route: Callable[[Deliveries], None],
+                 open_backend: BackendFactory | None = None, durable: bool = False) -> None:
         self.options = options
         self.owners = owners
         self.route = route
+        self.open_backend = open_backend
+        self.durable = durable
         self.lock = threading.RLock()
         self.topics: dict[str, Topic] = {}
         self.start_time = int(time.time())
@@ -37,6 +40,7 @@ class Broker:
         self.generation = 0
         # observers called (from any thread) after topics/channels change: metadata, lookupd
         self.on_change: list[Callable[[], None]] = []
+        self.on_delete_queue: list[Callable[[str], None]] = []
 
     # -- ownership ------------------------------------------------------------------
     def pick_owner(self, topic: str, channel: str) -> Any:
@@ -55,7 +59,8 @@ class Broker:
             t = self.topics.get(name)
             if t is None:
                 o = self.options
-                t = Topic(name, o.id, time.time_ns(), o.mem_queue_size, self.pick_owner)
+                t = Topic(name, o.id, time.time_ns(), o.mem_queue_size, self.pick_owner,
+                          self.open_backend, self.durable)
                 self.topics[name] = t
                 created = True
             else:
@@ -80,6 +85,10 @@ class Broker:
             ch = t.remove_channel(ch_name)
             if ch is not None:
                 ch.owner.call_soon_threadsafe(ch.owner.close_channel, ch)
+        if t.backend is not None:
+            t.backend.delete()
+        for fn in self.on_delete_queue:
+            fn(name)
         self._changed()
 
     def get_channel(self, topic: Topic, name: str) -> Channel:
@@ -112,10 +121,22 @@ class Broker:
 
     # -- publishing (any thread) ----------------------------------------------------
     def publish(self, topic_name: str, bodies: list[bytes], defer_ns: int = 0) -> None:
+        """Publish from any thread; returns once durable (in durable mode).
+
+        Raises Exiting, or a storage error when the messages could not be written.
+        """
         t = self.get_topic(topic_name)
-        deliveries = t.publish(bodies, time.time_ns(), defer_ns)
+        deliveries, to_sync = t.publish(bodies, time.time_ns(), defer_ns)
         if deliveries:
             self.route(deliveries)
+        for b in to_sync:
+            b.sync()
+
+    def set_topic_paused(self, name: str, paused: bool) -> None:
+        deliveries = self.find_topic(name).set_paused(paused)
+        if deliveries:
+            self.route(deliveries)
+        self._changed()
 
     def notify_changed(self) -> None:
         """Tell observers that persistent state changed (e.g. a topic or channel was
@@ -126,6 +147,24 @@ class Broker:
         self.generation += 1
         for fn in self.on_change:
             fn()
+
+    def restore(self, topics: list[tuple[str, bool, list[tuple[str, bool]]]]) -> None:
+        """Start-up, before clients: recreate topics and channels with their paused
+        flags, then hand each topic's backlog to its channels."""
+        for name, paused, channels in topics:
+            t = self.get_topic(name)
+            with t.lock:
+                t.paused = paused
+                for ch_name, ch_paused in channels:
+                    if ch_name not in t.channels:
+                        t.new_channel(ch_name).paused = ch_paused
+            deliveries = t.release()
+            if deliveries:
+                self.route(deliveries)
+
+    def all_topics(self) -> list[Topic]:
+        with self.lock:
+            return list(self.topics.values())
 
     def all_channels(self) -> list[Channel]:
         """A snapshot of every channel (for the queue scanner)."""

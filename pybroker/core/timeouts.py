@@ -69,6 +69,10 @@ class TimeoutWheel(Generic[T]):
         self._len -= len(out)
         return out
 
+    def deadline_of(self, handle: Handle) -> int:
+        """The (rounded-up) time at which the entry behind handle fires."""
+        return handle[0] * self._res
+
     def next_deadline(self) -> int | None:
         """The earliest bucket's time (it may have emptied: waking then finds nothing)."""
         return self._keys[0] * self._res if self._keys else None

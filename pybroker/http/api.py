@@ -26,6 +26,7 @@ from pybroker.http.request import Request, first, parse_query
 from pybroker.http.response import (TEXT, Response, empty, error, ok_json, ok_text)
 from pybroker.http.routes import Router
 from pybroker.protocol.names import is_valid_name
+from pybroker.storage import StorageError
 
 log = logging.getLogger("pybroker")
 MS = 1_000_000
@@ -115,9 +116,15 @@ class Api:
         if self.broker.exiting:
             return error(503, "EXITING")
         if bodies:
-            deliveries = topic.publish(bodies, time.time_ns(), defer_ns)
-            if deliveries:
-                self.server.route(deliveries)
+            try:
+                deliveries, to_sync = topic.publish(bodies, time.time_ns(), defer_ns)
+                if deliveries:
+                    self.server.route(deliveries)
+                for backend in to_sync:  # durable mode: answer once on disk
+                    backend.sync()
+            except StorageError as e:
+                self.rt.storage_failed(e)
+                return error(500, "PUB_FAILED")
         return OK
 
     def pub(self, req: Request) -> Response:
@@ -347,6 +354,8 @@ class Api:
         known, value = self.config_value(key)
         if not known:
             return error(400, "INVALID_OPTION")
+        if isinstance(value, str):
+            return ok_text(value.encode())  # nsqd's V1: a string is sent as it is
         return ok_json(value)
 
     def _set_lookupd(self, body: bytes) -> bool:
@@ -354,8 +363,6 @@ class Api:
             value = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             return False
-        if isinstance(value, str):
-            return ok_text(value.encode())  # nsqd's V1: a string is sent as it is
         if value is not None and (not isinstance(value, list)
                                   or not all(isinstance(v, str) for v in value)):
             return False

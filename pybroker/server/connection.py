@@ -54,6 +54,7 @@ class ClientConn:
         self.closed = False
         self.closing_after_flush = False
         self.moving = False
+        self.awaiting_commit = 0  # durable publishes not yet answered (see loop.commit_later)
         # identity and negotiated settings (IDENTIFY)
         self.client_id = ""
         self.hostname = ""
@@ -172,7 +173,8 @@ class ClientConn:
     def process(self) -> None:
         """Run every parsed command; stop at a fatal error or when moving loops."""
         try:
-            while not self.moving and not self.closed and not self.closing_after_flush:
+            while (not self.moving and not self.closed and not self.closing_after_flush
+                   and not self.awaiting_commit):
                 cmd = self.decoder.next_command()
                 if cmd is None:
                     break
@@ -187,6 +189,12 @@ class ClientConn:
             log.error("[%s] - %s", self, err.payload().decode("utf-8", "replace"))
             self.send_frame(encode_error(err.payload()))
             self.close_after_flush()
+
+    def fail(self, err: ClientError) -> None:
+        """Answer a fatal error outside command processing (a failed group commit)."""
+        log.error("[%s] - %s", self, err.payload().decode("utf-8", "replace"))
+        self.send_frame(encode_error(err.payload()))
+        self.close_after_flush()
 
     # -- writing ------------------------------------------------------------------------
     def send_frame(self, frame: bytes) -> None:

@@ -19,9 +19,11 @@ from pybroker.errors import (AuthDisabled, BadBody, BadChannel, BadMessage, BadT
                              ClientError, DpubFailed, Exiting, FinFailed, Invalid, MpubFailed,
                              PubFailed, ReqFailed, SubFailed, TouchFailed)
 from pybroker.protocol.decoder import Command
+from pybroker.protocol.identify import IdentifyDecodeError, decode_identify
 from pybroker.protocol.encoder import CLOSE_WAIT_FRAME, encode_error, encode_response
 from pybroker.protocol.names import is_valid_name
 from pybroker.protocol.wire import MSG_ID_LENGTH, ClientState
+from pybroker.storage import StorageError
 
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
@@ -80,20 +82,12 @@ def identify(c: "ClientConn", cmd: Command) -> None:
     if body is None:
         return
     try:
-        data = json.loads(body)
-        if not isinstance(data, dict):
-            raise ValueError
-    except (ValueError, UnicodeDecodeError):
+        data = decode_identify(body)
+    except IdentifyDecodeError:
         raise BadBody("IDENTIFY failed to decode JSON body") from None
     o = c.opts
-    try:
-        hb = _int_field(data, "heartbeat_interval")
-        obs = _int_field(data, "output_buffer_size")
-        obt = _int_field(data, "output_buffer_timeout")
-        sample = _int_field(data, "sample_rate")
-        msg_timeout = _int_field(data, "msg_timeout")
-    except ValueError:
-        raise BadBody("IDENTIFY failed to decode JSON body") from None
+    hb, obs, obt = data["heartbeat_interval"], data["output_buffer_size"], data["output_buffer_timeout"]
+    sample, msg_timeout = data["sample_rate"], data["msg_timeout"]
     # matches nsqd's clientV2.Identify: each setter validates its own range, in this order
     if hb == -1:
         hb_ns = 0
@@ -127,9 +121,9 @@ def identify(c: "ClientConn", cmd: Command) -> None:
             mt_ns = msg_timeout * MS
         else:
             raise BadBody(f"IDENTIFY msg timeout ({msg_timeout}) is invalid")
-    c.client_id = str(data.get("client_id") or data.get("short_id") or "")
-    c.hostname = str(data.get("hostname") or data.get("long_id") or "")
-    c.user_agent = str(data.get("user_agent") or "")
+    c.client_id = data["client_id"]
+    c.hostname = data["hostname"]
+    c.user_agent = data["user_agent"]
     c.heartbeat_interval_ns = hb_ns
     c.output_buffer_timeout_ns = obt_ns
     c.output_buffer_size = obs_size
@@ -137,7 +131,7 @@ def identify(c: "ClientConn", cmd: Command) -> None:
     c.msg_timeout_ns = mt_ns
     c.identified = True
     c.schedule_heartbeat()
-    if not data.get("feature_negotiation"):
+    if not data["feature_negotiation"]:
         c.send_ok()
         return
     # TLS, snappy and deflate are not available yet: granted false, as nsqd does when
@@ -160,17 +154,6 @@ def identify(c: "ClientConn", cmd: Command) -> None:
         "output_buffer_timeout": obt_ns // MS,
     }
     c.send_frame(encode_response(json.dumps(resp, separators=(",", ":")).encode()))
-
-
-def _int_field(data: dict, key: str) -> int:
-    v = data.get(key, 0)
-    if v is None:
-        return 0
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(key)
-    if isinstance(v, float) and not v.is_integer():
-        raise ValueError(key)
-    return int(v)
 
 
 def auth(c: "ClientConn", cmd: Command) -> None:
@@ -264,16 +247,23 @@ def _mpub_error(e: "_native.ScanError", max_msg: int) -> ClientError:
 
 def _publish(c: "ClientConn", name: str, bodies: list[bytes], defer_ns: int,
              failed: type[ClientError], verb: str) -> None:
-    broker = c.loop.runtime.broker
+    runtime = c.loop.runtime
     try:
-        topic = broker.get_topic(name)
-        deliveries = topic.publish(bodies, time.time_ns(), defer_ns)
+        topic = runtime.broker.get_topic(name)
+        deliveries, to_sync = topic.publish(bodies, time.time_ns(), defer_ns)
     except BrokerError as e:
+        raise failed(f"{verb} failed {e}") from None
+    except StorageError as e:
+        runtime.storage_failed(e)
         raise failed(f"{verb} failed {e}") from None
     if deliveries:
         c.loop.route(deliveries)
     c.pub_counts[name] = c.pub_counts.get(name, 0) + len(bodies)
-    c.send_ok()
+    if to_sync:
+        # durable mode: OK once the records are on disk (the loop's group commit)
+        c.loop.commit_later(c, to_sync, failed(f"{verb} failed to write to disk"))
+    else:
+        c.send_ok()
 
 
 # -- consuming -------------------------------------------------------------------------------
@@ -354,7 +344,7 @@ def req(c: "ClientConn", cmd: Command) -> None:
     delay_ns = min(ms * MS, c.opts.max_req_timeout)
     assert c.channel is not None
     try:
-        c.channel.requeue(c, mid, delay_ns, monotonic_ns())
+        c.channel.requeue(c, mid, delay_ns, monotonic_ns(), time.time_ns())
     except BrokerError as e:
         raise ReqFailed(f"REQ {mid.decode('ascii', 'replace')} failed {e}") from None
     c.requeue_count += 1

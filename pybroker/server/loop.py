@@ -55,6 +55,9 @@ class EventLoop:
         self.dirty: dict[Channel, None] = {}
         self.to_flush: dict[ClientConn, None] = {}
         self._outbox: dict[EventLoop, list[tuple[Channel, list[Message]]]] = {}
+        # durable publishes waiting for this turn's fsyncs: (connection, error if it fails)
+        self._commits: list[tuple[ClientConn, Exception]] = []
+        self._to_sync: dict[Any, None] = {}
         self._running = False
         self.thread: threading.Thread | None = None
         self.stopped = threading.Event()
@@ -109,6 +112,37 @@ class EventLoop:
         if not ch.deleted:
             self.dirty[ch] = None
 
+    def commit_later(self, conn: "ClientConn", backends: list[Any], err: Exception) -> None:
+        """Answer a durable publish once its backends are synced, at the end of this
+        turn: every publish of the turn shares one fsync per queue (group commit). The
+        connection reads no further commands until then, so replies stay in order."""
+        for b in backends:
+            self._to_sync[b] = None
+        self._commits.append((conn, err))
+        conn.awaiting_commit += 1
+
+    def _group_commit(self) -> None:
+        to_sync, commits = self._to_sync, self._commits
+        self._to_sync, self._commits = {}, []
+        failure: Exception | None = None
+        for b in to_sync:
+            try:
+                b.sync()
+            except Exception as e:  # StorageError: answer E_PUB_FAILED, keep serving
+                failure = e
+        if failure is not None:
+            self.runtime.storage_failed(failure)
+        for conn, err in commits:
+            conn.awaiting_commit -= 1
+            if conn.closed:
+                continue
+            if failure is None:
+                conn.send_ok()
+            else:
+                conn.fail(err)
+            if not conn.awaiting_commit:
+                conn.process()
+
     def mark_dirty(self, ch: Channel) -> None:
         self.dirty[ch] = None
 
@@ -118,6 +152,9 @@ class EventLoop:
             c.close("channel deleted")  # type: ignore[attr-defined]
         ch.empty()
         self.dirty.pop(ch, None)
+        if ch.backend is not None:
+            self.runtime.storage.forget(f"{ch.topic_name}:{ch.name}")
+            ch.backend.delete()
 
     # -- connections --------------------------------------------------------------------
     def add_connection(self, sock: socket.socket, addr: Any) -> None:
@@ -178,7 +215,7 @@ class EventLoop:
             self.stopped.set()
 
     def _turn(self) -> None:
-        if self._calls or self.dirty or self.to_flush:
+        if self._calls or self.dirty or self.to_flush or self._commits:
             timeout: float | None = 0
         else:
             nxt = self.timers.next_deadline()
@@ -226,14 +263,18 @@ class EventLoop:
                 log.exception("%s: error in timer %r", self.name, fn)
 
     def _flush_all(self) -> None:
-        """Dispatch dirty channels, flush connections, post remote deliveries."""
+        """Group-commit durable publishes, dispatch dirty channels, post remote
+        deliveries, flush connections."""
+        if self._commits:
+            self._group_commit()
         if self.dirty:
             now = monotonic_ns()
+            wall = time.time_ns()
             dirty = self.dirty
             self.dirty = {}
             for ch in dirty:
                 if not ch.deleted:
-                    ch.dispatch(now)
+                    ch.dispatch(now, wall)
         if self._outbox:
             outbox = self._outbox
             self._outbox = {}

@@ -22,6 +22,8 @@ from pybroker.server.listener import Listener, bind, format_addr
 from pybroker.server.lookupd import LookupdRegistrar
 from pybroker.server.loop import EventLoop
 from pybroker.server.scanner import QueueScanner
+from pybroker.server.storage import StorageManager
+from pybroker.storage import StorageError
 
 log = logging.getLogger("pybroker")
 
@@ -34,7 +36,10 @@ class Runtime:
     def __init__(self, options: Options) -> None:
         self.options = options
         self.loops = [EventLoop(i, self) for i in range(options.loop_threads)]
-        self.broker = Broker(options, self.loops, self._route)
+        self.storage = StorageManager(self)
+        self.broker = Broker(options, self.loops, self._route,
+                             open_backend=self.storage.open_backend,
+                             durable=self.storage.durable)
         self.scanner = QueueScanner(self.broker, options)
         self.listener: Listener | None = None
         self.http: Any = None
@@ -66,10 +71,24 @@ class Runtime:
                 pass
 
     # -- lifecycle ------------------------------------------------------------------------
+    def storage_failed(self, err: BaseException) -> None:
+        """A write to disk failed: log it and report it through /ping (any thread)."""
+        self.storage.failed(err)
+
     def start(self) -> None:
         o = self.options
         log.info("pybroker v%s (nsqd protocol v%s)", __version__, NSQ_COMPAT_VERSION)
         log.info("ID: %d", o.id)
+        log.info("NSQ: durability %s, data in %s", o.durability, self.storage.data_path)
+        try:
+            self.storage.prepare()
+            self.storage.restore()
+        except (OSError, StorageError) as e:
+            raise StartupError(f"data_path: cannot use {self.storage.data_path}: {e}") from None
+        self.broker.on_change.append(self.storage.save_metadata)
+        self.broker.on_delete_queue.append(self.storage.forget)
+        for ch in self.broker.all_channels():  # read restored backlogs once consumers come
+            ch.owner.call_soon_threadsafe(ch.owner.mark_dirty, ch)
         host, port = split_hostport(o.tcp_address)
         try:
             sock = bind(host, port)
@@ -110,13 +129,16 @@ class Runtime:
     def request_stop(self) -> None:
         self._stop.set()
 
-    def wait(self) -> None:
-        """Block the main thread until SIGTERM/SIGINT (or request_stop)."""
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT ask for a clean stop (installed before start-up begins)."""
         def on_signal(signum: int, frame: Any) -> None:
             self._stop.set()
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+
+    def wait(self) -> None:
+        """Block the main thread until SIGTERM/SIGINT (or request_stop)."""
         while not self._stop.wait(0.5):
             pass
 
@@ -135,6 +157,7 @@ class Runtime:
         self.scanner.stop(timeout_s)
         if self.lookupd is not None:
             self.lookupd.stop(timeout_s)
+        self.storage.persist()
         for loop in self.loops:
             loop.close()
         log.info("NSQ: bye")
@@ -143,6 +166,7 @@ class Runtime:
 def run(options: Options) -> int:
     """Run the broker until a signal; returns the process exit status."""
     rt = Runtime(options)
+    rt.install_signal_handlers()
     try:
         rt.start()
     except StartupError as e:
