@@ -142,7 +142,13 @@ class Channel:
             self.message_count += n
         if spill:
             # matches nsqd: memory first, the overflow to the disk queue
-            backend.put_many([to_record(m) for m in spill])  # type: ignore[union-attr]
+            try:
+                backend.put_many([to_record(m) for m in spill])  # type: ignore[union-attr]
+            except Exception:
+                # the publisher already has its OK: never drop them; hold them in
+                # memory and let the caller report the storage failure
+                q.extend(spill)
+                raise
         if self.ephemeral and len(q) > self.mem_queue_size:
             # matches nsqd: an ephemeral channel discards what overflows its memory queue
             for _ in range(len(q) - self.mem_queue_size):

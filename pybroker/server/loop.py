@@ -29,6 +29,7 @@ from pybroker.core.channel import Channel
 from pybroker.core.message import Message
 from pybroker.core.timeouts import TimeoutWheel
 from pybroker.core.topic import Deliveries
+from pybroker.storage import StorageError
 
 if TYPE_CHECKING:
     from pybroker.server.connection import ClientConn
@@ -90,8 +91,7 @@ class EventLoop:
             owner = ch.owner
             if owner is self:
                 if not ch.deleted:
-                    ch.put(msgs, monotonic_ns())
-                    self.dirty[ch] = None
+                    self._put(ch, msgs, monotonic_ns())
             else:
                 box = self._outbox.get(owner)
                 if box is None:
@@ -103,8 +103,14 @@ class EventLoop:
         now = monotonic_ns()
         for ch, msgs in batch:
             if not ch.deleted:
-                ch.put(msgs, now)
-                self.dirty[ch] = None
+                self._put(ch, msgs, now)
+
+    def _put(self, ch: Channel, msgs: list[Message], now_ns: int) -> None:
+        try:
+            ch.put(msgs, now_ns)
+        except StorageError as e:  # the messages stay in memory; /ping says why
+            self.runtime.storage_failed(e)
+        self.dirty[ch] = None
 
     def on_expired(self, ch: Channel, timed_out: list[Message], due: list[Message]) -> None:
         """Queue-scanner results for a channel this loop owns."""

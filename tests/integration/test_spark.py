@@ -23,6 +23,7 @@ import pytest
 from pybroker.client import Consumer
 from tests.integration.test_spark_core import channel_stats, publish, write_archive
 from tests.support.broker import BrokerProcess, unique_name, wait_until
+from tests.support.lookupd import FakeLookupd
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install "
                                       "'pybroker[spark]')")
@@ -183,17 +184,20 @@ def test_sink_task_fails_on_refusal_and_retries_elsewhere(
 
 def test_stream_sink_copies_a_topic(spark: Any, big_broker: BrokerProcess,
                                     tmp_path: Path) -> None:
+    """Topic to topic: the source finds its nsqd through lookupd, the sink MPUBs."""
     src, dst = unique_name("sk_src"), unique_name("sk_dst")
     sent = bodies("c", 5000)
     publish(big_broker, src, sent)
-    df = (spark.readStream.format("pybroker").option("nsqd", big_broker.tcp_hostport)
-          .option("topic", src).option("channel", "copy").option("max_in_flight", "4000")
-          .option("checkpoint", str(tmp_path / "ck")).load())
-    query = (df.select("body").writeStream.format("pybroker")
-             .option("nsqd", big_broker.tcp_hostport).option("topic", dst)
-             .option("checkpointLocation", str(tmp_path / "ck"))
-             .trigger(availableNow=True).start())
-    assert query.awaitTermination(120)
+    with FakeLookupd() as lookupd:
+        lookupd.add_producer(src, big_broker)
+        df = (spark.readStream.format("pybroker").option("lookupd", lookupd.http_hostport)
+              .option("topic", src).option("channel", "copy").option("max_in_flight", "4000")
+              .option("checkpoint", str(tmp_path / "ck")).load())
+        query = (df.select("body").writeStream.format("pybroker")
+                 .option("nsqd", big_broker.tcp_hostport).option("topic", dst)
+                 .option("checkpointLocation", str(tmp_path / "ck"))
+                 .trigger(availableNow=True).start())
+        assert query.awaitTermination(120)
     assert query.exception() is None
     assert sorted(set(consume(big_broker, dst, 5000))) == sent
     wait_until(lambda: drained(big_broker, src, "copy"), 10, what="FINs")

@@ -27,10 +27,9 @@ from pybroker.spark.checkpoint import committed_seq
 from pybroker.spark.options import OptionError, SinkOptions, SourceOptions
 from pybroker.spark.subscription import Subscription
 from tests.support.broker import BrokerProcess, project_root, unique_name, wait_until
+from tests.support.lookupd import FakeLookupd
 
 pytestmark = pytest.mark.timeout(90)
-
-pa = pytest.importorskip("pyarrow", reason="pyarrow (the spark extra) is not installed")
 
 
 def publish(b: BrokerProcess, topic: str, bodies: list[bytes]) -> None:
@@ -164,6 +163,41 @@ def test_close_requeues_uncommitted_for_the_next_run(
     assert all(m.attempts == 2 for m in got)
     # another run's offsets name messages this run never held: planned empty
     assert second.ledger.planned(first.ledger.offset(30), first.ledger.offset(50)) == []
+
+
+def test_lookupd_discovery(broker: BrokerProcess,
+                           subscriptions: Callable[[SourceOptions], Subscription]) -> None:
+    topic = unique_name("sp_lookup")
+    publish(broker, topic, [b"l-%02d" % i for i in range(20)])
+    with FakeLookupd() as lookupd:
+        lookupd.add_producer(topic, broker)
+        sub = subscriptions(SourceOptions.parse({"lookupd": lookupd.http_hostport,
+                                                 "topic": topic, "channel": "spark"}))
+        wait_until(lambda: sub.ledger.counts()["received"] == 20, 10,
+                   what="messages from the nsqd lookupd named")
+        assert lookupd.lookups
+
+
+def test_without_pyspark_the_cli_still_loads_and_says_what_to_install() -> None:
+    """pyspark stays optional: the command group loads, and the command names the extra."""
+    code = (
+        "import sys\n"
+        "sys.modules['pyspark'] = None; sys.modules['pyarrow'] = None\n"
+        "import typer, pybroker, pybroker.spark, pybroker.spark.cli as cli\n"
+        "app = typer.Typer(); cli.register(app)\n"
+        "@app.callback()\n"
+        "def main() -> None: pass\n"
+        "app()\n")
+    base = [sys.executable, "-c", code]
+    helped = subprocess.run([*base, "spark", "--help"], capture_output=True, text=True,
+                            timeout=60, check=False, cwd=project_root())
+    assert helped.returncode == 0 and "archive" in helped.stdout, helped.stderr
+    ran = subprocess.run([*base, "spark", "archive", "--topic=t", "--output=/nonexistent",
+                          "--nsqd-tcp-address=127.0.0.1:1"], capture_output=True, text=True,
+                         timeout=60, check=False, cwd=project_root())
+    assert ran.returncode == 1, ran.stderr
+    assert "pip install 'pybroker[spark]'" in ran.stderr
+    assert "Traceback" not in ran.stderr
 
 
 def test_checkpoint_commit_log_is_read_for_this_run_only(tmp_path: Path) -> None:
