@@ -107,19 +107,18 @@ def _group() -> None:
 app.command("serve", help="Run the broker until SIGTERM or SIGINT.")(_build_serve())
 
 
-def _register_tools() -> None:
-    try:
-        from pybroker import tools
-    except ModuleNotFoundError as e:
-        if e.name != "pybroker.tools":
-            raise
-        return
-    register = getattr(tools, "register", None)
-    if register is not None:
+def _register_subcommands() -> None:
+    """The tools (tail, to-file, pub, stat), bench and spark: each package adds its own
+    commands; spark imports pyspark only when its command runs."""
+    from pybroker.bench.cli import register as register_bench
+    from pybroker.spark.cli import register as register_spark
+    from pybroker.tools import register as register_tools
+
+    for register in (register_tools, register_bench, register_spark):
         register(app)
 
 
-_register_tools()
+_register_subcommands()
 
 
 def main() -> None:
