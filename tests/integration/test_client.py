@@ -241,3 +241,42 @@ def test_identify_fields_visible_in_stats(any_broker: BrokerProcess) -> None:
         assert cl["user_agent"] == "ua-test/1.0"
     finally:
         c.close()
+
+
+def test_large_bodies_round_trip(any_broker: BrokerProcess) -> None:
+    topic = unique_name("cli_large")
+    big = bytes(range(256)) * 3600                      # 900 KiB, under max-msg-size
+    batch = [bytes([i]) * 400_000 for i in range(10)]   # a 4 MB MPUB, under max-body-size
+    got = Collector()
+    with Producer(any_broker.tcp_hostport) as p:
+        futs = [p.publish_async(topic, big), p.multi_publish_async(topic, batch),
+                p.publish_async(topic, b"small")]
+        assert [f.result(20) for f in futs] == [b"OK"] * 3
+        with pytest.raises(ProtocolError) as ei:
+            p.publish(topic, b"x" * (1024 * 1024 + 1))       # over nsqd's 1 MiB default
+        assert ei.value.code == "E_BAD_MESSAGE"
+    c = Consumer(topic, "ch", got, max_in_flight=20)
+    c.connect_to_nsqd(any_broker.tcp_hostport)
+    try:
+        wait_until(lambda: got.count() >= 12, 15, what="12 messages")
+    finally:
+        c.close()
+    assert got.bodies() == [big, *batch, b"small"]
+
+
+def test_rdy_clamped_to_server_max_rdy_count(make_broker: Any, broker_kind: str) -> None:
+    b = make_broker("--max-rdy-count=50", kind=broker_kind)
+    topic = unique_name("cli_maxrdy")
+    got = Collector()
+    c = Consumer(topic, "ch", got, max_in_flight=200)
+    c.connect_to_nsqd(b.tcp_hostport)
+    try:
+        conn = c.conns()[0]
+        assert conn.max_rdy_count == 50
+        assert conn.rdy_count == 50, "RDY above the server's max-rdy-count is fatal"
+        with Producer(b.tcp_hostport) as p:
+            p.multi_publish(topic, [b"%d" % i for i in range(300)])
+        wait_until(lambda: got.count() >= 300, 10, what="300 messages")
+        assert not conn.is_closed
+    finally:
+        c.close()
