@@ -280,3 +280,29 @@ def test_rdy_clamped_to_server_max_rdy_count(make_broker: Any, broker_kind: str)
         assert not conn.is_closed
     finally:
         c.close()
+
+
+def test_concurrent_handlers(any_broker: BrokerProcess) -> None:
+    topic = unique_name("cli_conc")
+    lock = threading.Lock()
+    active, peak, done = [0], [0], [0]
+
+    def handler(msg: Message) -> None:
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.05)
+        with lock:
+            active[0] -= 1
+            done[0] += 1
+
+    with Producer(any_broker.tcp_hostport) as p:
+        p.multi_publish(topic, [b"%d" % i for i in range(40)])
+    c = Consumer(topic, "ch", handler, max_in_flight=8, concurrency=4)
+    c.connect_to_nsqd(any_broker.tcp_hostport)
+    try:
+        wait_until(lambda: done[0] == 40, 10, what="40 messages")
+    finally:
+        c.close()
+    assert peak[0] == 4
+    assert c.stats().messages_finished == 40
