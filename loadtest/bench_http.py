@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pybroker.bench.brokers import Broker, BrokerProcess, ExternalBroker  # noqa: E402
+from pybroker.bench.brokers import Broker, BrokerProcess, ExternalBroker
 
 TOPIC = "bench_http%23ephemeral"  # "#ephemeral": overflow is dropped, never written
 
@@ -70,7 +70,7 @@ def response_length(addr: tuple[str, int], request: bytes) -> int:
 
 
 class _Conn:
-    __slots__ = ("sock", "pending", "sent_at", "partial")
+    __slots__ = ("partial", "pending", "sent_at", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock

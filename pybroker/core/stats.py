@@ -10,7 +10,8 @@ channel's (or connection's) event loop and must run on that loop; ``topic_stats`
 from __future__ import annotations
 
 import random
-from typing import Any, Iterable, Protocol, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 # one half of a latency window as (exact count, sampled values)
 LatencyPart = tuple[int, list[int]]
@@ -183,7 +184,7 @@ def backend_depth(obj: Any) -> int:
 
 
 def channel_snapshot(ch: Any, include_clients: bool, topic_filter: str,
-                     now_ns: int) -> tuple[dict[str, Any], list[LatencyPart] | None]:
+                     now_ns: int) -> tuple[dict[str, Any], list[LatencyPart]]:
     """nsqd's ChannelStats without the latency result, plus the latency samples.
 
     Runs on the channel's owner loop, so counts and clients are one consistent view.

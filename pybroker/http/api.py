@@ -13,7 +13,8 @@ import logging
 import re
 import socket
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pybroker import NSQ_COMPAT_VERSION, _native
 from pybroker.config import SPEC_BY_KEY
@@ -23,7 +24,7 @@ from pybroker.http import metrics, process, statstext
 from pybroker.http.collect import Collected, plan_stats
 from pybroker.http.gather import Gather
 from pybroker.http.request import Request, first, parse_query
-from pybroker.http.response import (TEXT, Response, empty, error, ok_json, ok_text)
+from pybroker.http.response import TEXT, Response, empty, error, ok_json, ok_text
 from pybroker.http.routes import Router
 from pybroker.protocol.names import is_valid_name
 from pybroker.storage import StorageError
@@ -366,14 +367,14 @@ class Api:
         if value is not None and (not isinstance(value, list)
                                   or not all(isinstance(v, str) for v in value)):
             return False
-        setattr(self.opts, "nsqlookupd_tcp_addresses", list(value or []))
+        self.opts.nsqlookupd_tcp_addresses = list(value or [])
         return True
 
     def _set_log_level(self, body: bytes) -> bool:
         level = _LOG_LEVELS.get(body.decode("utf-8", "replace").lower())
         if level is None:
             return False
-        setattr(self.opts, "log_level", _LEVEL_NAMES[level])
+        self.opts.log_level = _LEVEL_NAMES[level]
         logging.getLogger("pybroker").setLevel(_PY_LEVELS[level])
         return True
 

@@ -11,15 +11,20 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pybroker.core.stats import (LatencyPart, channel_snapshot, e2e_result, producer_stats,
-                                 topic_stats)
+from pybroker.core.stats import (
+    LatencyPart,
+    channel_snapshot,
+    e2e_result,
+    producer_stats,
+    topic_stats,
+)
 from pybroker.http.gather import MISSING, Gather, Job
 
 
 class LoopSnapshot:
     """What one loop reported: its channels' stats, its producers, its connections."""
 
-    __slots__ = ("name", "channels", "producers", "connections", "owned")
+    __slots__ = ("channels", "connections", "name", "owned", "producers")
 
     def __init__(self, name: str, channels: dict[int, tuple[dict[str, Any], list[LatencyPart]]],
                  producers: list[dict[str, Any]], connections: int) -> None:
@@ -44,7 +49,7 @@ class Collected:
     """The stats of one request: topics (None when the asked-for topic does not exist,
     which nsqd answers as ``"topics": null``), producers, and per-loop figures."""
 
-    __slots__ = ("topics", "producers", "loops")
+    __slots__ = ("loops", "producers", "topics")
 
     def __init__(self, topics: list[dict[str, Any]] | None,
                  producers: list[dict[str, Any]] | None, loops: list[LoopSnapshot]) -> None:

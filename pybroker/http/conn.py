@@ -50,7 +50,7 @@ class _HeaderTooLarge(Exception):
 class HttpConn:
     """See the module docstring. Every method runs on the HTTP thread."""
 
-    def __init__(self, server: "HttpServer", sock: socket.socket, addr: Any) -> None:
+    def __init__(self, server: HttpServer, sock: socket.socket, addr: Any) -> None:
         self.server = server
         self.sock = sock
         self.remote = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)

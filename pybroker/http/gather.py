@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger("pybroker")
 T = TypeVar("T")
@@ -29,7 +30,7 @@ MISSING: Any = _Missing()
 
 
 class Gather(Generic[T]):
-    __slots__ = ("jobs", "finish", "timeout_s")
+    __slots__ = ("finish", "jobs", "timeout_s")
 
     def __init__(self, jobs: list[Job], finish: Callable[[list[Any]], T],
                  timeout_s: float = 2.0) -> None:
@@ -37,7 +38,7 @@ class Gather(Generic[T]):
         self.finish = finish
         self.timeout_s = timeout_s
 
-    def then(self, fn: Callable[[T], U]) -> "Gather[U]":
+    def then(self, fn: Callable[[T], U]) -> Gather[U]:
         """A Gather with the same jobs whose answer is fn(this one's answer)."""
         inner = self.finish
         return Gather(self.jobs, lambda results: fn(inner(results)), self.timeout_s)

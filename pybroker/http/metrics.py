@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import gc
 import platform
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from pybroker import NSQ_COMPAT_VERSION, __version__
 from pybroker.http.collect import Collected

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, ClassVar
 
 try:
     import resource
@@ -30,7 +30,7 @@ class GcPauses:
 
     _installed = False
     _lock = threading.Lock()
-    pauses: deque[int] = deque(maxlen=256)
+    pauses: ClassVar[deque[int]] = deque(maxlen=256)
     _start = 0
 
     @classmethod
@@ -54,7 +54,7 @@ def _percentile(perc: float, ordered: list[int]) -> int:
     n = len(ordered)
     if n == 0:
         return 0
-    i = int(math.floor(perc / 100.0 * n + 0.5))
+    i = math.floor(perc / 100.0 * n + 0.5)
     return ordered[min(i, n - 1)]
 
 

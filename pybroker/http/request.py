@@ -16,9 +16,26 @@ _BAD_ESCAPE = re.compile(rb"%(?![0-9a-fA-F]{2})")
 class Request:
     """A request as the parser delivered it. Owned by one HttpConn (the http thread)."""
 
-    __slots__ = ("method", "url", "version", "keep_alive", "content_length", "body",
-                 "body_len", "expect_continue", "has_host", "header_bytes", "path", "query",
-                 "param", "reject", "begin_ns", "headers_done", "limit", "over_limit")
+    __slots__ = (
+        "begin_ns",
+        "body",
+        "body_len",
+        "content_length",
+        "expect_continue",
+        "has_host",
+        "header_bytes",
+        "headers_done",
+        "keep_alive",
+        "limit",
+        "method",
+        "over_limit",
+        "param",
+        "path",
+        "query",
+        "reject",
+        "url",
+        "version",
+    )
 
     def __init__(self, begin_ns: int) -> None:
         self.method = b""

@@ -32,7 +32,7 @@ class Response:
     OPTIONS). ``close`` forces ``Connection: close`` and a close after the write.
     """
 
-    __slots__ = ("status", "body", "content_type", "nsq", "headers", "close", "raw")
+    __slots__ = ("body", "close", "content_type", "headers", "nsq", "raw", "status")
 
     def __init__(self, status: int, body: bytes = b"", content_type: bytes | None = None,
                  nsq: bool = True, headers: tuple[bytes, ...] = (), close: bool = False,

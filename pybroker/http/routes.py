@@ -8,7 +8,8 @@ redirect (301 for GET, 307 otherwise); anything else is 404 ``NOT_FOUND``.
 from __future__ import annotations
 
 import posixpath
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pybroker.http.request import Request
 from pybroker.http.response import HTML, Response, error
@@ -20,7 +21,7 @@ class Route:
     """The methods of one path, and how much body each may carry (checked as soon as
     the headers arrive, so an oversized body is refused before it is read)."""
 
-    __slots__ = ("path", "handlers", "limits", "allow")
+    __slots__ = ("allow", "handlers", "limits", "path")
 
     def __init__(self, path: str) -> None:
         self.path = path

@@ -26,7 +26,8 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pybroker.config import split_hostport
 from pybroker.http.api import Api, build_router
@@ -48,7 +49,7 @@ _QUIET = frozenset({"/pub", "/mpub", "/metrics"})
 
 
 class _Pending:
-    __slots__ = ("conn", "req", "gather", "results", "remaining", "deadline_ns")
+    __slots__ = ("conn", "deadline_ns", "gather", "remaining", "req", "results")
 
     def __init__(self, conn: HttpConn, req: Request, gather: Gather[Response]) -> None:
         self.conn = conn

@@ -34,7 +34,7 @@ def stat_lines(topics: list[dict[str, Any]], last: dict[str, int], prefix: str,
         last[key] = value
         lines.append(f"{prefix}{key}:{diff}|c")
 
-    def gauge(key: str, value: int | float) -> None:
+    def gauge(key: str, value: float) -> None:
         lines.append(f"{prefix}{key}:{int(value)}|g")
 
     seen: set[str] = set()

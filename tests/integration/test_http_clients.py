@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-import gnsq
-import gnsq.errors
+import gnsq  # type: ignore[import-untyped]
+import gnsq.errors  # type: ignore[import-untyped]
 import pytest
 
 from tests.support.broker import BrokerProcess, unique_name, wait_until

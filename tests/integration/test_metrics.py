@@ -9,7 +9,8 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -53,7 +54,7 @@ def test_metrics_parse_and_agree_with_stats(broker: BrokerProcess) -> None:
         c.sub(topic, "ch")
         http(broker, "POST", f"/mpub?topic={topic}", b"a\nbb\nccc").close()
         c.rdy(2)
-        m1, m2 = c.read_messages(2)
+        m1, _ = c.read_messages(2)
         c.req(m1.id, 60_000)  # deferred
         c.rdy(0)
         wait_until(lambda: stats(broker, topic)["channels"][0]["deferred_count"] == 1,

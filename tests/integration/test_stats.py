@@ -11,7 +11,8 @@ import json
 import re
 import time
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -193,7 +194,8 @@ def test_counts_after_a_consumer_session(session: Session) -> None:
     (client,) = a["clients"]
     assert client["client_id"] == session.consumer_id
     assert (client["hostname"], client["user_agent"]) == ("cons-host", "stats/2")
-    assert client["remote_address"] == "%s:%d" % session.consumer.sock.getsockname()[:2]
+    host, port = session.consumer.sock.getsockname()[:2]
+    assert client["remote_address"] == f"{host}:{port}"
     assert {k: client[k] for k in ("state", "ready_count", "in_flight_count", "message_count",
                                    "finish_count", "requeue_count", "sample_rate")} == {
         "state": 3, "ready_count": 0, "in_flight_count": 2, "message_count": 4,
