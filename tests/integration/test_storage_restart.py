@@ -1,0 +1,166 @@
+"""Restarts on the same data_path: the backlog past mem_queue_size, and every message
+held in memory, in flight or deferred at SIGTERM, comes back (both durability modes);
+deferred messages keep their remaining delay (nsqd forgets it); after kill -9 in the
+default mode at least what was already on disk survives.
+"""
+from __future__ import annotations
+
+import signal
+import time
+from typing import Callable
+
+import pytest
+
+from tests.support.broker import BrokerProcess, unique_name, wait_until
+from tests.support.durability import (bodies, channel_stats, consume, create_channel,
+                                      http_pub, topic_stats)
+from tests.support.wire import WireClient
+
+MakeBroker = Callable[..., BrokerProcess]
+MODES = ["memory", "fsync"]
+
+
+def restart(b: BrokerProcess, sig: int = signal.SIGTERM) -> None:
+    if sig == signal.SIGKILL:
+        b.kill9()
+    else:
+        code = b.stop(sig)
+        assert code == 0, b.stderr_text()
+        assert "Traceback" not in b.stderr_text(), b.stderr_text()
+    b.start()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_backlog_past_mem_queue_size_survives_a_restart(make_broker: MakeBroker,
+                                                        tmp_path: object, mode: str) -> None:
+    b = make_broker("--mem-queue-size=10", f"--durability={mode}",
+                    "--max-bytes-per-file=4096")
+    with_ch, no_ch = unique_name("spill"), unique_name("spill_noch")
+    create_channel(b, with_ch, "ch")
+    expected = [f"m{i:04d}".encode() * 8 for i in range(300)]
+    with WireClient.connect(b.tcp_address) as c:  # type: ignore[arg-type]
+        for i in range(0, 200, 25):
+            c.mpub(with_ch, expected[i:i + 25])
+            c.mpub(no_ch, expected[i:i + 25])
+        for body in expected[200:]:
+            c.pub(with_ch, body)
+            c.pub(no_ch, body)
+    ch = channel_stats(b, with_ch, "ch")
+    t = topic_stats(b, no_ch)
+    assert ch is not None and t is not None
+    # most of the backlog is on disk, at most mem_queue_size in memory
+    assert ch["depth"] == 300 and ch["backend_depth"] >= 290, ch
+    assert t["depth"] == 300 and t["backend_depth"] >= 290, t
+
+    restart(b)
+    got = consume(b, with_ch, "ch", expect=300)
+    assert sorted(bodies(got)) == sorted(expected)
+    assert all(r.msg.attempts == 1 for r in got)
+    got = consume(b, no_ch, "late", expect=300)  # the topic buffer goes to a new channel
+    assert sorted(bodies(got)) == sorted(expected)
+    # nothing more and nothing left
+    assert consume(b, with_ch, "ch", idle_s=0.5) == []
+    restart(b)
+    assert consume(b, with_ch, "ch", idle_s=0.5) == []
+    assert consume(b, no_ch, "late", idle_s=0.5) == []
+
+
+DELAY_MS = 4000
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sigterm_keeps_queued_in_flight_and_deferred(make_broker: MakeBroker,
+                                                     mode: str) -> None:
+    """In memory: queued; in flight: 2 (never FIN'd); deferred: 3 DPUB + 1 REQ with a
+    delay; 1 REQ without delay. All come back after a restart with their attempts, and
+    the deferred ones at their due time, not before."""
+    b = make_broker("--mem-queue-size=100", f"--durability={mode}", "--msg-timeout=60s")
+    topic = unique_name("sigterm")
+    create_channel(b, topic, "ch")
+    queued = [f"q{i}".encode() for i in range(8)]
+    with WireClient.connect(b.tcp_address) as p:  # type: ignore[arg-type]
+        p.mpub(topic, queued)
+        t_dpub = time.time()
+        for i in range(3):
+            p.dpub(topic, DELAY_MS, f"d{i}".encode())
+    http_pub(b, topic, b"d-http", defer_ms=DELAY_MS)
+    deferred_due = {f"d{i}".encode(): t_dpub + DELAY_MS / 1000 for i in range(3)}
+    deferred_due[b"d-http"] = t_dpub + DELAY_MS / 1000
+
+    c = WireClient.connect(b.tcp_address)  # type: ignore[arg-type]
+    c.sub(topic, "ch")
+    c.rdy(4)
+    first = c.read_messages(4)
+    assert [m.body for m in first] == queued[:4]
+    c.rdy(0)
+    t_req = time.time()
+    c.req(first[2].id, DELAY_MS)          # deferred by REQ
+    c.req(first[3].id, 0)                 # straight back to the queue
+    deferred_due[first[2].body] = t_req + DELAY_MS / 1000
+
+    def settled() -> bool:
+        s = channel_stats(b, topic, "ch")
+        return s is not None and (s["in_flight_count"], s["deferred_count"], s["depth"]) \
+            == (2, 5, 5)
+    wait_until(settled, what="2 in flight, 5 deferred, 5 queued")
+
+    restart(b)
+    c.close()
+    s = channel_stats(b, topic, "ch")
+    assert s is not None and s["depth"] + s["deferred_count"] == 12, s
+    got = consume(b, topic, "ch", expect=12, timeout_s=DELAY_MS / 1000 + 10)
+    by_body = {r.msg.body: r for r in got}
+    assert set(by_body) == set(queued) | set(deferred_due), bodies(got)
+    assert len(got) == 12, f"duplicates: {bodies(got)}"
+    # attempts: delivered once before the restart -> 2 now; never delivered -> 1
+    for m in first[:4]:
+        assert by_body[m.body].msg.attempts == 2, (m.body, by_body[m.body].msg)
+    for body in queued[4:] + [b for b in deferred_due if b.startswith(b"d")]:
+        assert by_body[body].msg.attempts == 1, (body, by_body[body].msg)
+    # deferred ones: not before their time, and not much after it
+    for body, due in deferred_due.items():
+        at = by_body[body].at_wall
+        assert at >= due - 0.05, f"{body!r} delivered {due - at:.2f}s early"
+        assert at <= due + 2.5, f"{body!r} delivered {at - due:.2f}s late"
+        print(f"{body!r}: delivered {at - due:+.3f}s from its due time")
+    # the immediate ones came first (they were never deferred)
+    immediate = set(queued) - {first[2].body}
+    assert {r.msg.body for r in got[:7]} == immediate, bodies(got)
+
+
+def test_nsqd_forgets_the_remaining_delay(make_broker: MakeBroker) -> None:
+    """The nsqd behaviour pybroker improves on: after a restart a deferred message is
+    delivered at once."""
+    b = make_broker(kind="nsqd")
+    topic = unique_name("nsqd_defer")
+    create_channel(b, topic, "ch")
+    with WireClient.connect(b.tcp_address) as p:  # type: ignore[arg-type]
+        p.dpub(topic, 30_000, b"later")
+    wait_until(lambda: (channel_stats(b, topic, "ch") or {}).get("deferred_count") == 1)
+    restart(b)
+    got = consume(b, topic, "ch", expect=1, timeout_s=5)
+    assert bodies(got) == [b"later"]
+
+
+def test_kill9_in_memory_mode_keeps_what_was_on_disk(make_broker: MakeBroker) -> None:
+    """Default durability promises nsqd's guarantee: messages already written to the
+    disk queue survive kill -9 (the OS has them); those only in memory may be lost."""
+    b = make_broker("--mem-queue-size=10", "--durability=memory")
+    with_ch, no_ch = unique_name("k9"), unique_name("k9_noch")
+    create_channel(b, with_ch, "ch")
+    expected = [f"k{i:04d}".encode() for i in range(200)]
+    with WireClient.connect(b.tcp_address) as c:  # type: ignore[arg-type]
+        for i in range(0, 200, 20):
+            c.mpub(with_ch, expected[i:i + 20])
+            c.mpub(no_ch, expected[i:i + 20])
+    ch, t = channel_stats(b, with_ch, "ch"), topic_stats(b, no_ch)
+    assert ch is not None and ch["backend_depth"] == 190, ch
+    assert t is not None and t["backend_depth"] == 190, t
+    restart(b, signal.SIGKILL)
+    for topic, channel in ((with_ch, "ch"), (no_ch, "late")):
+        got = bodies(consume(b, topic, channel, idle_s=1.0))
+        missing = set(expected[10:]) - set(got)
+        assert not missing, f"{topic}: {len(missing)} on-disk messages lost"
+        assert set(got) <= set(expected)
+        print(f"{topic}: {len(got)} of 200 delivered after kill -9 "
+              f"({len(got) - len(set(got))} duplicates)")
