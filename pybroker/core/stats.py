@@ -177,12 +177,6 @@ def producer_stats(conns: Iterable[Any], topic_filter: str = "") -> list[dict[st
 
 
 # -- channels and topics ----------------------------------------------------------------
-def backend_depth(obj: Any) -> int:
-    """Messages a topic or channel holds on disk (0 while it has no backend)."""
-    backend = getattr(obj, "backend", None)
-    return int(backend.depth()) if backend is not None else 0
-
-
 def channel_snapshot(ch: Any, include_clients: bool, topic_filter: str,
                      now_ns: int) -> tuple[dict[str, Any], list[LatencyPart]]:
     """nsqd's ChannelStats without the latency result, plus the latency samples.
@@ -190,14 +184,13 @@ def channel_snapshot(ch: Any, include_clients: bool, topic_filter: str,
     Runs on the channel's owner loop, so counts and clients are one consistent view.
     ``clients`` is null when clients are not requested (nsqd leaves the slice nil).
     """
-    disk = backend_depth(ch)
     window = ch.e2e
     parts = window.snapshot(now_ns) if window is not None else []
     consumers = list(ch.consumers)
     d = {
         "channel_name": ch.name,
-        "depth": len(ch.queue) + disk,
-        "backend_depth": disk,
+        "depth": ch.depth(),
+        "backend_depth": ch.backend_depth(),
         "in_flight_count": len(ch.in_flight),
         "deferred_count": len(ch.deferred),
         "message_count": ch.message_count,
@@ -213,12 +206,11 @@ def channel_snapshot(ch: Any, include_clients: bool, topic_filter: str,
 def topic_stats(t: Any, channels: list[dict[str, Any]],
                 e2e: dict[str, Any]) -> dict[str, Any]:
     """nsqd's TopicStats around already-built channel dicts."""
-    disk = backend_depth(t)
     return {
         "topic_name": t.name,
         "channels": channels,
-        "depth": len(t.buffer) + disk,
-        "backend_depth": disk,
+        "depth": t.depth(),
+        "backend_depth": t.backend_depth(),
         "message_count": t.message_count,
         "message_bytes": t.message_bytes,
         "paused": t.paused,

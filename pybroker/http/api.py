@@ -50,11 +50,8 @@ def _channel_pause(ch: Any, paused: bool) -> None:
 
 
 def _channel_empty(ch: Any) -> None:
-    """On ch's owner loop: drop queued, in-flight and deferred messages."""
+    """On ch's owner loop: drop queued, in-flight, deferred and on-disk messages."""
     ch.empty()
-    backend = getattr(ch, "backend", None)
-    if backend is not None:
-        backend.empty()
 
 
 class Api:
@@ -217,10 +214,7 @@ class Api:
 
     def topic_empty(self, req: Request) -> Response:
         t = self._existing_topic(self._topic_arg(req, validate=True))
-        t.empty()
-        backend = getattr(t, "backend", None)
-        if backend is not None:
-            backend.empty()
+        t.empty()  # memory and disk
         return empty()
 
     def _topic_pause(self, req: Request, paused: bool) -> Response:

@@ -53,9 +53,10 @@ def test_metrics_parse_and_agree_with_stats(broker: BrokerProcess) -> None:
     with WireClient.connect(broker.tcp_address) as c:
         c.sub(topic, "ch")
         http(broker, "POST", f"/mpub?topic={topic}", b"a\nbb\nccc").close()
-        c.rdy(2)
-        m1, _ = c.read_messages(2)
-        c.req(m1.id, 60_000)  # deferred
+        c.rdy(1)
+        m1 = c.read_message()
+        c.req(m1.id, 60_000)  # deferred; m2 takes its place, m3 stays queued
+        c.read_message()
         c.rdy(0)
         wait_until(lambda: stats(broker, topic)["channels"][0]["deferred_count"] == 1,
                    what="the REQ")
