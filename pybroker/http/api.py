@@ -343,9 +343,8 @@ class Api:
                 return error(400, "INVALID_OPTION")
             if not setter(body):
                 return error(400, "INVALID_VALUE")
-            notify = getattr(self.rt, "options_changed", None)
-            if callable(notify):
-                notify(key)
+            if key == "nsqlookupd_tcp_addresses":
+                self.broker.notify_changed()  # wakes the lookupd registrar to reconnect
         known, value = self.config_value(key)
         if not known:
             return error(400, "INVALID_OPTION")

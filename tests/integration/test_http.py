@@ -616,3 +616,23 @@ def test_config_put(any_broker: BrokerProcess) -> None:
         assert call(any_broker, "PUT", "/config/log_level", b"info").body == b"2"
     r = call(any_broker, "PUT", "/config/nsqlookupd_tcp_addresses", b"[]")
     assert (r.status, r.body) == (200, b"[]")
+
+
+def test_config_put_lookupd_addresses_connects(make_any_broker: Any) -> None:
+    b = make_any_broker()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    listener.settimeout(10)
+    with listener:
+        addr = f"127.0.0.1:{listener.getsockname()[1]}"
+        body = json.dumps([addr]).encode()
+        r = call(b, "PUT", "/config/nsqlookupd_tcp_addresses", body)
+        assert (r.status, r.json()) == (200, [addr])
+        assert call(b, "GET", "/config/nsqlookupd_tcp_addresses").json() == [addr]
+        peer, _ = listener.accept()  # the broker registers with the new nsqlookupd
+        with peer:
+            peer.settimeout(10)
+            assert peer.recv(4) == b"  V1"
+        r = call(b, "PUT", "/config/nsqlookupd_tcp_addresses", b"[]")
+        assert (r.status, r.body) == (200, b"[]")
