@@ -8,7 +8,6 @@ loops. The endpoint table is at the bottom (``build_router``).
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 import socket
@@ -17,12 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 from pybroker import NSQ_COMPAT_VERSION, _native
-from pybroker.config import SPEC_BY_KEY
 from pybroker.core import stats as core_stats
 from pybroker.errors import ChannelNotFound, Exiting, TopicNotFound
 from pybroker.http import metrics, process, statstext
 from pybroker.http.collect import Collected, plan_stats
 from pybroker.http.gather import Gather
+from pybroker.http.options import ConfigEndpoint
 from pybroker.http.request import Request, first, parse_query
 from pybroker.http.response import TEXT, Response, empty, error, ok_json, ok_text
 from pybroker.http.routes import Router
@@ -34,12 +33,6 @@ MS = 1_000_000
 OK = ok_text(b"OK")
 _BOOL = {b"true": True, b"1": True, b"false": False, b"0": False}
 _INT = re.compile(rb"[+-]?[0-9]+\Z")
-_LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "warning": 3, "error": 4, "fatal": 5}
-_PY_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR,
-              5: logging.CRITICAL}
-_LEVEL_NAMES = {1: "debug", 2: "info", 3: "warn", 4: "error", 5: "fatal"}
-_TLS_VERSIONS = {"": 0x0301, "ssl3.0": 0x0300, "tls1.0": 0x0301, "tls1.1": 0x0302,
-                 "tls1.2": 0x0303, "tls1.3": 0x0304}
 
 
 def _channel_pause(ch: Any, paused: bool) -> None:
@@ -63,6 +56,7 @@ class Api:
         self.opts = runtime.options
         self.server = server
         self.hostname = socket.gethostname()
+        self.options = ConfigEndpoint(runtime, server)
 
     # -- health, info ---------------------------------------------------------------
     def health(self) -> str:
@@ -318,63 +312,6 @@ class Api:
 
         return plan_stats(self.rt, include_clients=False, every_loop=True).then(answer)
 
-    # -- /config/:opt ---------------------------------------------------------------
-    def config_value(self, key: str) -> tuple[bool, Any]:
-        """(known, value) of an option by nsqd's config name, in nsqd's JSON types."""
-        if key not in SPEC_BY_KEY:
-            return False, None
-        value = getattr(self.opts, key)
-        if key == "log_level":
-            return True, _LOG_LEVELS.get(str(value).lower(), 2)
-        if key == "tls_min_version":
-            return True, _TLS_VERSIONS.get(str(value).lower(), 0x0301)
-        if key == "statsd_prefix":
-            return True, self.server.statsd_prefix()
-        return True, value
-
-    def config(self, req: Request) -> Response:
-        key = req.param
-        if req.method == b"PUT":
-            body = req.body_bytes()
-            if not body or len(body) > self.opts.max_msg_size:
-                return error(413, "INVALID_VALUE")
-            setter = self._setters.get(key)
-            if setter is None:
-                return error(400, "INVALID_OPTION")
-            if not setter(body):
-                return error(400, "INVALID_VALUE")
-            if key == "nsqlookupd_tcp_addresses":
-                self.broker.notify_changed()  # wakes the lookupd registrar to reconnect
-        known, value = self.config_value(key)
-        if not known:
-            return error(400, "INVALID_OPTION")
-        if isinstance(value, str):
-            return ok_text(value.encode())  # nsqd's V1: a string is sent as it is
-        return ok_json(value)
-
-    def _set_lookupd(self, body: bytes) -> bool:
-        try:
-            value = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            return False
-        if value is not None and (not isinstance(value, list)
-                                  or not all(isinstance(v, str) for v in value)):
-            return False
-        self.opts.nsqlookupd_tcp_addresses = list(value or [])
-        return True
-
-    def _set_log_level(self, body: bytes) -> bool:
-        level = _LOG_LEVELS.get(body.decode("utf-8", "replace").lower())
-        if level is None:
-            return False
-        self.opts.log_level = _LEVEL_NAMES[level]
-        logging.getLogger("pybroker").setLevel(_PY_LEVELS[level])
-        return True
-
-    @property
-    def _setters(self) -> dict[str, Callable[[bytes], bool]]:
-        return {"nsqlookupd_tcp_addresses": self._set_lookupd, "log_level": self._set_log_level}
-
 
 class _Answer(Exception):
     """Raised by a check to answer the request at once with ``response``."""
@@ -409,7 +346,7 @@ def build_router(api: Api) -> Router:
         r.add("POST", f"/topic/{verb}", guarded(getattr(api, f"topic_{verb}")))
         r.add("POST", f"/channel/{verb}", guarded(getattr(api, f"channel_{verb}")))
     invalid = (o.max_msg_size, error(413, "INVALID_VALUE", close=True))
-    r.add("GET", "/config/:opt", api.config)
-    r.add("PUT", "/config/:opt", api.config, invalid)
+    r.add("GET", "/config/:opt", api.options.handle)
+    r.add("PUT", "/config/:opt", api.options.handle, invalid)
     r.add("GET", "/metrics", api.metrics)  # beyond nsqd: Prometheus
     return r
