@@ -245,6 +245,7 @@ class FinningConsumer:
         except OSError as e:
             self.errors.append(f"connect: {e}")
             return
+        frames = FrameBuffer(sock)
         try:
             sock.sendall(MAGIC_V2 + identify(msg_timeout=2000))
             _expect_ok(sock)
@@ -253,25 +254,55 @@ class FinningConsumer:
             sock.sendall(rdy(self.rdy_count))
             n = 0
             while not self._stop.is_set():
-                try:
-                    ftype, payload = read_frame(sock, 0.2)
-                except TimeoutError:
-                    continue
-                if ftype == FRAME_RESPONSE and payload == HEARTBEAT:
-                    sock.sendall(nop())
-                elif ftype == FRAME_MESSAGE:
-                    m = parse_message(payload)
-                    self.seen[m.body] = self.seen.get(m.body, 0) + 1
-                    n += 1
-                    if n % self.fin_every == 0:
-                        sock.sendall(fin(m.id))
-                        self.finished.add(m.body)
-                elif ftype == FRAME_ERROR:
-                    self.errors.append(payload[:100].decode("utf-8", "replace"))
-        except (OSError, ConnectionClosed, TimeoutError) as e:
+                for ftype, payload in frames.read(0.2):
+                    if ftype == FRAME_RESPONSE and payload == HEARTBEAT:
+                        sock.sendall(nop())
+                    elif ftype == FRAME_MESSAGE:
+                        m = parse_message(payload)
+                        self.seen[m.body] = self.seen.get(m.body, 0) + 1
+                        n += 1
+                        if n % self.fin_every == 0:
+                            sock.sendall(fin(m.id))
+                            self.finished.add(m.body)
+                    elif ftype == FRAME_ERROR:
+                        self.errors.append(payload[:100].decode("utf-8", "replace"))
+        except (OSError, ConnectionClosed) as e:
             self.errors.append(f"{type(e).__name__}: {e}")
         finally:
             sock.close()
+
+
+class FrameBuffer:
+    """Buffered frame reading that never loses its place when a wait times out."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+
+    def read(self, wait_s: float) -> list[tuple[int, bytes]]:
+        """Every complete frame available within wait_s (maybe none).
+
+        Raises ConnectionClosed on EOF or reset.
+        """
+        self.sock.settimeout(wait_s)
+        try:
+            data = self.sock.recv(1 << 16)
+        except TimeoutError:
+            data = None
+        except (ConnectionResetError, ConnectionAbortedError) as e:
+            raise ConnectionClosed(str(e)) from e
+        if data is not None:
+            if not data:
+                raise ConnectionClosed("EOF")
+            self.buf += data
+        out = []
+        while len(self.buf) >= 8:
+            size, ftype = struct.unpack_from(">ii", self.buf)
+            if len(self.buf) < 4 + size:
+                break
+            out.append((ftype, bytes(self.buf[8:4 + size])))
+            del self.buf[:4 + size]
+        return out
 
 
 def _expect_ok(sock: socket.socket) -> None:

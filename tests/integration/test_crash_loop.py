@@ -1,0 +1,84 @@
+"""kill -9 during concurrent publishing with --durability=fsync, again and again.
+
+Several publisher threads (raw sockets, PUB/MPUB/DPUB, one command outstanding each)
+record which bodies were answered OK; a consumer FINs every other delivery and leaves
+the rest in flight. Each cycle ends with SIGKILL and a restart on the same data_path.
+After the last restart everything is drained. The promise of fsync mode: every
+acknowledged message is delivered, and every one that was never FIN'd is delivered
+again (at least once); duplicates are allowed and counted.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from tests.support.broker import BrokerProcess, unique_name, wait_until
+from tests.support.durability import (FinningConsumer, Publisher, bodies, consume,
+                                      create_channel)
+
+MakeBroker = Callable[..., BrokerProcess]
+CYCLES = 5
+RUN_S = 2.0
+
+
+def test_kill9_loop_loses_no_acknowledged_message(make_broker: MakeBroker) -> None:
+    b = make_broker("--durability=fsync", "--mem-queue-size=50",
+                    "--max-bytes-per-file=65536")
+    with_ch, no_ch = unique_name("crash"), unique_name("crash_noch")
+    create_channel(b, with_ch, "ch")
+    acked: set[bytes] = set()
+    seen: dict[bytes, int] = {}
+    finished: set[bytes] = set()
+    for cycle in range(CYCLES):
+        assert b.tcp_address is not None
+        consumer = FinningConsumer(b.tcp_address, with_ch, "ch", fin_every=2,
+                                   rdy_count=1000).start()
+        pubs = [Publisher(b.tcp_address, with_ch, f"c{cycle}p{i}", batch=5,
+                          defer_ms=300 if i == 0 else 0) for i in range(3)]
+        pubs.append(Publisher(b.tcp_address, no_ch, f"c{cycle}n", batch=5))
+        for p in pubs:
+            p.start()
+        t0 = time.monotonic()
+        wait_until(lambda: all(len(p.acked) >= 20 for p in pubs), timeout_s=10,
+                   what="every publisher to get some OKs")
+        time.sleep(max(0.0, RUN_S - (time.monotonic() - t0)))
+        text = b.stderr_text()
+        b.kill9()
+        for p in pubs:
+            p.stop()
+        consumer.stop()
+        assert "Traceback" not in text, text
+        for p in pubs:
+            acked |= p.acked
+        for body, n in consumer.seen.items():
+            seen[body] = seen.get(body, 0) + n
+        finished |= consumer.finished
+        print(f"cycle {cycle}: {sum(len(p.acked) for p in pubs)} acked, "
+              f"{sum(p.sent for p in pubs)} sent, {sum(consumer.seen.values())} delivered, "
+              f"{len(consumer.finished)} FIN'd")
+        b.start()
+        for line in b.stderr_lines:
+            if "DISKQUEUE" in line or "storage" in line or "metadata" in line:
+                print("   ", line.rstrip())
+
+    drained = consume(b, with_ch, "ch", idle_s=2.0, timeout_s=40)
+    drained += consume(b, no_ch, "late", idle_s=2.0, timeout_s=40)
+    for body in bodies(drained):
+        seen[body] = seen.get(body, 0) + 1
+    finished |= set(bodies(drained))
+
+    never_delivered = acked - seen.keys()
+    never_finished = acked - finished
+    deliveries = sum(seen.values())
+    dup = deliveries - len(seen)
+    unacked_seen = len(seen.keys() - acked)
+    print(f"acked {len(acked)}, delivered {len(seen)} distinct in {deliveries} "
+          f"deliveries ({dup} duplicates), {unacked_seen} delivered without an OK "
+          f"(publish cut by the kill), {len(drained)} in the final drain")
+    assert not never_delivered, f"{len(never_delivered)} acknowledged messages never " \
+                                f"delivered, e.g. {sorted(never_delivered)[:10]}"
+    assert not never_finished, f"{len(never_finished)} acknowledged messages delivered " \
+                               f"but never FIN'd and not redelivered, e.g. " \
+                               f"{sorted(never_finished)[:10]}"
+    # the broker is healthy and empty afterwards
+    assert consume(b, with_ch, "ch", idle_s=0.5) == []
