@@ -123,7 +123,9 @@ class PyBrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                      limit: object = None) -> dict[str, Any]:
         ledger = self.ledger
         self._fin_from_checkpoint()
-        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        max_rows = self._subscription().batch_cap()
+        if isinstance(limit, ReadMaxRows):
+            max_rows = min(max_rows, limit.max_rows)
         end = ledger.latest(start, max_rows, self._drain_ts_ns)
         if end is None and self._drain_ts_ns is not None:
             end = self._wait_for_data(start, max_rows)
@@ -134,7 +136,7 @@ class PyBrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start if start is not None else ledger.offset(0)
         return end
 
-    def _wait_for_data(self, start: Offset | None, max_rows: int | None) -> Offset | None:
+    def _wait_for_data(self, start: Offset | None, max_rows: int) -> Offset | None:
         """Available-now: poll up to drain_timeout for a message before calling it drained."""
         deadline = time.monotonic() + self.opts.drain_timeout_s
         while True:
@@ -143,21 +145,20 @@ class PyBrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return end
             time.sleep(_LINGER_STEP_S)
 
-    def _linger(self, start: Offset | None, end: Offset, max_rows: int | None) -> Offset:
+    def _linger(self, start: Offset | None, end: Offset, max_rows: int) -> Offset:
         """While messages keep coming, wait a little to make the batch fuller."""
         ledger = self.ledger
-        cap = ledger.max_batch_size if max_rows is None else min(max_rows,
-                                                                  ledger.max_batch_size)
+        cap = min(max_rows, ledger.max_batch_size)
         base = ledger.base_seq(start)
         deadline = time.monotonic() + _LINGER_S
-        while ledger.own_seq(end) is not None and int(end["seq"]) - base < cap:  # type: ignore[call-overload]
+        end_seq = ledger.own_seq(end)
+        while end_seq is not None and end_seq - base < cap and time.monotonic() < deadline:
             before = ledger.counts()["received"]
-            if time.monotonic() >= deadline:
-                break
             time.sleep(_LINGER_STEP_S)
             if ledger.counts()["received"] == before:
                 break
             end = ledger.latest(start, max_rows, self._drain_ts_ns) or end
+            end_seq = ledger.own_seq(end)
         return end
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:

@@ -92,6 +92,18 @@ class Subscription:
         log.warning("giving up on message %s after %d attempts", msg.id.decode(),
                     msg.attempts)
 
+    def batch_cap(self) -> int:
+        """The most messages one batch may take: half the in-flight window.
+
+        The window is max_in_flight, or less when the servers grant a smaller RDY
+        (nsqd's --max-rdy-count, 2500 by default, caps each connection's in-flight).
+        """
+        conns = self.consumer.conns()
+        window = self.opts.max_in_flight
+        if conns:
+            window = min(window, sum(c.max_rdy_count for c in conns))
+        return max(1, min(self.opts.max_batch_size, window // 2))
+
     # -- keep-alive --------------------------------------------------------------------
     def msg_timeout_s(self) -> float:
         """The smallest msg_timeout granted by the connected servers."""

@@ -142,6 +142,19 @@ def test_batches_never_fill_the_window_and_commit_frees_it(
     assert len(seen) == len(set(seen)) == 150
 
 
+def test_batch_cap_follows_the_rdy_the_server_grants(
+        make_broker: Callable[..., BrokerProcess],
+        subscriptions: Callable[[SourceOptions], Subscription]) -> None:
+    """max_in_flight 1000 on a server granting RDY 100: batches of 50, not 500."""
+    b = make_broker("--max-rdy-count=100")
+    topic = unique_name("sp_rdycap")
+    publish(b, topic, [b"c-%03d" % i for i in range(300)])
+    sub = subscriptions(source_opts(b, topic, max_in_flight="1000"))
+    wait_until(lambda: sub.ledger.counts()["received"] == 100, 10, what="RDY 100 in flight")
+    assert sub.batch_cap() == 50
+    assert sub.ledger.latest(None, sub.batch_cap()) == sub.ledger.offset(50)
+
+
 def test_close_requeues_uncommitted_for_the_next_run(
         broker: BrokerProcess,
         subscriptions: Callable[[SourceOptions], Subscription]) -> None:
@@ -217,6 +230,7 @@ def test_checkpoint_commit_log_is_read_for_this_run_only(tmp_path: Path) -> None
 
 
 def test_publisher_mpub_batches_and_refusals(make_broker: Callable[..., BrokerProcess]) -> None:
+    pa = pytest.importorskip("pyarrow", reason="pyarrow (the spark extra) is not installed")
     from pybroker.spark.publisher import PublishError
     from pybroker.spark.publisher import publish as mpub
 
