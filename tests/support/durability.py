@@ -321,8 +321,20 @@ def queue_dir(data_path: str | Path, name: str) -> Path:
     return Path(data_path) / "queues" / urllib.parse.quote(name, safe="")
 
 
-def segment_records(path: Path) -> list[tuple[int, int, int]]:
-    """(offset, total length, seq) of each well-formed record of a segment file."""
+# a pybroker message record: [int64 deliver_at][int64 ts_ns][uint16 attempts][16-byte id][body]
+MSG_RECORD_HEADER = 34
+
+
+@dataclass(frozen=True)
+class SegmentRecord:
+    offset: int     # of the record header in the file
+    length: int     # header + data
+    seq: int
+    body: bytes     # the message body inside the data
+
+
+def segment_records(path: Path) -> list[SegmentRecord]:
+    """Every well-formed record of a segment file, up to the first bad one."""
     raw = path.read_bytes()
     out = []
     off = SEG_HEADER_LEN
@@ -331,7 +343,8 @@ def segment_records(path: Path) -> list[tuple[int, int, int]]:
         end = off + REC_HEADER.size + length
         if end > len(raw) or zlib.crc32(raw[off + 4:end]) != crc:
             break
-        out.append((off, end - off, seq))
+        body = raw[off + REC_HEADER.size + MSG_RECORD_HEADER:end]
+        out.append(SegmentRecord(off, end - off, seq, body))
         off = end
     return out
 
