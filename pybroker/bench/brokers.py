@@ -16,6 +16,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections import deque
 
 LISTEN_RE = re.compile(r"(TCP|HTTP): listening on (\S+)")
@@ -70,6 +72,10 @@ class Broker:
     def describe(self) -> str:
         return self.name
 
+    def drop_topic(self, topic: str) -> bool:
+        """Delete a topic the bench made (only a broker that outlives the bench needs it)."""
+        return True
+
 
 class ExternalBroker(Broker):
     """A broker that is already running (``--tcp-address``); never started or stopped."""
@@ -80,6 +86,17 @@ class ExternalBroker(Broker):
         self.tcp_address = tcp_address
         self.http_address = http_address
         self.pid = pid
+
+    def drop_topic(self, topic: str) -> bool:
+        """POST /topic/delete, so no bench backlog stays behind; False without HTTP."""
+        if not self.http_address:
+            return False
+        url = f"http://{self.http_address}/topic/delete?topic={urllib.parse.quote(topic)}"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=10):
+                return True
+        except OSError:
+            return False
 
 
 class BrokerProcess(Broker):

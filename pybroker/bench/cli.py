@@ -56,6 +56,9 @@ def bench(
     tcp_address: str | None = typer.Option(
         None, "--tcp-address", help="bench a running broker at HOST:PORT instead of "
                                     "starting pybroker (memory/RSS need --broker-pid)"),
+    http_address: str | None = typer.Option(
+        None, "--http-address", help="HTTP HOST:PORT of the --tcp-address broker (the bench "
+                                     "deletes its topics there afterwards)"),
     broker_pid: int | None = typer.Option(None, "--broker-pid",
                                              help="PID of the --tcp-address broker"),
     pybroker_arg: list[str] = typer.Option([], "--pybroker-arg",  # noqa: B008
@@ -90,7 +93,8 @@ def bench(
         cfg.connections = connections
     targets: list[Target] = []
     if tcp_address:
-        targets.append(external_target("pybroker", tcp_address, pid=broker_pid))
+        targets.append(external_target("pybroker", tcp_address, http_address or "",
+                                       pid=broker_pid))
     else:
         targets.append(pybroker_target(list(pybroker_arg)))
     if vs_nsqd:

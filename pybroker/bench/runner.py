@@ -109,6 +109,9 @@ def run_bench(targets: list[Target], scenarios: list[str], cfg: BenchConfig, run
                 except Exception as e:  # noqa: BLE001 - recorded, and the bench goes on
                     rec["error"] = f"{type(e).__name__}: {e}"
                 finally:
+                    if not broker.drop_topic(topic):
+                        log(f"[bench] note: topic {topic} is left on {target.name}"
+                            " (give --http-address to delete it)")
                     code = broker.stop()
                     if code not in (0, None) and "error" not in rec:
                         rec["error"] = f"{target.name} exited with status {code}"
