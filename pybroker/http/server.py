@@ -41,6 +41,7 @@ from pybroker.http.statstext import go_duration
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
 SWEEP_S = 0.1
+CONN_SWEEP_EVERY = 5  # connection deadlines are checked every 5th sweep
 MAX_CONNECTIONS = 10_000
 _LISTENER = object()
 _WAKE = object()
@@ -107,6 +108,7 @@ class HttpServer:
         self._running = False
         self._thread: threading.Thread | None = None
         self.requests: dict[int, int] = {}
+        self._sweeps = 0
         self.statsd: Any = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -258,12 +260,14 @@ class HttpServer:
 
     def _sweep(self) -> None:
         now = monotonic_ns()
-        for conn in list(self.conns):
-            why = conn.expired(now)
-            if why is not None:
-                if why != "linger":
-                    log.info("HTTP: closing %s (%s)", conn.remote, why)
-                conn.close()
+        self._sweeps += 1
+        if self._sweeps % CONN_SWEEP_EVERY == 0:  # deadlines are seconds: 0.5 s is precise enough
+            for conn in list(self.conns):
+                why = conn.expired(now)
+                if why is not None:
+                    if why != "linger":
+                        log.info("HTTP: closing %s (%s)", conn.remote, why)
+                    conn.close()
         for token, p in list(self._pending.items()):
             if now >= p.deadline_ns:
                 log.warning("HTTP: %s %s: event loops did not answer within %.1fs",
