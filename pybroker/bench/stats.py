@@ -36,7 +36,7 @@ def percentiles(values: Sequence[float] | Iterable[float],
         return {}
     out = {}
     for p in ps:
-        rank = max(1, math.ceil(p / 100.0 * len(data)))
+        rank = max(1, math.ceil(round(p * len(data) / 100.0, 9)))  # 99.9% of 1000 is 999
         out[f"p{p:g}"] = float(data[min(rank, len(data)) - 1])
     return out
 

@@ -99,3 +99,25 @@ def test_bad_scenario_is_refused(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=30, cwd=tmp_path, check=False)
     assert proc.returncode == 2
     assert "nope" in proc.stderr
+
+
+def test_figures_arithmetic() -> None:
+    """The numbers the table is made of: nearest-rank percentiles, Go durations, and
+    pybroker/nsqd as the median of per-run ratios (not the ratio of medians)."""
+    from pybroker.bench.runner import paired_ratios
+    from pybroker.bench.stats import parse_duration, percentiles
+
+    assert percentiles(range(1, 1001), (50, 99, 99.9, 100)) == {
+        "p50": 500.0, "p99": 990.0, "p99.9": 999.0, "p100": 1000.0}
+    assert percentiles([], (50,)) == {}
+    assert parse_duration("1m30s") == 90.0 and parse_duration("250ms") == 0.25
+    assert parse_duration("2") == 2.0
+    with pytest.raises(ValueError):
+        parse_duration("10 parsecs")
+    records = [{"run": run, "broker": b, "scenario": "pub", "pub_msgs_s": v}
+               for run, b, v in [(1, "pybroker", 100), (1, "nsqd", 400), (2, "pybroker", 300),
+                                 (2, "nsqd", 100), (3, "pybroker", 200), (3, "nsqd", 200)]]
+    # per-run ratios 0.25, 3.0, 1.0 -> median 1.0 (medians 200/200 would also say 1.0,
+    # so drop run 3's nsqd: ratios 0.25, 3.0 -> 1.625; the ratio of medians is 200/250)
+    assert paired_ratios(records)["pub_msgs_s"] == 1.0
+    assert paired_ratios(records[:-1])["pub_msgs_s"] == pytest.approx(1.625)
