@@ -164,6 +164,19 @@ def test_pub_reaches_a_tcp_consumer(any_broker: BrokerProcess) -> None:
         assert m.body == b"hello \x00 world" and m.attempts == 1
 
 
+def test_pub_with_a_chunked_body(any_broker: BrokerProcess) -> None:
+    topic = unique_name("hchunk")
+    with consumer(any_broker, topic) as c:
+        s = connect(any_broker)
+        with s:
+            s.sendall(f"POST /pub?topic={topic} HTTP/1.1\r\nHost: t\r\n"
+                      "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n"
+                      "0\r\n\r\n".encode())
+            r = read_response(s.makefile("rb"))
+        assert (r.status, r.body) == (200, b"OK")
+        assert c.read_message().body == b"hello world"
+
+
 def test_pub_creates_the_topic_and_counts(any_broker: BrokerProcess) -> None:
     topic = unique_name("hpubc")
     for i in range(3):
