@@ -179,7 +179,8 @@ class Channel:
         backend = self.backend
         if backend is None:
             return 0
-        room = self.mem_queue_size - len(self.queue)
+        # with mem_queue_size 0 (every message on disk, as nsqd allows) still read one
+        room = max(self.mem_queue_size, 1) - len(self.queue)
         if room <= 0 or not backend.depth():
             return 0
         got = 0
