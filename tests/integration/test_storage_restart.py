@@ -164,3 +164,51 @@ def test_kill9_in_memory_mode_keeps_what_was_on_disk(make_broker: MakeBroker) ->
         assert set(got) <= set(expected)
         print(f"{topic}: {len(got)} of 200 delivered after kill -9 "
               f"({len(got) - len(set(got))} duplicates)")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mem_queue_size_zero_goes_through_disk(make_broker: MakeBroker, mode: str) -> None:
+    """As in nsqd, --mem-queue-size=0 keeps every message on disk, and they are still
+    delivered (before and after a restart)."""
+    b = make_broker("--mem-queue-size=0", f"--durability={mode}")
+    topic, no_ch = unique_name("mem0"), unique_name("mem0_noch")
+    create_channel(b, topic, "ch")
+    msgs = [f"z{i:03d}".encode() for i in range(30)]
+    with WireClient.connect(b.tcp_address) as c:  # type: ignore[arg-type]
+        c.mpub(topic, msgs[:15])
+        c.mpub(no_ch, msgs[:15])
+    s = channel_stats(b, topic, "ch")
+    assert s is not None and s["backend_depth"] == 15, s
+    assert bodies(consume(b, topic, "ch", expect=15, timeout_s=5)) == msgs[:15]
+    assert bodies(consume(b, no_ch, "ch", expect=15, timeout_s=5)) == msgs[:15]
+    with WireClient.connect(b.tcp_address) as c:  # type: ignore[arg-type]
+        c.mpub(topic, msgs[15:])
+    restart(b)
+    assert bodies(consume(b, topic, "ch", expect=15, timeout_s=5)) == msgs[15:]
+
+
+def test_deleted_and_emptied_queues_stay_so_after_restart(make_broker: MakeBroker) -> None:
+    b = make_broker("--mem-queue-size=5")
+    gone_topic, topic = unique_name("del_t"), unique_name("del_ch")
+    create_channel(b, gone_topic, "ch")
+    for ch in ("gone", "emptied", "kept"):
+        create_channel(b, topic, ch)
+    create_channel(b, topic, "eph#ephemeral")
+    with WireClient.connect(b.tcp_address) as c:  # type: ignore[arg-type]
+        c.mpub(gone_topic, [b"x"] * 20)
+        c.mpub(topic, [f"m{i}".encode() for i in range(20)])
+        c.mpub("eph_t#ephemeral", [b"e"] * 3)
+    from tests.support.durability import http
+    assert http(b, "POST", f"/topic/delete?topic={gone_topic}")[0] == 200
+    assert http(b, "POST", f"/channel/delete?topic={topic}&channel=gone")[0] == 200
+    assert http(b, "POST", f"/channel/empty?topic={topic}&channel=emptied")[0] == 200
+    restart(b)
+    t = topic_stats(b, topic)
+    assert topic_stats(b, gone_topic) is None
+    assert topic_stats(b, "eph_t#ephemeral") is None
+    assert t is not None and sorted(c["channel_name"] for c in t["channels"]) == \
+        ["emptied", "kept"], t
+    assert consume(b, topic, "emptied", idle_s=0.5) == []
+    assert len(consume(b, topic, "kept", expect=20)) == 20
+    assert consume(b, gone_topic, "ch", idle_s=0.5) == []
+    assert consume(b, topic, "gone", idle_s=0.5) == []
