@@ -27,12 +27,16 @@ class MissingSpark(ImportError):
 
 def require_pyspark() -> None:
     """Raises MissingSpark with the install hint when pyspark cannot be imported."""
+    hint = "pybroker.spark needs PySpark 4.2+ and pyarrow: pip install 'pybroker[spark]'"
     try:
         import pyarrow  # type: ignore[import-untyped]  # noqa: F401
-        import pyspark  # noqa: F401
+        import pyspark
     except ImportError as e:
-        raise MissingSpark("pybroker.spark needs PySpark 4.2+ and pyarrow: "
-                           "pip install 'pybroker[spark]'") from e
+        raise MissingSpark(hint) from e
+    # 4.2 brought latestOffset(start, limit) and Trigger.AvailableNow to Python sources
+    major, minor = (int(p) for p in pyspark.__version__.split(".")[:2])
+    if (major, minor) < (4, 2):
+        raise MissingSpark(f"{hint} (found PySpark {pyspark.__version__})")
 
 
 def register(spark: Any) -> None:

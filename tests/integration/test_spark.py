@@ -10,6 +10,8 @@ or a Java runtime is missing.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -148,6 +150,66 @@ def test_stopped_query_restarts_without_loss(spark: Any, big_broker: BrokerProce
     print(f"restart: {done_first} rows before the stop, {duplicates} duplicates")
     assert duplicates <= 2000                         # at most what was held at the stop
     wait_until(lambda: drained(big_broker, topic, "archive"), 10, what="FINs")
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+def source_runner_pids() -> list[int]:
+    """PIDs of the Python processes our Spark runs stream readers in (our children)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if b"python_streaming_source_runner" in cmdline and _descends_from(int(entry),
+                                                                           os.getpid()):
+            pids.append(int(entry))
+    return pids
+
+
+def test_crashed_query_leaves_messages_for_the_next(
+        spark: Any, make_broker: Callable[..., BrokerProcess], tmp_path: Path) -> None:
+    """SIGKILL the process holding the subscription: nothing is FIN'd for the batches
+    it had not seen committed, the server redelivers them after msg_timeout, and the
+    next query archives every message."""
+    b = make_broker("--msg-timeout=2s", "--max-rdy-count=10000")
+    topic = unique_name("sk_crash")
+    sent = bodies("k", 10_000)
+    publish(b, topic, sent)
+    first = start_archive(spark, job(b, topic, tmp_path, max_in_flight=2000, trigger_s=0.2))
+    wait_until(lambda: sum(batch_rows(first).values()) >= 2000, 120, interval_s=0.2,
+               what="2,000 rows through the first query")
+    pids = source_runner_pids()
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)
+    from pyspark.errors import StreamingQueryException
+
+    with pytest.raises(StreamingQueryException):      # the query dies with its source
+        first.awaitTermination(60)
+    assert sum(batch_rows(first).values()) < len(sent)
+    wait_until(lambda: channel_stats(b, topic, "archive")["in_flight_count"] == 0, 15,
+               what="the crashed run's messages to time out")
+    second = start_archive(spark, job(b, topic, tmp_path, available_now=True))
+    assert second.awaitTermination(120)
+    got = Counter(bytes(r.body) for r in spark.read.parquet(str(tmp_path / "lake"))
+                  .select("body").collect())
+    assert set(got) == set(sent), f"{len(set(sent) - set(got))} messages lost"
+    print(f"crash: {sum(got.values()) - len(got)} duplicates")
+    wait_until(lambda: drained(b, topic, "archive"), 10, what="FINs")
 
 
 def test_sink_publishes_20000_rows(spark: Any, broker: BrokerProcess,
