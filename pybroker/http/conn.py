@@ -27,7 +27,14 @@ import httptools
 
 from pybroker.http.gather import Gather
 from pybroker.http.request import Request, split_url
-from pybroker.http.response import CONTINUE, Response, encode, error, plain_error
+from pybroker.http.response import (
+    CONTINUE,
+    Response,
+    closing,
+    encode,
+    error,
+    plain_error,
+)
 
 if TYPE_CHECKING:
     from pybroker.http.server import HttpServer
@@ -121,8 +128,8 @@ class HttpConn:
             r.reject = plain_error(400, "missing required Host header")  # as Go's server
         else:
             r.limit, r.over_limit = self.server.router.limit(r.method, r.path)
-            if r.content_length > r.limit:
-                r.reject = r.over_limit  # refused before the body is read
+            if r.content_length > r.limit and r.over_limit is not None:
+                r.reject = closing(r.over_limit)  # refused before the body is read
             elif r.expect_continue and r.version == "1.1" and self._idle():
                 self._write(CONTINUE)
         if r.reject is not None:
@@ -135,9 +142,9 @@ class HttpConn:
         r = self.cur
         assert r is not None
         r.body_len += len(data)
-        if r.body_len > r.limit:
+        if r.body_len > r.limit and r.over_limit is not None:
             r.body = []
-            r.reject = r.over_limit  # a chunked body grew past the limit
+            r.reject = closing(r.over_limit)  # a chunked body grew past the limit
             self._queue_current()
             self.discard = True
             return
@@ -223,7 +230,7 @@ class HttpConn:
             budget -= 1
             r = self.queue.popleft()
             if r.reject is not None:
-                self.respond(r, r.reject)  # type: ignore[arg-type]
+                self.respond(r, r.reject)
                 continue
             handler, answer, param = server.router.resolve(r.method, r.path, r.query)
             if handler is None:

@@ -10,6 +10,8 @@ from urllib.parse import unquote_to_bytes
 
 import httptools
 
+from pybroker.http.response import Response
+
 _BAD_ESCAPE = re.compile(rb"%(?![0-9a-fA-F]{2})")
 
 
@@ -51,11 +53,11 @@ class Request:
         self.path = ""
         self.query = b""
         self.param = ""  # the value of a route parameter (/config/:opt)
-        self.reject: object = None  # an early Response: answer it without the body
+        self.reject: Response | None = None  # an early answer, sent without the body
         self.begin_ns = begin_ns
         self.headers_done = False
         self.limit = 0  # largest body the route accepts
-        self.over_limit: object = None  # the answer when the body is larger
+        self.over_limit: Response | None = None  # the answer when the body is larger
 
     def body_bytes(self) -> bytes:
         parts = self.body

@@ -46,6 +46,14 @@ class Response:
         self.raw = raw  # complete pre-encoded bytes (protocol-level errors)
 
 
+def closing(r: Response) -> Response:
+    """r with ``Connection: close``: an answer sent without reading the request's body
+    must close the connection (the unread body cannot be told from the next request)."""
+    if r.close:
+        return r
+    return Response(r.status, r.body, r.content_type, r.nsq, r.headers, True, r.raw)
+
+
 def _dumps(data: Any) -> bytes:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 

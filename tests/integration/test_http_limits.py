@@ -144,6 +144,17 @@ def test_other_bodies_are_limited_too(broker: BrokerProcess) -> None:
     assert data.startswith(b"HTTP/1.1 413 ") and data.endswith(b'{"message":"BODY_TOO_BIG"}')
 
 
+def test_refused_body_closes_even_on_unknown_paths(broker: BrokerProcess) -> None:
+    # the unread body cannot be told from a next request: the answer closes
+    for path, head in [(b"/nope", b"HTTP/1.1 404 "), (b"/ping", b"HTTP/1.1 405 ")]:
+        s = connect(broker)
+        with s:
+            s.sendall(b"POST %s HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\n"
+                      b"Content-Length: 100000000\r\n\r\n" % path)
+            data = read_all(s)
+        assert data.startswith(head) and b"Connection: close\r\n" in data, data
+
+
 def test_slowloris_headers_are_closed_and_others_served(strict: BrokerProcess) -> None:
     slow = [connect(strict) for _ in range(30)]
     try:
