@@ -1,0 +1,144 @@
+"""--durability=fsync answers a publish only after its record reached the disk: traced
+with strace on the real server, the record's pwrite is followed by an fsync/fdatasync
+before the OK is sent (TCP PUB/MPUB/DPUB and HTTP /pub). With the default durability
+no fsync stands between a publish and its OK (nsqd's cost and risk).
+
+A kill -9 cannot tell these apart (the page cache survives the process), so the order
+of system calls is the evidence. Skipped when strace is missing or cannot attach.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import subprocess
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from tests.support.broker import BrokerProcess, unique_name, wait_until
+from tests.support.durability import create_channel, http
+from tests.support.wire import WireClient
+
+MakeBroker = Callable[..., BrokerProcess]
+SYSCALLS = "fsync,fdatasync,pwrite64,pwritev,pwritev2,write,writev,sendto,sendmsg,recvfrom,read"
+LINE_RE = re.compile(r"^(\d+)\s+[\d.]+\s+(\w+)\((\d+)(.*)$")
+
+
+class Trace:
+    """strace -f attached to a running server, writing to a file."""
+
+    def __init__(self, pid: int, out: Path) -> None:
+        self.out = out
+        self.proc = subprocess.Popen(
+            ["strace", "-f", "-ttt", "-s", "512", "-e", f"trace={SYSCALLS}", "-p", str(pid),
+             "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # strace prints "Process N attached" to stderr per thread; wait for the file
+        try:
+            wait_until(lambda: out.exists() or self.proc.poll() is not None, timeout_s=5)
+        except AssertionError:
+            pass
+        time.sleep(0.5)  # every thread attached
+        if self.proc.poll() is not None:
+            err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+            pytest.skip(f"strace cannot attach: {err.strip()[:200]}")
+
+    def stop(self) -> list[tuple[str, int, str]]:
+        """Detach; return (syscall, fd, rest of line) in order."""
+        time.sleep(0.3)
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(10)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+        calls = []
+        for line in self.out.read_text(errors="replace").splitlines():
+            m = LINE_RE.match(line)
+            if m:
+                calls.append((m.group(2), int(m.group(3)), m.group(4)))
+        return calls
+
+
+def _between(calls: list[tuple[str, int, str]], marker: str, reply: str
+             ) -> tuple[list[tuple[str, int, str]], int]:
+    """The calls from the request carrying marker up to the reply on the same fd."""
+    start = next((i for i, c in enumerate(calls)
+                  if c[0] in ("recvfrom", "read") and marker in c[2]), None)
+    assert start is not None, f"request with {marker!r} not traced"
+    fd = calls[start][1]
+    end = next((i for i in range(start + 1, len(calls))
+                if calls[i][0] in ("sendto", "write", "sendmsg", "writev")
+                and calls[i][1] == fd and reply in calls[i][2]), None)
+    assert end is not None, f"reply to {marker!r} not traced"
+    return calls[start:end + 1], fd
+
+
+def _publish(b: BrokerProcess, verb: str, topic: str, marker: bytes) -> str:
+    """Publish marker with verb; return the text the reply frame/response carries."""
+    if verb == "HTTP":
+        q = urllib.parse.urlencode({"topic": topic})
+        assert http(b, "POST", f"/pub?{q}", marker) == (200, b"OK")
+        return "200 OK"
+    with WireClient.connect(b.tcp_address) as c:  # type: ignore[arg-type]
+        if verb == "PUB":
+            c.pub(topic, marker)
+        elif verb == "MPUB":
+            c.mpub(topic, [marker, marker + b"-2"])
+        else:
+            c.dpub(topic, 5000, marker)
+    return "OK"
+
+
+@pytest.fixture
+def strace_path() -> str:
+    path = shutil.which("strace")
+    if path is None:
+        pytest.skip("strace is not installed")
+    return path
+
+
+@pytest.mark.parametrize("verb", ["PUB", "MPUB", "DPUB", "HTTP"])
+@pytest.mark.parametrize("with_channel", [True, False])
+def test_fsync_mode_syncs_before_ok(make_broker: MakeBroker, strace_path: str,
+                                    tmp_path: Path, verb: str, with_channel: bool) -> None:
+    b = make_broker("--durability=fsync")
+    topic = unique_name("fs")
+    if with_channel:
+        create_channel(b, topic, "ch")
+    _publish(b, verb, topic, b"warm-up")   # queue files exist before the trace
+    assert b.proc is not None
+    trace = Trace(b.proc.pid, tmp_path / "strace.out")
+    marker = f"MARK-{verb}-{time.time_ns()}".encode()
+    reply = _publish(b, verb, topic, marker)
+    calls = trace.stop()
+    span, _ = _between(calls, marker.decode(), reply)
+    names = [c[0] for c in span]
+    write_at = next((i for i, c in enumerate(span)
+                     if c[0].startswith("pwrite") and marker.decode() in c[2]), None)
+    assert write_at is not None, f"no record write in {names}"
+    sync_at = next((i for i in range(write_at, len(span))
+                    if span[i][0] in ("fsync", "fdatasync")), None)
+    assert sync_at is not None, f"OK sent without an fsync after the write: {names}"
+
+
+def test_memory_mode_does_not_sync_per_publish(make_broker: MakeBroker, strace_path: str,
+                                               tmp_path: Path) -> None:
+    b = make_broker("--durability=memory", "--mem-queue-size=0")
+    topic = unique_name("nofs")
+    create_channel(b, topic, "ch")
+    _publish(b, "PUB", topic, b"warm-up")
+    assert b.proc is not None
+    trace = Trace(b.proc.pid, tmp_path / "strace.out")
+    markers = [f"MARK-{i}-{time.time_ns()}".encode() for i in range(5)]
+    for m in markers:
+        _publish(b, "PUB", topic, m)
+    calls = trace.stop()
+    written = [c for c in calls if c[0].startswith("pwrite")]
+    for m in markers:
+        # the record is written (by the channel's owner loop, maybe after the OK)...
+        assert any(m.decode() in c[2] for c in written), f"{m!r} never written"
+        span, _ = _between(calls, m.decode(), "OK")
+        names = [c[0] for c in span]
+        assert not {"fsync", "fdatasync"} & set(names), names   # ...and not synced first
