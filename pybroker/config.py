@@ -159,8 +159,10 @@ SPECS: tuple[OptionSpec, ...] = (
                "\"memory\": nsqd's behaviour (fsync every sync_every writes / sync_timeout); "
                "\"fsync\": PUB/MPUB/DPUB answered OK only once on disk, nothing acknowledged "
                "is lost to a crash"),
-    OptionSpec("loop_threads", "int", 0,
-               "event loop threads serving clients (0: one per CPU)", 0, 256),
+    OptionSpec("loop_threads", "int", 1,
+               "event loop threads serving clients; channels are hash-partitioned across "
+               "them (0: one per CPU). Under the GIL one loop is fastest and keeps publishers "
+               "and consumers in balance", 0, 256),
 )
 
 SPEC_BY_KEY = {s.key: s for s in SPECS}

@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
+INBOX_HIGH = 20_000  # messages posted to a loop before its publishers wait
+INBOX_LOW = 5_000
+INBOX_WAIT_S = 0.02
 
 
 class EventLoop:
@@ -59,6 +62,10 @@ class EventLoop:
         # durable publishes waiting for this turn's fsyncs: (connection, error if it fails)
         self._commits: list[tuple[ClientConn, Exception]] = []
         self._to_sync: dict[Any, None] = {}
+        # messages other loops posted here and this loop has not queued yet (approximate)
+        self.inbox = 0
+        self.inbox_room = threading.Event()
+        self.inbox_room.set()
         self._running = False
         self.thread: threading.Thread | None = None
         self.stopped = threading.Event()
@@ -99,11 +106,22 @@ class EventLoop:
                 else:
                     box.append((ch, msgs))
 
-    def receive_remote(self, batch: list[tuple[Channel, list[Message]]]) -> None:
+    def receive_remote(self, batch: list[tuple[Channel, list[Message]]], n: int = 0) -> None:
         now = monotonic_ns()
         for ch, msgs in batch:
             if not ch.deleted:
                 self._put(ch, msgs, now)
+        self.inbox -= n
+        if self.inbox <= INBOX_LOW:
+            self.inbox_room.set()
+
+    def _post(self, owner: "EventLoop", batch: list[tuple[Channel, list[Message]]]) -> None:
+        """Hand messages to another loop, counting them against its inbox."""
+        n = sum(len(msgs) for _, msgs in batch)
+        owner.inbox += n
+        if owner.inbox > INBOX_HIGH:
+            owner.inbox_room.clear()
+        owner.call_soon_threadsafe(owner.receive_remote, batch, n)
 
     def _put(self, ch: Channel, msgs: list[Message], now_ns: int) -> None:
         try:
@@ -210,9 +228,12 @@ class EventLoop:
 
     def run(self) -> None:
         self._running = True
+        share_gil = len(self.runtime.loops) > 1
         try:
             while self._running:
                 self._turn()
+                if share_gil:
+                    time.sleep(0)  # hand the GIL to a waiting loop between turns
             self._flush_all()
         except Exception:  # a bug: log it loudly, but let the runtime shut down cleanly
             log.exception("%s: event loop crashed", self.name)
@@ -285,7 +306,15 @@ class EventLoop:
             outbox = self._outbox
             self._outbox = {}
             for owner, batch in outbox.items():
-                owner.call_soon_threadsafe(owner.receive_remote, batch)
+                self._post(owner, batch)
+            for owner in outbox:
+                if owner.inbox > INBOX_HIGH:
+                    # Backpressure: publishers here must not outrun the loop that owns
+                    # the channels (with the GIL, a busy publishing thread would
+                    # otherwise starve that loop's consumers). Pausing this loop briefly
+                    # lets the owner catch up; a timeout keeps two loops that publish
+                    # to each other from waiting on each other for long.
+                    owner.inbox_room.wait(INBOX_WAIT_S)
         if self.to_flush:
             conns = self.to_flush
             self.to_flush = {}

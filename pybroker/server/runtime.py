@@ -61,7 +61,7 @@ class Runtime:
         for ch, msgs in deliveries:
             by_owner.setdefault(ch.owner, []).append((ch, msgs))
         for owner, batch in by_owner.items():
-            owner.call_soon_threadsafe(owner.receive_remote, batch)
+            owner.call_soon_threadsafe(owner.receive_remote, batch, 0)
 
     def consumer_left(self, ch: Channel) -> None:
         """On ch's owner loop: remove an ephemeral channel whose last consumer left."""

@@ -73,7 +73,11 @@ class BrokerProcess:
         if self.kind == "nsqd":
             assert self.nsqd_path, "no nsqd binary"
             return [self.nsqd_path, *common, "--https-address=", *self.extra_args]
-        return [sys.executable, "-m", "pybroker", "serve", *common, *self.extra_args]
+        # two loop threads unless a test says otherwise, so that every test also covers
+        # the cross-loop paths (SUB moving a connection, messages posted between loops)
+        loops = [] if any(a.startswith("--loop-threads") for a in self.extra_args) else [
+            "--loop-threads=2"]
+        return [sys.executable, "-m", "pybroker", "serve", *common, *loops, *self.extra_args]
 
     def start(self, timeout_s: float = 20.0) -> "BrokerProcess":
         env = dict(os.environ)

@@ -38,7 +38,8 @@ def test_defaults_are_nsqds() -> None:
     assert (o.queue_scan_interval, o.queue_scan_selection_count) == (100 * MS, 20)
     assert (o.queue_scan_worker_pool_max, o.queue_scan_dirty_percent) == (4, 0.25)
     assert o.tcp_address == "127.0.0.1:4150"
-    assert o.loop_threads >= 1 and 0 <= o.id < 1024
+    assert o.loop_threads == 1 and 0 <= o.id < 1024
+    assert resolve({"loop_threads": 0}, {}).loop_threads >= 1  # 0: one per CPU
 
 
 def test_flags_override_file() -> None:
