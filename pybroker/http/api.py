@@ -157,8 +157,10 @@ class Api:
             if len(body) > o.max_body_size:
                 return error(413, "BODY_TOO_BIG")
             # matches nsqd: one message per line; empty lines are dropped
-            parts = [p for p in body.split(b"\n") if p]
-            if any(len(p) > o.max_msg_size for p in parts):
+            parts = body.split(b"\n")
+            if not parts[-1] or b"\n\n" in body or not parts[0]:
+                parts = [p for p in parts if p]
+            if len(body) > o.max_msg_size and any(len(p) > o.max_msg_size for p in parts):
                 return error(413, "MSG_TOO_BIG")
         return self._publish(topic, parts)
 
@@ -166,13 +168,13 @@ class Api:
         o = self.opts
         max_count = (o.max_body_size - 4) // 5
         try:
-            return list(_native.mpub_split(body, o.max_msg_size, max_count))
+            return _native.mpub_split(body, o.max_msg_size, max_count)
         except _native.ScanError as e:
             if e.code != _native.E_MPUB_TRAILING:
                 raise
             # matches nsqd over HTTP: bytes after the last message are ignored
-            return list(_native.mpub_split(memoryview(body)[:len(body) - e.value],
-                                           o.max_msg_size, max_count))
+            return _native.mpub_split(memoryview(body)[:len(body) - e.value],
+                                      o.max_msg_size, max_count)
 
     # -- topics ---------------------------------------------------------------------
     def _params(self, req: Request) -> dict[bytes, list[bytes]]:
