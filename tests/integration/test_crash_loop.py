@@ -10,11 +10,18 @@ again (at least once); duplicates are allowed and counted.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from tests.support.broker import BrokerProcess, unique_name, wait_until
-from tests.support.durability import (FinningConsumer, Publisher, bodies, consume,
-                                      create_channel)
+from tests.support.durability import (
+    FinningConsumer,
+    Publisher,
+    bodies,
+    channel_stats,
+    consume,
+    create_channel,
+)
+from tests.support.wire import WireClient
 
 MakeBroker = Callable[..., BrokerProcess]
 CYCLES = 5
@@ -39,7 +46,7 @@ def test_kill9_loop_loses_no_acknowledged_message(make_broker: MakeBroker) -> No
         for p in pubs:
             p.start()
         t0 = time.monotonic()
-        wait_until(lambda: all(len(p.acked) >= 20 for p in pubs), timeout_s=10,
+        wait_until(lambda ps=pubs: all(len(p.acked) >= 20 for p in ps), timeout_s=10,
                    what="every publisher to get some OKs")
         time.sleep(max(0.0, RUN_S - (time.monotonic() - t0)))
         text = b.stderr_text()
@@ -82,3 +89,40 @@ def test_kill9_loop_loses_no_acknowledged_message(make_broker: MakeBroker) -> No
                                f"{sorted(never_finished)[:10]}"
     # the broker is healthy and empty afterwards
     assert consume(b, with_ch, "ch", idle_s=0.5) == []
+
+
+def test_kill9_keeps_deferred_time_in_fsync_mode(make_broker: MakeBroker) -> None:
+    """A DPUB answered OK in fsync mode has its due time on disk: after kill -9 it is
+    delivered, and not before that time. A message REQ'd with a delay is delivered at
+    least once (an early copy is possible: the old record's ack may not be on disk)."""
+    b = make_broker("--durability=fsync", "--msg-timeout=60s")
+    topic = unique_name("k9defer")
+    create_channel(b, topic, "ch")
+    delay_ms = 3000
+    with WireClient.connect(b.tcp_address) as p:  # type: ignore[arg-type]
+        p.mpub(topic, [b"now-1", b"now-2"])
+        t_dpub = time.time()
+        for i in range(3):
+            p.dpub(topic, delay_ms, f"later-{i}".encode())
+    c = WireClient.connect(b.tcp_address)  # type: ignore[arg-type]
+    c.sub(topic, "ch")
+    c.rdy(2)
+    got = c.read_messages(2)
+    c.rdy(0)
+    t_req = time.time()
+    c.req(got[0].id, delay_ms)
+    wait_until(lambda: (channel_stats(b, topic, "ch") or {}).get("deferred_count") == 4)
+    b.kill9()
+    c.close()
+    b.start()
+    received = consume(b, topic, "ch", idle_s=delay_ms / 1000 + 1.5, timeout_s=20)
+    seen = bodies(received)
+    assert set(seen) == {b"now-1", b"now-2", b"later-0", b"later-1", b"later-2"}, seen
+    for r in received:
+        if r.msg.body.startswith(b"later-"):
+            assert r.at_wall >= t_dpub + delay_ms / 1000 - 0.05, \
+                f"{r.msg.body!r} {t_dpub + delay_ms / 1000 - r.at_wall:.2f}s early"
+    req_times = [r.at_wall - (t_req + delay_ms / 1000) for r in received
+                 if r.msg.body == got[0].body]
+    print(f"REQ'd message delivered at {[f'{t:+.2f}s' for t in req_times]} from its due time")
+    assert req_times and max(req_times) >= -0.05

@@ -8,14 +8,27 @@ channels), and one written by the real nsqd binary (skipped without it).
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from tests.support.broker import BrokerProcess, unique_name, wait_until
-from tests.support.durability import (Received, bodies, channel_stats, consume, create_channel,
-                                      http, http_pub, stats)
-from tests.support.nsqd_data import (FakeGoDiskQueue, encode_message, msg_id, topic_entry,
-                                     write_metadata)
+from tests.support.durability import (
+    Received,
+    bodies,
+    channel_stats,
+    consume,
+    create_channel,
+    http,
+    http_pub,
+    stats,
+)
+from tests.support.nsqd_data import (
+    FakeGoDiskQueue,
+    encode_message,
+    msg_id,
+    topic_entry,
+    write_metadata,
+)
 from tests.support.wire import WireClient
 
 MakeBroker = Callable[..., BrokerProcess]

@@ -14,14 +14,24 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 from tests.support.broker import BrokerProcess, project_root, unique_name, wait_until
-from tests.support.durability import (bodies, channel_stats, consume, create_channel, flip_bytes,
-                                      http, ping, queue_dir, segment_records, stats)
+from tests.support.durability import (
+    bodies,
+    channel_stats,
+    consume,
+    create_channel,
+    flip_bytes,
+    http,
+    ping,
+    queue_dir,
+    segment_records,
+    stats,
+)
 from tests.support.wire import PROBE_TOPIC, WireClient, pub
 
 MakeBroker = Callable[..., BrokerProcess]
@@ -75,7 +85,7 @@ def test_torn_segment_tail(make_broker: MakeBroker) -> None:
     msgs = spill(b, topic, 60)
     stop_clean(b)
     qdir = queue_dir(b.data_path, f"{topic}:ch")
-    last = sorted(qdir.glob("*.seg"))[-1]
+    last = max(qdir.glob("*.seg"))
     recs = segment_records(last)
     assert len(recs) >= 2, recs
     # a write cut in the middle of the last record
@@ -145,7 +155,7 @@ def test_corrupt_record_loses_only_itself(make_broker: MakeBroker) -> None:
     create_channel(b, topic, "ch")
     msgs = spill(b, topic, 40)
     stop_clean(b)
-    seg = sorted(queue_dir(b.data_path, f"{topic}:ch").glob("*.seg"))[0]
+    seg = min(queue_dir(b.data_path, f"{topic}:ch").glob("*.seg"))
     damaged, after = _corrupt_middle(seg)
     b.start()
     got = set(bodies(consume(b, topic, "ch", idle_s=1.0)))
@@ -197,7 +207,7 @@ def test_garbage_nsqd_dat_falls_back_to_bak(make_broker: MakeBroker) -> None:
 
 def test_garbage_nsqd_dat_and_bak_start_empty(make_broker: MakeBroker) -> None:
     b = make_broker()
-    t1, _ = _setup_topics(b)
+    _setup_topics(b)
     restart(b)
     stop_clean(b)
     for name in ("nsqd.dat", "nsqd.dat.bak"):
@@ -222,7 +232,7 @@ def test_unusable_data_path_refuses_to_start(tmp_path: Path, under: str) -> None
     proc = subprocess.run([sys.executable, "-m", "pybroker", "serve",
                            "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
                            f"--data-path={path}"], cwd=project_root(), env=env,
-                          capture_output=True, timeout=30)
+                          capture_output=True, timeout=30, check=False)
     err = proc.stderr.decode()
     assert proc.returncode == 2, err
     assert "Traceback" not in err, err

@@ -14,8 +14,8 @@ import signal
 import subprocess
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 

@@ -7,13 +7,20 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 
 from tests.support.broker import BrokerProcess, unique_name, wait_until
-from tests.support.durability import (bodies, channel_stats, consume, create_channel,
-                                      http_pub, topic_stats)
+from tests.support.durability import (
+    bodies,
+    channel_stats,
+    consume,
+    create_channel,
+    http,
+    http_pub,
+    topic_stats,
+)
 from tests.support.wire import WireClient
 
 MakeBroker = Callable[..., BrokerProcess]
@@ -198,7 +205,6 @@ def test_deleted_and_emptied_queues_stay_so_after_restart(make_broker: MakeBroke
         c.mpub(gone_topic, [b"x"] * 20)
         c.mpub(topic, [f"m{i}".encode() for i in range(20)])
         c.mpub("eph_t#ephemeral", [b"e"] * 3)
-    from tests.support.durability import http
     assert http(b, "POST", f"/topic/delete?topic={gone_topic}")[0] == 200
     assert http(b, "POST", f"/channel/delete?topic={topic}&channel=gone")[0] == 200
     assert http(b, "POST", f"/channel/empty?topic={topic}&channel=emptied")[0] == 200

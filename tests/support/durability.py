@@ -22,9 +22,26 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.broker import BrokerProcess
-from tests.support.wire import (FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, HEARTBEAT,
-                                MAGIC_V2, ConnectionClosed, Message, WireClient, dpub, fin,
-                                identify, mpub, nop, parse_message, pub, rdy, read_frame, sub)
+from tests.support.wire import (
+    FRAME_ERROR,
+    FRAME_MESSAGE,
+    FRAME_RESPONSE,
+    HEARTBEAT,
+    MAGIC_V2,
+    ConnectionClosed,
+    Message,
+    WireClient,
+    dpub,
+    fin,
+    identify,
+    mpub,
+    nop,
+    parse_message,
+    pub,
+    rdy,
+    read_frame,
+    sub,
+)
 
 # -- HTTP -----------------------------------------------------------------------------------
 
@@ -155,7 +172,7 @@ class Publisher:
     _thread: threading.Thread | None = None
     _n: int = 0
 
-    def start(self) -> "Publisher":
+    def start(self) -> Publisher:
         self._thread = threading.Thread(target=self._run, name=f"pub-{self.prefix}",
                                         daemon=True)
         self._thread.start()
@@ -228,7 +245,7 @@ class FinningConsumer:
     _thread: threading.Thread | None = None
     errors: list[str] = field(default_factory=list)
 
-    def start(self) -> "FinningConsumer":
+    def start(self) -> FinningConsumer:
         self._thread = threading.Thread(target=self._run, name="consumer", daemon=True)
         self._thread.start()
         return self
