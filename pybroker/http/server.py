@@ -4,11 +4,13 @@ Theory of operation
 -------------------
 One thread owns a selector, the listening socket, every HttpConn and a wake-up
 socketpair; no asyncio and no thread per request. One turn: ``select()`` (at most until
-the next deadline sweep); accept, read (parse, answer) and write; run calls posted from
-other threads (results of loop jobs); post this turn's published messages to their
-channels' owner loops, one call per loop (``route``); flush the connections that have
-output; every ``SWEEP_S`` close connections whose deadline passed and finish Gathers
-whose loops did not answer in time.
+the next deadline sweep); accept, read (parse, answer) and write; carry on with
+connections that used up their per-turn budget of answers (``TURN_BUDGET``, so a
+pipelining client cannot starve the others); run calls posted from other threads
+(results of loop jobs); post this turn's published messages to their channels' owner
+loops, one call per loop (``route``), before any "OK" is written; flush the
+connections that have output; every ``SWEEP_S`` finish Gathers whose loops did not
+answer in time, and every few sweeps close connections whose deadline passed.
 
 The HTTP thread never blocks on an event loop: a request that needs loop threads
 (stats, channel pause/empty) is a Gather whose jobs are posted with the loops'
