@@ -166,6 +166,7 @@ def test_close_requeues_uncommitted_for_the_next_run(
     wait_until(lambda: first.ledger.counts()["received"] == 60, 10, what="60 deliveries")
     end = first.ledger.latest(None)
     assert end == first.ledger.offset(50)
+    held_ids = {m.id for m in first.ledger.planned(first.ledger.offset(30), end)}
     first.ledger.commit(first.ledger.offset(20))
     finished, requeued = first.close(done_seq=30)       # the checkpoint proved 21..30 done
     assert (finished, requeued) == (10, 30)
@@ -174,6 +175,7 @@ def test_close_requeues_uncommitted_for_the_next_run(
     got = second.ledger.planned(None, second.ledger.latest(None) or {})
     assert sorted(m.body for m in got) == bodies[30:]
     assert all(m.attempts == 2 for m in got)
+    assert held_ids <= {m.id for m in got}              # redelivery keeps the id
     # another run's offsets name messages this run never held: planned empty
     assert second.ledger.planned(first.ledger.offset(30), first.ledger.offset(50)) == []
 
