@@ -47,7 +47,7 @@ class Ledger:
     def __init__(self, run: str, max_batch_size: int) -> None:
         self.run = run
         self.max_batch_size = max_batch_size
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
         self._waiting: deque[Delivery] = deque()        # delivered, not yet numbered
         self._held: dict[int, Delivery] = {}            # numbered, not yet FIN'd
         self._last_seq = 0                              # highest number given out
@@ -78,12 +78,11 @@ class Ledger:
     # -- delivery (consumer handler threads) ---------------------------------------------
     def add(self, msg: Delivery) -> None:
         """A new delivery; after ``stop()`` it goes straight back to the server."""
-        with self._cond:
+        with self._lock:
             if not self._stopped:
                 self._waiting.append(msg)
                 self.received += 1
                 self.last_arrival = time.monotonic()
-                self._cond.notify_all()
                 return
         msg.requeue(0.0, backoff=False)
 
@@ -99,7 +98,7 @@ class Ledger:
                 (available-now: later messages stay waiting and are REQueued at stop).
         """
         cap = self.max_batch_size if max_rows is None else min(max_rows, self.max_batch_size)
-        with self._cond:
+        with self._lock:
             base = self.base_seq(start)
             numbered = self._last_seq - base
             if numbered < cap and self._waiting:
@@ -126,7 +125,7 @@ class Ledger:
         if end_seq is None:
             return []
         base = self.base_seq(start)
-        with self._cond:
+        with self._lock:
             return [self._held[s] for s in range(base + 1, end_seq + 1) if s in self._held]
 
     # -- answering -----------------------------------------------------------------------
@@ -135,7 +134,7 @@ class Ledger:
         end_seq = end if isinstance(end, int) else self.own_seq(end)
         if end_seq is None:
             return 0
-        with self._cond:
+        with self._lock:
             done = [s for s in self._held if s <= end_seq]
             msgs = [self._held.pop(s) for s in done]
             self._committed = max(self._committed, end_seq)
@@ -146,7 +145,7 @@ class Ledger:
 
     def touch(self) -> int:
         """TOUCH every message not yet FIN'd; returns how many."""
-        with self._cond:
+        with self._lock:
             msgs = list(self._held.values()) + list(self._waiting)
         for msg in msgs:
             msg.touch()
@@ -154,7 +153,7 @@ class Ledger:
 
     def uncommitted_end(self) -> int:
         """The highest seq handed to Spark and not yet committed (0 if none)."""
-        with self._cond:
+        with self._lock:
             return max(self._held) if self._held else 0
 
     def stop(self, done_seq: int | None = None) -> tuple[int, int]:
@@ -163,12 +162,11 @@ class Ledger:
         Returns (finished, requeued). Later deliveries are REQueued on arrival.
         """
         finished = self.commit(done_seq) if done_seq is not None else 0
-        with self._cond:
+        with self._lock:
             self._stopped = True
             rest: Iterable[Delivery] = list(self._held.values()) + list(self._waiting)
             self._held.clear()
             self._waiting.clear()
-            self._cond.notify_all()
         n = 0
         for msg in rest:
             msg.requeue(0.0, backoff=False)
@@ -177,7 +175,7 @@ class Ledger:
         return finished, n
 
     def counts(self) -> dict[str, int]:
-        with self._cond:
+        with self._lock:
             return {"received": self.received, "waiting": len(self._waiting),
                     "held": len(self._held), "finished": self.finished,
                     "requeued": self.requeued, "last_seq": self._last_seq}
