@@ -347,6 +347,10 @@ def req(c: "ClientConn", cmd: Command) -> None:
         c.channel.requeue(c, mid, delay_ns, monotonic_ns(), time.time_ns())
     except BrokerError as e:
         raise ReqFailed(f"REQ {mid.decode('ascii', 'replace')} failed {e}") from None
+    except StorageError as e:
+        # durable mode could not rewrite the record with its due time: the message is
+        # deferred in memory all the same and its old record stays on disk
+        c.loop.runtime.storage_failed(e)
     c.requeue_count += 1
     c.loop.mark_dirty(c.channel)
 
