@@ -32,7 +32,7 @@ from tests.support.durability import (
     segment_records,
     stats,
 )
-from tests.support.wire import PROBE_TOPIC, WireClient, pub
+from tests.support.wire import PROBE_TOPIC, ConnectionClosed, WireClient, pub
 
 MakeBroker = Callable[..., BrokerProcess]
 
@@ -333,4 +333,48 @@ def assert_no_dead_loops(b: BrokerProcess) -> None:
         for c in clients:
             c.close()
     assert "event loop crashed" not in b.stderr_text()
+
+
+def test_write_failures_on_req_and_sub_fsync_mode(make_broker: MakeBroker) -> None:
+    """Disk writes that are not publishes fail too: a REQ with a delay (its record is
+    rewritten with the due time) and the first SUB of a topic whose backlog moves to
+    the new channel. No traceback, the consumer keeps its connection (or gets a clean
+    E_SUB_FAILED), and every message is delivered once writes work again."""
+    b = make_broker("--durability=fsync", "--msg-timeout=60s")
+    t_a, t_b = unique_name("efbig_req"), unique_name("efbig_sub")
+    create_channel(b, t_a, "ch")
+    with WireClient.connect(b.tcp_address) as p:  # type: ignore[arg-type]
+        p.mpub(t_a, [b"a1", b"a2"])
+        p.mpub(t_b, [f"b{i}".encode().ljust(300, b".") for i in range(3)])
+    c = WireClient.connect(b.tcp_address)  # type: ignore[arg-type]
+    c.sub(t_a, "ch")
+    c.rdy(2)
+    got = c.read_messages(2)
+    c.rdy(0)
+    seg = max(queue_dir(b.data_path, f"{t_a}:ch").glob("*.seg"))
+    _limit_file_size(b, seg.stat().st_size)   # no segment may grow; nsqd.dat is smaller
+    c.req(got[0].id, 1000)
+    c.assert_alive()                           # not closed: REQ failures are not fatal
+    c.fin(got[1].id)
+    c.rdy(5)
+    again = c.read_message(5)                  # the REQ'd message, at its time
+    assert (again.body, again.attempts) == (got[0].body, 2), again
+    c.fin(again.id)
+    c.assert_alive()
+    # first SUB of t_b: its backlog cannot be written to the new channel's queue
+    s = WireClient.connect(b.tcp_address)  # type: ignore[arg-type]
+    s.send(b"SUB " + t_b.encode() + b" ch\n")
+    try:
+        ftype, data = s.read_frame()
+    except ConnectionClosed:
+        ftype, data = -1, b"closed without an answer"
+    s.close()
+    assert_no_dead_loops(b)
+    _limit_file_size(b, None)
+    expected = [f"b{i}".encode().ljust(300, b".") for i in range(3)]
+    delivered = bodies(consume(b, t_b, "ch", idle_s=1.0))
+    assert sorted(delivered) == expected, \
+        f"{len(delivered)} of 3 backlog messages delivered after the SUB ({data!r})"
+    assert ftype == 0 or data.startswith(b"E_SUB_FAILED"), (ftype, data)
+    c.close()
     assert "Traceback" not in b.stderr_text(), b.stderr_text()
