@@ -1,6 +1,7 @@
 """kill -9 during concurrent publishing with --durability=fsync, again and again.
 
-Several publisher threads (raw sockets, PUB/MPUB/DPUB, one command outstanding each)
+Several publisher threads (raw sockets with PUB/MPUB/DPUB, and HTTP /pub and /mpub; one
+command outstanding each)
 record which bodies were answered OK; a consumer FINs every other delivery and leaves
 the rest in flight. Each cycle ends with SIGKILL and a restart on the same data_path.
 After the last restart everything is drained. The promise of fsync mode: every
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from tests.support.broker import BrokerProcess, unique_name, wait_until
 from tests.support.durability import (
     FinningConsumer,
+    HttpPublisher,
     Publisher,
     bodies,
     channel_stats,
@@ -26,6 +28,10 @@ from tests.support.wire import WireClient
 MakeBroker = Callable[..., BrokerProcess]
 CYCLES = 5
 RUN_S = 2.0
+
+
+def _all_acked_some(pubs: list[Publisher | HttpPublisher]) -> Callable[[], bool]:
+    return lambda: all(len(p.acked) >= 20 for p in pubs)
 
 
 def test_kill9_loop_loses_no_acknowledged_message(make_broker: MakeBroker) -> None:
@@ -40,14 +46,15 @@ def test_kill9_loop_loses_no_acknowledged_message(make_broker: MakeBroker) -> No
         assert b.tcp_address is not None
         consumer = FinningConsumer(b.tcp_address, with_ch, "ch", fin_every=2,
                                    rdy_count=1000).start()
-        pubs = [Publisher(b.tcp_address, with_ch, f"c{cycle}p{i}", batch=5,
+        pubs: list[Publisher | HttpPublisher] = [Publisher(b.tcp_address, with_ch, f"c{cycle}p{i}", batch=5,
                           defer_ms=300 if i == 0 else 0) for i in range(3)]
         pubs.append(Publisher(b.tcp_address, no_ch, f"c{cycle}n", batch=5))
+        assert b.http_address is not None
+        pubs.append(HttpPublisher(b.http_address, with_ch, f"c{cycle}h"))
         for p in pubs:
             p.start()
         t0 = time.monotonic()
-        wait_until(lambda ps=pubs: all(len(p.acked) >= 20 for p in ps), timeout_s=10,
-                   what="every publisher to get some OKs")
+        wait_until(_all_acked_some(pubs), timeout_s=10, what="every publisher to get OKs")
         time.sleep(max(0.0, RUN_S - (time.monotonic() - t0)))
         text = b.stderr_text()
         b.kill9()

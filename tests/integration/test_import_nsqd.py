@@ -145,8 +145,8 @@ def test_import_data_dir_of_the_real_nsqd(make_broker: MakeBroker, tmp_path: Pat
     got: list[Received] = consume(b, ra, "c1", expect=len(expected))
     assert sorted(bodies(got)) == sorted(expected)
     attempts = {r.msg.body: r.msg.attempts for r in got}
-    for m in in_flight:
-        assert attempts[m.body] == 2, (m.body, attempts[m.body])
+    for flying in in_flight:
+        assert attempts[flying.body] == 2, (flying.body, attempts[flying.body])
     assert http(b, "POST", f"/topic/unpause?topic={rb}")[0] == 200
     assert sorted(bodies(consume(b, rb, "x", expect=10))) == sorted(rb_msgs)
     assert http(b, "POST", f"/channel/unpause?topic={rc}&channel=paused_ch")[0] == 200

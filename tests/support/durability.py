@@ -230,6 +230,57 @@ class Publisher:
 
 
 @dataclass
+class HttpPublisher:
+    """Like Publisher, over HTTP keep-alive: POST /pub and /mpub, one at a time."""
+    address: tuple[str, int]
+    topic: str
+    prefix: str
+    batch: int = 5
+    acked: set[bytes] = field(default_factory=set)
+    sent: int = 0
+    errors: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> HttpPublisher:
+        self._thread = threading.Thread(target=self._run, name=f"http-{self.prefix}",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            assert not self._thread.is_alive(), f"publisher {self.prefix} did not stop"
+
+    def _run(self) -> None:
+        import http.client
+
+        conn = http.client.HTTPConnection(*self.address, timeout=10)
+        q = urllib.parse.quote(self.topic)
+        n = 0
+        try:
+            while not self._stop.is_set():
+                count = 1 if n % 2 == 0 else self.batch
+                msgs = [f"{self.prefix}-{n + i:07d}".encode() for i in range(count)]
+                n += count
+                path = f"/pub?topic={q}" if count == 1 else f"/mpub?topic={q}"
+                conn.request("POST", path, body=b"\n".join(msgs))
+                self.sent += count
+                resp = conn.getresponse()
+                text = resp.read()
+                if resp.status != 200:
+                    self.errors.append(f"{resp.status}: {text[:100]!r}")
+                    return
+                self.acked.update(msgs)
+        except (OSError, http.client.HTTPException) as e:
+            self.errors.append(f"{type(e).__name__}: {e}")
+        finally:
+            conn.close()
+
+
+@dataclass
 class FinningConsumer:
     """A thread that subscribes and FINs every ``fin_every``-th delivery, leaving the
     others in flight (they come back after msg_timeout or a restart). ``seen`` counts
