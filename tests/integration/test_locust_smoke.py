@@ -4,6 +4,7 @@ failures (no timing assertions)."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import os
 import subprocess
 import sys
@@ -14,9 +15,11 @@ import pytest
 
 from tests.support.broker import BrokerProcess, project_root, unique_name
 
-pytest.importorskip("locust", reason="locust is not installed (pip install locust)")
+# Only look locust up: importing it here would monkey-patch this pytest process with gevent.
+pytestmark_locust = pytest.mark.skipif(importlib.util.find_spec("locust") is None,
+                                       reason="locust is not installed (pip install locust)")
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytestmark_locust]
 
 LOCUSTFILE = str(project_root() / "loadtest" / "locustfile.py")
 
