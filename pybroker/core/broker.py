@@ -41,6 +41,8 @@ class Broker:
         # observers called (from any thread) after topics/channels change: metadata, lookupd
         self.on_change: list[Callable[[], None]] = []
         self.on_delete_queue: list[Callable[[str], None]] = []
+        # called with a storage error that core handled (e.g. a buffer kept in the topic)
+        self.on_storage_error: list[Callable[[Exception], None]] = []
 
     # -- ownership ------------------------------------------------------------------
     def pick_owner(self, topic: str, channel: str) -> Any:
@@ -96,6 +98,10 @@ class Broker:
         ch, created, deliveries = topic.get_channel(name)
         if deliveries:
             self.route(deliveries)
+        err, topic.release_error = topic.release_error, None
+        if err is not None:
+            for fn in self.on_storage_error:
+                fn(err)
         if created:
             self._changed()
         return ch

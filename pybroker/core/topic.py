@@ -43,6 +43,9 @@ class Topic:
         self.message_bytes = 0
         self._ids = IdGenerator(node_id, now_ts_ns)
         self._pick_owner = pick_owner
+        # a release of the buffer to the channels failed (disk): retried on next publish
+        self.release_pending = False
+        self.release_error: Exception | None = None
         self._open_backend = open_backend
         self.durable = durable and open_backend is not None
         self.backend: Backend | None = open_backend(name, self.ephemeral) if open_backend else None
@@ -59,7 +62,12 @@ class Topic:
             msgs = [Message(i, b, ts_ns, 0, defer_ns) for i, b in zip(ids, bodies)]
             self.message_count += len(msgs)
             self.message_bytes += sum(map(len, bodies))
-            if self.paused or not self.channels:
+            if self.release_pending and not self.paused and self.channels:
+                earlier, _ = self._release_buffer()
+                if not self.release_pending:
+                    out, synced = self._fan_out(msgs)
+                    return earlier + out, synced
+            if self.paused or not self.channels or self.release_pending:
                 return [], self._buffer(msgs)
             return self._fan_out(msgs)
 
@@ -102,37 +110,53 @@ class Topic:
         return out, synced
 
     def _release_buffer(self) -> tuple[Deliveries, list[Backend]]:
-        """Hand the buffer (memory, then disk) to the channels. Caller holds self.lock."""
+        """Hand the buffer (memory, then disk) to the channels. Caller holds self.lock.
+
+        If the channels' copies cannot be written (durable mode, failing disk), the
+        buffer is left as it was, ``release_error`` says why, and the next publish or
+        new channel tries again (the topic keeps buffering meanwhile, so order holds).
+        """
         if self.paused or not self.channels:
             return [], []
+        backend = self.backend
         msgs = list(self.buffer)
         self.buffer.clear()
-        done_seqs = [m.seq for m in msgs if m.seq is not None]
-        backend = self.backend
         if backend is not None:
             while True:
                 recs = backend.read_many(10_000)
                 if not recs:
                     break
                 for seq, rec in recs:
-                    done_seqs.append(seq)
                     try:
                         m, deliver_at = from_record(rec)
                     except ValueError:
                         log.error("%r: dropping a malformed record %d", self, seq)
+                        backend.ack(seq)
                         continue
                     if deliver_at:  # a DPUB waiting in the topic: its delay starts again
                         m.defer_ns = max(0, deliver_at - m.ts_ns)
+                    m.seq = seq
                     msgs.append(m)
+        if not msgs:
+            self.release_pending = False
+            return [], []
+        topic_seqs = [m.seq for m in msgs]
         for m in msgs:
             m.seq = None  # the channels give them records of their own
-        if not msgs:
-            return [], []
-        out, synced = self._fan_out(msgs)
-        if backend is not None and done_seqs:
+        try:
+            out, synced = self._fan_out(msgs)
             for b in synced:
                 b.sync()  # the channels' copies are durable before the topic's go
-            backend.ack_many(done_seqs)
+        except Exception as e:
+            for m, seq in zip(msgs, topic_seqs):
+                m.seq = seq
+            self.buffer.extendleft(reversed(msgs))
+            self.release_pending = True
+            self.release_error = e
+            return [], []
+        self.release_pending = False
+        if backend is not None:
+            backend.ack_many([q for q in topic_seqs if q is not None])
         return out, []
 
     # -- channels (any thread) ------------------------------------------------------
@@ -142,7 +166,8 @@ class Topic:
         with self.lock:
             ch = self.channels.get(name)
             if ch is not None:
-                return ch, False, []
+                # a release that failed earlier is retried by the next subscriber
+                return ch, False, self._release_buffer()[0] if self.release_pending else []
             ch = self.new_channel(name)
             return ch, True, self._release_buffer()[0]
 

@@ -88,6 +88,7 @@ class Runtime:
             raise StartupError(f"data_path: cannot use {self.storage.data_path}: {e}") from None
         self.broker.on_change.append(self.storage.save_metadata)
         self.broker.on_delete_queue.append(self.storage.forget)
+        self.broker.on_storage_error.append(self.storage.failed)
         for ch in self.broker.all_channels():  # read restored backlogs once consumers come
             ch.owner.call_soon_threadsafe(ch.owner.mark_dirty, ch)
         host, port = split_hostport(o.tcp_address)

@@ -36,6 +36,9 @@ class StorageManager:
         self.durable = o.durability == "fsync"
         self._queues: dict[str, DiskQueue] = {}
         self._lock = threading.Lock()
+        # after a failed write: the queues it concerned and their write counts then
+        self._watch: dict[int, tuple[DiskQueue, int]] = {}
+        self._failures = 0
         self._meta_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="storage-sync", daemon=True)
@@ -105,6 +108,16 @@ class StorageManager:
                 count += self._import_queue(ch.backend, ic.queue)
             if topic.backend is not None:
                 count += self._import_queue(topic.backend, it.queue)
+        for name in src.orphan_queues():
+            # matches nsqd: a queue whose topic/channel is not in nsqd.dat stays dormant
+            # until a topic/channel of that name is created again, then delivers
+            q = self.open_backend(name, False)
+            n = self._import_queue(q, src.queue(name))
+            self.forget(name)
+            if q is not None:
+                q.close()
+            log.info("NSQ: import: kept %d messages of dormant queue %r", n, name)
+            count += n
         moved = os.path.join(self.data_path, "nsqd-imported")
         os.makedirs(moved, exist_ok=True)
         for n in names:
@@ -146,24 +159,43 @@ class StorageManager:
 
     # -- health ---------------------------------------------------------------------------
     def failed(self, err: BaseException) -> None:
+        """A write failed (any thread): log it, report it through /ping until the
+        queue it failed on (or, if unknown, any queue) writes successfully again."""
         log.error("NSQ: storage: %s", err)
+        path = getattr(err, "path", None)
+        with self._lock:
+            queues = [q for q in self._queues.values()
+                      if path is None or path == q.path or path.startswith(q.path + os.sep)]
+            self._watch = {id(q): (q, q.stats()["writes"]) for q in queues}
+            self._failures += 1
         self.runtime.health = f"failed to write to disk - {err}"
+
+    def _recovered(self) -> bool:
+        # caller holds self._lock
+        try:
+            return any(q.stats()["writes"] > n for q, n in self._watch.values())
+        except Exception:
+            return False
 
     def _run(self) -> None:
         while not self._stop.wait(SYNC_PERIOD_S):
             now = time.monotonic_ns()
             with self._lock:
                 queues = list(self._queues.items())
-            ok = True
+                failures = self._failures
             for name, q in queues:
                 try:
                     q.maybe_sync(now)
                 except StorageError as e:
-                    ok = False
                     self.failed(e)
                 except Exception:  # closed meanwhile (deleted topic/channel)
                     continue
-            if ok and self.runtime.health and self.runtime.health.startswith("failed to write"):
+            with self._lock:
+                healed = (self._watch and failures == self._failures and self._recovered())
+                if healed:
+                    self._watch = {}
+            if healed and self.runtime.health and self.runtime.health.startswith("failed to write"):
+                log.info("NSQ: storage: writes work again")
                 self.runtime.health = None
 
     def forget(self, name: str) -> None:
