@@ -11,7 +11,7 @@ import logging
 from collections import OrderedDict
 
 from ._queuemeta import QueueMeta, from_ranges, to_ranges
-from ._recovery import quarantine
+from ._recovery import keep_copy, quarantine
 from ._segments import SegmentFiles
 from .segment import REC_HEADER_SIZE, SEG_HEADER_SIZE, SegmentReader, Stop
 
@@ -168,6 +168,19 @@ class ReadCursor:
             log.warning("DISKQUEUE(%s) segment %d ends with a torn record at %d; "
                         "going on with the next segment", self.name, num, off)
         elif stop.is_damage:
+            found = None
+            try:
+                found = reader.resync(off, limit, nseq, self.max_record)
+            except OSError:
+                pass
+            if found is not None:
+                # one bad record: skip just it (and keep a copy of the segment as .bad)
+                keep_copy(segs.qdir, num)
+                log.error("DISKQUEUE(%s) %s in segment %d at %d: skipped to the next "
+                          "intact record at %d (seqs %d..%d lost)", self.name, stop.value,
+                          num, off, found[0], nseq, found[1] - 1)
+                self.roff, self.rseq = found
+                return True
             quarantine(segs.qdir, self.name, num, off, stop)
             self.close_reader()
             segs.seal_damaged(num, off)

@@ -232,3 +232,17 @@ def list_queues(root: str | os.PathLike[str]) -> list[str]:
                 continue
         out.append(name)
     return out
+
+
+def keep_copy(qdir: str, num: int) -> None:
+    """Copy segment num aside as ``.bad`` (damage that reading skipped over), once.
+
+    Best effort: an OSError is logged, never raised (read paths must not fail).
+    """
+    path = seg_path(qdir, num)
+    if os.path.exists(path + ".bad"):
+        return
+    try:
+        shutil.copyfile(path, unique_aside(path, ".bad"))
+    except OSError as e:
+        log.error("cannot keep a copy of damaged segment %s: %s", path, e)

@@ -48,11 +48,13 @@ Damage
 Open: the last segment is verified from the last checkpoint's write position (or
 its start); an incomplete record at its end, or a bad one followed only by zeros or
 ending exactly at EOF, is a torn write: the file is truncated there. Any other bad
-record (crc, impossible length, seq out of order) is damage, found on open or on
-read: it is logged, the segment's intact prefix is copied to a new file that takes
-the segment's name, the original is kept as ``<seg>.bad`` (hard link, else a copy),
-and reading goes on with the next segment (records after the damage in that segment
-are lost). A segment with a bad header is moved aside whole. Damage is never raised
+record (crc, impossible length, seq out of order) is damage. Found on read, it is
+logged, a copy of the segment is kept as ``<seg>.bad``, and reading resyncs on the
+next intact record (the next seqs' headers are searched for within 4 MiB), so one
+bad record costs only itself. Found on open, or where no intact record follows, the
+segment's intact prefix is copied to a new file that takes the segment's name, the
+original is kept as ``<seg>.bad`` (hard link, else a copy), and reading goes on with
+the next segment. A segment with a bad header is moved aside whole. Damage is never raised
 from read paths; OS errors on writes raise ``StorageError`` subclasses (``DiskFullError``
 for ENOSPC/EDQUOT/EFBIG) after truncating away any partial write.
 """

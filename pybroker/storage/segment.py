@@ -165,6 +165,29 @@ class SegmentReader:
             off = end
         return items, off, expect_seq, Stop.FULL
 
+    def resync(self, off: int, limit: int, expect_seq: int, max_len: int,
+               window: int = 4 << 20, tries: int = 64) -> tuple[int, int] | None:
+        """After damage at ``off``: find the next intact record, so that one bad record
+        costs only itself. Looks for a record of seq expect_seq+1 .. +tries whose
+        header and checksum are right, within ``window`` bytes; returns its (offset,
+        seq), or None. Raises OSError only for I/O errors."""
+        end = min(limit, off + window)
+        data = os.pread(self.fd, end - off, off) if end > off else b""
+        crc32 = zlib.crc32
+        for seq in range(expect_seq + 1, expect_seq + 1 + tries):
+            needle = struct.pack(">Q", seq)
+            pos = data.find(needle, 1)
+            while pos >= 0:
+                start = pos - 8
+                if start > 0 and start + REC_HEADER_SIZE <= len(data):
+                    crc, length, rseq = REC_HEADER.unpack_from(data, start)
+                    stop = start + REC_HEADER_SIZE + length
+                    if (rseq == seq and length <= max_len and stop <= len(data)
+                            and crc32(data[start + 4:stop]) == crc):
+                        return off + start, seq
+                pos = data.find(needle, pos + 1)
+        return None
+
     def rest_is_zero(self, off: int, limit: int) -> bool:
         """True if bytes [off, limit) are all zero (a power-loss tail, not damage)."""
         while off < limit:
