@@ -5,66 +5,26 @@ through it too and the outputs must be byte-for-byte equal.
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 
 from pybroker.client import Consumer, Message, Producer
 from tests.support.broker import BrokerProcess, project_root, unique_name, wait_until
 from tests.support.lookupd import FakeLookupd
+from tests.support.tools import TOOL, reap_tools, run_tool, spawn, start_tool  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
 
 
-_SPAWNED: list[subprocess.Popen[bytes]] = []
-
-
-@pytest.fixture(autouse=True)
-def _reap_tools() -> Iterator[None]:
-    """Tools a failed test left running are killed (by their Popen handle) and reaped."""
-    yield
-    while _SPAWNED:
-        proc = _SPAWNED.pop()
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=10)
-
-
-def spawn(argv: list[str]) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=project_root())
-    _SPAWNED.append(proc)
-    return proc
-
-
-@functools.lru_cache(maxsize=1)
-def tool_prefix() -> tuple[str, ...]:
-    """``python -m pybroker`` once the CLI registers the tools, else ``-m pybroker.tools``."""
-    probe = subprocess.run([sys.executable, "-m", "pybroker", "tail", "--version"],
-                           capture_output=True, text=True, timeout=30, cwd=project_root())
-    if probe.returncode == 0 and "pybroker tail" in probe.stdout:
-        return (sys.executable, "-m", "pybroker")
-    return (sys.executable, "-m", "pybroker.tools")
-
-
-def run_tool(*args: str, input: bytes | None = None, timeout_s: float = 20.0
-             ) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([*tool_prefix(), *args], input=input, capture_output=True,
-                          timeout=timeout_s, cwd=project_root())
-
-
-def start_tool(*args: str) -> subprocess.Popen[bytes]:
-    return spawn([*tool_prefix(), *args])
 
 
 def consume(b: BrokerProcess, topic: str, channel: str, n: int, timeout_s: float = 10.0
@@ -353,7 +313,7 @@ def test_progress_only_on_a_tty(any_broker: BrokerProcess) -> None:
     data = b"".join(b"p%d\n" % i for i in range(3000))
     master, slave = pty.openpty()
     try:
-        proc = subprocess.Popen([*tool_prefix(), "pub", f"--topic={topic}",
+        proc = subprocess.Popen([*TOOL, "pub", f"--topic={topic}",
                                  f"--nsqd-tcp-address={any_broker.tcp_hostport}", "--rate=2000"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=slave,
                                 cwd=project_root())
@@ -385,11 +345,8 @@ def test_progress_only_on_a_tty(any_broker: BrokerProcess) -> None:
 def test_pub_and_stat_exit_cleanly_on_signals(any_broker: BrokerProcess) -> None:
     topic = unique_name("tool_sig")
     create_channel(any_broker, topic, "ch")
-    pub = subprocess.Popen([*tool_prefix(), "pub", f"--topic={topic}",
-                            f"--nsqd-tcp-address={any_broker.tcp_hostport}"],
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, cwd=project_root())
-    _SPAWNED.append(pub)
+    pub = spawn([*TOOL, "pub", f"--topic={topic}",
+                 f"--nsqd-tcp-address={any_broker.tcp_hostport}"], stdin=subprocess.PIPE)
     assert pub.stdin is not None
     pub.stdin.write(b"before-signal\n")
     pub.stdin.flush()                       # stdin stays open: pub waits for more

@@ -5,61 +5,30 @@ Where nsq_to_file is installed, both tools write the same topic and must agree.
 """
 from __future__ import annotations
 
-import functools
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import zlib
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from pybroker.client import Consumer, Producer
 from tests.support.broker import BrokerProcess, project_root, unique_name, wait_until
 from tests.support.lookupd import FakeLookupd
+from tests.support.tools import TOOL, reap_tools, run_tool, spawn, start_tool  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
 HOST = socket.gethostname().split(".")[0]
 YEAR = time.strftime("%Y")
 
 
-_SPAWNED: list[subprocess.Popen[bytes]] = []
-
-
-@pytest.fixture(autouse=True)
-def _reap_tools() -> Iterator[None]:
-    """Tools a failed test left running are killed (by their Popen handle) and reaped."""
-    yield
-    while _SPAWNED:
-        proc = _SPAWNED.pop()
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=10)
-
-
-def spawn(argv: list[str]) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=project_root())
-    _SPAWNED.append(proc)
-    return proc
-
-
-@functools.lru_cache(maxsize=1)
-def tool_prefix() -> tuple[str, ...]:
-    """``python -m pybroker`` once the CLI registers the tools, else ``-m pybroker.tools``."""
-    probe = subprocess.run([sys.executable, "-m", "pybroker", "to-file", "--version"],
-                           capture_output=True, text=True, timeout=30, cwd=project_root())
-    if probe.returncode == 0 and "pybroker to-file" in probe.stdout:
-        return (sys.executable, "-m", "pybroker")
-    return (sys.executable, "-m", "pybroker.tools")
 
 
 def start_to_file(b: BrokerProcess, *args: str) -> subprocess.Popen[bytes]:
-    return spawn([*tool_prefix(), "to-file", f"--nsqd-tcp-address={b.tcp_hostport}",
+    return spawn([*TOOL, "to-file", f"--nsqd-tcp-address={b.tcp_hostport}",
                   "--sync-interval=100ms", "--datetime-format=%Y", *args])
 
 
@@ -224,7 +193,7 @@ def test_topic_pattern_through_lookupd(any_broker: BrokerProcess, tmp_path: Path
         for t in [*wanted, other]:
             publish(any_broker, t, [t.encode()])
             lookupd.add_producer(t, any_broker)
-        proc = spawn([*tool_prefix(), "to-file", f"--topic-pattern=^{base}",
+        proc = spawn([*TOOL, "to-file", f"--topic-pattern=^{base}",
                       f"--lookupd-http-address={lookupd.http_hostport}",
                       f"--output-dir={tmp_path}", "--sync-interval=100ms",
                       "--datetime-format=%Y"])
@@ -239,7 +208,7 @@ def test_topic_pattern_through_lookupd(any_broker: BrokerProcess, tmp_path: Path
 
 def test_argument_errors(tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run([*tool_prefix(), "to-file", *args], capture_output=True,
+        return subprocess.run([*TOOL, "to-file", *args], capture_output=True,
                               timeout=30, cwd=project_root())
 
     r = run("--topic=t", "--nsqd-tcp-address=127.0.0.1:1", "--gzip",
