@@ -27,7 +27,6 @@ import selectors
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +38,7 @@ from pybroker.http.process import GcPauses
 from pybroker.http.request import Request
 from pybroker.http.response import DateCache, Response, error
 from pybroker.http.statstext import go_duration
+from pybroker.server.waker import CallQueue
 
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
@@ -102,11 +102,7 @@ class HttpServer:
         self._outbox: dict[Any, list[tuple[Any, list[Any]]]] = {}
         self._pending: dict[int, _Pending] = {}
         self._tokens = itertools.count(1)
-        self._calls: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._wake_pending = False
+        self._calls = CallQueue(self.selector, _WAKE)
         self._running = False
         self._thread: threading.Thread | None = None
         self.requests: dict[int, int] = {}
@@ -125,7 +121,6 @@ class HttpServer:
             self.tcp_port = listener.sock.getsockname()[1]
         GcPauses.install()
         self.selector.register(self.sock, selectors.EVENT_READ, _LISTENER)
-        self.selector.register(self._wake_r, selectors.EVENT_READ, _WAKE)
         self._running = True
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
         self._thread.start()
@@ -147,21 +142,14 @@ class HttpServer:
                 log.error("HTTP: the http thread did not stop within %.0fs", timeout_s)
                 return
         self.selector.close()
-        self._wake_r.close()
-        self._wake_w.close()
+        self._calls.close()
 
     def _stop(self) -> None:
         self._running = False
 
     # -- cross-thread entry point -----------------------------------------------------
     def call_soon_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._calls.append((fn, args))
-        if not self._wake_pending:
-            self._wake_pending = True
-            try:
-                self._wake_w.send(b"\0")
-            except OSError:
-                pass  # full of wake-ups already, or closed
+        self._calls.call_soon_threadsafe(fn, *args)
 
     # -- the loop -----------------------------------------------------------------------
     def _run(self) -> None:
@@ -193,12 +181,7 @@ class HttpServer:
         if obj is _LISTENER:
             self._accept()
         elif obj is _WAKE:
-            try:
-                while self._wake_r.recv(4096):
-                    pass
-            except (BlockingIOError, InterruptedError):
-                pass
-            self._wake_pending = False
+            self._calls.drain_wakeups()
         else:
             try:
                 if mask & selectors.EVENT_READ:
@@ -210,13 +193,7 @@ class HttpServer:
                 obj.close()
 
     def _run_calls(self) -> None:
-        calls = self._calls
-        while calls:
-            fn, args = calls.popleft()
-            try:
-                fn(*args)
-            except Exception:
-                log.exception("HTTP: error in a posted call %r", fn)
+        self._calls.run("HTTP")
 
     def _flush(self) -> None:
         # published messages reach their loops before the client sees "OK"

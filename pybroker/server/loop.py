@@ -22,13 +22,13 @@ import selectors
 import socket
 import threading
 import time
-from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
 from pybroker.core.channel import Channel
 from pybroker.core.message import Message
 from pybroker.core.timeouts import TimeoutWheel
 from pybroker.core.topic import Deliveries
+from pybroker.server.waker import CallQueue
 from pybroker.storage import StorageError
 
 if TYPE_CHECKING:
@@ -48,12 +48,7 @@ class EventLoop:
         self.runtime = runtime
         self.options = runtime.options
         self.selector = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self.selector.register(self._wake_r, selectors.EVENT_READ, None)
-        self._calls: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
-        self._wake_pending = False
+        self._calls = CallQueue(self.selector)
         self.timers: TimeoutWheel[tuple[Callable[..., Any], tuple[Any, ...]]] = TimeoutWheel()
         self.connections: set[ClientConn] = set()
         self.dirty: dict[Channel, None] = {}
@@ -75,13 +70,7 @@ class EventLoop:
 
     # -- cross-thread entry points ----------------------------------------------------
     def call_soon_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._calls.append((fn, args))
-        if not self._wake_pending:
-            self._wake_pending = True
-            try:
-                self._wake_w.send(b"\0")
-            except (BlockingIOError, OSError):
-                pass  # already full of wake-ups, or closing
+        self._calls.call_soon_threadsafe(fn, *args)
 
     def call_later(self, delay_ns: int, fn: Callable[..., Any], *args: Any) -> tuple:
         """Run fn(*args) on this loop after delay_ns (owner thread only)."""
@@ -250,7 +239,7 @@ class EventLoop:
         for key, mask in self.selector.select(timeout):
             conn = key.data
             if conn is None:
-                self._drain_wakeups()
+                self._calls.drain_wakeups()
                 continue
             try:
                 if mask & selectors.EVENT_READ:
@@ -261,25 +250,8 @@ class EventLoop:
                 log.exception("[%s] unexpected error; closing the connection", conn)
                 conn.close("internal error")
         self._fire_timers()
-        calls = self._calls
-        while calls:
-            fn, args = calls.popleft()
-            try:
-                fn(*args)
-            except Exception:
-                log.exception("%s: error in a cross-thread call %r", self.name, fn)
+        self._calls.run(self.name)
         self._flush_all()
-
-    def _drain_wakeups(self) -> None:
-        # Drain first, then clear the flag: a call queued while the flag was still set
-        # sent no byte, but it is run by this turn's drain of _calls, which comes later.
-        # (Clearing first could swallow a fresh byte and leave the flag set: lost wake-up.)
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except (BlockingIOError, InterruptedError):
-            pass
-        self._wake_pending = False
 
     def _fire_timers(self) -> None:
         due = self.timers.pop_expired(monotonic_ns())
@@ -325,5 +297,4 @@ class EventLoop:
     def close(self) -> None:
         """Release the selector and wake-up pair once the thread has exited."""
         self.selector.close()
-        self._wake_r.close()
-        self._wake_w.close()
+        self._calls.close()
