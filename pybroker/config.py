@@ -12,7 +12,7 @@ import socket
 import tomllib
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pybroker.errors import ConfigError
 
@@ -176,6 +176,9 @@ class Options:
 
     def __init__(self, values: dict[str, Any]) -> None:
         self.__dict__.update(values)
+
+    if TYPE_CHECKING:  # attributes come from SPECS
+        def __getattr__(self, name: str) -> Any: ...
 
     @property
     def values(self) -> dict[str, Any]:

@@ -30,7 +30,7 @@ class Message:
         self.attempts = attempts
         self.defer_ns = defer_ns
         self.client: Any = None
-        self.entry: tuple | None = None
+        self.entry: tuple[int, int] | None = None  # its TimeoutWheel handle
         self.delivery_ns = 0
         self.seq: int | None = None  # its record's seq in the owning queue's backend
 

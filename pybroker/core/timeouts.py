@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
-from sortedcontainers import SortedList
+from sortedcontainers import SortedList  # type: ignore[import-untyped]
 
 T = TypeVar("T")
 Handle = tuple[int, int]  # (bucket, seq)

@@ -148,8 +148,8 @@ class Topic:
             for b in synced:
                 b.sync()  # the channels' copies are durable before the topic's go
         except Exception as e:
-            for m, seq in zip(msgs, topic_seqs):
-                m.seq = seq
+            for m, tseq in zip(msgs, topic_seqs):
+                m.seq = tseq
             self.buffer.extendleft(reversed(msgs))
             self.release_pending = True
             self.release_error = e

@@ -80,10 +80,10 @@ class ClientConn:
         self.pending: list[Message] = []
         self.pending_bytes = 0
         self.writing = False
-        self.flush_timer: tuple | None = None
+        self.flush_timer: tuple[int, int] | None = None
         # liveness
         self.last_read_ns = monotonic_ns()
-        self.hb_timer: tuple | None = None
+        self.hb_timer: tuple[int, int] | None = None
 
     def __repr__(self) -> str:
         return f"{self.remote_address}"

@@ -28,6 +28,7 @@ from pybroker.core.channel import Channel
 from pybroker.core.message import Message
 from pybroker.core.timeouts import TimeoutWheel
 from pybroker.core.topic import Deliveries
+from pybroker.errors import ClientError
 from pybroker.server.waker import CallQueue
 from pybroker.storage import StorageError
 
@@ -55,7 +56,7 @@ class EventLoop:
         self.to_flush: dict[ClientConn, None] = {}
         self._outbox: dict[EventLoop, list[tuple[Channel, list[Message]]]] = {}
         # durable publishes waiting for this turn's fsyncs: (connection, error if it fails)
-        self._commits: list[tuple[ClientConn, Exception]] = []
+        self._commits: list[tuple[ClientConn, ClientError]] = []
         self._to_sync: dict[Any, None] = {}
         # messages other loops posted here and this loop has not queued yet (approximate)
         self.inbox = 0
@@ -72,11 +73,11 @@ class EventLoop:
     def call_soon_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
         self._calls.call_soon_threadsafe(fn, *args)
 
-    def call_later(self, delay_ns: int, fn: Callable[..., Any], *args: Any) -> tuple:
+    def call_later(self, delay_ns: int, fn: Callable[..., Any], *args: Any) -> tuple[int, int]:
         """Run fn(*args) on this loop after delay_ns (owner thread only)."""
         return self.timers.add(monotonic_ns() + delay_ns, (fn, args))
 
-    def cancel(self, handle: tuple | None) -> None:
+    def cancel(self, handle: tuple[int, int] | None) -> None:
         if handle is not None:
             self.timers.remove(handle)
 
@@ -125,7 +126,7 @@ class EventLoop:
         if not ch.deleted:
             self.dirty[ch] = None
 
-    def commit_later(self, conn: "ClientConn", backends: list[Any], err: Exception) -> None:
+    def commit_later(self, conn: "ClientConn", backends: list[Any], err: ClientError) -> None:
         """Answer a durable publish once its backends are synced, at the end of this
         turn: every publish of the turn shares one fsync per queue (group commit). The
         connection reads no further commands until then, so replies stay in order."""

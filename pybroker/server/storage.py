@@ -17,9 +17,9 @@ import threading
 import time
 from typing import Any
 
-from pybroker.storage import DiskQueue, StorageError
-from pybroker.storage.metadata import (BrokerMetadata, ChannelMeta, MetadataError, TopicMeta,
-                                       load_metadata, save_metadata)
+from pybroker.storage import DiskQueue, MetadataError, StorageError
+from pybroker.storage.metadata import (BrokerMetadata, ChannelMeta, TopicMeta, load_metadata,
+                                       save_metadata)
 from pybroker.storage.nsqd_import import NsqdDataDir
 
 log = logging.getLogger("pybroker")
@@ -120,9 +120,9 @@ class StorageManager:
             count += n
         moved = os.path.join(self.data_path, "nsqd-imported")
         os.makedirs(moved, exist_ok=True)
-        for n in names:
-            if ".diskqueue." in n or n.startswith("nsqd") and n.endswith(".dat"):
-                shutil.move(os.path.join(self.data_path, n), os.path.join(moved, n))
+        for fname in names:
+            if ".diskqueue." in fname or fname.startswith("nsqd") and fname.endswith(".dat"):
+                shutil.move(os.path.join(self.data_path, fname), os.path.join(moved, fname))
         log.info("NSQ: imported %d messages from an nsqd data directory (its files are "
                  "now in %s)", count, moved)
         self.save_metadata()
