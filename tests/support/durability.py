@@ -19,7 +19,7 @@ import urllib.request
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from tests.support.broker import BrokerProcess
 from tests.support.wire import (
@@ -152,8 +152,33 @@ def bodies(got: list[Received]) -> list[bytes]:
 # -- publishers that record acknowledgements ------------------------------------------------
 
 
+class _Worker:
+    """start()/stop() for the load threads below (each defines ``_run`` and a name)."""
+
+    _stop: threading.Event
+    _thread: threading.Thread | None
+
+    def _thread_name(self) -> str:
+        return f"worker-{getattr(self, 'prefix', '')}"
+
+    def start(self) -> Self:
+        self._thread = threading.Thread(target=self._run, name=self._thread_name(),
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            assert not self._thread.is_alive(), f"{self._thread_name()} did not stop"
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
 @dataclass
-class Publisher:
+class Publisher(_Worker):
     """A thread publishing unique bodies on its own raw socket until stopped or until the
     connection breaks; ``acked`` holds every body whose command was answered OK.
 
@@ -172,17 +197,8 @@ class Publisher:
     _thread: threading.Thread | None = None
     _n: int = 0
 
-    def start(self) -> Publisher:
-        self._thread = threading.Thread(target=self._run, name=f"pub-{self.prefix}",
-                                        daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            assert not self._thread.is_alive(), f"publisher {self.prefix} did not stop"
+    def _thread_name(self) -> str:
+        return f"pub-{self.prefix}"
 
     def _body(self) -> bytes:
         self._n += 1
@@ -230,7 +246,7 @@ class Publisher:
 
 
 @dataclass
-class HttpPublisher:
+class HttpPublisher(_Worker):
     """Like Publisher, over HTTP keep-alive: POST /pub and /mpub, one at a time."""
     address: tuple[str, int]
     topic: str
@@ -242,17 +258,8 @@ class HttpPublisher:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
-    def start(self) -> HttpPublisher:
-        self._thread = threading.Thread(target=self._run, name=f"http-{self.prefix}",
-                                        daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            assert not self._thread.is_alive(), f"publisher {self.prefix} did not stop"
+    def _thread_name(self) -> str:
+        return f"http-{self.prefix}"
 
     def _run(self) -> None:
         import http.client
@@ -281,7 +288,7 @@ class HttpPublisher:
 
 
 @dataclass
-class FinningConsumer:
+class FinningConsumer(_Worker):
     """A thread that subscribes and FINs every ``fin_every``-th delivery, leaving the
     others in flight (they come back after msg_timeout or a restart). ``seen`` counts
     every delivered body; it stops when the connection breaks or when stopped."""
@@ -296,16 +303,8 @@ class FinningConsumer:
     _thread: threading.Thread | None = None
     errors: list[str] = field(default_factory=list)
 
-    def start(self) -> FinningConsumer:
-        self._thread = threading.Thread(target=self._run, name="consumer", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            assert not self._thread.is_alive(), "consumer did not stop"
+    def _thread_name(self) -> str:
+        return "consumer"
 
     def _run(self) -> None:
         try:
