@@ -138,12 +138,6 @@ class Broker:
         for b in to_sync:
             b.sync()
 
-    def set_topic_paused(self, name: str, paused: bool) -> None:
-        deliveries = self.find_topic(name).set_paused(paused)
-        if deliveries:
-            self.route(deliveries)
-        self._changed()
-
     def notify_changed(self) -> None:
         """Tell observers that persistent state changed (e.g. a topic or channel was
         paused over HTTP), so metadata is saved at once as nsqd does."""
