@@ -16,7 +16,6 @@ response drained within ``request_timeout``, an idle keep-alive connection close
 """
 from __future__ import annotations
 
-import errno
 import logging
 import socket
 import time
@@ -35,6 +34,7 @@ from pybroker.http.response import (
     error,
     plain_error,
 )
+from pybroker.server.sockio import send_some
 
 if TYPE_CHECKING:
     from pybroker.http.server import HttpServer
@@ -282,20 +282,14 @@ class HttpConn:
     def flush(self) -> None:
         if self.closed or not self.out:
             return
-        data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
-        try:
-            sent = self.sock.send(data)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError as e:
-            if e.errno not in (errno.EPIPE, errno.ECONNRESET):
-                log.info("%r: write error: %s", self, e.strerror)
+        result = send_some(self.sock, self.out, repr(self))
+        if result is None:
             self.close()
             return
+        rest, sent = result
         if sent:
             self.last_io_ns = monotonic_ns()
-        if sent < len(data):
-            rest = data[sent:]
+        if rest:
             self.out = [rest]
             self.out_bytes = len(rest)
             self.write_blocked = True

@@ -11,7 +11,6 @@ encoded in one C call per flush.
 """
 from __future__ import annotations
 
-import errno
 import logging
 import socket
 import time
@@ -25,6 +24,7 @@ from pybroker.protocol.decoder import CommandDecoder
 from pybroker.protocol.encoder import HEARTBEAT_FRAME, OK_FRAME, encode_error
 from pybroker.protocol.wire import MAGIC_V2, ClientState
 from pybroker.server import handlers
+from pybroker.server.sockio import send_some
 
 if TYPE_CHECKING:
     from pybroker.server.loop import EventLoop
@@ -251,18 +251,12 @@ class ClientConn:
             self.loop.cancel(self.flush_timer)
             self.flush_timer = None
         if self.out:
-            data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
-            try:
-                sent = self.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError as e:
-                if e.errno not in (errno.EPIPE, errno.ECONNRESET):
-                    log.info("[%s] write error: %s", self, e.strerror)
+            result = send_some(self.sock, self.out, f"[{self}]")
+            if result is None:
                 self.close("write error")
                 return
-            if sent < len(data):
-                rest = data[sent:]
+            rest = result[0]
+            if rest:
                 self.out = [rest]
                 self.out_bytes = len(rest)
                 if not self.writing:
