@@ -91,11 +91,11 @@ SPECS: tuple[OptionSpec, ...] = (
                "nsqlookupd TCP addresses to register with", flag="lookupd-tcp-address"),
     OptionSpec("data_path", "str", "", "directory for on-disk state (default: current directory)"),
     OptionSpec("mem_queue_size", "int", 10000,
-               "messages kept in memory per topic and per channel", 0, 2**31 - 1),
-    OptionSpec("max_bytes_per_file", "int", 104857600, "bytes per disk queue segment file",
+               "newest messages of each topic's log kept in memory", 0, 2**31 - 1),
+    OptionSpec("max_bytes_per_file", "int", 104857600, "bytes per topic log segment file",
                1024, 2**40),
-    OptionSpec("sync_every", "int", 2500, "disk queue writes between fsyncs", 1, 2**31 - 1),
-    OptionSpec("sync_timeout", "duration", 2 * S, "longest time between disk queue fsyncs",
+    OptionSpec("sync_every", "int", 2500, "messages written between fsyncs (memory durability)", 1, 2**31 - 1),
+    OptionSpec("sync_timeout", "duration", 2 * S, "longest time between fsyncs and channel state saves",
                1 * MS, 3600 * S),
     OptionSpec("queue_scan_interval", "duration", 100 * MS,
                "how often to scan in-flight and deferred queues", 1 * MS, 60 * S),
@@ -159,6 +159,13 @@ SPECS: tuple[OptionSpec, ...] = (
                "\"memory\": nsqd's behaviour (fsync every sync_every writes / sync_timeout); "
                "\"fsync\": PUB/MPUB/DPUB answered OK only once on disk, nothing acknowledged "
                "is lost to a crash"),
+    OptionSpec("retention_time", "duration", 0,
+               "keep consumed messages of every topic this long for replay (channel "
+               "rewind); 0: delete segments once every channel has consumed them",
+               0, 100 * 365 * 24 * 3600 * S),
+    OptionSpec("retention_bytes", "int", 0,
+               "keep up to this many bytes of consumed messages per topic for replay; 0: "
+               "no byte-based retention", 0, 2**62),
     OptionSpec("loop_threads", "int", 1,
                "event loop threads serving clients; channels are hash-partitioned across "
                "them (0: one per CPU). Under the GIL one loop is fastest and keeps publishers "

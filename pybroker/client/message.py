@@ -27,6 +27,10 @@ class Message:
         timestamp: publish time, nanoseconds since the epoch (set by the server).
         attempts: delivery count, 1 for the first delivery.
         nsqd_address: "host:port" of the connection it came from.
+
+    ``offset`` is the message's position in its topic's log on a pybroker server,
+    where a message id is the offset in 16 hex digits (see ``pybroker rewind``). An
+    id from nsqd is an opaque GUID: there ``offset`` means nothing.
     """
 
     __slots__ = ("id", "body", "timestamp", "attempts", "nsqd_address", "delegate",
@@ -43,6 +47,11 @@ class Message:
         self._auto_response = True
         self._responded = False
         self._lock = threading.Lock()
+
+    @property
+    def offset(self) -> int:
+        """The topic-log offset named by the id (pybroker servers; see the class doc)."""
+        return int(self.id, 16)
 
     def __repr__(self) -> str:
         return (f"Message(id={self.id!r}, attempts={self.attempts}, "

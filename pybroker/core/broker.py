@@ -1,8 +1,8 @@
 """Broker: the registry of topics, and the thread-safe entry points other layers use.
 
 Any thread may call these methods. Work on a channel's state is forwarded to the
-channel's owner loop through ``owner.call_soon_threadsafe``; the router injected by the
-server carries published messages to those owners.
+channel's owner loop through ``owner.call_soon_threadsafe``; ``wake`` (injected by the
+server) tells owner loops that their channels have new records to read.
 """
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ import zlib
 from typing import Any, Callable, Protocol
 
 from pybroker.core.channel import Channel
-from pybroker.core.topic import BackendFactory, Deliveries, Topic
+from pybroker.core.topic import Topic
 from pybroker.errors import ChannelNotFound, Exiting, TopicNotFound
+from pybroker.protocol.names import is_ephemeral
+
+LogFactory = Callable[[str, bool], Any]   # (topic name, ephemeral) -> a TopicLog
 
 
 class Owner(Protocol):
@@ -23,14 +26,12 @@ class Owner(Protocol):
 
 
 class Broker:
-    def __init__(self, options: Any, owners: list[Any],
-                 route: Callable[[Deliveries], None],
-                 open_backend: BackendFactory | None = None, durable: bool = False) -> None:
+    def __init__(self, options: Any, owners: list[Any], open_log: LogFactory,
+                 wake: Callable[[list[Channel]], None]) -> None:
         self.options = options
         self.owners = owners
-        self.route = route
-        self.open_backend = open_backend
-        self.durable = durable
+        self.open_log = open_log
+        self.wake = wake
         self.lock = threading.RLock()
         self.topics: dict[str, Topic] = {}
         self.start_time = int(time.time())
@@ -40,9 +41,8 @@ class Broker:
         self.generation = 0
         # observers called (from any thread) after topics/channels change: metadata, lookupd
         self.on_change: list[Callable[[], None]] = []
-        self.on_delete_queue: list[Callable[[str], None]] = []
-        # called with a storage error that core handled (e.g. a buffer kept in the topic)
-        self.on_storage_error: list[Callable[[Exception], None]] = []
+        # called with a topic whose log must go (after a delete), off the loops
+        self.on_delete_topic: list[Callable[[Topic], None]] = []
 
     # -- ownership ------------------------------------------------------------------
     def pick_owner(self, topic: str, channel: str) -> Any:
@@ -60,9 +60,8 @@ class Broker:
                 raise Exiting()
             t = self.topics.get(name)
             if t is None:
-                o = self.options
-                t = Topic(name, o.id, time.time_ns(), o.mem_queue_size, self.pick_owner,
-                          self.open_backend, self.durable)
+                t = Topic(name, self.open_log(name, is_ephemeral(name)), self.options.mem_queue_size,
+                          self.pick_owner)
                 self.topics[name] = t
                 created = True
             else:
@@ -78,30 +77,27 @@ class Broker:
         return t
 
     def delete_topic(self, name: str) -> None:
+        """Set the topic's exit flag under its lock (a racing publish gets Exiting and
+        goes to the next topic of that name), close its channels on their owner loops and
+        hand its log to the storage side for removal."""
         with self.lock:
             t = self.topics.pop(name, None)
         if t is None:
             raise TopicNotFound(name)
-        t.deleted = True
-        for ch_name in list(t.channels):
-            ch = t.remove_channel(ch_name)
-            if ch is not None:
-                ch.owner.call_soon_threadsafe(ch.owner.close_channel, ch)
-        if t.backend is not None:
-            t.backend.delete()
-        for fn in self.on_delete_queue:
-            fn(name)
+        with t.lock:
+            t.deleted = True
+            chans = list(t.channels.values())
+            t.channels.clear()
+        for ch in chans:
+            ch.deleted = True
+            ch.owner.call_soon_threadsafe(ch.owner.close_channel, ch)
+        for fn in self.on_delete_topic:
+            fn(t)
         self._changed()
 
     def get_channel(self, topic: Topic, name: str) -> Channel:
-        """Find or create a channel, routing the topic's buffer to it if it is the first."""
-        ch, created, deliveries = topic.get_channel(name)
-        if deliveries:
-            self.route(deliveries)
-        err, topic.release_error = topic.release_error, None
-        if err is not None:
-            for fn in self.on_storage_error:
-                fn(err)
+        """Find or create a channel."""
+        ch, created = topic.get_channel(name)
         if created:
             self._changed()
         return ch
@@ -125,18 +121,27 @@ class Broker:
                 pass
         self._changed()
 
-    # -- publishing (any thread) ----------------------------------------------------
-    def publish(self, topic_name: str, bodies: list[bytes], defer_ns: int = 0) -> None:
-        """Publish from any thread; returns once durable (in durable mode).
+    # -- publishing (threads that are not event loops: HTTP) ------------------------
+    def publish(self, topic_name: str, bodies: list[bytes], defer_ns: int = 0) -> Topic:
+        """Append and write at once; returns the topic (to sync in durable mode).
 
-        Raises Exiting, or a storage error when the messages could not be written.
+        A topic deleted between lookup and append is looked up again: the publish goes
+        to the new topic of that name, as nsqd's next GetTopic would. Raises Exiting
+        when the broker stops, or a storage error when the write failed.
         """
-        t = self.get_topic(topic_name)
-        deliveries, to_sync = t.publish(bodies, time.time_ns(), defer_ns)
-        if deliveries:
-            self.route(deliveries)
-        for b in to_sync:
-            b.sync()
+        for _ in range(3):
+            t = self.get_topic(topic_name)
+            try:
+                t.publish(bodies, time.time_ns(), defer_ns)
+            except Exiting:
+                if self.exiting:
+                    raise
+                continue
+            chans = t.write()
+            if chans:
+                self.wake(chans)
+            return t
+        raise Exiting()
 
     def notify_changed(self) -> None:
         """Tell observers that persistent state changed (e.g. a topic or channel was
@@ -147,20 +152,6 @@ class Broker:
         self.generation += 1
         for fn in self.on_change:
             fn()
-
-    def restore(self, topics: list[tuple[str, bool, list[tuple[str, bool]]]]) -> None:
-        """Start-up, before clients: recreate topics and channels with their paused
-        flags, then hand each topic's backlog to its channels."""
-        for name, paused, channels in topics:
-            t = self.get_topic(name)
-            with t.lock:
-                t.paused = paused
-                for ch_name, ch_paused in channels:
-                    if ch_name not in t.channels:
-                        t.new_channel(ch_name).paused = ch_paused
-            deliveries = t.release()
-            if deliveries:
-                self.route(deliveries)
 
     def all_topics(self) -> list[Topic]:
         with self.lock:

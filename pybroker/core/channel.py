@@ -1,43 +1,35 @@
-"""Channel: a topic's queue for one group of consumers, with in-flight and deferred state.
+"""Channel: a cursor over its topic's log, plus the state only it needs (docs/storage.md).
+
+A channel holds no message bodies. Its state is keyed by log offset (a message id is its
+offset in 16 hex digits): ``cursor`` (the next offset to hand out), ``in_flight`` (offset ->
+the Flight it went out in), ``requeued`` (offsets ready again, with their deliveries so
+far) and ``deferred`` (offsets waiting for a due time, in a TimeoutWheel).
 
 Ownership: a channel is owned by one event loop (``owner``, chosen by hashing its name);
-only that loop's thread calls put/dispatch/finish/requeue/touch and changes consumers.
-The queue-scanner threads call ``expire`` only. ``lock`` guards the in-flight and deferred
-maps and wheels, which both sides touch; it is taken inside these methods only and never
+only that loop's thread calls dispatch/finish/requeue/touch/empty/rewind and changes
+consumers. The queue-scanner threads call ``expire`` only. ``lock`` guards the two
+timeout wheels, which both sides touch; it is taken inside these methods only and never
 held while calling out to another object.
 """
 from __future__ import annotations
 
-import logging
 import random
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from pybroker.core.message import Message, from_record, to_record
-from pybroker.core.timeouts import TimeoutWheel
+from pybroker.core.timeouts import Handle, TimeoutWheel
 from pybroker.errors import BrokerError, NotInFlight, NotOwner, TooManyConsumers
 
 if TYPE_CHECKING:
     from pybroker.core.stats import LatencyWindow
+    from pybroker.core.topic import Topic
 
-
-log = logging.getLogger("pybroker")
-
-
-class Backend(Protocol):
-    """The queue store seam (pybroker.storage.DiskQueue implements it)."""
-
-    def put(self, record: bytes, *, claim: bool = False) -> int: ...
-    def put_many(self, records: Iterable[bytes], *, claim: bool = False) -> int: ...
-    def read_many(self, max_n: int, *, auto_ack: bool = False) -> list[tuple[int, bytes]]: ...
-    def ack(self, seq: int) -> bool: ...
-    def ack_many(self, seqs: Iterable[int]) -> int: ...
-    def sync(self, seq: int | None = None) -> int: ...
-    def checkpoint(self, now_ns: int | None = None) -> None: ...
-    def depth(self) -> int: ...
-    def empty(self) -> None: ...
-    def delete(self) -> None: ...
+# the most records one dispatch reads per consumer turn (bounds the work of one call)
+READ_BATCH = 2500
+READ_BYTES = 4 * 1024 * 1024
+# records one dispatch call may hand out in total before yielding the loop
+DISPATCH_BUDGET = 20_000
 
 
 class Consumer(Protocol):
@@ -50,37 +42,79 @@ class Consumer(Protocol):
     def ready_room(self) -> int:
         """How many more messages the client may take now (RDY minus in flight)."""
 
-    def send_messages(self, msgs: list[Message]) -> None:
-        """Queue message frames for this client (they are already in flight)."""
+    def send_frames(self, frames: bytes, n: int) -> None:
+        """Queue n encoded message frames for this client (already in flight)."""
+
+
+class Flight:
+    """One slice of messages sent to one client together: the offsets that still map to
+    it in ``Channel.in_flight`` are in flight. ``attempts`` counts this channel's
+    deliveries of each of them (a record's stored attempts come on top)."""
+
+    __slots__ = ("client", "first", "n", "live", "attempts", "delivery_ns", "handle")
+
+    def __init__(self, client: Consumer | None, first: int, n: int, attempts: int,
+                 delivery_ns: int) -> None:
+        self.client = client
+        self.first = first
+        self.n = n
+        self.live = n
+        self.attempts = attempts
+        self.delivery_ns = delivery_ns
+        self.handle: Handle | None = None
+
+    def offsets(self) -> range:
+        return range(self.first, self.first + self.n)
+
+
+class Deferred:
+    """A message waiting for its time: a REQ with a delay (``due_wall_ns`` kept so a
+    restart keeps it) or a DPUB read at the cursor before it was due."""
+
+    __slots__ = ("offset", "attempts", "due_wall_ns", "handle")
+
+    def __init__(self, offset: int, attempts: int, due_wall_ns: int) -> None:
+        self.offset = offset
+        self.attempts = attempts
+        self.due_wall_ns = due_wall_ns
+        self.handle: Handle | None = None
+
+
+def offset_of(msg_id: bytes) -> int:
+    """The log offset a message id names; -1 if it is not one of ours."""
+    try:
+        off = int(msg_id, 16)
+    except ValueError:
+        return -1
+    return off if b"%016x" % off == msg_id else -1
 
 
 class Channel:
     """One channel of a topic. See the module docstring for who may call what."""
 
-    def __init__(self, topic_name: str, name: str, owner: Any, mem_queue_size: int,
-                 ephemeral: bool, backend: Backend | None = None, durable: bool = False) -> None:
-        self.topic_name = topic_name
+    def __init__(self, topic: "Topic", name: str, owner: Any, ephemeral: bool,
+                 cursor: int) -> None:
+        self.topic = topic
+        self.topic_name = topic.name
         self.name = name
         self.owner = owner
         self.ephemeral = ephemeral
-        self.mem_queue_size = mem_queue_size
-        # where messages beyond mem_queue_size go (None: ephemeral, memory only); in
-        # durable mode every message also has a record there until it is FIN'd
-        self.backend = backend
-        self.durable = durable
         self.lock = threading.Lock()
-        self.queue: deque[Message] = deque()
-        self.in_flight: dict[bytes, Message] = {}
-        self.in_flight_wheel: TimeoutWheel[Message] = TimeoutWheel()
-        self.deferred: dict[bytes, Message] = {}
-        self.deferred_wheel: TimeoutWheel[Message] = TimeoutWheel()
+        self.cursor = cursor
+        self.start_offset = cursor        # for message_count
+        self.in_flight: dict[int, Flight] = {}
+        self.in_flight_wheel: TimeoutWheel[Flight] = TimeoutWheel()
+        self.requeued: deque[tuple[int, int]] = deque()   # (offset, deliveries so far)
+        self.deferred: dict[int, Deferred] = {}
+        self.deferred_wheel: TimeoutWheel[Deferred] = TimeoutWheel()
         self.consumers: list[Consumer] = []
         self._rr = 0
         self.paused = False
         self.deleted = False
-        self.message_count = 0
+        self.extra_count = 0               # message_count beyond what the cursor saw
         self.requeue_count = 0
         self.timeout_count = 0
+        self.dropped_count = 0             # ephemeral overflow, sampled out
         # end-to-end latency window, created on the first FIN when e2e percentiles are set
         self.e2e: LatencyWindow | None = None
 
@@ -103,325 +137,388 @@ class Channel:
             self.consumers.remove(c)
         except ValueError:
             return 0
-        with self.lock:
-            mine = [m for m in self.in_flight.values() if m.client is c]
-            for m in mine:
-                del self.in_flight[m.id]
-                if m.entry is not None:
-                    self.in_flight_wheel.remove(m.entry)
-                m.entry = None
-                m.client = None
-        if mine:
-            mine.sort(key=lambda m: m.delivery_ns)
-            self.queue.extendleft(reversed(mine))
-            self.requeue_count += len(mine)
+        mine = sorted(off for off, f in self.in_flight.items() if f.client is c)
+        if not mine:
+            return 0
+        self._requeue_offsets(mine)
+        self.requeue_count += len(mine)
         return len(mine)
 
-    # -- messages in (owner thread) -------------------------------------------------
-    def put(self, msgs: Iterable[Message], now_ns: int, count: bool = True) -> None:
-        """Accept messages (owner thread): deferred ones go to the deferred wheel, the
-        rest to memory while it has room and nothing older waits on disk, else to disk."""
-        q = self.queue
-        backend = self.backend
-        room = self.mem_queue_size - len(q)
-        if backend is not None and room > 0 and backend.depth():
-            room = 0  # keep order: older messages wait on disk
-        spill: list[Message] = []
-        n = 0
-        for m in msgs:
-            n += 1
-            if m.defer_ns:
-                self._defer(m, now_ns + m.defer_ns)
-                m.defer_ns = 0
-            elif room > 0 or backend is None or m.seq is not None:
-                # (a message with a seq already has its claimed record: durable mode)
-                q.append(m)
-                room -= 1
-            else:
-                spill.append(m)
-        if count:
-            self.message_count += n
-        if spill:
-            # matches nsqd: memory first, the overflow to the disk queue
-            try:
-                backend.put_many([to_record(m) for m in spill])  # type: ignore[union-attr]
-            except Exception:
-                # the publisher already has its OK: never drop them; hold them in
-                # memory and let the caller report the storage failure
-                q.extend(spill)
-                raise
-        if self.ephemeral and len(q) > self.mem_queue_size:
-            # matches nsqd: an ephemeral channel discards what overflows its memory queue
-            for _ in range(len(q) - self.mem_queue_size):
-                q.pop()
+    def _requeue_offsets(self, offsets: list[int]) -> None:
+        """Owner: take offsets out of flight (any client) and make them ready again."""
+        in_flight = self.in_flight
+        emptied = []
+        for off in offsets:
+            f = in_flight.pop(off)
+            f.live -= 1
+            if f.client is not None:
+                f.client.in_flight_count -= 1
+            if f.live == 0:
+                emptied.append(f)
+            self.requeued.append((off, f.attempts))
+        self._drop_flights(emptied)
 
-    def write_durable(self, msgs: list[Message]) -> list[Message]:
-        """Durable mode, any thread: give every message a record in this channel's
-        backend; return those that should also be held in memory (their records are
-        claimed); the others wait on disk until the owner reads them."""
-        backend = self.backend
-        if backend is None:
-            return msgs
-        room = self.mem_queue_size - len(self.queue)
-        if room > 0 and backend.depth():
-            room = 0
-        keep, rest = msgs[:max(room, 0)], msgs[max(room, 0):]
-        if keep:
-            first = backend.put_many([to_record(m) for m in keep], claim=True)
-            for i, m in enumerate(keep):
-                m.seq = first + i
-        if rest:
-            backend.put_many([to_record(m) for m in rest])
-            self.message_count += len(rest)
-        return keep
+    def _drop_flights(self, flights: list[Flight]) -> None:
+        if not flights:
+            return
+        with self.lock:
+            remove = self.in_flight_wheel.remove
+            for f in flights:
+                if f.handle is not None:
+                    remove(f.handle)
+                    f.handle = None
 
-    def refill(self, now_ns: int, wall_ns: int) -> int:
-        """Owner thread: read messages back from disk while memory has room."""
-        backend = self.backend
-        if backend is None:
-            return 0
-        # with mem_queue_size 0 (every message on disk, as nsqd allows) still read one
-        room = max(self.mem_queue_size, 1) - len(self.queue)
-        if room <= 0 or not backend.depth():
-            return 0
-        got = 0
-        for seq, rec in backend.read_many(min(room, 10_000)):
-            try:
-                m, deliver_at = from_record(rec)
-            except ValueError:
-                log.error("%r: dropping a malformed record %d", self, seq)
-                backend.ack(seq)
-                continue
-            m.seq = seq
-            if deliver_at > wall_ns:
-                self._defer(m, now_ns + (deliver_at - wall_ns))
-            else:
-                self.queue.append(m)
-            got += 1
-        return got
+    # -- counts (owner thread; also read for stats) ---------------------------------
+    @property
+    def message_count(self) -> int:
+        """Messages this channel was given (nsqd counts each put to the channel)."""
+        return max(0, self.topic.released - self.start_offset) + self.extra_count
 
-    def depth(self) -> int:
-        """Queued messages, in memory and on disk (not in flight or deferred)."""
-        b = self.backend
-        return len(self.queue) + (b.depth() if b is not None else 0)
+    def depth(self, wall_ns: int) -> int:
+        """Queued messages: released and not yet handed out, plus requeued ones (not in
+        flight or deferred; DPUBs not yet read and not yet due count as deferred)."""
+        t = self.topic
+        ahead = t.released - self.cursor - t.gap_count(self.cursor)
+        return max(0, ahead) - t.deferred_ahead(self.cursor, wall_ns) + len(self.requeued)
+
+    def deferred_count(self, wall_ns: int) -> int:
+        return len(self.deferred) + self.topic.deferred_ahead(self.cursor, wall_ns)
 
     def backend_depth(self) -> int:
-        b = self.backend
-        return b.depth() if b is not None else 0
+        """The part of depth that only the segment files hold (not the memory tail)."""
+        if self.topic.log.directory is None:
+            return 0
+        tail = self.topic.log.tail_start
+        return max(0, min(tail, self.topic.released) - self.cursor)
 
-    def _defer(self, m: Message, deadline_ns: int) -> None:
-        with self.lock:
-            m.entry = self.deferred_wheel.add(deadline_ns, m)
-            self.deferred[m.id] = m
+    def floor(self) -> int:
+        """The lowest offset this channel still needs (segments below may go)."""
+        low = self.cursor
+        if self.in_flight:
+            low = min(low, min(self.in_flight))
+        if self.requeued:
+            low = min(low, min(off for off, _ in self.requeued))
+        if self.deferred:
+            low = min(low, min(self.deferred))
+        return low
 
     # -- delivery (owner thread) ----------------------------------------------------
-    def dispatch(self, now_ns: int, wall_ns: int = 0) -> bool:
-        """Hand queued messages to ready consumers, round-robin; True if any were sent."""
-        q = self.queue
+    def dispatch(self, now_ns: int, wall_ns: int) -> bool:
+        """Hand messages to ready consumers, round-robin; True if any were sent. At most
+        DISPATCH_BUDGET messages per call: with more to hand out, the channel marks
+        itself dirty again so the loop comes back to it next turn."""
         consumers = self.consumers
         if self.paused or not consumers:
             return False
         n = len(consumers)
         idle = 0
         i = self._rr
+        budget = DISPATCH_BUDGET
         sent = False
-        while idle < n:
-            if not q and (self.backend is None or not self.refill(now_ns, wall_ns)):
-                break  # memory and disk are both empty
+        topic = self.topic
+        while idle < n and budget > 0:
+            if not self.requeued and self.cursor >= topic.released:
+                break
             c = consumers[i % n]
             i += 1
             room = c.ready_room()
             if room <= 0:
                 idle += 1
                 continue
+            room = min(room, budget)
+            before = self.cursor
+            got = self._send_requeued(c, room, now_ns) if self.requeued else 0
+            if got < room and self.cursor < topic.released:
+                got += self._send_from_cursor(c, room - got, now_ns, wall_ns)
+            moved = self.cursor - before
+            if not got and not moved:
+                idle += 1    # nothing this consumer could take
+                continue
             idle = 0
-            take = min(room, len(q))
-            msgs = [q.popleft() for _ in range(take)]
-            if c.sample_rate:
-                # matches nsqd: a message sampled out for this client is dropped
-                rate = c.sample_rate
-                msgs = [m for m in msgs if random.randrange(100) <= rate]
-                if not msgs:
-                    continue
-            deadline = now_ns + c.msg_timeout_ns
-            with self.lock:
-                add = self.in_flight_wheel.add
-                in_flight = self.in_flight
-                for m in msgs:
-                    m.attempts += 1
-                    m.client = c
-                    m.delivery_ns = now_ns
-                    m.entry = add(deadline, m)
-                    in_flight[m.id] = m
-            c.in_flight_count += len(msgs)
-            c.send_messages(msgs)
-            sent = True
+            budget -= max(got, moved)
+            sent = sent or got > 0
         self._rr = i % n if n else 0
+        if budget <= 0:
+            self.owner.mark_dirty(self)   # more to do: next turn, after other work
         return sent
 
+    def _send_from_cursor(self, c: Consumer, room: int, now_ns: int, wall_ns: int) -> int:
+        topic = self.topic
+        log = topic.log
+        released = topic.released
+        if topic.gaps:
+            # /topic/empty dropped a paused topic's backlog: never read it
+            self.cursor = topic.skip_gap(self.cursor)
+            released = min(released, topic.next_gap(self.cursor))
+            if self.cursor >= released:
+                return 0
+        if self.ephemeral and released - self.cursor > self.topic.mem_queue_size:
+            # matches nsqd: an ephemeral channel discards what overflows its memory queue
+            skip = released - self.cursor - self.topic.mem_queue_size
+            self.dropped_count += skip
+            self.cursor += skip
+        if self.cursor < log.oldest:
+            # records gone from an ephemeral log before this channel read them
+            self.dropped_count += log.oldest - self.cursor
+            self.cursor = log.oldest
+            if self.cursor >= released:
+                return 0
+        want = min(room, READ_BATCH, released - self.cursor)
+        batch = log.read(self.cursor, want, READ_BYTES)
+        if batch.first > self.cursor:      # damaged records skipped by the log
+            self.dropped_count += batch.first - self.cursor
+            self.cursor = batch.first
+        count = min(batch.n, released - batch.first)
+        if count <= 0:
+            return 0
+        first = batch.first
+        sent = 0
+        start = 0
+        for k in batch.deferred_indices(count):
+            # a DPUB: records before it go now, it waits for its time
+            if k > start:
+                sent += self._fly(c, batch, start, k, now_ns)
+            due = batch.deliver_at(k)
+            if due > wall_ns:
+                self._defer(Deferred(first + k, 0, 0), now_ns + (due - wall_ns))
+            else:
+                sent += self._fly(c, batch, k, k + 1, now_ns)
+            start = k + 1
+        if start < count:
+            sent += self._fly(c, batch, start, count, now_ns)
+        self.cursor = first + count
+        return sent
+
+    def _fly(self, c: Consumer, batch: Any, i: int, j: int, now_ns: int) -> int:
+        """Send records [i, j) of batch to c as one flight."""
+        first = batch.first + i
+        if c.sample_rate:
+            return self._fly_sampled(c, batch, i, j, now_ns)
+        f = Flight(c, first, j - i, 1, now_ns)
+        with self.lock:
+            f.handle = self.in_flight_wheel.add(now_ns + c.msg_timeout_ns, f)
+        self.in_flight.update(dict.fromkeys(range(first, first + j - i), f))
+        c.in_flight_count += j - i
+        c.send_frames(batch.frames(i, j), j - i)
+        return j - i
+
+    def _fly_sampled(self, c: Consumer, batch: Any, i: int, j: int, now_ns: int) -> int:
+        # matches nsqd: a message sampled out for this client is dropped from the channel
+        rate = c.sample_rate
+        sent = 0
+        for k in range(i, j):
+            if random.randrange(100) <= rate:
+                f = Flight(c, batch.first + k, 1, 1, now_ns)
+                with self.lock:
+                    f.handle = self.in_flight_wheel.add(now_ns + c.msg_timeout_ns, f)
+                self.in_flight[batch.first + k] = f
+                c.in_flight_count += 1
+                c.send_frames(batch.frames(k, k + 1), 1)
+                sent += 1
+            else:
+                self.dropped_count += 1
+        return sent
+
+    def _send_requeued(self, c: Consumer, room: int, now_ns: int) -> int:
+        """Redeliver requeued messages (re-read one by one: the rare path)."""
+        log = self.topic.log
+        sent = 0
+        frames = []
+        deadline = now_ns + c.msg_timeout_ns
+        flights = []
+        while self.requeued and sent < room:
+            off, attempts = self.requeued.popleft()
+            if off < log.oldest:
+                continue   # dropped from an ephemeral log meanwhile
+            try:
+                batch = log.read(off, 1, READ_BYTES)
+            except BrokerError:
+                continue
+            if batch.n == 0 or batch.first != off:
+                continue   # damaged and skipped
+            f = Flight(c, off, 1, attempts + 1, now_ns)
+            frames.append(batch.frames(0, 1, attempts + 1 + batch.stored_attempts(0)))
+            flights.append(f)
+            self.in_flight[off] = f
+            sent += 1
+        if not sent:
+            return 0
+        with self.lock:
+            add = self.in_flight_wheel.add
+            for f in flights:
+                f.handle = add(deadline, f)
+        c.in_flight_count += sent
+        c.send_frames(b"".join(frames), sent)
+        return sent
+
+    def _defer(self, d: Deferred, deadline_ns: int) -> None:
+        with self.lock:
+            d.handle = self.deferred_wheel.add(deadline_ns, d)
+        self.deferred[d.offset] = d
+
     # -- acknowledgements (owner thread) --------------------------------------------
-    def _pop_in_flight(self, client: Consumer, msg_id: bytes) -> Message:
-        # caller holds self.lock
-        m = self.in_flight.get(msg_id)
-        if m is None:
+    def _take(self, client: Consumer, msg_id: bytes) -> tuple[int, Flight]:
+        off = offset_of(msg_id)
+        f = self.in_flight.get(off)
+        if f is None:
             raise NotInFlight()
-        if m.client is not client:
+        if f.client is not client:
             raise NotOwner()
-        del self.in_flight[msg_id]
-        if m.entry is not None:
-            self.in_flight_wheel.remove(m.entry)
-            m.entry = None
-        m.client = None
-        return m
-
-    def finish(self, client: Consumer, msg_id: bytes) -> Message:
-        """FIN: the message is done. Raises NotInFlight / NotOwner."""
-        with self.lock:
-            m = self._pop_in_flight(client, msg_id)
+        del self.in_flight[off]
+        f.live -= 1
         client.in_flight_count -= 1
-        if m.seq is not None and self.backend is not None:
-            self.backend.ack(m.seq)
-        return m
+        if f.live == 0:
+            self._drop_flights([f])
+        return off, f
 
-    def finish_many(self, client: Consumer, msg_ids: list[bytes]) -> list[tuple[bytes, BrokerError]]:
-        """FIN a batch in order under one lock; returns the failures, in order."""
+    def finish(self, client: Consumer, msg_id: bytes) -> int:
+        """FIN: the message is done; returns its offset. Raises NotInFlight / NotOwner."""
+        return self._take(client, msg_id)[0]
+
+    def finish_many(self, client: Consumer, msg_ids: list[bytes]
+                    ) -> tuple[list[int], list[tuple[bytes, BrokerError]]]:
+        """FIN a batch in order; returns the finished offsets and the failures."""
         failed: list[tuple[bytes, BrokerError]] = []
+        done: list[int] = []
         in_flight = self.in_flight
-        remove = self.in_flight_wheel.remove
-        done = 0
-        acks: list[int] = []
-        with self.lock:
-            for mid in msg_ids:
-                m = in_flight.get(mid)
-                if m is None:
-                    failed.append((mid, NotInFlight()))
-                    continue
-                if m.client is not client:
-                    failed.append((mid, NotOwner()))
-                    continue
-                del in_flight[mid]
-                if m.entry is not None:
-                    remove(m.entry)
-                    m.entry = None
-                m.client = None
-                if m.seq is not None:
-                    acks.append(m.seq)
-                done += 1
-        client.in_flight_count -= done
-        if acks and self.backend is not None:
-            self.backend.ack_many(acks)
-        return failed
+        emptied: list[Flight] = []
+        for mid in msg_ids:
+            off = offset_of(mid)
+            f = in_flight.get(off)
+            if f is None:
+                failed.append((mid, NotInFlight()))
+                continue
+            if f.client is not client:
+                failed.append((mid, NotOwner()))
+                continue
+            del in_flight[off]
+            f.live -= 1
+            if f.live == 0:
+                emptied.append(f)
+            done.append(off)
+        client.in_flight_count -= len(done)
+        self._drop_flights(emptied)
+        return done, failed
 
     def requeue(self, client: Consumer, msg_id: bytes, delay_ns: int, now_ns: int,
-                wall_ns: int = 0) -> None:
+                wall_ns: int) -> None:
         """REQ: back to the queue now (delay 0) or after delay_ns."""
-        with self.lock:
-            m = self._pop_in_flight(client, msg_id)
-            if delay_ns > 0:
-                m.entry = self.deferred_wheel.add(now_ns + delay_ns, m)
-                self.deferred[m.id] = m
-        client.in_flight_count -= 1
+        off, f = self._take(client, msg_id)
         self.requeue_count += 1
         if delay_ns <= 0:
-            self.queue.append(m)
-        elif self.durable and self.backend is not None:
-            # the new due time must survive a crash: write it, then drop the old record
-            old = m.seq
-            m.seq = self.backend.put(to_record(m, wall_ns + delay_ns), claim=True)
-            if old is not None:
-                self.backend.ack(old)
+            self.requeued.append((off, f.attempts))
+        else:
+            self._defer(Deferred(off, f.attempts, wall_ns + delay_ns), now_ns + delay_ns)
 
     def touch(self, client: Consumer, msg_id: bytes, now_ns: int, max_msg_timeout_ns: int) -> None:
         """TOUCH: push the deadline to now + the client's msg_timeout, capped at
         delivery + max_msg_timeout (matches nsqd)."""
+        off = offset_of(msg_id)
+        f = self.in_flight.get(off)
+        if f is None:
+            raise NotInFlight()
+        if f.client is not client:
+            raise NotOwner()
+        deadline = min(now_ns + client.msg_timeout_ns, f.delivery_ns + max_msg_timeout_ns)
+        if f.live > 1:
+            # the others of its flight keep their deadline: this one gets a flight alone
+            f.live -= 1
+            single = Flight(client, off, 1, f.attempts, f.delivery_ns)
+            self.in_flight[off] = single
+            with self.lock:
+                single.handle = self.in_flight_wheel.add(deadline, single)
+            return
         with self.lock:
-            m = self.in_flight.get(msg_id)
-            if m is None:
-                raise NotInFlight()
-            if m.client is not client:
-                raise NotOwner()
-            deadline = min(now_ns + client.msg_timeout_ns, m.delivery_ns + max_msg_timeout_ns)
-            if m.entry is not None:
-                self.in_flight_wheel.remove(m.entry)
-            m.entry = self.in_flight_wheel.add(deadline, m)
+            if f.handle is not None:
+                self.in_flight_wheel.remove(f.handle)
+            f.handle = self.in_flight_wheel.add(deadline, f)
 
     # -- timeouts (scanner threads, then the owner) ---------------------------------
-    def expire(self, now_ns: int) -> tuple[list[Message], list[Message]]:
-        """Pop timed-out in-flight and due deferred messages (called by a scanner).
+    def expire(self, now_ns: int) -> tuple[list[Flight], list[Deferred]]:
+        """Pop timed-out flights and due deferred messages (called by a scanner).
 
         The caller hands both lists to the owner loop's ``requeue_expired``.
         """
         with self.lock:
             timed_out = self.in_flight_wheel.pop_expired(now_ns)
-            for m in timed_out:
-                del self.in_flight[m.id]
-                m.entry = None
+            for f in timed_out:
+                f.handle = None
             due = self.deferred_wheel.pop_expired(now_ns)
-            for m in due:
-                del self.deferred[m.id]
-                m.entry = None
+            for d in due:
+                d.handle = None
         return timed_out, due
 
-    def requeue_expired(self, timed_out: list[Message], due: list[Message]) -> None:
+    def requeue_expired(self, timed_out: list[Flight], due: list[Deferred]) -> None:
         """Owner side of expiry: release the clients' in-flight slots and requeue."""
-        for m in timed_out:
-            c = m.client
-            m.client = None
-            if c is not None:
-                c.in_flight_count -= 1
-        self.timeout_count += len(timed_out)
-        self.queue.extend(timed_out)
-        self.queue.extend(due)
+        in_flight = self.in_flight
+        for f in timed_out:
+            offs = [off for off in f.offsets() if in_flight.get(off) is f]
+            for off in offs:
+                del in_flight[off]
+                self.requeued.append((off, f.attempts))
+            if f.client is not None:
+                f.client.in_flight_count -= len(offs)
+            f.live = 0
+            self.timeout_count += len(offs)
+        for d in due:
+            if self.deferred.get(d.offset) is d:
+                del self.deferred[d.offset]
+                self.requeued.append((d.offset, d.attempts))
 
     # -- admin (owner thread) -------------------------------------------------------
     def empty(self) -> None:
         """Drop every queued, in-flight and deferred message (HTTP /channel/empty)."""
-        self.queue.clear()
+        for f in set(self.in_flight.values()):
+            if f.client is not None:
+                f.client.in_flight_count -= sum(1 for off in f.offsets()
+                                                if self.in_flight.get(off) is f)
+        self.in_flight.clear()
+        self.requeued.clear()
+        self.deferred.clear()
         with self.lock:
-            for m in self.in_flight.values():
-                c = m.client
-                if c is not None:
-                    c.in_flight_count -= 1
-                m.client = None
-            self.in_flight.clear()
             self.in_flight_wheel.clear()
-            self.deferred.clear()
             self.deferred_wheel.clear()
-        if self.backend is not None:
-            self.backend.empty()
+        self.cursor = max(self.cursor, self.topic.released)
 
-    def persist_all(self, now_ns: int, wall_ns: int) -> int:
-        """Shutdown (owner thread, or after the loops stopped): write every message held
-        in memory — queued, in flight, deferred with its due time — to the backend,
-        drop their older records, and checkpoint. Returns how many were written."""
-        backend = self.backend
-        if backend is None:
-            return 0
+    def rewind(self, offset: int) -> None:
+        """Deliver again from offset (within what the log holds; checked by the caller).
+        Requeued and deferred messages at or after it are read again at the cursor;
+        in-flight ones stay in flight (a FIN of either copy finishes it)."""
+        self.extra_count += max(0, self.cursor - offset)
+        self.requeued = deque(e for e in self.requeued if e[0] < offset)
+        later = [d for off, d in self.deferred.items() if off >= offset]
+        for d in later:
+            del self.deferred[d.offset]
         with self.lock:
-            in_flight = sorted(self.in_flight.values(), key=lambda m: m.delivery_ns)
-            deferred = [(e, m) for e, m in self._deferred_entries()]
-        records = [to_record(m) for m in in_flight]
-        records += [to_record(m, wall_ns + max(0, d - now_ns)) for d, m in deferred]
-        records += [to_record(m) for m in self.queue]
-        olds = [m.seq for m in in_flight if m.seq is not None]
-        olds += [m.seq for _, m in deferred if m.seq is not None]
-        olds += [m.seq for m in self.queue if m.seq is not None]
-        if records:
-            backend.put_many(records)
-            backend.sync()
-        if olds:
-            backend.ack_many(olds)
-        backend.checkpoint()
-        return len(records)
+            for d in later:
+                if d.handle is not None:
+                    self.deferred_wheel.remove(d.handle)
+        self.cursor = offset
 
-    def _deferred_entries(self) -> list[tuple[int, Message]]:
-        # caller holds self.lock: (deadline_ns, message) for every deferred message
-        wheel = self.deferred_wheel
-        return [(wheel.deadline_of(m.entry) if m.entry else 0, m) for m in self.deferred.values()]
-
-    def drain_all(self) -> list[Message]:
-        """Every message this channel holds (shutdown): in flight, deferred, queued."""
+    # -- persistence (owner thread builds it; the storage thread writes it) ---------
+    def snapshot(self, wall_ns: int, now_ns: int) -> dict[str, Any]:
+        """The channel's saved state: everything below ``cursor`` not listed in
+        ``pending`` is finished. pending: [offset, deliveries, due_wall_ns (0 = ready)]."""
+        pending: list[list[int]] = [[off, f.attempts, 0] for off, f in self.in_flight.items()]
+        pending += [[off, a, 0] for off, a in self.requeued]
         with self.lock:
-            msgs = sorted(self.in_flight.values(), key=lambda m: m.delivery_ns)
-            msgs += self.deferred_wheel.items()
-        return msgs + list(self.queue)
+            wheel = self.deferred_wheel
+            for d in self.deferred.values():
+                due = d.due_wall_ns
+                if not due and d.handle is not None:
+                    due = wall_ns + max(0, wheel.deadline_of(d.handle) - now_ns)
+                pending.append([d.offset, d.attempts, due])
+        return {"cursor": self.cursor, "pending": pending, "paused": self.paused}
+
+    def restore(self, state: dict[str, Any], now_ns: int, wall_ns: int) -> None:
+        """Start-up, before clients: take a saved state (in flight becomes requeued)."""
+        oldest = self.topic.log.oldest
+        self.cursor = max(int(state.get("cursor", oldest)), oldest)
+        self.start_offset = self.cursor
+        for off, attempts, due in sorted(state.get("pending", [])):
+            if off < oldest or off >= self.cursor:
+                continue
+            if due > wall_ns:
+                self._defer(Deferred(off, attempts, due), now_ns + (due - wall_ns))
+            else:
+                self.requeued.append((off, attempts))

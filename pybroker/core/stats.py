@@ -178,7 +178,7 @@ def producer_stats(conns: Iterable[Any], topic_filter: str = "") -> list[dict[st
 
 # -- channels and topics ----------------------------------------------------------------
 def channel_snapshot(ch: Any, include_clients: bool, topic_filter: str,
-                     now_ns: int) -> tuple[dict[str, Any], list[LatencyPart]]:
+                     now_ns: int, wall_ns: int) -> tuple[dict[str, Any], list[LatencyPart]]:
     """nsqd's ChannelStats without the latency result, plus the latency samples.
 
     Runs on the channel's owner loop, so counts and clients are one consistent view.
@@ -189,16 +189,17 @@ def channel_snapshot(ch: Any, include_clients: bool, topic_filter: str,
     consumers = list(ch.consumers)
     d = {
         "channel_name": ch.name,
-        "depth": ch.depth(),
+        "depth": ch.depth(wall_ns),
         "backend_depth": ch.backend_depth(),
         "in_flight_count": len(ch.in_flight),
-        "deferred_count": len(ch.deferred),
+        "deferred_count": ch.deferred_count(wall_ns),
         "message_count": ch.message_count,
         "requeue_count": ch.requeue_count,
         "timeout_count": ch.timeout_count,
         "client_count": len(consumers),
         "clients": [client_stats(c, topic_filter) for c in consumers] if include_clients else None,
         "paused": ch.paused,
+        "cursor": ch.cursor,
     }
     return d, parts
 
@@ -215,6 +216,8 @@ def topic_stats(t: Any, channels: list[dict[str, Any]],
         "message_bytes": t.message_bytes,
         "paused": t.paused,
         "e2e_processing_latency": e2e,
+        "oldest_offset": t.log.oldest,
+        "newest_offset": t.log.written - 1,
     }
 
 

@@ -1,184 +1,167 @@
-"""Topic: ids, fan-out of every message to every channel, and the buffer used while a
-topic has no channel or is paused.
+"""Topic: one append-only log, its channels (cursors over it), pause and the exit flag.
 
-Thread-safety: any thread may publish; ``lock`` guards the channel map, the buffer and
-the counters. ``publish`` returns deliveries ``[(channel, messages)]`` that the caller
-routes to each channel's owner loop; the topic never touches a channel's memory queue.
-
-Storage: the buffer keeps up to mem_queue_size messages in memory and the rest in the
-topic's backend (nsqd's topic disk queue). In durable mode every message gets a record
-before the publish is answered: in each channel's backend when the topic has channels,
-else in the topic's; ``publish`` then also returns the backends the caller must sync.
+Thread-safety: any thread may publish. ``lock`` (the log's lock) guards the log's
+append side, ``released``, the channel map, ``paused`` and ``deleted``: a publish racing
+a delete either lands before the delete or gets ``Exiting`` (nsqd's exit flag checked
+under the topic's lock), never a half-deleted log. Publishing appends records to the
+log's pending buffer; ``write`` (once per loop turn per topic, by whoever published)
+hands them to the kernel in one write and releases them to the channels.
 """
 from __future__ import annotations
 
-import logging
 import threading
-from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
-from pybroker.core.channel import Backend, Channel
-from pybroker.core.ids import IdGenerator
-from pybroker.core.message import Message, from_record, to_record
+from sortedcontainers import SortedDict  # type: ignore[import-untyped]
+
+from pybroker.core.channel import Channel
+from pybroker.errors import Exiting
 from pybroker.protocol.names import is_ephemeral
 
-log = logging.getLogger("pybroker")
-Deliveries = list[tuple[Channel, list[Message]]]
-BackendFactory = Callable[[str, bool], "Backend | None"]  # (queue name, ephemeral)
+
+class Batch(Protocol):
+    """A read of consecutive records (pybroker.storage.topiclog.RecordBatch)."""
+
+    first: int
+    n: int
+
+    def frames(self, i: int, j: int, attempts: int | None = None) -> bytes: ...
+
+
+class Log(Protocol):
+    """The storage seam: a topic's log (pybroker.storage.topiclog.TopicLog)."""
+
+    lock: threading.Lock
+    directory: str | None
+    head: int
+    written: int
+    oldest: int
+    tail_start: int
+
+    def append(self, bodies: list[bytes], ts_ns: int, deliver_at_ns: int = 0) -> int: ...
+    def append_mpub(self, body: bytes, offs: Any, lens: Any, n: int, ts_ns: int) -> int: ...
+    def write_pending(self) -> int: ...
+    def discard_pending(self) -> None: ...
+    def read(self, offset: int, max_records: int, max_bytes: int) -> Any: ...
+    def append_records(self, items: list[tuple[int, int, bytes]]) -> int: ...
+    def timestamps(self, offsets: list[int]) -> list[int]: ...
+    def offset_for_time(self, ts_ns: int) -> int: ...
+    def segments(self) -> list[Any]: ...
+    def size_bytes(self) -> int: ...
+    def drop_before(self, offset: int) -> int: ...
+    def sync(self) -> int: ...
+    def close(self) -> None: ...
+    def delete(self) -> None: ...
 
 
 class Topic:
-    def __init__(self, name: str, node_id: int, now_ts_ns: int, mem_queue_size: int,
-                 pick_owner: Callable[[str, str], Any],
-                 open_backend: BackendFactory | None = None, durable: bool = False) -> None:
+    def __init__(self, name: str, log: "Log", mem_queue_size: int,
+                 pick_owner: Callable[[str, str], Any]) -> None:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.mem_queue_size = mem_queue_size
-        self.lock = threading.Lock()
+        self.log = log
+        self.lock = log.lock
         self.channels: dict[str, Channel] = {}
-        self.buffer: deque[Message] = deque()
         self.paused = False
         self.deleted = False
+        # every offset below released may be read by the channels
+        self.released = log.written
+        # where a first channel starts: everything before was consumed by channels that
+        # are gone (nsqd hands a topic's buffer to its first channel, not old messages)
+        self.orphan_start = log.oldest
+        # offsets in [released, written) dropped by /topic/empty while paused
+        self.gaps: list[tuple[int, int]] = []
+        # DPUB records not yet read by every channel: offset -> deliver_at (wall ns)
+        self.dpubs: SortedDict = SortedDict()
         self.message_count = 0
         self.message_bytes = 0
-        self._ids = IdGenerator(node_id, now_ts_ns)
+        self.dirty = False   # appended, not yet written (see write)
         self._pick_owner = pick_owner
-        # a release of the buffer to the channels failed (disk): retried on next publish
-        self.release_pending = False
-        self.release_error: Exception | None = None
-        self._open_backend = open_backend
-        self.durable = durable and open_backend is not None
-        self.backend: Backend | None = open_backend(name, self.ephemeral) if open_backend else None
 
     def __repr__(self) -> str:
         return f"Topic({self.name})"
 
     # -- publishing (any thread) ----------------------------------------------------
-    def publish(self, bodies: list[bytes], ts_ns: int, defer_ns: int = 0
-                ) -> tuple[Deliveries, list[Backend]]:
-        """Make messages for bodies; return where they go and the backends to sync."""
+    def publish(self, bodies: list[bytes], ts_ns: int, defer_ns: int = 0) -> int:
+        """Append messages (not yet written: see ``write``); returns the first offset.
+        Raises Exiting once the topic is being deleted."""
         with self.lock:
-            ids = self._ids.next_ids(len(bodies))
-            msgs = [Message(i, b, ts_ns, 0, defer_ns) for i, b in zip(ids, bodies)]
-            self.message_count += len(msgs)
+            if self.deleted:
+                raise Exiting()
+            deliver_at = ts_ns + defer_ns if defer_ns else 0
+            first = self.log.append(bodies, ts_ns, deliver_at)
+            if deliver_at:
+                for i in range(len(bodies)):
+                    self.dpubs[first + i] = deliver_at
+            self.message_count += len(bodies)
             self.message_bytes += sum(map(len, bodies))
-            if self.release_pending and not self.paused and self.channels:
-                earlier, _ = self._release_buffer()
-                if not self.release_pending:
-                    out, synced = self._fan_out(msgs)
-                    return earlier + out, synced
-            if self.paused or not self.channels or self.release_pending:
-                return [], self._buffer(msgs)
-            return self._fan_out(msgs)
+            self.dirty = True
+            return first
 
-    def _buffer(self, msgs: list[Message]) -> list[Backend]:
-        # caller holds self.lock
-        backend = self.backend
-        buf = self.buffer
-        room = self.mem_queue_size - len(buf)
-        if backend is None:
-            buf.extend(msgs)
-            if len(buf) > self.mem_queue_size:
-                # matches nsqd: ephemeral overflow is discarded
-                for _ in range(len(buf) - self.mem_queue_size):
-                    buf.pop()
-            return []
-        if room > 0 and backend.depth():
-            room = 0  # keep order: older messages wait on disk
-        keep, rest = msgs[:max(room, 0)], msgs[max(room, 0):]
-        if keep and self.durable:
-            first = backend.put_many([to_record(m) for m in keep], claim=True)
-            for i, m in enumerate(keep):
-                m.seq = first + i
-        buf.extend(keep)
-        if rest:
-            backend.put_many([to_record(m) for m in rest])
-        return [backend] if self.durable else []
+    def publish_mpub(self, body: bytes, offs: Any, lens: Any, n: int, nbytes: int,
+                     ts_ns: int) -> int:
+        """Append the n parts of an MPUB body in one C call (offs/lens from mpub_split)."""
+        with self.lock:
+            if self.deleted:
+                raise Exiting()
+            first = self.log.append_mpub(body, offs, lens, n, ts_ns)
+            self.message_count += n
+            self.message_bytes += nbytes
+            self.dirty = True
+            return first
 
-    def _fan_out(self, msgs: list[Message]) -> tuple[Deliveries, list[Backend]]:
-        # caller holds self.lock. The first channel takes the originals, the others copies.
-        chans = list(self.channels.values())
-        out: Deliveries = []
-        synced: list[Backend] = []
-        for i, ch in enumerate(chans):
-            copies = msgs if i == 0 else [m.copy() for m in msgs]
-            if self.durable and ch.backend is not None:
-                copies = ch.write_durable(copies)
-                synced.append(ch.backend)
-            if copies:
-                out.append((ch, copies))
-        return out, synced
+    def write(self) -> list[Channel]:
+        """Hand appended records to the kernel (one write) and release them to the
+        channels; returns the channels to wake. On a storage error the appended records
+        are discarded (their publishers get an error) and the error is raised."""
+        with self.lock:
+            if not self.dirty:
+                return []
+            self.dirty = False
+            try:
+                self.log.write_pending()
+            except Exception:
+                self._discard()
+                raise
+            if self.paused or self.deleted:
+                return []
+            self.released = self.log.written
+            return list(self.channels.values())
 
-    def _release_buffer(self) -> tuple[Deliveries, list[Backend]]:
-        """Hand the buffer (memory, then disk) to the channels. Caller holds self.lock.
+    def _discard(self) -> None:
+        # caller holds the lock: forget appended, unwritten records
+        head = self.log.head
+        self.log.discard_pending()
+        for off in list(self.dpubs.irange(self.log.head, head, inclusive=(True, False))):
+            del self.dpubs[off]
 
-        If the channels' copies cannot be written (durable mode, failing disk), the
-        buffer is left as it was, ``release_error`` says why, and the next publish or
-        new channel tries again (the topic keeps buffering meanwhile, so order holds).
-        """
-        if self.paused or not self.channels:
-            return [], []
-        backend = self.backend
-        msgs = list(self.buffer)
-        self.buffer.clear()
-        if backend is not None:
-            while True:
-                recs = backend.read_many(10_000)
-                if not recs:
-                    break
-                for seq, rec in recs:
-                    try:
-                        m, deliver_at = from_record(rec)
-                    except ValueError:
-                        log.error("%r: dropping a malformed record %d", self, seq)
-                        backend.ack(seq)
-                        continue
-                    if deliver_at:  # a DPUB waiting in the topic: its delay starts again
-                        m.defer_ns = max(0, deliver_at - m.ts_ns)
-                    m.seq = seq
-                    msgs.append(m)
-        if not msgs:
-            self.release_pending = False
-            return [], []
-        topic_seqs = [m.seq for m in msgs]
-        for m in msgs:
-            m.seq = None  # the channels give them records of their own
-        try:
-            out, synced = self._fan_out(msgs)
-            for b in synced:
-                b.sync()  # the channels' copies are durable before the topic's go
-        except Exception as e:
-            for m, tseq in zip(msgs, topic_seqs):
-                m.seq = tseq
-            self.buffer.extendleft(reversed(msgs))
-            self.release_pending = True
-            self.release_error = e
-            return [], []
-        self.release_pending = False
-        if backend is not None:
-            backend.ack_many([q for q in topic_seqs if q is not None])
-        return out, []
+    def deferred_ahead(self, cursor: int, wall_ns: int) -> int:
+        """DPUBs in [cursor, released) not yet due: they count as deferred, not depth."""
+        dp = self.dpubs
+        if not dp:
+            return 0
+        return sum(1 for off in dp.irange(cursor, self.released, inclusive=(True, False))
+                   if dp[off] > wall_ns)
 
-    # -- channels (any thread) ------------------------------------------------------
-    def get_channel(self, name: str) -> tuple[Channel, bool, Deliveries]:
-        """Find or create a channel -> (channel, created, deliveries); a topic's first
-        channel receives its buffer."""
+    # -- channels -------------------------------------------------------------------
+    def get_channel(self, name: str) -> tuple[Channel, bool]:
+        """Find or create a channel -> (channel, created). A topic's first channel starts
+        at the oldest message the topic holds for it; later ones at ``released``."""
         with self.lock:
             ch = self.channels.get(name)
             if ch is not None:
-                # a release that failed earlier is retried by the next subscriber
-                return ch, False, self._release_buffer()[0] if self.release_pending else []
-            ch = self.new_channel(name)
-            return ch, True, self._release_buffer()[0]
+                return ch, False
+            if self.deleted:
+                raise Exiting()
+            return self.new_channel(name), True
 
-    def new_channel(self, name: str) -> Channel:
-        """Create and add a channel without releasing the buffer (caller holds lock)."""
-        ephemeral = is_ephemeral(name)
-        backend = None
-        if self._open_backend is not None:
-            backend = self._open_backend(f"{self.name}:{name}", ephemeral or self.ephemeral)
-        ch = Channel(self.name, name, self._pick_owner(self.name, name), self.mem_queue_size,
-                     ephemeral, backend, self.durable)
+    def new_channel(self, name: str, cursor: int | None = None) -> Channel:
+        """Create and add a channel (caller holds the lock)."""
+        if cursor is None:
+            cursor = self.released if self.channels else max(self.orphan_start, self.log.oldest)
+        ch = Channel(self, name, self._pick_owner(self.name, name), is_ephemeral(name), cursor)
+        # a first channel inherits the topic's dropped gaps; later ones start past them
         self.channels[name] = ch
         return ch
 
@@ -188,44 +171,76 @@ class Topic:
     def remove_channel(self, name: str) -> Channel | None:
         with self.lock:
             ch = self.channels.pop(name, None)
+            if ch is not None and not self.channels:
+                self.orphan_start = self.released
         if ch is not None:
             ch.deleted = True
         return ch
 
-    def set_paused(self, paused: bool) -> Deliveries:
+    def set_paused(self, paused: bool) -> list[Channel]:
+        """Pause: nothing written from now on reaches the channels; unpause releases it.
+        Returns the channels to wake."""
         with self.lock:
             self.paused = paused
-            return self._release_buffer()[0]
+            if paused or self.log.written == self.released:
+                return []
+            self.released = self.log.written
+            return list(self.channels.values())
 
-    def release(self) -> Deliveries:
-        """Start-up: hand a restored backlog to the restored channels."""
+    def skip_gap(self, cursor: int) -> int:
+        """The cursor moved past any gap it stood in (owner loops call it)."""
+        for start, end in self.gaps:
+            if start <= cursor < end:
+                return end
+        return cursor
+
+    def next_gap(self, cursor: int) -> int:
+        """Where the next gap at or after cursor starts (``released`` if none)."""
+        return min((s for s, _ in self.gaps if s >= cursor), default=self.released)
+
+    def gap_count(self, cursor: int) -> int:
+        """How many offsets in [cursor, released) are in gaps."""
+        return sum(max(0, min(e, self.released) - max(s, cursor)) for s, e in self.gaps)
+
+    def prune_gaps(self, below: int) -> None:
         with self.lock:
-            return self._release_buffer()[0]
+            self.gaps = [(s, e) for s, e in self.gaps if e > below]
 
     def empty(self) -> None:
+        """/topic/empty: drop what the topic holds that no channel has been given yet
+        (all of it when it has no channel; what a pause held back otherwise)."""
         with self.lock:
-            self.buffer.clear()
-            if self.backend is not None:
-                self.backend.empty()
+            written = self.log.written
+            if not self.channels:
+                self.orphan_start = written
+            elif written > self.released:
+                self.gaps.append((self.released, written))
+            self.dpubs.clear()
 
     def depth(self) -> int:
-        b = self.backend
-        return len(self.buffer) + (b.depth() if b is not None else 0)
+        """nsqd's topic depth: messages not yet handed to channels."""
+        written = self.log.written
+        if not self.channels:
+            return max(0, written - max(self.orphan_start, self.log.oldest))
+        held = written - self.released
+        for start, end in self.gaps:
+            held -= max(0, min(end, written) - max(start, self.released))
+        return max(0, held)
 
     def backend_depth(self) -> int:
-        b = self.backend
-        return b.depth() if b is not None else 0
-
-    def persist_buffer(self) -> int:
-        """Shutdown: write the memory buffer to the backend (nsqd flushes it too)."""
-        backend = self.backend
-        if backend is None:
+        if self.log.directory is None:
             return 0
+        return min(self.depth(), max(0, self.log.tail_start - self.released))
+
+    def floor(self) -> int:
+        """The lowest offset any channel (or a future first channel) still needs."""
+        chans = list(self.channels.values())
+        if not chans:
+            return max(self.orphan_start, self.log.oldest)
+        return min(ch.floor() for ch in chans)
+
+    def prune_dpubs(self, below: int) -> None:
         with self.lock:
-            msgs = list(self.buffer)
-            self.buffer.clear()
-        fresh = [m for m in msgs if m.seq is None]
-        if fresh:
-            backend.put_many([to_record(m) for m in fresh])
-        backend.checkpoint()
-        return len(fresh)
+            dp = self.dpubs
+            while dp and dp.peekitem(0)[0] < below:
+                dp.popitem(0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +41,15 @@ def _channel_pause(ch: Any, paused: bool) -> None:
     ch.paused = paused
     if not paused and not ch.deleted:
         ch.owner.mark_dirty(ch)
+
+
+def _channel_rewind(ch: Any, offset: int) -> bool:
+    """On ch's owner loop: move its cursor back (False if the offset went meanwhile)."""
+    if ch.deleted or offset < ch.topic.log.oldest:
+        return False
+    ch.rewind(offset)
+    ch.owner.mark_dirty(ch)
+    return True
 
 
 def _channel_empty(ch: Any) -> None:
@@ -109,15 +119,29 @@ class Api:
             return error(503, "EXITING")
         if bodies:
             try:
-                deliveries, to_sync = topic.publish(bodies, time.time_ns(), defer_ns)
-                if deliveries:
-                    self.server.route(deliveries)
-                for backend in to_sync:  # durable mode: answer once on disk
-                    backend.sync()
+                t = self.broker.publish(topic.name, bodies, defer_ns)
+            except Exiting:
+                return error(503, "EXITING")
             except StorageError as e:
-                self.rt.storage_failed(e)
+                self.rt.storage_failed(e, topic)
+                return error(500, "PUB_FAILED")
+            if self.rt.health is not None:
+                self.rt.storage.write_ok(t)
+            if self.rt.storage.durable and not self._synced(t):
                 return error(500, "PUB_FAILED")
         return OK
+
+    def _synced(self, t: Any) -> bool:
+        """fsync durability: wait for the storage thread's next group fsync of t."""
+        done = threading.Event()
+        result: list[Exception | None] = []
+
+        def finished(err: Exception | None) -> None:
+            result.append(err)
+            done.set()
+
+        self.rt.storage.sync_topics([t], finished)
+        return done.wait(30) and result[0] is None
 
     def pub(self, req: Request) -> Response:
         o = self.opts
@@ -215,9 +239,9 @@ class Api:
 
     def _topic_pause(self, req: Request, paused: bool) -> Response:
         t = self._existing_topic(self._topic_arg(req, validate=False))
-        deliveries = t.set_paused(paused)
-        if deliveries:
-            self.server.route(deliveries)
+        chans = t.set_paused(paused)
+        if chans:
+            self.broker.wake(chans)
         self.broker.notify_changed()  # matches nsqd: persist the paused flag at once
         return empty()
 
@@ -275,6 +299,34 @@ class Api:
             return empty()
 
         return Gather([(ch.owner, _channel_pause, (ch, paused))], done)
+
+    def channel_rewind(self, req: Request) -> Gather[Response] | Response:
+        """Beyond nsqd: deliver a channel's messages again from a retained offset, or
+        from the first message published at or after a time (``ts``, Unix ms)."""
+        ch = self._existing_channel(req)
+        q = self._params(req)
+        off_arg, ts_arg = first(q, b"offset"), first(q, b"ts")
+        if (off_arg is None) == (ts_arg is None):
+            return error(400, "MISSING_ARG_OFFSET_OR_TS")
+        arg = off_arg if off_arg is not None else ts_arg
+        assert arg is not None
+        if not arg.isdigit() or len(arg) > 19:
+            return error(400, "INVALID_ARG_OFFSET" if off_arg is not None else "INVALID_ARG_TS")
+        lg = ch.topic.log
+        if off_arg is not None:
+            offset = int(arg)
+        else:
+            offset = lg.offset_for_time(int(arg) * MS)
+        if not lg.oldest <= offset <= ch.topic.released:
+            return error(400, "OFFSET_OUT_OF_RANGE")
+
+        def rewound(results: list[Any]) -> Response:
+            if results and results[0] is False:
+                return error(400, "OFFSET_OUT_OF_RANGE")
+            return ok_json({"offset": offset, "oldest_offset": lg.oldest,
+                            "newest_offset": ch.topic.released - 1})
+
+        return Gather([(ch.owner, _channel_rewind, (ch, offset))], rewound)
 
     def channel_pause(self, req: Request) -> Gather[Response]:
         return self._channel_pause(req, True)
@@ -351,4 +403,5 @@ def build_router(api: Api) -> Router:
     r.add("GET", "/config/:opt", api.options.handle)
     r.add("PUT", "/config/:opt", api.options.handle, invalid)
     r.add("GET", "/metrics", api.metrics)  # beyond nsqd: Prometheus
+    r.add("POST", "/channel/rewind", guarded(api.channel_rewind))  # beyond nsqd: replay
     return r

@@ -39,7 +39,7 @@ def loop_snapshot(loop: Any, chans: list[Any], include_clients: bool, topic_filt
                   want_producers: bool) -> LoopSnapshot:
     """On ``loop``'s thread: stats of the channels it owns, and of its producers."""
     now = time.monotonic_ns()
-    out = {id(ch): channel_snapshot(ch, include_clients, topic_filter, now)
+    out = {id(ch): channel_snapshot(ch, include_clients, topic_filter, now, time.time_ns())
            for ch in chans if not ch.deleted}
     producers = producer_stats(loop.connections, topic_filter) if want_producers else []
     return LoopSnapshot(loop.name, out, producers, len(loop.connections))
@@ -109,7 +109,7 @@ def plan_stats(runtime: Any, topic_filter: str = "", channel_filter: str = "",
                     if id(ch.owner) in answered:
                         continue  # deleted meanwhile
                     # the owner loop did not answer in time: counts read from here
-                    entry = channel_snapshot(ch, False, topic_filter, now)
+                    entry = channel_snapshot(ch, False, topic_filter, now, time.time_ns())
                     if include_clients:
                         entry[0]["clients"] = []
                 d, parts = entry

@@ -7,9 +7,9 @@ socketpair; no asyncio and no thread per request. One turn: ``select()`` (at mos
 the next deadline sweep); accept, read (parse, answer) and write; carry on with
 connections that used up their per-turn budget of answers (``TURN_BUDGET``, so a
 pipelining client cannot starve the others); run calls posted from other threads
-(results of loop jobs); post this turn's published messages to their channels' owner
-loops, one call per loop (``route``), before any "OK" is written; flush the
-connections that have output; every ``SWEEP_S`` finish Gathers whose loops did not
+(results of loop jobs); flush the connections that have output (a publish has
+appended to and written its topic's log, and woken the channels' loops, before its
+"OK" is queued); every ``SWEEP_S`` finish Gathers whose loops did not
 answer in time, and every few sweeps close connections whose deadline passed.
 
 The HTTP thread never blocks on an event loop: a request that needs loop threads
@@ -99,7 +99,6 @@ class HttpServer:
         self.conns: set[HttpConn] = set()
         self.to_flush: dict[HttpConn, None] = {}
         self.to_process: dict[HttpConn, None] = {}  # out of budget last turn
-        self._outbox: dict[Any, list[tuple[Any, list[Any]]]] = {}
         self._pending: dict[int, _Pending] = {}
         self._tokens = itertools.count(1)
         self._calls = CallQueue(self.selector, _WAKE)
@@ -196,22 +195,12 @@ class HttpServer:
         self._calls.run("HTTP")
 
     def _flush(self) -> None:
-        # published messages reach their loops before the client sees "OK"
-        self._post_outbox()
         while self.to_flush:
             conns = self.to_flush
             self.to_flush = {}
             for conn in conns:
                 if not conn.closed:
                     conn.flush()  # may answer more queued requests (and publish)
-            self._post_outbox()
-
-    def _post_outbox(self) -> None:
-        if self._outbox:
-            outbox = self._outbox
-            self._outbox = {}
-            for owner, batch in outbox.items():
-                owner.call_soon_threadsafe(owner.receive_remote, batch)
 
     def _accept(self) -> None:
         assert self.sock is not None
@@ -300,16 +289,6 @@ class HttpServer:
 
     def figures(self) -> dict[str, Any]:
         return {"connections": len(self.conns), "requests": dict(self.requests)}
-
-    def route(self, deliveries: list[tuple[Any, list[Any]]]) -> None:
-        """Queue published messages for their channels' owner loops (sent this turn)."""
-        outbox = self._outbox
-        for ch, msgs in deliveries:
-            box = outbox.get(ch.owner)
-            if box is None:
-                outbox[ch.owner] = [(ch, msgs)]
-            else:
-                box.append((ch, msgs))
 
     def submit(self, conn: HttpConn, req: Request, gather: Gather[Response]) -> None:
         """Post gather's jobs to their loops; conn.complete() runs when all answered."""

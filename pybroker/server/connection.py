@@ -16,9 +16,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from pybroker._native import encode_messages
 from pybroker.core.channel import Channel
-from pybroker.core.message import Message
 from pybroker.errors import ClientError, SubFailed, TooManyConsumers
 from pybroker.protocol.decoder import CommandDecoder
 from pybroker.protocol.encoder import HEARTBEAT_FRAME, OK_FRAME, encode_error
@@ -54,7 +52,8 @@ class ClientConn:
         self.closed = False
         self.closing_after_flush = False
         self.moving = False
-        self.awaiting_commit = 0  # durable publishes not yet answered (see loop.commit_later)
+        self.awaiting_commit = 0  # durable publishes not yet answered (see loop.published)
+        self.unconfirmed = 0      # OKs in self.out whose topic write has not yet happened
         # identity and negotiated settings (IDENTIFY)
         self.client_id = ""
         self.hostname = ""
@@ -77,7 +76,7 @@ class ClientConn:
         # output
         self.out: list[bytes] = []
         self.out_bytes = 0
-        self.pending: list[Message] = []
+        self.pending: list[bytes] = []     # message frames, not yet in out
         self.pending_bytes = 0
         self.writing = False
         self.flush_timer: tuple[int, int] | None = None
@@ -216,11 +215,11 @@ class ClientConn:
             return 0
         return self.rdy - self.in_flight_count
 
-    def send_messages(self, msgs: list[Message]) -> None:
-        """Consumer protocol: message frames for in-flight messages (owner loop)."""
-        self.pending.extend(msgs)
-        self.message_count += len(msgs)
-        self.pending_bytes += sum(len(m.body) for m in msgs) + 34 * len(msgs)
+    def send_frames(self, frames: bytes, n: int) -> None:
+        """Consumer protocol: n message frames for in-flight messages (owner loop)."""
+        self.pending.append(frames)
+        self.message_count += n
+        self.pending_bytes += len(frames)
         timeout = self.output_buffer_timeout_ns
         if (timeout <= 0 or self.pending_bytes >= self.output_buffer_size
                 or self.in_flight_count >= self.rdy):
@@ -235,16 +234,15 @@ class ClientConn:
             self.flush()
 
     def _encode_pending(self) -> None:
-        data = encode_messages(self.pending)
+        self.out.extend(self.pending)
+        self.out_bytes += self.pending_bytes
         self.pending = []
         self.pending_bytes = 0
-        self.out.append(data)
-        self.out_bytes += len(data)
 
     def flush(self) -> None:
         """Encode waiting message frames and write as much as the socket takes."""
-        if self.closed:
-            return
+        if self.closed or self.unconfirmed:
+            return   # an OK may not go before its topic is written (end of this turn)
         if self.pending:
             self._encode_pending()
         if self.flush_timer is not None:

@@ -23,7 +23,6 @@ from pybroker.protocol.identify import IdentifyDecodeError, decode_identify
 from pybroker.protocol.encoder import CLOSE_WAIT_FRAME, encode_error, encode_response
 from pybroker.protocol.names import is_valid_name
 from pybroker.protocol.wire import MSG_ID_LENGTH, ClientState
-from pybroker.storage import StorageError
 
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
@@ -247,23 +246,21 @@ def _mpub_error(e: "_native.ScanError", max_msg: int) -> ClientError:
 
 def _publish(c: "ClientConn", name: str, bodies: list[bytes], defer_ns: int,
              failed: type[ClientError], verb: str) -> None:
-    runtime = c.loop.runtime
-    try:
-        topic = runtime.broker.get_topic(name)
-        deliveries, to_sync = topic.publish(bodies, time.time_ns(), defer_ns)
-    except BrokerError as e:
-        raise failed(f"{verb} failed {e}") from None
-    except StorageError as e:
-        runtime.storage_failed(e)
-        raise failed(f"{verb} failed {e}") from None
-    if deliveries:
-        c.loop.route(deliveries)
-    c.pub_counts[name] = c.pub_counts.get(name, 0) + len(bodies)
-    if to_sync:
-        # durable mode: OK once the records are on disk (the loop's group commit)
-        c.loop.commit_later(c, to_sync, failed(f"{verb} failed to write to disk"))
+    """Append to the topic's log; the loop writes the topic at the end of this turn and
+    answers (see EventLoop.published). A topic deleted meanwhile is looked up again."""
+    broker = c.loop.runtime.broker
+    for _ in range(3):
+        try:
+            topic = broker.get_topic(name)
+            topic.publish(bodies, time.time_ns(), defer_ns)
+            break
+        except Exiting as e:
+            if broker.exiting:
+                raise failed(f"{verb} failed {e}") from None
     else:
-        c.send_ok()
+        raise failed(f"{verb} failed exiting")
+    c.pub_counts[name] = c.pub_counts.get(name, 0) + len(bodies)
+    c.loop.published(c, topic, failed(f"{verb} failed to write to disk"))
 
 
 # -- consuming -------------------------------------------------------------------------------
@@ -293,34 +290,28 @@ def fin(c: "ClientConn", cmd: Command) -> None:
         _fin_batch(c, ids)
         return
     mid = _msg_id(c, cmd.params, "FIN", 2)
-    assert c.channel is not None
+    ch = c.channel
+    assert ch is not None
     try:
-        m = c.channel.finish(c, mid)
+        off = ch.finish(c, mid)
     except BrokerError as e:
         raise FinFailed(f"FIN {mid.decode('ascii', 'replace')} failed {e}") from None
     c.finish_count += 1
     if c.opts.e2e_processing_latency_percentiles:
-        # matches nsqd: FIN feeds the channel's publish-to-finish latency percentiles
-        record_latency(c.channel, time.time_ns() - m.ts_ns, monotonic_ns(),
-                       c.opts.e2e_processing_latency_window_time)
-    c.loop.mark_dirty(c.channel)
+        _record_e2e(c, ch, [off])
+    c.loop.mark_dirty(ch)
 
 
 def _fin_batch(c: "ClientConn", ids: list[bytes]) -> None:
-    """Consecutive well-formed FINs: one lock round trip; E_FIN_FAILED for each failure."""
+    """Consecutive well-formed FINs: one pass; E_FIN_FAILED for each failure."""
     if c.state not in (ClientState.SUBSCRIBED, ClientState.CLOSING):
         raise Invalid("cannot FIN in current state")
     ch = c.channel
     assert ch is not None
-    e2e_ts = _e2e_stamps(c, ch, ids) if c.opts.e2e_processing_latency_percentiles else None
-    failed = ch.finish_many(c, ids)
-    c.finish_count += len(ids) - len(failed)
-    if e2e_ts:
-        # matches nsqd: FIN feeds the channel's publish-to-finish latency percentiles
-        now_ns, wall_ns = monotonic_ns(), time.time_ns()
-        window = c.opts.e2e_processing_latency_window_time
-        for ts in e2e_ts:
-            record_latency(ch, wall_ns - ts, now_ns, window)
+    done, failed = ch.finish_many(c, ids)
+    c.finish_count += len(done)
+    if done and c.opts.e2e_processing_latency_percentiles:
+        _record_e2e(c, ch, done)
     c.loop.mark_dirty(ch)
     for mid, e in failed:
         err = FinFailed(f"FIN {mid.decode('ascii', 'replace')} failed {e}")
@@ -328,10 +319,13 @@ def _fin_batch(c: "ClientConn", ids: list[bytes]) -> None:
         c.send_frame(encode_error(err.payload()))
 
 
-def _e2e_stamps(c: "ClientConn", ch: "Channel", ids: list[bytes]) -> list[int]:
-    """Publish times of the messages in ids that c may FIN (read before they go)."""
-    found = (ch.in_flight.get(mid) for mid in ids)
-    return [m.ts_ns for m in found if m is not None and m.client is c]
+def _record_e2e(c: "ClientConn", ch: "Channel", offsets: list[int]) -> None:
+    """matches nsqd: FIN feeds the channel's publish-to-finish latency percentiles (the
+    publish times are read back from the log: only when percentiles are configured)."""
+    now_ns, wall_ns = monotonic_ns(), time.time_ns()
+    window = c.opts.e2e_processing_latency_window_time
+    for ts in ch.topic.log.timestamps(offsets):
+        record_latency(ch, wall_ns - ts, now_ns, window)
 
 
 def req(c: "ClientConn", cmd: Command) -> None:
@@ -347,10 +341,6 @@ def req(c: "ClientConn", cmd: Command) -> None:
         c.channel.requeue(c, mid, delay_ns, monotonic_ns(), time.time_ns())
     except BrokerError as e:
         raise ReqFailed(f"REQ {mid.decode('ascii', 'replace')} failed {e}") from None
-    except StorageError as e:
-        # durable mode could not rewrite the record with its due time: the message is
-        # deferred in memory all the same and its old record stays on disk
-        c.loop.runtime.storage_failed(e)
     c.requeue_count += 1
     c.loop.mark_dirty(c.channel)
 

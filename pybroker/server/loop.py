@@ -9,11 +9,14 @@ a loop only through ``call_soon_threadsafe(fn, *args)``: a deque plus one byte w
 a wake-up socketpair (written only when the loop may be asleep).
 
 One turn: compute the timeout from the next timer; ``select()``; run readers and
-writers; fire due timers; drain cross-thread calls; dispatch every channel marked dirty
-(hand queued messages to ready consumers); flush every connection marked for flush;
-post messages published here for channels owned by other loops, one call per target
-loop per turn. Producers may be on any loop; a connection that SUBscribes is moved to
-the loop that owns its channel (``adopt``).
+writers; fire due timers; drain cross-thread calls; write every topic published to
+this turn (one write each: the publishes of the turn share it) and settle those
+publishes' replies; dispatch every channel marked dirty (read records at its cursor and
+hand them to ready consumers); tell other loops, once per turn each, that channels they
+own have new records; flush every connection marked for flush. Producers may be on any
+loop; a connection that SUBscribes is moved to the loop that owns its channel
+(``adopt``). Channels pull records from their topic's log: no message is ever pushed
+from one loop to another.
 """
 from __future__ import annotations
 
@@ -25,10 +28,10 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from pybroker.core.channel import Channel
-from pybroker.core.message import Message
 from pybroker.core.timeouts import TimeoutWheel
-from pybroker.core.topic import Deliveries
+from pybroker.core.topic import Topic
 from pybroker.errors import ClientError
+from pybroker.protocol.encoder import encode_error
 from pybroker.server.waker import CallQueue
 from pybroker.storage import StorageError
 
@@ -37,9 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
-INBOX_HIGH = 20_000  # messages posted to a loop before its publishers wait
-INBOX_LOW = 5_000
-INBOX_WAIT_S = 0.02
 
 
 class EventLoop:
@@ -54,14 +54,15 @@ class EventLoop:
         self.connections: set[ClientConn] = set()
         self.dirty: dict[Channel, None] = {}
         self.to_flush: dict[ClientConn, None] = {}
-        self._outbox: dict[EventLoop, list[tuple[Channel, list[Message]]]] = {}
-        # durable publishes waiting for this turn's fsyncs: (connection, error if it fails)
-        self._commits: list[tuple[ClientConn, ClientError]] = []
-        self._to_sync: dict[Any, None] = {}
-        # messages other loops posted here and this loop has not queued yet (approximate)
-        self.inbox = 0
-        self.inbox_room = threading.Event()
-        self.inbox_room.set()
+        self.durable = self.options.durability == "fsync"
+        # topics published to this turn, written at its end (one write each)
+        self.to_write: dict[Topic, None] = {}
+        # memory mode: OKs queued, not yet flushable: (conn, index in conn.out, topic, err)
+        self._unconfirmed: list[tuple[ClientConn, int, Topic, ClientError]] = []
+        # fsync mode: publishes waiting for this turn's write and the storage thread's sync
+        self._durable: list[tuple[ClientConn, Topic, ClientError]] = []
+        # channels of other loops with new records: told once per turn
+        self._wake_remote: dict[EventLoop, dict[Channel, None]] = {}
         self._running = False
         self.thread: threading.Thread | None = None
         self.stopped = threading.Event()
@@ -81,94 +82,107 @@ class EventLoop:
         if handle is not None:
             self.timers.remove(handle)
 
-    # -- message routing ------------------------------------------------------------
-    def route(self, deliveries: Deliveries) -> None:
-        """Send published messages to their channels (owner thread of this loop)."""
-        for ch, msgs in deliveries:
+    # -- publishing ---------------------------------------------------------------
+    def published(self, conn: "ClientConn", topic: Topic, err: ClientError) -> None:
+        """A publish of conn's appended records to topic: write the topic at the end of
+        this turn (one write per topic however many publishes), then answer. In memory
+        mode the OK is queued now and flushed only after the write (a failed write turns
+        it into err); in fsync mode conn reads no further commands until the storage
+        thread has synced the topic (group commit), so replies stay in order."""
+        self.to_write[topic] = None
+        if self.durable:
+            self._durable.append((conn, topic, err))
+            conn.awaiting_commit += 1
+        else:
+            conn.send_ok()
+            self._unconfirmed.append((conn, len(conn.out) - 1, topic, err))
+            conn.unconfirmed += 1
+
+    def _write_topics(self) -> None:
+        """End of turn: one write per topic published to, then wake its channels and
+        settle the publishes' replies."""
+        to_write, self.to_write = self.to_write, {}
+        failed: dict[Topic, Exception] = {}
+        for t in to_write:
+            try:
+                chans = t.write()
+            except StorageError as e:
+                failed[t] = e
+                self.runtime.storage_failed(e, t)
+                continue
+            if self.runtime.health is not None:
+                self.runtime.storage.write_ok(t)
+            if chans:
+                self.wake(chans)
+        if self._unconfirmed:
+            unconfirmed, self._unconfirmed = self._unconfirmed, []
+            for conn, idx, t, err in unconfirmed:
+                conn.unconfirmed -= 1
+                if t in failed and not conn.closed:
+                    conn.out[idx] = encode_error(err.payload())
+                    log.error("[%s] - %s", conn, err.payload().decode("utf-8", "replace"))
+                    conn.close_after_flush()
+        if self._durable:
+            durable, self._durable = self._durable, []
+            ok = [entry for entry in durable if entry[1] not in failed]
+            for conn, t, err in durable:
+                if t in failed:
+                    self._settle(conn, err)
+            if ok:
+                topics = list({t: None for _, t, _ in ok})
+                self.runtime.storage.sync_topics(
+                    topics, lambda error: self.call_soon_threadsafe(self._synced, ok, error))
+
+    def _synced(self, commits: list[tuple["ClientConn", Topic, ClientError]],
+                error: Exception | None) -> None:
+        """The storage thread synced the topics of these durable publishes."""
+        for conn, _, err in commits:
+            self._settle(conn, err if error is not None else None)
+
+    def _settle(self, conn: "ClientConn", err: ClientError | None) -> None:
+        conn.awaiting_commit -= 1
+        if conn.closed:
+            return
+        if err is None:
+            conn.send_ok()
+        else:
+            conn.fail(err)
+        if not conn.awaiting_commit:
+            conn.process()
+
+    def wake(self, chans: list[Channel]) -> None:
+        """New records for these channels: dispatch ours this turn, tell other owners
+        once per turn."""
+        for ch in chans:
             owner = ch.owner
             if owner is self:
-                if not ch.deleted:
-                    self._put(ch, msgs, monotonic_ns())
+                self.dirty[ch] = None
             else:
-                box = self._outbox.get(owner)
+                box = self._wake_remote.get(owner)
                 if box is None:
-                    self._outbox[owner] = [(ch, msgs)]
+                    self._wake_remote[owner] = {ch: None}
                 else:
-                    box.append((ch, msgs))
+                    box[ch] = None
 
-    def receive_remote(self, batch: list[tuple[Channel, list[Message]]], n: int = 0) -> None:
-        now = monotonic_ns()
-        for ch, msgs in batch:
-            if not ch.deleted:
-                self._put(ch, msgs, now)
-        self.inbox -= n
-        if self.inbox <= INBOX_LOW:
-            self.inbox_room.set()
+    def mark_dirty_many(self, chans: list[Channel]) -> None:
+        for ch in chans:
+            self.dirty[ch] = None
 
-    def _post(self, owner: "EventLoop", batch: list[tuple[Channel, list[Message]]]) -> None:
-        """Hand messages to another loop, counting them against its inbox."""
-        n = sum(len(msgs) for _, msgs in batch)
-        owner.inbox += n
-        if owner.inbox > INBOX_HIGH:
-            owner.inbox_room.clear()
-        owner.call_soon_threadsafe(owner.receive_remote, batch, n)
-
-    def _put(self, ch: Channel, msgs: list[Message], now_ns: int) -> None:
-        try:
-            ch.put(msgs, now_ns)
-        except StorageError as e:  # the messages stay in memory; /ping says why
-            self.runtime.storage_failed(e)
-        self.dirty[ch] = None
-
-    def on_expired(self, ch: Channel, timed_out: list[Message], due: list[Message]) -> None:
+    def on_expired(self, ch: Channel, timed_out: list[Any], due: list[Any]) -> None:
         """Queue-scanner results for a channel this loop owns."""
         ch.requeue_expired(timed_out, due)
         if not ch.deleted:
             self.dirty[ch] = None
 
-    def commit_later(self, conn: "ClientConn", backends: list[Any], err: ClientError) -> None:
-        """Answer a durable publish once its backends are synced, at the end of this
-        turn: every publish of the turn shares one fsync per queue (group commit). The
-        connection reads no further commands until then, so replies stay in order."""
-        for b in backends:
-            self._to_sync[b] = None
-        self._commits.append((conn, err))
-        conn.awaiting_commit += 1
-
-    def _group_commit(self) -> None:
-        to_sync, commits = self._to_sync, self._commits
-        self._to_sync, self._commits = {}, []
-        failure: Exception | None = None
-        for b in to_sync:
-            try:
-                b.sync()
-            except Exception as e:  # StorageError: answer E_PUB_FAILED, keep serving
-                failure = e
-        if failure is not None:
-            self.runtime.storage_failed(failure)
-        for conn, err in commits:
-            conn.awaiting_commit -= 1
-            if conn.closed:
-                continue
-            if failure is None:
-                conn.send_ok()
-            else:
-                conn.fail(err)
-            if not conn.awaiting_commit:
-                conn.process()
-
     def mark_dirty(self, ch: Channel) -> None:
         self.dirty[ch] = None
 
     def close_channel(self, ch: Channel) -> None:
-        """A deleted channel: close its consumers (matches nsqd) and drop its messages."""
+        """A deleted channel: close its consumers (matches nsqd) and drop its state."""
         for c in list(ch.consumers):
             c.close("channel deleted")  # type: ignore[attr-defined]
         ch.empty()
         self.dirty.pop(ch, None)
-        if ch.backend is not None:
-            self.runtime.storage.forget(f"{ch.topic_name}:{ch.name}")
-            ch.backend.delete()
 
     # -- connections --------------------------------------------------------------------
     def add_connection(self, sock: socket.socket, addr: Any) -> None:
@@ -232,7 +246,7 @@ class EventLoop:
             self.stopped.set()
 
     def _turn(self) -> None:
-        if self._calls or self.dirty or self.to_flush or self._commits:
+        if self._calls or self.dirty or self.to_flush or self.to_write:
             timeout: float | None = 0
         else:
             nxt = self.timers.next_deadline()
@@ -263,10 +277,10 @@ class EventLoop:
                 log.exception("%s: error in timer %r", self.name, fn)
 
     def _flush_all(self) -> None:
-        """Group-commit durable publishes, dispatch dirty channels, post remote
-        deliveries, flush connections."""
-        if self._commits:
-            self._group_commit()
+        """Write topics published to (then answer their publishes), dispatch dirty
+        channels, wake other loops' channels, flush connections."""
+        if self.to_write:
+            self._write_topics()
         if self.dirty:
             now = monotonic_ns()
             wall = time.time_ns()
@@ -275,19 +289,10 @@ class EventLoop:
             for ch in dirty:
                 if not ch.deleted:
                     ch.dispatch(now, wall)
-        if self._outbox:
-            outbox = self._outbox
-            self._outbox = {}
-            for owner, batch in outbox.items():
-                self._post(owner, batch)
-            for owner in outbox:
-                if owner.inbox > INBOX_HIGH:
-                    # Backpressure: publishers here must not outrun the loop that owns
-                    # the channels (with the GIL, a busy publishing thread would
-                    # otherwise starve that loop's consumers). Pausing this loop briefly
-                    # lets the owner catch up; a timeout keeps two loops that publish
-                    # to each other from waiting on each other for long.
-                    owner.inbox_room.wait(INBOX_WAIT_S)
+        if self._wake_remote:
+            remote, self._wake_remote = self._wake_remote, {}
+            for owner, chans in remote.items():
+                owner.call_soon_threadsafe(owner.mark_dirty_many, list(chans))
         if self.to_flush:
             conns = self.to_flush
             self.to_flush = {}

@@ -18,7 +18,6 @@ from pybroker import NSQ_COMPAT_VERSION, __version__
 from pybroker.config import Options, split_hostport
 from pybroker.core.broker import Broker
 from pybroker.core.channel import Channel
-from pybroker.core.topic import Deliveries
 from pybroker.server.listener import Listener, bind, format_addr
 from pybroker.server.lookupd import LookupdRegistrar
 from pybroker.server.loop import EventLoop
@@ -38,9 +37,7 @@ class Runtime:
         self.options = options
         self.loops = [EventLoop(i, self) for i in range(options.loop_threads)]
         self.storage = StorageManager(self)
-        self.broker = Broker(options, self.loops, self._route,
-                             open_backend=self.storage.open_backend,
-                             durable=self.storage.durable)
+        self.broker = Broker(options, self.loops, self.storage.open_log, self._wake)
         self.scanner = QueueScanner(self.broker, options)
         self.listener: Listener | None = None
         self.http: Any = None
@@ -50,18 +47,18 @@ class Runtime:
         self.lookupd: LookupdRegistrar | None = None
         self._stop = threading.Event()
 
-    # -- routing for publishers that are not loop threads (HTTP, start-up) --------------
-    def _route(self, deliveries: Deliveries) -> None:
+    # -- waking channels for publishers that are not loop threads (HTTP, start-up) ------
+    def _wake(self, chans: list[Channel]) -> None:
         current = threading.current_thread()
         for loop in self.loops:
             if loop.thread is current:
-                loop.route(deliveries)
+                loop.wake(chans)
                 return
-        by_owner: dict[Any, list[Any]] = {}
-        for ch, msgs in deliveries:
-            by_owner.setdefault(ch.owner, []).append((ch, msgs))
-        for owner, batch in by_owner.items():
-            owner.call_soon_threadsafe(owner.receive_remote, batch, 0)
+        by_owner: dict[Any, list[Channel]] = {}
+        for ch in chans:
+            by_owner.setdefault(ch.owner, []).append(ch)
+        for owner, mine in by_owner.items():
+            owner.call_soon_threadsafe(owner.mark_dirty_many, mine)
 
     def consumer_left(self, ch: Channel) -> None:
         """On ch's owner loop: remove an ephemeral channel whose last consumer left."""
@@ -72,9 +69,9 @@ class Runtime:
                 pass
 
     # -- lifecycle ------------------------------------------------------------------------
-    def storage_failed(self, err: BaseException) -> None:
+    def storage_failed(self, err: BaseException, topic: Any = None) -> None:
         """A write to disk failed: log it and report it through /ping (any thread)."""
-        self.storage.failed(err)
+        self.storage.failed(err, topic)
 
     def start(self) -> None:
         o = self.options
@@ -87,8 +84,7 @@ class Runtime:
         except (OSError, StorageError) as e:
             raise StartupError(f"data_path: cannot use {self.storage.data_path}: {e}") from None
         self.broker.on_change.append(self.storage.save_metadata)
-        self.broker.on_delete_queue.append(self.storage.forget)
-        self.broker.on_storage_error.append(self.storage.failed)
+        self.broker.on_delete_topic.append(self.storage.delete_topic)
         for ch in self.broker.all_channels():  # read restored backlogs once consumers come
             ch.owner.call_soon_threadsafe(ch.owner.mark_dirty, ch)
         host, port = split_hostport(o.tcp_address)
@@ -167,9 +163,8 @@ class Runtime:
 
 def run(options: Options) -> int:
     """Run the broker until a signal; returns the process exit status."""
-    # Millions of queued Message objects make the cyclic GC's default thresholds (700
-    # allocations) rescan them constantly; the broker creates few cycles, so collect
-    # young objects far less often. Measured: ~2x faster publishing into a backlog.
+    # In-flight bookkeeping allocates many small objects and creates few cycles: collect
+    # young objects less often than the default 700 allocations.
     gc.set_threshold(100_000, 50, 100)
     rt = Runtime(options)
     rt.install_signal_handlers()

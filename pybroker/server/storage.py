@@ -1,148 +1,223 @@
-"""StorageManager: the broker's disk state under ``data_path`` — queues, metadata, the
-periodic sync, restore at start-up, persist at shutdown, and import from nsqd.
+"""StorageManager: the broker's disk state under ``data_path`` and THE storage thread.
 
-Layout: ``<data_path>/nsqd.dat`` (nsqd's metadata schema, written atomically on every
-topic/channel change), ``<data_path>/queues/<name>/`` (one pybroker.storage.DiskQueue per
-topic and per ``topic:channel``). The ``storage-sync`` thread calls ``maybe_sync`` on every
-queue each 100 ms (nsqd's sync_every / sync_timeout policy, plus read checkpoints).
-A storage error never kills a thread: it is logged, reported by /ping, and cleared by the
-next write that works.
+Layout (docs/storage.md): ``nsqd.dat`` (nsqd's metadata schema: topics, channels, paused
+flags), ``topics/<topic>/`` (one TopicLog per topic), ``state/<topic>.json`` (the saved
+cursors and pending offsets of the topic's channels).
+
+Ownership: the ``storage`` thread owns every fsync, metadata save, channel-state save and
+segment deletion. Event loops append and write (``write()`` hands records to the kernel)
+and post the rest here: ``sync_topics`` (group commit for fsync durability: the
+completion is posted back to the asking loop), ``save_metadata``, ``delete_topic``.
+Channel states are snapshotted on their owner loops (``Channel.snapshot``) at the
+storage thread's request and written here. A storage error never kills a thread: it is
+logged, reported by /ping, and cleared by the next write that works.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
-import shutil
+import queue
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
-from pybroker.storage import DiskQueue, MetadataError, StorageError
+from pybroker.core.topic import Topic
+from pybroker.storage import MetadataError, StorageError
+from pybroker.storage._fsutil import atomic_write, safe_name
 from pybroker.storage.metadata import (BrokerMetadata, ChannelMeta, TopicMeta, load_metadata,
                                        save_metadata)
-from pybroker.storage.nsqd_import import NsqdDataDir
+from pybroker.storage.topiclog import TopicLog
 
 log = logging.getLogger("pybroker")
-SYNC_PERIOD_S = 0.1
+TICK_S = 0.05
+SNAPSHOT_WAIT_S = 2.0
+_STOP = object()
 
 
 class StorageManager:
     def __init__(self, runtime: Any) -> None:
         self.runtime = runtime
         o = runtime.options
+        self.options = o
         self.data_path = os.path.abspath(o.data_path or ".")
-        self.queue_root = os.path.join(self.data_path, "queues")
+        self.log_root = os.path.join(self.data_path, "topics")
+        self.state_root = os.path.join(self.data_path, "state")
         self.meta_path = os.path.join(self.data_path, "nsqd.dat")
         self.durable = o.durability == "fsync"
-        self._queues: dict[str, DiskQueue] = {}
+        self._requests: queue.Queue[Any] = queue.Queue()
+        self._meta_wanted = threading.Event()
+        self._failed_topics: set[str] = set()
         self._lock = threading.Lock()
-        # after a failed write: the queues it concerned and their write counts then
-        self._watch: dict[int, tuple[DiskQueue, int]] = {}
-        self._failures = 0
-        self._meta_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="storage-sync", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="storage", daemon=True)
 
     # -- start-up -------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Create the data directory; raise StorageError/OSError if it cannot be used."""
-        os.makedirs(self.queue_root, exist_ok=True)
+        """Create the data directories; raise StorageError/OSError if they cannot be used."""
+        os.makedirs(self.log_root, exist_ok=True)
+        os.makedirs(self.state_root, exist_ok=True)
         probe = os.path.join(self.data_path, ".pybroker-write-test")
         with open(probe, "wb") as f:
             f.write(b"ok")
         os.unlink(probe)
 
-    def open_backend(self, name: str, ephemeral: bool) -> DiskQueue | None:
-        """The Broker's backend factory: a DiskQueue, or None for #ephemeral."""
-        if ephemeral:
-            return None
-        o = self.runtime.options
-        q = DiskQueue(self.queue_root, name, max_bytes_per_file=o.max_bytes_per_file,
-                      max_record_bytes=o.max_msg_size + 64, sync_every=o.sync_every,
-                      sync_timeout_s=o.sync_timeout / 1e9)
-        with self._lock:
-            old = self._queues.get(name)
-            self._queues[name] = q
-        if old is not None:
-            old.close()
-        return q
+    def open_log(self, name: str, ephemeral: bool) -> TopicLog:
+        """The Broker's log factory: a TopicLog on disk, or in memory for #ephemeral."""
+        o = self.options
+        directory = None if ephemeral else os.path.join(self.log_root, safe_name(name))
+        return TopicLog(directory, max_bytes_per_file=o.max_bytes_per_file,
+                        mem_records=max(o.mem_queue_size, 1),
+                        max_record_bytes=o.max_msg_size + 64)
 
     def restore(self) -> None:
         """Recreate topics and channels from nsqd.dat (importing an nsqd data dir first
-        if there is one) and hand their backlogs to the channels."""
-        self._import_nsqd()
+        if there is one), with their saved channel states."""
+        from pybroker.server.nsqd_import import import_nsqd_dir
+
+        if not import_nsqd_dir(self):
+            self._load()
+        self._thread.start()
+        self.save_metadata()
+
+    def _load(self) -> None:
         loaded = load_metadata(self.meta_path)
         for problem in loaded.problems:
             log.error("NSQ: metadata: %s", problem)
         if loaded.source == "backup":
             log.warning("NSQ: metadata restored from %s.bak", self.meta_path)
-        topics = [(t.name, t.paused, [(c.name, c.paused) for c in t.channels])
-                  for t in loaded.metadata.topics]
-        log.info("NSQ: loading %d topics from %s", len(topics), self.meta_path)
-        self.runtime.broker.restore(topics)
-        self.save_metadata()
-        self._thread.start()
-
-    def _import_nsqd(self) -> None:
-        """An nsqd 1.x data_path: import its topics, channels and queued messages once,
-        then move its files aside into nsqd-imported/."""
-        try:
-            names = os.listdir(self.data_path)
-        except OSError:
-            return
-        if not any(n.endswith(".diskqueue.meta.dat") for n in names):
-            return
-        src = NsqdDataDir(self.data_path, max_msg_size=self.runtime.options.max_msg_size)
-        for problem in src.problems:
-            log.error("NSQ: import: %s", problem)
         broker = self.runtime.broker
-        count = 0
-        for it in src.topics():
-            topic = broker.get_topic(it.name)
-            with topic.lock:
-                topic.paused = it.paused
-                chans = [topic.channels.get(c.name) or topic.new_channel(c.name)
-                         for c in it.channels]
-            for ch, ic in zip(chans, it.channels):
-                ch.paused = ic.paused
-                count += self._import_queue(ch.backend, ic.queue)
-            if topic.backend is not None:
-                count += self._import_queue(topic.backend, it.queue)
-        for name in src.orphan_queues():
-            # matches nsqd: a queue whose topic/channel is not in nsqd.dat stays dormant
-            # until a topic/channel of that name is created again, then delivers
-            q = self.open_backend(name, False)
-            n = self._import_queue(q, src.queue(name))
-            self.forget(name)
-            if q is not None:
-                q.close()
-            log.info("NSQ: import: kept %d messages of dormant queue %r", n, name)
-            count += n
-        moved = os.path.join(self.data_path, "nsqd-imported")
-        os.makedirs(moved, exist_ok=True)
-        for fname in names:
-            if ".diskqueue." in fname or fname.startswith("nsqd") and fname.endswith(".dat"):
-                shutil.move(os.path.join(self.data_path, fname), os.path.join(moved, fname))
-        log.info("NSQ: imported %d messages from an nsqd data directory (its files are "
-                 "now in %s)", count, moved)
-        self.save_metadata()
+        log.info("NSQ: loading %d topics from %s", len(loaded.metadata.topics), self.meta_path)
+        now, wall = time.monotonic_ns(), time.time_ns()
+        for tm in loaded.metadata.topics:
+            t = broker.get_topic(tm.name)
+            state = self._load_state(tm.name)
+            chans = state.get("channels", {})
+            with t.lock:
+                t.paused = tm.paused
+                if "orphan_start" in state:
+                    t.orphan_start = max(int(state["orphan_start"]), t.log.oldest)
+                if tm.paused and "released" in state:
+                    t.released = max(min(int(state["released"]), t.log.written), t.log.oldest)
+                for cm in tm.channels:
+                    saved = chans.get(cm.name)
+                    ch = t.new_channel(cm.name, cursor=max(t.orphan_start, t.log.oldest))
+                    ch.paused = cm.paused
+                    if saved is not None:
+                        ch.restore(saved, now, wall)
 
-    @staticmethod
-    def _import_queue(backend: Any, queue: Any) -> int:
-        if backend is None or queue is None:
-            return 0
-        from pybroker.core.message import Message, to_record
+    def _state_path(self, topic: str) -> str:
+        return os.path.join(self.state_root, safe_name(topic) + ".json")
 
-        records = [to_record(Message(m.id, m.body, m.ts_ns, m.attempts))
-                   for m in queue.messages()]
-        if records:
-            backend.put_many(records)
-            backend.checkpoint()
-        return len(records)
+    def _load_state(self, topic: str) -> dict[str, Any]:
+        path = self._state_path(topic)
+        try:
+            with open(path, "rb") as f:
+                state = json.loads(f.read())
+            return state if isinstance(state, dict) else {}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            # a lost state only repeats deliveries: every channel restarts at the oldest
+            log.error("NSQ: channel state %s unreadable (%s): delivering from the oldest "
+                      "retained message", path, e)
+            return {}
 
-    # -- metadata -------------------------------------------------------------------------
+    # -- requests from other threads --------------------------------------------------------
+    def sync_topics(self, topics: list[Topic], done: Callable[[Exception | None], None]) -> None:
+        """fsync these topics' logs on the storage thread, then call done(error) there
+        (the caller's done posts back to its loop). Requests that queue up meanwhile
+        share the next round of fsyncs (group commit)."""
+        self._requests.put((topics, done))
+
     def save_metadata(self) -> None:
-        """Write nsqd.dat (topics, channels, paused flags); ephemeral ones are left out."""
+        """Ask for nsqd.dat to be written (coalesced; any thread)."""
+        self._meta_wanted.set()
+        self._requests.put(None)
+
+    def delete_topic(self, t: Topic) -> None:
+        """A deleted topic: its log and state go, on the storage thread."""
+        self._requests.put(("delete", t))
+
+    def write_ok(self, t: Topic) -> None:
+        """A write worked: if storage was unhealthy because of this topic, it no longer is."""
+        with self._lock:
+            self._failed_topics.discard(t.name)
+            healed = not self._failed_topics
+        if healed and (self.runtime.health or "").startswith("failed to write"):
+            log.info("NSQ: storage: writes work again")
+            self.runtime.health = None
+
+    def failed(self, err: BaseException, topic: Topic | None = None) -> None:
+        """A write failed (any thread): log it; /ping says NOK until a write works again."""
+        log.error("NSQ: storage: %s", err)
+        with self._lock:
+            self._failed_topics.add(topic.name if topic is not None else "")
+        self.runtime.health = f"failed to write to disk - {err}"
+
+    # -- the storage thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        o = self.options
+        next_save = time.monotonic() + o.sync_timeout / 1e9
+        stop = False
+        while not stop:
+            try:
+                first = self._requests.get(timeout=TICK_S)
+            except queue.Empty:
+                first = None
+            batch = [first] if first is not None else []
+            while True:
+                try:
+                    batch.append(self._requests.get_nowait())
+                except queue.Empty:
+                    break
+            syncs: list[tuple[list[Topic], Callable[[Exception | None], None]]] = []
+            for req in batch:
+                if req is _STOP:
+                    stop = True
+                elif isinstance(req, tuple) and req and req[0] == "delete":
+                    self._remove_topic(req[1])
+                elif isinstance(req, tuple):
+                    syncs.append(req)
+            if syncs:
+                self._group_sync(syncs)
+            if self._meta_wanted.is_set():
+                self._meta_wanted.clear()
+                self._write_metadata()
+            if time.monotonic() >= next_save and not stop:
+                next_save = time.monotonic() + o.sync_timeout / 1e9
+                self.checkpoint()
+
+    def _group_sync(self, syncs: list[tuple[list[Topic], Callable[[Exception | None], None]]]
+                    ) -> None:
+        """One fsync per topic for every publish that asked since the last round."""
+        topics = {t: None for ts, _ in syncs for t in ts}
+        errors: dict[Topic, Exception] = {}
+        for t in topics:
+            try:
+                t.log.sync()
+            except Exception as e:  # StorageError: the publishes get E_PUB_FAILED
+                errors[t] = e
+                self.failed(e, t)
+        for ts, done in syncs:
+            err = next((errors[t] for t in ts if t in errors), None)
+            try:
+                done(err)
+            except Exception:
+                log.exception("NSQ: storage: completion failed")
+
+    def _remove_topic(self, t: Topic) -> None:
+        try:
+            t.log.delete()
+        except Exception as e:
+            log.error("NSQ: storage: removing topic %s: %s", t.name, e)
+        try:
+            os.unlink(self._state_path(t.name))
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.error("NSQ: storage: removing state of %s: %s", t.name, e)
+
+    def _write_metadata(self) -> None:
         broker = self.runtime.broker
         topics = []
         for t in broker.all_topics():
@@ -151,83 +226,145 @@ class StorageManager:
             chans = [ChannelMeta(c.name, c.paused) for c in list(t.channels.values())
                      if not c.ephemeral and not c.deleted]
             topics.append(TopicMeta(t.name, t.paused, chans))
-        with self._meta_lock:
-            try:
-                save_metadata(self.meta_path, BrokerMetadata(topics))
-            except (MetadataError, OSError) as e:
-                self.failed(e)
-
-    # -- health ---------------------------------------------------------------------------
-    def failed(self, err: BaseException) -> None:
-        """A write failed (any thread): log it, report it through /ping until the
-        queue it failed on (or, if unknown, any queue) writes successfully again."""
-        log.error("NSQ: storage: %s", err)
-        path = getattr(err, "path", None)
-        with self._lock:
-            queues = [q for q in self._queues.values()
-                      if path is None or path == q.path or path.startswith(q.path + os.sep)]
-            self._watch = {id(q): (q, q.stats()["writes"]) for q in queues}
-            self._failures += 1
-        self.runtime.health = f"failed to write to disk - {err}"
-
-    def _recovered(self) -> bool:
-        # caller holds self._lock
         try:
-            return any(q.stats()["writes"] > n for q, n in self._watch.values())
-        except Exception:
-            return False
+            save_metadata(self.meta_path, BrokerMetadata(topics))
+        except (MetadataError, OSError) as e:
+            self.failed(e)
 
-    def _run(self) -> None:
-        while not self._stop.wait(SYNC_PERIOD_S):
-            now = time.monotonic_ns()
-            with self._lock:
-                queues = list(self._queues.items())
-                failures = self._failures
-            for name, q in queues:
-                try:
-                    q.maybe_sync(now)
-                except StorageError as e:
-                    self.failed(e)
-                except Exception:  # closed meanwhile (deleted topic/channel)
-                    continue
-            with self._lock:
-                healed = (self._watch and failures == self._failures and self._recovered())
-                if healed:
-                    self._watch = {}
-            if healed and self.runtime.health and self.runtime.health.startswith("failed to write"):
-                log.info("NSQ: storage: writes work again")
-                self.runtime.health = None
+    # -- checkpoints: fsync, channel states, segment deletion -------------------------------
+    def checkpoint(self, snapshots: dict[Topic, dict[str, Any]] | None = None) -> None:
+        """Sync every log, save every topic's channel states, then delete the segments
+        no channel needs any more (and retention does not keep)."""
+        if snapshots is None:
+            snapshots = self._collect_snapshots()
+            if snapshots is None:
+                return
+        o = self.options
+        wall = time.time_ns()
+        for t, snap in snapshots.items():
+            if t.deleted or t.ephemeral:
+                continue
+            try:
+                t.log.sync()
+            except Exception as e:
+                self.failed(e, t)
+                continue
+            try:
+                atomic_write(self._state_path(t.name), json.dumps(snap).encode())
+            except OSError as e:
+                self.failed(e, t)
+                continue
+            floor = snap["floor"]
+            t.prune_dpubs(snap["min_cursor"])
+            t.prune_gaps(snap["min_cursor"])
+            self._retain(t, floor, o.retention_time, o.retention_bytes, wall)
 
-    def forget(self, name: str) -> None:
-        with self._lock:
-            self._queues.pop(name, None)
+    @staticmethod
+    def _retain(t: Topic, floor: int, keep_ns: int, keep_bytes: int, wall_ns: int) -> None:
+        lg = t.log
+        segs = lg.segments()
+        total = lg.size_bytes()
+        drop_to = lg.oldest
+        for seg in segs[:-1]:    # never the segment being written
+            if seg.end > floor:
+                break
+            if keep_ns or keep_bytes:
+                old = bool(keep_ns) and seg.max_ts_ns < wall_ns - keep_ns
+                big = bool(keep_bytes) and total > keep_bytes
+                if not (old or big):
+                    break
+            drop_to = seg.end
+            total -= seg.size_bytes
+        if drop_to > lg.oldest:
+            lg.drop_before(drop_to)
 
-    # -- shutdown -------------------------------------------------------------------------
-    def persist(self) -> None:
-        """After the loops stopped: write every in-memory, in-flight and deferred message,
-        checkpoint every queue, save metadata, close the files."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(5)
-        now, wall = time.monotonic_ns(), time.time_ns()
-        written = 0
+    def _collect_snapshots(self) -> dict[Topic, dict[str, Any]] | None:
+        """Ask every loop for the states of the channels it owns; None if a loop did
+        not answer in time (the next checkpoint tries again)."""
+        loops = self.runtime.loops
+        answers: queue.Queue[list[tuple[Topic, str, dict[str, Any]]]] = queue.Queue()
+        for lp in loops:
+            lp.call_soon_threadsafe(_snapshot_on_loop, lp, self.runtime.broker, answers)
+        got: list[tuple[Topic, str, dict[str, Any]]] = []
+        for _ in loops:
+            try:
+                got += answers.get(timeout=SNAPSHOT_WAIT_S)
+            except queue.Empty:
+                return None
+        return self._topic_states(got)
+
+    def _topic_states(self, got: list[tuple[Topic, str, dict[str, Any]]]
+                      ) -> dict[Topic, dict[str, Any]]:
+        by_topic: dict[Topic, dict[str, Any]] = {}
         for t in self.runtime.broker.all_topics():
-            for ch in list(t.channels.values()):
-                try:
-                    written += ch.persist_all(now, wall)
-                except StorageError as e:
-                    self.failed(e)
+            by_topic[t] = {"topic": t.name, "orphan_start": t.orphan_start,
+                           "released": t.released, "channels": {}}
+        for t, name, snap in got:
+            st = by_topic.get(t)
+            if st is not None and name in t.channels:
+                st["channels"][name] = snap
+        for t, st in by_topic.items():
+            floors = [s["floor"] for s in st["channels"].values()]
+            cursors = [s["cursor"] for s in st["channels"].values()]
+            if t.channels and len(st["channels"]) < len(t.channels):
+                floors.append(t.log.oldest)   # a channel created meanwhile: keep all
+            st["floor"] = min(floors) if floors else max(t.orphan_start, t.log.oldest)
+            st["min_cursor"] = min(cursors) if cursors else st["floor"]
+            for name in [n for n, ch in t.channels.items() if ch.ephemeral]:
+                st["channels"].pop(name, None)
+        return by_topic
+
+    # -- shutdown -----------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop the storage thread (after the loops stopped)."""
+        self._requests.put(_STOP)
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+    def persist(self) -> None:
+        """After the loops stopped: write what is pending, save every channel's state,
+        sync every log, save metadata, close the logs."""
+        self.stop()
+        n = self.save_now()
+        for t in self.runtime.broker.all_topics():
             try:
-                written += t.persist_buffer()
-            except StorageError as e:
-                self.failed(e)
-        log.info("NSQ: persisted %d in-memory messages to %s", written, self.queue_root)
-        self.save_metadata()
-        with self._lock:
-            queues = list(self._queues.values())
-            self._queues.clear()
-        for q in queues:
+                t.log.close()
+            except Exception as e:
+                self.failed(e, t)
+        log.info("NSQ: saved the state of %d channels to %s", n, self.state_root)
+
+    def save_now(self) -> int:
+        """While no loop runs (start-up, shutdown): write pending records, save every
+        channel's state and the metadata, on this thread. Returns the channel count."""
+        now, wall = time.monotonic_ns(), time.time_ns()
+        got = []
+        for t in self.runtime.broker.all_topics():
             try:
-                q.close()
+                t.write()
             except StorageError as e:
-                self.failed(e)
+                self.failed(e, t)
+            for name, ch in list(t.channels.items()):
+                got.append((t, name, _channel_state(ch, wall, now)))
+        self.checkpoint(self._topic_states(got))
+        self._write_metadata()
+        return len(got)
+
+
+def _channel_state(ch: Any, wall_ns: int, now_ns: int) -> dict[str, Any]:
+    snap: dict[str, Any] = ch.snapshot(wall_ns, now_ns)
+    pend = [p[0] for p in snap["pending"]]
+    snap["floor"] = min(pend + [snap["cursor"]])
+    return snap
+
+
+def _snapshot_on_loop(lp: Any, broker: Any,
+                      answers: "queue.Queue[list[tuple[Topic, str, dict[str, Any]]]]") -> None:
+    """On loop lp: the states of the channels it owns."""
+    now, wall = time.monotonic_ns(), time.time_ns()
+    out = []
+    for t in broker.all_topics():
+        for name, ch in list(t.channels.items()):
+            if ch.owner is lp:
+                out.append((t, name, _channel_state(ch, wall, now)))
+    answers.put(out)
+

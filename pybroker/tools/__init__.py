@@ -15,6 +15,7 @@ from pybroker.tools._common import GoFlagsCommand
 def register(app: typer.Typer) -> None:
     """Add ``tail``, ``to-file``, ``pub`` and ``stat`` to ``app``."""
     from pybroker.tools.pub import pub_command
+    from pybroker.tools.rewind import rewind_command
     from pybroker.tools.stat import stat_command
     from pybroker.tools.tail import tail_command
     from pybroker.tools.to_file import to_file_command
@@ -23,6 +24,7 @@ def register(app: typer.Typer) -> None:
     app.command("to-file", cls=GoFlagsCommand)(to_file_command)
     app.command("pub", cls=GoFlagsCommand)(pub_command)
     app.command("stat", cls=GoFlagsCommand)(stat_command)
+    app.command("rewind", cls=GoFlagsCommand)(rewind_command)
 
 
 def make_app() -> typer.Typer:

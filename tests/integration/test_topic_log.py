@@ -1,0 +1,272 @@
+"""The topic log (docs/storage.md): big backlogs without stalls, one copy for many
+channels, replay (rewind by offset and by time), retention, and the guarantees of the
+default durability against kill -9. All against the real server process."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.broker import BrokerProcess, unique_name, wait_until
+from tests.support.durability import (
+    FinningConsumer,
+    HttpPublisher,
+    Publisher,
+    bodies,
+    channel_stats,
+    consume,
+    create_channel,
+    topic_stats,
+)
+from tests.support.wire import WireClient
+
+MakeBroker = Callable[..., BrokerProcess]
+
+
+def _post(b: BrokerProcess, path: str) -> tuple[int, Any]:
+    req = urllib.request.Request(f"http://{b.http_hostport()}{path}", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            body = resp.read()
+            return resp.status, json.loads(body) if body.startswith(b"{") else body
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _fill(b: BrokerProcess, topic: str, n: int, size: int = 100, batch: int = 5000) -> None:
+    body = b"x" * size
+    with WireClient.connect(b.tcp_address) as c:  # type: ignore[arg-type]
+        for i in range(0, n, batch):
+            c.mpub(topic, [body] * min(batch, n - i))
+
+
+# -- no stalls ---------------------------------------------------------------------------------
+
+
+def test_sub_to_a_million_message_backlog_does_not_stall_other_clients(
+        make_broker: MakeBroker) -> None:
+    """SUB on a topic holding 1,000,000 messages creates a cursor, not a copy: a client
+    publishing on another topic meanwhile keeps getting prompt answers (the bound is
+    generous here; loadtest/bench_topic_log.py reports the real figure)."""
+    b = make_broker("--mem-queue-size=10000")
+    big, other = unique_name("big"), unique_name("other")
+    _fill(b, big, 1_000_000)
+    rtts: list[float] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        with WireClient.connect(b.tcp_address) as p:  # type: ignore[arg-type]
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                p.pub(other, b"probe")
+                rtts.append(time.perf_counter() - t0)
+
+    th = threading.Thread(target=probe, daemon=True)
+    th.start()
+    wait_until(lambda: len(rtts) > 50, what="probe round trips")
+    before = len(rtts)
+    with WireClient.connect(b.tcp_address) as c:  # type: ignore[arg-type]
+        c.sub(big, "new")
+        c.rdy(100)
+        got = c.read_messages(100, timeout=10)
+        assert len(got) == 100
+        wait_until(lambda: len(rtts) > before + 200, what="probe round trips after SUB")
+    stop.set()
+    th.join(5)
+    during = rtts[before:]
+    print(f"probe round trips around the SUB: n={len(during)}, max {max(during) * 1e3:.1f} ms")
+    assert max(during) < 0.5, f"a probe round trip took {max(during) * 1e3:.0f} ms"
+    st = channel_stats(b, big, "new")
+    assert st is not None and st["depth"] == 1_000_000 - 100
+
+
+def test_many_channels_share_one_copy(make_broker: MakeBroker) -> None:
+    """Publishing to a topic with 16 channels writes each message once: every channel
+    gets every message, and the log's size does not grow with the channel count."""
+    b = make_broker()
+    topic = unique_name("fan")
+    for i in range(16):
+        create_channel(b, topic, f"c{i}")
+    _fill(b, topic, 2000, size=200)
+    for i in (0, 7, 15):
+        assert len(consume(b, topic, f"c{i}", expect=2000)) == 2000
+    segs = list((Path(b.data_path) / "topics").glob(f"{topic}/*.log"))
+    assert segs and sum(p.stat().st_size for p in segs) < 2000 * 300
+
+
+# -- replay ------------------------------------------------------------------------------------
+
+
+def test_rewind_by_offset_and_by_time(make_broker: MakeBroker) -> None:
+    b = make_broker("--retention-time=1h")
+    topic = unique_name("rw")
+    create_channel(b, topic, "ch")
+    with WireClient.connect(b.tcp_address) as c:  # type: ignore[arg-type]
+        c.mpub(topic, [b"a%d" % i for i in range(10)])
+        time.sleep(0.05)   # a clear gap between the two batches' publish times
+        t_mid_ms = int(time.time() * 1000)
+        time.sleep(0.05)
+        c.mpub(topic, [b"b%d" % i for i in range(10)])
+    first = consume(b, topic, "ch", expect=20)
+    offsets = [int(r.msg.id, 16) for r in first]
+    assert offsets == list(range(offsets[0], offsets[0] + 20)), "ids are log offsets"
+    ts = topic_stats(b, topic)
+    assert ts is not None and ts["oldest_offset"] <= offsets[0]
+    assert ts["newest_offset"] == offsets[-1]
+
+    status, ans = _post(b, f"/channel/rewind?topic={topic}&channel=ch&offset={offsets[5]}")
+    assert status == 200, ans
+    again = consume(b, topic, "ch", expect=15)
+    assert bodies(again) == [b"a%d" % i for i in range(5, 10)] + [b"b%d" % i for i in range(10)]
+    assert all(r.msg.attempts == 1 for r in again)
+
+    status, ans = _post(b, f"/channel/rewind?topic={topic}&channel=ch&ts={t_mid_ms}")
+    assert status == 200, ans
+    assert bodies(consume(b, topic, "ch", expect=10)) == [b"b%d" % i for i in range(10)]
+    assert consume(b, topic, "ch", idle_s=0.3) == []
+
+
+def test_rewind_errors(make_broker: MakeBroker) -> None:
+    b = make_broker()
+    topic = unique_name("rwerr")
+    create_channel(b, topic, "ch")
+    with WireClient.connect(b.tcp_address) as c:  # type: ignore[arg-type]
+        c.mpub(topic, [b"m"] * 3)
+    base = f"/channel/rewind?topic={topic}&channel=ch"
+    assert _post(b, base + "&offset=999999") == (400, {"message": "OFFSET_OUT_OF_RANGE"})
+    assert _post(b, base) == (400, {"message": "MISSING_ARG_OFFSET_OR_TS"})
+    assert _post(b, base + "&offset=1&ts=5") == (400, {"message": "MISSING_ARG_OFFSET_OR_TS"})
+    assert _post(b, base + "&offset=-1") == (400, {"message": "INVALID_ARG_OFFSET"})
+    assert _post(b, f"/channel/rewind?topic={topic}&channel=nope&offset=0") == \
+        (404, {"message": "CHANNEL_NOT_FOUND"})
+    assert _post(b, "/channel/rewind?topic=nope_t&channel=ch&offset=0") == \
+        (404, {"message": "TOPIC_NOT_FOUND"})
+
+
+def _segments(b: BrokerProcess, topic: str) -> list[Path]:
+    return sorted((Path(b.data_path) / "topics" / topic).glob("*.log"))
+
+
+def test_without_retention_consumed_segments_go(make_broker: MakeBroker) -> None:
+    b = make_broker("--max-bytes-per-file=4096", "--sync-timeout=100ms")
+    topic = unique_name("ret0")
+    create_channel(b, topic, "ch")
+    _fill(b, topic, 400, size=100, batch=20)
+    assert len(_segments(b, topic)) > 5
+    consume(b, topic, "ch", expect=400)
+    wait_until(lambda: len(_segments(b, topic)) <= 1, what="consumed segments deleted")
+    status, ans = _post(b, f"/channel/rewind?topic={topic}&channel=ch&offset=0")
+    assert (status, ans) == (400, {"message": "OFFSET_OUT_OF_RANGE"})
+
+
+def test_retention_by_bytes_keeps_consumed_segments_for_replay(make_broker: MakeBroker) -> None:
+    b = make_broker("--max-bytes-per-file=4096", "--sync-timeout=100ms",
+                    "--retention-bytes=20000")
+    topic = unique_name("retb")
+    create_channel(b, topic, "ch")
+    _fill(b, topic, 800, size=100, batch=20)
+    consume(b, topic, "ch", expect=800)
+
+    def settled() -> bool:
+        size = sum(p.stat().st_size for p in _segments(b, topic))
+        return 20000 - 4096 <= size <= 20000 + 4096
+    wait_until(settled, what="the log trimmed to about retention_bytes")
+    ts = topic_stats(b, topic)
+    assert ts is not None and ts["oldest_offset"] > 0
+    status, _ = _post(b, f"/channel/rewind?topic={topic}&channel=ch&offset={ts['oldest_offset']}")
+    assert status == 200
+    again = consume(b, topic, "ch", expect=800 - ts["oldest_offset"])
+    assert len(again) == 800 - ts["oldest_offset"]
+    assert _post(b, f"/channel/rewind?topic={topic}&channel=ch&offset=0")[0] == 400
+
+
+def test_retention_by_time(make_broker: MakeBroker) -> None:
+    b = make_broker("--max-bytes-per-file=4096", "--sync-timeout=100ms", "--retention-time=2s")
+    topic = unique_name("rett")
+    create_channel(b, topic, "ch")
+    _fill(b, topic, 400, size=100, batch=20)
+    consume(b, topic, "ch", expect=400)
+    time.sleep(0.3)
+    # within the retention time everything can be replayed
+    assert _post(b, f"/channel/rewind?topic={topic}&channel=ch&offset=0")[0] == 200
+    assert len(consume(b, topic, "ch", expect=400)) == 400
+    wait_until(lambda: len(_segments(b, topic)) <= 1, timeout_s=10,
+               what="segments older than retention_time deleted")
+    assert _post(b, f"/channel/rewind?topic={topic}&channel=ch&offset=0")[0] == 400
+
+
+def test_retention_never_drops_unconsumed_messages(make_broker: MakeBroker) -> None:
+    b = make_broker("--max-bytes-per-file=4096", "--sync-timeout=100ms", "--retention-bytes=4096")
+    topic = unique_name("retu")
+    create_channel(b, topic, "ch")
+    _fill(b, topic, 500, size=100, batch=20)
+    time.sleep(0.5)
+    assert len(consume(b, topic, "ch", expect=500)) == 500
+
+
+def test_rewind_command(make_broker: MakeBroker) -> None:
+    import subprocess
+    import sys
+
+    b = make_broker("--retention-time=1h")
+    topic = unique_name("rwcli")
+    create_channel(b, topic, "ch")
+    with WireClient.connect(b.tcp_address) as c:  # type: ignore[arg-type]
+        c.mpub(topic, [b"m%d" % i for i in range(5)])
+    consume(b, topic, "ch", expect=5)
+    out = subprocess.run([sys.executable, "-m", "pybroker", "rewind", "--topic", topic,
+                          "--channel", "ch", "--offset", "2", "--nsqd-http-address",
+                          b.http_hostport()], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert "rewound to offset 2" in out.stdout
+    assert bodies(consume(b, topic, "ch", expect=3)) == [b"m2", b"m3", b"m4"]
+    bad = subprocess.run([sys.executable, "-m", "pybroker", "rewind", "--topic", topic,
+                          "--channel", "ch", "--offset", "99", "--nsqd-http-address",
+                          b.http_hostport()], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 1 and "OFFSET_OUT_OF_RANGE" in bad.stderr
+
+
+# -- the default durability and kill -9 -------------------------------------------------------
+
+
+@pytest.mark.parametrize("durability", ["memory", "fsync"])
+def test_kill9_loses_no_acknowledged_message(make_broker: MakeBroker, durability: str) -> None:
+    """Three kill -9 cycles under publishers (PUB/MPUB/DPUB over TCP, /pub over HTTP) and
+    a consumer FINing every other message: every message answered OK is delivered, in the
+    default memory mode too (its records were handed to the kernel before the OK)."""
+    b = make_broker(f"--durability={durability}", "--mem-queue-size=50",
+                    "--max-bytes-per-file=65536")
+    topic = unique_name("k9")
+    create_channel(b, topic, "ch")
+    acked: set[bytes] = set()
+    seen: set[bytes] = set()
+    for cycle in range(3):
+        consumer = FinningConsumer(b.tcp_address, topic, "ch", fin_every=2,  # type: ignore[arg-type]
+                                   rdy_count=500).start()
+        pubs: list[Publisher | HttpPublisher] = [
+            Publisher(b.tcp_address, topic, f"c{cycle}p{i}", batch=5,  # type: ignore[arg-type]
+                      defer_ms=200 if i == 0 else 0) for i in range(2)]
+        pubs.append(HttpPublisher(b.http_address, topic, f"c{cycle}h"))  # type: ignore[arg-type]
+        for p in pubs:
+            p.start()
+        wait_until(lambda: all(len(p.acked) >= 50 for p in pubs), timeout_s=15,
+                   what="every publisher to get OKs")
+        b.kill9()
+        for p in pubs:
+            p.stop()
+        consumer.stop()
+        for p in pubs:
+            acked |= p.acked
+        seen |= consumer.seen.keys()
+        b.start()
+    seen |= set(bodies(consume(b, topic, "ch", idle_s=2.0, timeout_s=60)))
+    lost = acked - seen
+    print(f"{durability}: {len(acked)} acknowledged, {len(lost)} never delivered")
+    assert not lost, f"{len(lost)} acknowledged messages lost, e.g. {sorted(lost)[:5]}"
