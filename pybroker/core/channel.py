@@ -332,7 +332,7 @@ class Channel:
                 continue   # dropped from an ephemeral log meanwhile
             try:
                 batch = log.read(off, 1, READ_BYTES)
-            except BrokerError:
+            except ValueError:     # OffsetOutOfRange: gone from the log meanwhile
                 continue
             if batch.n == 0 or batch.first != off:
                 continue   # damaged and skipped

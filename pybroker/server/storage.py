@@ -72,10 +72,14 @@ class StorageManager:
     def restore(self) -> None:
         """Recreate topics and channels from nsqd.dat (importing an nsqd data dir first
         if there is one), with their saved channel states."""
-        from pybroker.server.nsqd_import import import_nsqd_dir
+        from pybroker.server.importer import import_nsqd_dir, migrate_queues_dir
 
-        if not import_nsqd_dir(self):
+        if import_nsqd_dir(self):
+            self.save_now()
+        else:
             self._load()
+            if migrate_queues_dir(self):
+                self.save_now()
         self._thread.start()
         self.save_metadata()
 

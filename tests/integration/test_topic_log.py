@@ -31,7 +31,7 @@ MakeBroker = Callable[..., BrokerProcess]
 
 
 def _post(b: BrokerProcess, path: str) -> tuple[int, Any]:
-    req = urllib.request.Request(f"http://{b.http_hostport()}{path}", data=b"", method="POST")
+    req = urllib.request.Request(f"http://{b.http_hostport}{path}", data=b"", method="POST")
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             body = resp.read()
@@ -78,13 +78,14 @@ def test_sub_to_a_million_message_backlog_does_not_stall_other_clients(
         got = c.read_messages(100, timeout=10)
         assert len(got) == 100
         wait_until(lambda: len(rtts) > before + 200, what="probe round trips after SUB")
+        st = channel_stats(b, big, "new")
+        assert st is not None and st["depth"] == 1_000_000 - 100
+        assert st["in_flight_count"] == 100
     stop.set()
     th.join(5)
     during = rtts[before:]
     print(f"probe round trips around the SUB: n={len(during)}, max {max(during) * 1e3:.1f} ms")
     assert max(during) < 0.5, f"a probe round trip took {max(during) * 1e3:.0f} ms"
-    st = channel_stats(b, big, "new")
-    assert st is not None and st["depth"] == 1_000_000 - 100
 
 
 def test_many_channels_share_one_copy(make_broker: MakeBroker) -> None:
@@ -223,13 +224,13 @@ def test_rewind_command(make_broker: MakeBroker) -> None:
     consume(b, topic, "ch", expect=5)
     out = subprocess.run([sys.executable, "-m", "pybroker", "rewind", "--topic", topic,
                           "--channel", "ch", "--offset", "2", "--nsqd-http-address",
-                          b.http_hostport()], capture_output=True, text=True, timeout=30)
+                          b.http_hostport], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert "rewound to offset 2" in out.stdout
     assert bodies(consume(b, topic, "ch", expect=3)) == [b"m2", b"m3", b"m4"]
     bad = subprocess.run([sys.executable, "-m", "pybroker", "rewind", "--topic", topic,
                           "--channel", "ch", "--offset", "99", "--nsqd-http-address",
-                          b.http_hostport()], capture_output=True, text=True, timeout=30)
+                          b.http_hostport], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 1 and "OFFSET_OUT_OF_RANGE" in bad.stderr
 
 

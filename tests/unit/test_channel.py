@@ -1,16 +1,31 @@
-"""Channel: delivery under RDY, FIN/REQ/TOUCH, timeouts and requeue on disconnect.
+"""Channel: a cursor over a real (in-memory) topic log — delivery under RDY, FIN/REQ/
+TOUCH, timeouts, deferral, requeue on disconnect, empty, rewind, saved state.
 
-Time is passed in as now_ns; a small consumer object records what it was sent.
+Time is passed in as now_ns; a small consumer object decodes the frames it is sent
+with the tests' own codec (tests/support/wire.py).
 """
 from __future__ import annotations
+
+import struct
 
 import pytest
 
 from pybroker.core.channel import Channel
-from pybroker.core.message import Message
+from pybroker.core.topic import Topic
 from pybroker.errors import NotInFlight, NotOwner, TooManyConsumers
+from pybroker.storage.topiclog import TopicLog
+from tests.support.wire import Message, parse_message
 
 S = 1_000_000_000
+WALL = 1_700_000_000 * S
+
+
+class Owner:
+    def __init__(self) -> None:
+        self.dirty: list[Channel] = []
+
+    def mark_dirty(self, ch: Channel) -> None:
+        self.dirty.append(ch)
 
 
 class Client:
@@ -24,46 +39,67 @@ class Client:
     def ready_room(self) -> int:
         return self.rdy - self.in_flight_count
 
-    def send_messages(self, msgs: list[Message]) -> None:
-        self.got.extend(msgs)
+    def send_frames(self, frames: bytes, n: int) -> None:
+        pos = 0
+        before = len(self.got)
+        while pos < len(frames):
+            size, kind = struct.unpack_from(">ii", frames, pos)
+            assert kind == 2
+            self.got.append(parse_message(frames[pos + 8:pos + 4 + size]))
+            pos += 4 + size
+        assert len(self.got) - before == n
 
 
-def msgs(n: int, defer_ns: int = 0) -> list[Message]:
-    return [Message(b"%016x" % i, b"body%d" % i, 1000 + i, 0, defer_ns) for i in range(n)]
+def make_topic(mem: int = 100, name: str = "t") -> Topic:
+    log = TopicLog(None, max_bytes_per_file=1 << 20, mem_records=mem, max_record_bytes=4096)
+    owner = Owner()
+    return Topic(name, log, mem, lambda t, c: owner)
 
 
-def make() -> Channel:
-    return Channel("t", "c", owner=None, mem_queue_size=100, ephemeral=False)
+def publish(t: Topic, n: int, defer_ns: int = 0, ts: int = WALL, prefix: bytes = b"body") -> None:
+    t.publish([prefix + b"%d" % i for i in range(n)], ts, defer_ns)
+    t.write()
+
+
+def make(mem: int = 100) -> tuple[Topic, Channel]:
+    t = make_topic(mem)
+    ch, _ = t.get_channel("c")
+    return t, ch
 
 
 def test_rdy_caps_in_flight_and_fin_frees_a_slot() -> None:
-    ch, c = make(), Client(rdy=3)
+    t, ch = make()
+    c = Client(rdy=3)
     ch.add_consumer(c, 0)
-    ch.put(msgs(10), 0)
-    ch.dispatch(0)
+    publish(t, 10)
+    ch.dispatch(0, WALL)
     assert [m.attempts for m in c.got] == [1, 1, 1] and c.in_flight_count == 3
-    ch.dispatch(0)
+    ch.dispatch(0, WALL)
     assert len(c.got) == 3
     ch.finish(c, c.got[0].id)
-    ch.dispatch(0)
-    assert len(c.got) == 4 and ch.depth() == 6
+    ch.dispatch(0, WALL)
+    assert len(c.got) == 4 and ch.depth(WALL) == 6
+    assert [int(m.id, 16) for m in c.got] == [0, 1, 2, 3]
+    assert [m.body for m in c.got] == [b"body0", b"body1", b"body2", b"body3"]
 
 
 def test_round_robin_between_ready_consumers() -> None:
-    ch, a, b = make(), Client(rdy=1), Client(rdy=1)
+    t, ch = make()
+    a, b = Client(rdy=1), Client(rdy=1)
     ch.add_consumer(a, 0)
     ch.add_consumer(b, 0)
-    ch.put(msgs(4), 0)
-    ch.dispatch(0)
+    publish(t, 4)
+    ch.dispatch(0, WALL)
     assert len(a.got) == 1 and len(b.got) == 1
 
 
 def test_fin_errors() -> None:
-    ch, a, b = make(), Client(rdy=1), Client(rdy=1)
+    t, ch = make()
+    a, b = Client(rdy=1), Client(rdy=1)
     ch.add_consumer(a, 0)
     ch.add_consumer(b, 0)
-    ch.put(msgs(1), 0)
-    ch.dispatch(0)
+    publish(t, 1)
+    ch.dispatch(0, WALL)
     owner, other = (a, b) if a.got else (b, a)
     mid = owner.got[0].id
     with pytest.raises(NotOwner):
@@ -71,99 +107,189 @@ def test_fin_errors() -> None:
     ch.finish(owner, mid)
     with pytest.raises(NotInFlight):
         ch.finish(owner, mid)
+    with pytest.raises(NotInFlight):
+        ch.finish(owner, b"zzzzzzzzzzzzzzzz")
+    with pytest.raises(NotInFlight):
+        ch.finish(owner, b"000000000000000_")
+
+
+def test_finish_many_reports_failures_in_order() -> None:
+    t, ch = make()
+    c = Client(rdy=5)
+    ch.add_consumer(c, 0)
+    publish(t, 5)
+    ch.dispatch(0, WALL)
+    ids = [m.id for m in c.got]
+    done, failed = ch.finish_many(c, [ids[0], b"ffffffffffffffff", ids[1], ids[0]])
+    assert done == [0, 1] and [mid for mid, _ in failed] == [b"ffffffffffffffff", ids[0]]
+    assert c.in_flight_count == 3 and len(ch.in_flight) == 3
 
 
 def test_requeue_now_and_deferred_keep_timestamp_and_count_attempts() -> None:
-    ch, c = make(), Client(rdy=1)
+    t, ch = make()
+    c = Client(rdy=1)
     ch.add_consumer(c, 0)
-    ch.put(msgs(1), 0)
-    ch.dispatch(0)
+    publish(t, 1, ts=WALL + 1000)
+    ch.dispatch(0, WALL)
     m = c.got[-1]
-    ch.requeue(c, m.id, 0, 0)
-    ch.dispatch(0)
-    assert c.got[-1] is m and m.attempts == 2
-    ch.requeue(c, m.id, 5 * S, 1 * S)
-    assert ch.expire(6 * S - 1) == ([], [])
+    ch.requeue(c, m.id, 0, 0, WALL)
+    ch.dispatch(0, WALL)
+    assert c.got[-1].id == m.id and c.got[-1].attempts == 2
+    ch.requeue(c, m.id, 5 * S, 1 * S, WALL)
+    assert ch.deferred_count(WALL) == 1 and ch.depth(WALL) == 0
+    timed_out, due = ch.expire(6 * S - 1)
+    assert not timed_out and not due
     timed_out, due = ch.expire(6 * S)
-    assert due == [m] and timed_out == []
+    assert len(due) == 1 and timed_out == []
     ch.requeue_expired(timed_out, due)
-    ch.dispatch(6 * S)
-    assert c.got[-1] is m and m.attempts == 3 and m.ts_ns == 1000
+    ch.dispatch(6 * S, WALL)
+    got = c.got[-1]
+    assert got.id == m.id and got.attempts == 3 and got.ts_ns == WALL + 1000
     assert ch.requeue_count == 2
 
 
 def test_timeout_requeues_and_counts() -> None:
-    ch, c = make(), Client(rdy=1, msg_timeout_ns=2 * S)
+    t, ch = make()
+    c = Client(rdy=3, msg_timeout_ns=2 * S)
     ch.add_consumer(c, 0)
-    ch.put(msgs(1), 0)
-    ch.dispatch(0)
+    publish(t, 3)
+    ch.dispatch(0, WALL)
+    ch.finish(c, c.got[1].id)
     timed_out, due = ch.expire(2 * S)
-    assert len(timed_out) == 1 and not due
+    assert len(timed_out) == 1 and not due      # one flight of three
     ch.requeue_expired(timed_out, due)
-    assert c.in_flight_count == 0 and ch.timeout_count == 1
+    assert c.in_flight_count == 0 and ch.timeout_count == 2
     with pytest.raises(NotInFlight):
-        ch.finish(c, timed_out[0].id)
+        ch.finish(c, c.got[0].id)
+    ch.dispatch(3 * S, WALL)
+    assert [(m.body, m.attempts) for m in c.got[3:]] == [(b"body0", 2), (b"body2", 2)]
 
 
 def test_touch_extends_but_not_past_max_msg_timeout() -> None:
-    ch, c = make(), Client(rdy=1, msg_timeout_ns=2 * S)
+    t, ch = make()
+    c = Client(rdy=2, msg_timeout_ns=2 * S)
     ch.add_consumer(c, 0)
-    ch.put(msgs(1), 0)
-    ch.dispatch(0)
+    publish(t, 2)
+    ch.dispatch(0, WALL)
     mid = c.got[0].id
-    ch.touch(c, mid, 1 * S, max_msg_timeout_ns=4 * S)   # deadline 3 s
-    assert ch.expire(2 * S) == ([], [])
+    ch.touch(c, mid, 1 * S, max_msg_timeout_ns=4 * S)   # deadline 3 s (its own flight)
+    timed_out, _ = ch.expire(2 * S)
+    assert [f.first for f in timed_out] == [0]          # the other one of the flight
+    ch.requeue_expired(timed_out, [])
+    assert [off for off in ch.in_flight] == [0]
     ch.touch(c, mid, 3 * S, max_msg_timeout_ns=4 * S)   # capped at delivery + 4 s
     assert ch.expire(4 * S - 1) == ([], [])
     assert len(ch.expire(4 * S)[0]) == 1
 
 
-def test_deferred_put_is_not_delivered_early() -> None:
-    ch, c = make(), Client(rdy=5)
+def test_dpub_is_not_delivered_early_and_counts_as_deferred() -> None:
+    t, ch = make()
+    c = Client(rdy=5)
     ch.add_consumer(c, 0)
-    ch.put(msgs(2, defer_ns=3 * S), 0)
-    ch.dispatch(0)
-    assert c.got == [] and len(ch.deferred) == 2
+    publish(t, 2, defer_ns=3 * S)
+    publish(t, 1, prefix=b"now")
+    assert ch.deferred_count(WALL) == 2 and ch.depth(WALL) == 1
+    ch.dispatch(0, WALL)
+    assert [m.body for m in c.got] == [b"now0"] and len(ch.deferred) == 2
     ch.requeue_expired(*ch.expire(3 * S))
-    ch.dispatch(3 * S)
-    assert len(c.got) == 2
+    ch.dispatch(3 * S, WALL + 3 * S)
+    assert [m.body for m in c.got] == [b"now0", b"body0", b"body1"]
 
 
-def test_disconnect_requeues_in_flight_at_once_in_delivery_order() -> None:
-    ch, a, b = make(), Client(rdy=3), Client(rdy=0)
+def test_disconnect_requeues_in_flight_at_once_in_offset_order() -> None:
+    t, ch = make()
+    a, b = Client(rdy=3), Client(rdy=0)
     ch.add_consumer(a, 0)
     ch.add_consumer(b, 0)
-    ch.put(msgs(5), 0)
-    ch.dispatch(0)
+    publish(t, 5)
+    ch.dispatch(0, WALL)
     assert ch.remove_consumer(a) == 3
     b.rdy = 10
-    ch.dispatch(1)
+    ch.dispatch(1, WALL)
     assert [m.body for m in b.got] == [b"body%d" % i for i in range(5)]
     assert [m.attempts for m in b.got] == [2, 2, 2, 1, 1]
 
 
 def test_max_consumers() -> None:
-    ch = make()
+    _, ch = make()
     ch.add_consumer(Client(1), 1)
     with pytest.raises(TooManyConsumers):
         ch.add_consumer(Client(1), 1)
 
 
-def test_ephemeral_overflow_is_discarded_but_durable_is_not() -> None:
-    eph = Channel("t", "c#ephemeral", None, mem_queue_size=3, ephemeral=True)
-    eph.put(msgs(10), 0)
-    assert eph.depth() == 3
-    ch = make()
-    ch.put(msgs(500), 0)
-    assert ch.depth() == 500
+def test_first_channel_gets_the_backlog_later_ones_start_at_the_end() -> None:
+    t = make_topic()
+    publish(t, 5)
+    first, _ = t.get_channel("first")
+    later, _ = t.get_channel("later")
+    assert first.depth(WALL) == 5 and later.depth(WALL) == 0
+    publish(t, 2)
+    assert first.depth(WALL) == 7 and later.depth(WALL) == 2
+    assert first.message_count == 7 and later.message_count == 2
 
 
-def test_drain_all_and_empty() -> None:
-    ch, c = make(), Client(rdy=2)
+def test_ephemeral_channel_skips_what_overflows_its_memory() -> None:
+    t = make_topic(mem=3)
+    eph, _ = t.get_channel("c#ephemeral")
+    c = Client(rdy=100)
+    eph.add_consumer(c, 0)
+    publish(t, 10)
+    eph.dispatch(0, WALL)
+    assert [m.body for m in c.got] == [b"body7", b"body8", b"body9"]
+
+
+def test_topic_pause_holds_new_messages_back_and_empty_drops_them() -> None:
+    t, ch = make()
+    c = Client(rdy=100)
     ch.add_consumer(c, 0)
-    ch.put(msgs(4), 0)
-    ch.put(msgs(1, defer_ns=S), 0)
-    ch.dispatch(0)
-    assert len(ch.drain_all()) == 5
+    publish(t, 2, prefix=b"before")
+    assert t.set_paused(True) == []
+    publish(t, 3, prefix=b"paused")
+    ch.dispatch(0, WALL)
+    assert [m.body for m in c.got] == [b"before0", b"before1"]
+    assert t.depth() == 3 and ch.depth(WALL) == 0
+    t.empty()
+    assert t.depth() == 0
+    publish(t, 1, prefix=b"after")
+    assert t.set_paused(False) == [ch]
+    ch.dispatch(0, WALL)
+    assert [m.body for m in c.got[2:]] == [b"after0"]
+
+
+def test_empty_and_rewind() -> None:
+    t, ch = make()
+    c = Client(rdy=2)
+    ch.add_consumer(c, 0)
+    publish(t, 4)
+    publish(t, 1, defer_ns=S)
+    ch.dispatch(0, WALL)
     ch.empty()
-    assert ch.drain_all() == [] and c.in_flight_count == 0
+    assert ch.depth(WALL) == 0 and c.in_flight_count == 0 and not ch.in_flight
+    assert ch.deferred_count(WALL) == 0
+    ch.rewind(1)
+    c.rdy = 10
+    ch.dispatch(0, WALL)
+    assert [m.body for m in c.got[2:]] == [b"body1", b"body2", b"body3"]
+
+
+def test_snapshot_restores_pending_state() -> None:
+    t, ch = make()
+    c = Client(rdy=3)
+    ch.add_consumer(c, 0)
+    publish(t, 6)
+    ch.dispatch(0, WALL)
+    ch.finish(c, c.got[1].id)
+    ch.requeue(c, c.got[2].id, 5 * S, 0, WALL)
+    snap = ch.snapshot(WALL, 0)
+    assert snap["cursor"] == 3
+    assert sorted(p[:2] for p in snap["pending"]) == [[0, 1], [2, 1]]
+    t2 = Topic("t", t.log, 100, lambda a, b: Owner())
+    again = t2.new_channel("c", cursor=0)
+    again.restore(snap, 0, WALL + S)
+    c2 = Client(rdy=10)
+    again.add_consumer(c2, 0)
+    again.dispatch(0, WALL + S)
+    # offset 0 was in flight: ready again; 2 is deferred for 4 more seconds; 3.. follow
+    assert [(m.body, m.attempts) for m in c2.got] == \
+        [(b"body0", 2), (b"body3", 1), (b"body4", 1), (b"body5", 1)]
+    assert again.deferred_count(WALL + S) == 1

@@ -1,0 +1,181 @@
+"""Queues written elsewhere, imported into topic logs once (docs/storage.md, "Importing").
+
+Two sources: an nsqd 1.x data directory (``nsqd.dat``, ``*.diskqueue.*.dat``), and the
+per-topic and per-channel disk queues of pybroker's earlier storage format
+(``<data_path>/queues/``). Both end as a *plan*: per topic, its buffered messages and
+each channel's queued messages. Each topic's buffered messages are appended to its log,
+then each channel's as a block of their own; a channel's cursor ends past every block,
+with its own block and the topic's buffer as requeued offsets, so the other channels'
+blocks count as finished for it. A topic with no channel leaves everything to its first
+channel. Publish times, attempts and DPUB due times are kept; message ids become log
+offsets. The source files then move aside (``nsqd-imported/``, ``queues-migrated/``).
+Runs at start-up, before the loops.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+from pybroker.storage import DiskQueue, list_queues
+from pybroker.storage.nsqd_import import NsqdDataDir
+
+log = logging.getLogger("pybroker")
+# (ts_ns, attempts, body, deliver_at_ns)
+Item = tuple[int, int, bytes, int]
+_RECORD_HEADER = 8 + 8 + 2 + 16   # pybroker's earlier record: deliver_at, ts, attempts, id
+
+
+@dataclass
+class TopicPlan:
+    paused: bool = False
+    buffered: Iterable[Item] = ()
+    channels: list[tuple[str, bool, Iterable[Item]]] = field(default_factory=list)
+
+
+def _append(t: Any, items: Iterable[Item]) -> range:
+    """Append items to t's log, written in batches; returns their offsets."""
+    with t.lock:
+        start = t.log.head
+        batch: list[Item] = []
+        for item in items:
+            batch.append(item)
+            if len(batch) >= 10_000:
+                t.log.append_records(batch)
+                t.log.write_pending()
+                batch = []
+        if batch:
+            t.log.append_records(batch)
+        t.log.write_pending()
+        if not t.paused:
+            t.released = t.log.written
+        t.message_count += t.log.head - start
+        return range(start, t.log.head)
+
+
+def import_plan(broker: Any, plan: dict[str, TopicPlan]) -> int:
+    """Append every planned queue to its topic's log; returns how many messages."""
+    count = 0
+    for name, tp in plan.items():
+        t = broker.get_topic(name)
+        t.paused = t.paused or tp.paused
+        buffered = _append(t, tp.buffered)
+        blocks = [_append(t, items) for _, _, items in tp.channels]
+        count += len(buffered) + sum(len(b) for b in blocks)
+        if not tp.channels:
+            if not t.channels:
+                t.orphan_start = min(t.orphan_start, buffered.start)
+            continue
+        for (ch_name, ch_paused, _), block in zip(tp.channels, blocks):
+            with t.lock:
+                ch = t.channels.get(ch_name) or t.new_channel(ch_name, cursor=t.log.head)
+            ch.paused = ch.paused or ch_paused
+            ch.cursor = ch.start_offset = t.log.head
+            ch.requeued.extend((off, 0) for off in buffered)
+            ch.requeued.extend((off, 0) for off in block)
+    return count
+
+
+# -- nsqd 1.x ----------------------------------------------------------------------------------
+
+
+def _nsqd_items(queue: Any) -> Iterator[Item]:
+    if queue is None:
+        return
+    for m in queue.messages():
+        yield (m.ts_ns, m.attempts, m.body, 0)
+
+
+def import_nsqd_dir(storage: Any) -> bool:
+    """Import storage.data_path if it holds nsqd's files (once: they are moved away);
+    returns whether it did. Queues that nsqd.dat does not list (nsqd keeps them dormant
+    until a topic or channel of that name comes back) are imported too, with their
+    topic and channel."""
+    data_path = storage.data_path
+    try:
+        names = os.listdir(data_path)
+    except OSError:
+        return False
+    if not any(n.endswith(".diskqueue.meta.dat") for n in names):
+        return False
+    src = NsqdDataDir(data_path, max_msg_size=storage.options.max_msg_size)
+    for problem in src.problems:
+        log.error("NSQ: import: %s", problem)
+    plan: dict[str, TopicPlan] = {}
+    for it in src.topics():
+        plan[it.name] = TopicPlan(it.paused, _nsqd_items(it.queue),
+                                  [(c.name, c.paused, _nsqd_items(c.queue)) for c in it.channels])
+    for qname in src.orphan_queues():
+        topic, _, channel = qname.partition(":")
+        tp = plan.setdefault(topic, TopicPlan())
+        if channel:
+            tp.channels.append((channel, False, _nsqd_items(src.queue(qname))))
+        else:
+            tp.buffered = _nsqd_items(src.queue(qname))
+        log.info("NSQ: import: queue %r is not in nsqd's metadata: imported all the same",
+                 qname)
+    count = import_plan(storage.runtime.broker, plan)
+    moved = os.path.join(data_path, "nsqd-imported")
+    os.makedirs(moved, exist_ok=True)
+    for fname in names:
+        if ".diskqueue." in fname or fname.startswith("nsqd") and fname.endswith(".dat"):
+            shutil.move(os.path.join(data_path, fname), os.path.join(moved, fname))
+    log.info("NSQ: imported %d messages from an nsqd data directory (its files are now in "
+             "%s)", count, moved)
+    return True
+
+
+# -- pybroker's earlier disk queues -------------------------------------------------------------
+
+
+def _queue_items(root: str, name: str, max_record_bytes: int) -> Iterator[Item]:
+    q = DiskQueue(root, name, max_record_bytes=max_record_bytes)
+    try:
+        while True:
+            recs = q.read_many(10_000)
+            if not recs:
+                return
+            for _, rec in recs:
+                if len(rec) < _RECORD_HEADER:
+                    continue
+                deliver_at = int.from_bytes(rec[0:8], "big", signed=True)
+                ts = int.from_bytes(rec[8:16], "big", signed=True)
+                attempts = int.from_bytes(rec[16:18], "big")
+                yield (ts, attempts, rec[_RECORD_HEADER:], deliver_at)
+    finally:
+        q.close()
+
+
+def migrate_queues_dir(storage: Any) -> bool:
+    """Move the queues of pybroker's earlier format (``queues/``) into topic logs, once;
+    returns whether there were any. Topics and channels come from nsqd.dat as usual
+    (already loaded); a queue nsqd.dat does not list is kept with its topic/channel."""
+    root = os.path.join(storage.data_path, "queues")
+    names = list_queues(root)
+    if not names:
+        return False
+    broker = storage.runtime.broker
+    max_rec = storage.options.max_msg_size + 64
+    plan: dict[str, TopicPlan] = {}
+    for qname in names:
+        topic, _, channel = qname.partition(":")
+        tp = plan.setdefault(topic, TopicPlan())
+        items = _queue_items(root, qname, max_rec)
+        if channel:
+            tp.channels.append((channel, False, items))
+        else:
+            tp.buffered = items
+    for name, tp in plan.items():
+        existing = broker.topics.get(name)
+        if existing is not None and not tp.channels:
+            # the topic's own queue: for every channel it has (the earlier format kept
+            # a topic's buffer only while it had none)
+            tp.channels = [(c, False, ()) for c in existing.channels]
+    count = import_plan(broker, plan)
+    moved = os.path.join(storage.data_path, "queues-migrated")
+    shutil.move(root, moved)
+    log.info("NSQ: moved %d messages from the earlier queue format into topic logs (the "
+             "old files are in %s)", count, moved)
+    return True
