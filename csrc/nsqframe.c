@@ -7,6 +7,7 @@
  * pybroker/_native/_pure.py is the executable spec this file must match.
  */
 #include "nsqframe.h"
+#include "nsqf_crc32_table.h"
 
 #include <string.h>
 
@@ -266,6 +267,219 @@ int64_t nsqf_encode_messages(uint8_t *out, size_t cap, uint32_t n,
             memcpy(p + 34, bodies, blen);
         bodies += blen;
         p += 34 + (size_t)blen;
+    }
+    return (int64_t)total;
+}
+
+/* The value of a lowercase hex digit, or -1. */
+static int hex_lower(uint8_t c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+/*
+ * nsqf_scan_fins: see nsqframe.h. Stops at the first line that is not a
+ * complete 21-byte FIN line, so the caller hands the rest to nsqf_scan.
+ */
+int nsqf_scan_fins(const uint8_t *buf, size_t len, int64_t *offs, int cap,
+                   size_t *used)
+{
+    int n = 0;
+    size_t pos = 0;
+
+    while (n < cap && len - pos >= 21) {
+        const uint8_t *p = buf + pos;
+        uint64_t v = 0;
+        int k, ok = 1;
+
+        if (p[0] != 'F' || p[1] != 'I' || p[2] != 'N' || p[3] != ' ' || p[20] != '\n')
+            break;
+        for (k = 4; k < 20; k++) {
+            int d = hex_lower(p[k]);
+            if (d < 0) {
+                if (p[k] == ' ' || p[k] == '\n')
+                    break;        /* not one 16-byte parameter: not this fast path */
+                ok = 0;
+                continue;
+            }
+            v = (v << 4) | (uint64_t)d;
+        }
+        if (k < 20)
+            break;
+        offs[n++] = ok && v <= (uint64_t)INT64_MAX ? (int64_t)v : -1;
+        pos += 21;
+    }
+    *used = pos;
+    return n;
+}
+
+/* ---- topic log records ---------------------------------------------------- */
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    return ((uint64_t)p[0] << 56) | ((uint64_t)p[1] << 48) | ((uint64_t)p[2] << 40) |
+           ((uint64_t)p[3] << 32) | ((uint64_t)p[4] << 24) | ((uint64_t)p[5] << 16) |
+           ((uint64_t)p[6] << 8) | (uint64_t)p[7];
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) |
+           (uint32_t)p[3];
+}
+
+/* CRC-32 as zlib computes it (crc32(0, p, n)), slicing by 8. */
+static uint32_t crc32_of(const uint8_t *p, size_t n)
+{
+    uint32_t c = 0xFFFFFFFFu;
+
+    while (n >= 8) {
+        uint32_t lo = c ^ ((uint32_t)p[0] | ((uint32_t)p[1] << 8) |
+                           ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24));
+        uint32_t hi = (uint32_t)p[4] | ((uint32_t)p[5] << 8) |
+                      ((uint32_t)p[6] << 16) | ((uint32_t)p[7] << 24);
+        c = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF] ^
+            crc_table[5][(lo >> 16) & 0xFF] ^ crc_table[4][lo >> 24] ^
+            crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF] ^
+            crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        c = crc_table[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+static const char HEX[] = "0123456789abcdef";
+
+/* nsqf_log_build: see nsqframe.h. Checks all lengths, then writes in one pass. */
+int64_t nsqf_log_build(uint8_t *out, size_t cap, uint64_t first,
+                       int64_t ts_ns, int64_t deliver_at_ns,
+                       const uint8_t *src, const uint32_t *offs,
+                       const uint32_t *lens, uint32_t n, uint32_t *pos)
+{
+    uint64_t total = 0;
+    uint32_t i;
+    uint8_t *p = out;
+
+    for (i = 0; i < n; i++) {
+        if (lens[i] > NSQF_MAX_BODY)
+            return NSQF_E_FRAME_SIZE;
+        total += (uint64_t)(NSQF_REC_HEADER + NSQF_PAYLOAD_HEAD) + lens[i];
+    }
+    if (total > (uint64_t)cap || total > (uint64_t)INT64_MAX)
+        return NSQF_E_CAPACITY;
+    for (i = 0; i < n; i++) {
+        uint64_t off = first + i;
+        uint32_t blen = lens[i];
+        uint32_t plen = NSQF_PAYLOAD_HEAD + blen;
+        int k;
+
+        if (pos != NULL)
+            pos[i] = (uint32_t)(p - out);
+        put_u32(p + 4, plen);
+        put_u64(p + 8, off);
+        put_u64(p + 16, (uint64_t)deliver_at_ns);
+        put_u64(p + 24, (uint64_t)ts_ns);
+        p[32] = 0;
+        p[33] = 0;
+        for (k = 15; k >= 0; k--)
+            p[34 + (15 - k)] = (uint8_t)HEX[(off >> (4 * k)) & 0xF];
+        if (blen > 0)
+            memcpy(p + 50, src + offs[i], blen);
+        put_u32(p, crc32_of(p + 4, 12 + (size_t)plen));
+        p += NSQF_REC_HEADER + (size_t)plen;
+    }
+    return (int64_t)total;
+}
+
+/* nsqf_log_scan: see nsqframe.h. */
+int nsqf_log_scan(const uint8_t *buf, size_t len, uint64_t first, int check_crc,
+                  uint32_t max_payload, uint32_t *pos, int cap, size_t *used,
+                  nsqf_logscan *st)
+{
+    size_t at = 0;
+    int n = 0;
+
+    st->status = NSQF_LOG_END;
+    st->deferred = 0;
+    st->max_ts_ns = 0;
+    while (at < len) {
+        const uint8_t *p = buf + at;
+        uint32_t plen;
+        int64_t ts;
+
+        if (n >= cap) {
+            st->status = NSQF_LOG_FULL;
+            break;
+        }
+        if (len - at < NSQF_REC_HEADER) {
+            st->status = NSQF_LOG_PARTIAL;
+            break;
+        }
+        plen = get_u32(p + 4);
+        if (plen < NSQF_PAYLOAD_HEAD || plen > max_payload) {
+            st->status = NSQF_LOG_BAD_LENGTH;
+            break;
+        }
+        if (len - at - NSQF_REC_HEADER < plen) {
+            st->status = NSQF_LOG_PARTIAL;
+            break;
+        }
+        if (get_u64(p + 8) != first + (uint64_t)n) {
+            st->status = NSQF_LOG_BAD_OFFSET;
+            break;
+        }
+        if (check_crc && crc32_of(p + 4, 12 + (size_t)plen) != get_u32(p)) {
+            st->status = NSQF_LOG_BAD_CRC;
+            break;
+        }
+        if (get_u64(p + 16) != 0)
+            st->deferred++;
+        ts = (int64_t)get_u64(p + 24);
+        if (ts > st->max_ts_ns)
+            st->max_ts_ns = ts;
+        pos[n++] = (uint32_t)at;
+        at += NSQF_REC_HEADER + (size_t)plen;
+    }
+    *used = at;
+    return n;
+}
+
+/* nsqf_log_frames: see nsqframe.h. */
+int64_t nsqf_log_frames(uint8_t *out, size_t cap, const uint8_t *buf,
+                        const uint32_t *pos, uint32_t n, int32_t attempts)
+{
+    uint64_t total = 0;
+    uint32_t i;
+    uint8_t *o = out;
+
+    for (i = 0; i < n; i++)
+        total += 8u + (uint64_t)get_u32(buf + pos[i] + 4) - 8u;
+    if (total > (uint64_t)cap)
+        return NSQF_E_CAPACITY;
+    for (i = 0; i < n; i++) {
+        const uint8_t *r = buf + pos[i];
+        uint32_t plen = get_u32(r + 4);       /* payload: deliver_at + message */
+        uint32_t mlen = plen - 8;             /* nsqd's message encoding */
+        uint32_t a;
+
+        put_u32(o, mlen + 4);
+        put_u32(o + 4, 2u);
+        memcpy(o + 8, r + 24, mlen);
+        if (attempts < 0)
+            a = ((uint32_t)r[32] << 8 | r[33]) + 1u;
+        else
+            a = (uint32_t)attempts;
+        if (a > 65535u)
+            a = 65535u;
+        o[16] = (uint8_t)(a >> 8);
+        o[17] = (uint8_t)a;
+        o += 8 + (size_t)mlen;
     }
     return (int64_t)total;
 }

@@ -1,8 +1,12 @@
 /*
  * nsqframe.h -- the whole C API of pybroker's NSQ V2 frame codec.
  *
- * Three functions, each called once per batch from pybroker/_native:
+ * Each function is called once per batch from pybroker/_native:
  *   nsqf_scan            once per recv(): find every complete command in a buffer
+ *   nsqf_scan_fins       once per recv() that starts with FINs: their ids as offsets
+ *   nsqf_log_build       once per publish: the topic log records of its messages
+ *   nsqf_log_scan        once per read from disk (and recovery): find and check records
+ *   nsqf_log_frames      once per delivery batch: message frames from log records
  *   nsqf_mpub_split      once per MPUB: validate and split the body into parts
  *   nsqf_encode_messages once per flush: write N message frames into one buffer
  *
@@ -134,5 +138,76 @@ int64_t nsqf_encode_messages(uint8_t *out, size_t cap, uint32_t n,
                              const int64_t *ts_ns, const uint16_t *attempts,
                              const uint8_t *ids, const uint8_t *bodies,
                              const uint32_t *lens);
+
+/*
+ * Parse the run of FIN commands at the start of buf[0, len): each exactly
+ * "FIN " + 16 id bytes + "\n" (21 bytes; any other line ends the run, and so
+ * does a line that is not complete yet). A consumer's traffic is mostly such
+ * runs; the general nsqf_scan handles everything else.
+ *
+ * Inputs:  buf/len (caller-owned), offs[0, cap) caller-allocated.
+ * Outputs: offs[i] = the value of FIN i's id when the id is 16 lowercase hex
+ *          digits (the form pybroker's message ids take: a log offset), else -1;
+ *          *used = 21 * n.
+ * Returns: n, how many FIN lines were parsed (0..cap).
+ */
+int nsqf_scan_fins(const uint8_t *buf, size_t len, int64_t *offs, int cap,
+                   size_t *used);
+
+/* ---- topic log records (docs/storage.md) -------------------------------------
+ * A record: [u32 crc32][u32 length][u64 offset] payload, payload =
+ * [i64 deliver_at_ns][i64 ts_ns][u16 attempts][16-byte id][body]; crc32 (zlib's)
+ * over length, offset and payload; the id is the offset as 16 lowercase hex digits.
+ */
+#define NSQF_REC_HEADER   16   /* crc, length, offset */
+#define NSQF_PAYLOAD_HEAD 34   /* deliver_at, ts, attempts, id */
+
+/* nsqf_log_scan stop reasons (nsqf_logscan.status). */
+#define NSQF_LOG_END        0  /* the buffer ended on a record boundary */
+#define NSQF_LOG_PARTIAL    1  /* the rest of the buffer is an incomplete record */
+#define NSQF_LOG_FULL       2  /* cap records stored; more may follow */
+#define NSQF_LOG_BAD_LENGTH -30 /* a length below 34 or above max_payload */
+#define NSQF_LOG_BAD_CRC    -31 /* a checksum mismatch */
+#define NSQF_LOG_BAD_OFFSET -32 /* an offset out of sequence */
+
+typedef struct {
+    int32_t  status;     /* NSQF_LOG_* */
+    uint32_t deferred;   /* records among those stored whose deliver_at != 0 */
+    int64_t  max_ts_ns;  /* the largest ts_ns among them (0 if none) */
+} nsqf_logscan;
+
+/*
+ * Build n records with offsets first, first + 1, ... into out[0, cap): body i
+ * is src[offs[i], offs[i] + lens[i]); every record gets ts_ns, deliver_at_ns and
+ * attempts 0.
+ * Inputs:  out/cap, src (caller-owned), offs[n], lens[n].
+ * Outputs: pos[i] = where record i starts in out (pos may be NULL).
+ * Returns: bytes written, or NSQF_E_CAPACITY if cap < sum(50 + lens[i]),
+ *          NSQF_E_FRAME_SIZE if a body is longer than NSQF_MAX_BODY.
+ */
+int64_t nsqf_log_build(uint8_t *out, size_t cap, uint64_t first,
+                       int64_t ts_ns, int64_t deliver_at_ns,
+                       const uint8_t *src, const uint32_t *offs,
+                       const uint32_t *lens, uint32_t n, uint32_t *pos);
+
+/*
+ * Scan records back to back in buf[0, len) (len < 2^32), the first expected to
+ * have offset `first`: store each record's start in pos[0, cap). With
+ * check_crc, verify checksums. A record's payload may be at most max_payload.
+ * Returns: how many records were stored; *used = bytes they cover; st says why
+ * the scan stopped, how many of them are deferred and their largest ts.
+ */
+int nsqf_log_scan(const uint8_t *buf, size_t len, uint64_t first, int check_crc,
+                  uint32_t max_payload, uint32_t *pos, int cap, size_t *used,
+                  nsqf_logscan *st);
+
+/*
+ * NSQ message frames for the n records starting at buf + pos[0..n): each
+ * [u32 30 + len(body)][u32 2][ts][attempts][id][body]. attempts < 0: each
+ * record's stored attempts + 1; else that value (clamped to 65535) for all.
+ * Returns: bytes written to out[0, cap), or NSQF_E_CAPACITY.
+ */
+int64_t nsqf_log_frames(uint8_t *out, size_t cap, const uint8_t *buf,
+                        const uint32_t *pos, uint32_t n, int32_t attempts);
 
 #endif /* NSQFRAME_H */

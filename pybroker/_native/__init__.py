@@ -74,6 +74,8 @@ _U32_MAX = 0xFFFFFFFF
 _SPAN_WORDS = 4  # uint32 fields per nsqf_span
 _SCAN_CAP_MIN = 64  # spans a fresh Scanner can return per C call
 _SCAN_CAP_MAX = 16384  # grown by doubling on NSQF_FULL, kept afterwards
+_FIN_CAP = 65536  # FIN lines parsed per nsqf_scan_fins call
+_NO_FINS: "array.array[int]" = array.array("q")
 
 
 def _check_header() -> None:
@@ -82,7 +84,8 @@ def _check_header() -> None:
         "NEED_MORE", "FULL", "E_LINE_TOO_LONG", "E_MSG_SIZE", "E_BODY_SIZE",
         "E_MPUB_COUNT_READ", "E_MPUB_COUNT", "E_MPUB_PART_READ", "E_MPUB_PART_SIZE",
         "E_MPUB_PART_BIG", "E_MPUB_PART_SHORT", "E_MPUB_TRAILING", "E_CAPACITY",
-        "E_FRAME_SIZE",
+        "E_FRAME_SIZE", "REC_HEADER", "PAYLOAD_HEAD", "LOG_END", "LOG_PARTIAL", "LOG_FULL",
+        "LOG_BAD_LENGTH", "LOG_BAD_CRC", "LOG_BAD_OFFSET",
     ]
     pairs = [(n, getattr(_lib, "NSQF_" + n, None), getattr(_pure, n)) for n in names]
     pairs.append(("MAX_BODY", getattr(_lib, "NSQF_MAX_BODY", None), _pure.MAX_BODY))
@@ -101,7 +104,7 @@ class CScanner:
     be used by different threads at the same time, but one Scanner may not.
     """
 
-    __slots__ = ("_cap", "_lim", "_out", "_out_buf", "_stop", "_used", "_words")
+    __slots__ = ("_cap", "_fins", "_lim", "_out", "_out_buf", "_stop", "_used", "_words")
 
     def __init__(self, max_line: int, max_msg_size: int, max_body_size: int) -> None:
         limits = (
@@ -111,6 +114,7 @@ class CScanner:
         )
         self._lim = _ffi.new("nsqf_limits *", limits)
         self._used = _ffi.new("size_t *")
+        self._fins = array.array("q", bytes(8 * 256))
         self._stop = _ffi.new("nsqf_stop *")
         self._grow(_SCAN_CAP_MIN)
 
@@ -121,6 +125,18 @@ class CScanner:
         self._words = array.array("I", bytes(4 * _SPAN_WORDS * cap))
         self._out_buf = _ffi.from_buffer(self._words)  # keeps the export alive
         self._out = _ffi.cast("nsqf_span *", self._out_buf)
+
+    def fins(self, buf: bytes | bytearray) -> tuple[array.array[int], int]:
+        """The run of FIN lines at the start of buf; see _pure.scan_fins."""
+        cap = min(len(buf) // 21, _FIN_CAP)
+        if cap == 0:
+            return _NO_FINS, 0
+        if len(self._fins) < cap:
+            self._fins = array.array("q", bytes(8 * max(cap, 256)))
+        with _ffi.from_buffer("uint8_t[]", buf) as ptr, \
+                _ffi.from_buffer("int64_t[]", self._fins) as offs:
+            n = _lib.nsqf_scan_fins(ptr, len(buf), offs, cap, self._used)
+        return self._fins[:n], self._used[0]
 
     def scan(self, buf: bytes | bytearray) -> ScanResult:
         """Find every complete command in buf; see _pure.Scanner.scan."""
@@ -158,6 +174,18 @@ def c_mpub_split(
     body: bytes | bytearray | memoryview, max_msg_size: int, max_count: int
 ) -> list[bytes]:
     """nsqf_mpub_split; same contract as _pure.mpub_split."""
+    src: bytes | memoryview = body if type(body) is bytes else memoryview(body).cast("B")
+    offs, lens = c_mpub_parts(src, max_msg_size, max_count)
+    pairs = zip(offs, lens, strict=True)
+    if isinstance(src, memoryview):
+        return [src[o : o + s].tobytes() for o, s in pairs]
+    return [src[o : o + s] for o, s in pairs]
+
+
+def c_mpub_parts(
+    body: bytes | bytearray | memoryview, max_msg_size: int, max_count: int
+) -> "tuple[array.array[int], array.array[int]]":
+    """nsqf_mpub_split's checks; the parts as arrays of offsets and lengths into body."""
     check_u32("max_msg_size", max_msg_size)
     check_u32("max_count", max_count)
     src: bytes | memoryview = body if type(body) is bytes else memoryview(body).cast("B")
@@ -186,10 +214,7 @@ def c_mpub_split(
         if n == _pure.E_CAPACITY:  # cannot happen: cap covers any valid body
             raise RuntimeError(f"nsqf_mpub_split needs {err.value} slots, had {cap}")
         raise ScanError(n, err.index, err.value)
-    pairs = zip(offs[:n], lens[:n], strict=True)
-    if isinstance(src, memoryview):
-        return [src[o : o + s].tobytes() for o, s in pairs]
-    return [src[o : o + s] for o, s in pairs]
+    return offs[:n], lens[:n]
 
 
 def c_encode_messages(msgs: Sequence[object]) -> bytes:
@@ -241,6 +266,61 @@ def c_encode_messages(msgs: Sequence[object]) -> bytes:
     return bytes(out)
 
 
+def c_log_build(first: int, ts_ns: int, deliver_at_ns: int, src: bytes | memoryview,
+                offs: Sequence[int], lens: Sequence[int]) -> tuple[bytes, "array.array[int]"]:
+    """nsqf_log_build; same contract as _pure.log_build (positions as an array)."""
+    n = len(lens)
+    offs_a = offs if isinstance(offs, array.array) else array.array("I", offs)
+    lens_a = lens if isinstance(lens, array.array) else array.array("I", lens)
+    total = 50 * n + sum(lens_a)
+    out = bytearray(total)
+    pos = array.array("I", bytes(4 * n))
+    with _ffi.from_buffer("uint8_t[]", src) as sp, \
+            _ffi.from_buffer("uint8_t[]", out) as op, \
+            _ffi.from_buffer("uint32_t[]", offs_a) as o, \
+            _ffi.from_buffer("uint32_t[]", lens_a) as ln, \
+            _ffi.from_buffer("uint32_t[]", pos) as pp:
+        r = _lib.nsqf_log_build(op, total, first, ts_ns, deliver_at_ns, sp, o, ln, n, pp)
+    if r < 0:
+        raise ValueError(f"message body too large for a log record (code {r})")
+    return bytes(out), pos
+
+
+def c_log_scan(buf: bytes | memoryview, first: int, check_crc: bool, max_payload: int,
+               cap: int) -> tuple["array.array[int]", int, tuple[int, int, int]]:
+    """nsqf_log_scan; same contract as _pure.log_scan (positions as an array)."""
+    cap = max(1, min(cap, len(buf) // 50 + 1))
+    pos = array.array("I", bytes(4 * cap))
+    used = _ffi.new("size_t *")
+    st = _ffi.new("nsqf_logscan *")
+    with _ffi.from_buffer("uint8_t[]", buf) as bp, _ffi.from_buffer("uint32_t[]", pos) as pp:
+        n = _lib.nsqf_log_scan(bp, len(buf), first, 1 if check_crc else 0, max_payload, pp,
+                               cap, used, st)
+    return pos[:n], used[0], (st.status, st.deferred, st.max_ts_ns)
+
+
+def c_log_frames(buf: bytes | memoryview, pos: Sequence[int], attempts: int) -> bytes:
+    """nsqf_log_frames; same contract as _pure.log_frames."""
+    n = len(pos)
+    if n == 0:
+        return b""
+    pos_a = pos if isinstance(pos, array.array) else array.array("I", pos)
+    last = pos_a[n - 1]
+    # frames are never longer than their records: an upper bound without a Python loop
+    # (for records in offset order; otherwise sum them)
+    total = last + 16 + int.from_bytes(buf[last + 4:last + 8], "big") - pos_a[0]
+    if total <= 0 or n > 1 and pos_a[0] > last:
+        total = sum(16 + int.from_bytes(buf[p + 4:p + 8], "big") for p in pos_a)
+    out = bytearray(total)
+    with _ffi.from_buffer("uint8_t[]", buf) as bp, \
+            _ffi.from_buffer("uint8_t[]", out) as op, \
+            _ffi.from_buffer("uint32_t[]", pos_a) as pp:
+        r = _lib.nsqf_log_frames(op, total, bp, pp, n, attempts)
+    if r < 0:
+        raise ValueError(f"cannot frame log records (code {r})")
+    return bytes(out) if r == total else bytes(memoryview(out)[:r])
+
+
 class CBackend:
     """The C-backed functions under the same names as the _pure module."""
 
@@ -249,6 +329,9 @@ class CBackend:
     ScanError = ScanError
     mpub_split = staticmethod(c_mpub_split)
     encode_messages = staticmethod(c_encode_messages)
+    log_build = staticmethod(c_log_build)
+    log_scan = staticmethod(c_log_scan)
+    log_frames = staticmethod(c_log_frames)
     ffi: Any = _ffi
     lib: Any = _lib
 
@@ -278,9 +361,10 @@ class Scanner:
     See csrc/nsqframe.h for the exact rules. Not for concurrent use.
     """
 
-    __slots__ = ("scan",)
+    __slots__ = ("fins", "scan")
 
     scan: Callable[[bytes | bytearray], ScanResult]
+    fins: Callable[[bytes | bytearray], "tuple[Sequence[int], int]"]
 
     def __init__(self, max_line: int, max_msg_size: int, max_body_size: int) -> None:
         impl: CScanner | _pure.Scanner
@@ -289,11 +373,20 @@ class Scanner:
         else:
             impl = _pure.Scanner(max_line, max_msg_size, max_body_size)
         self.scan = impl.scan
+        self.fins = impl.fins
 
 
+log_build: Callable[..., tuple[bytes, Sequence[int]]]
+log_scan: Callable[..., tuple[Sequence[int], int, tuple[int, int, int]]]
+log_frames: Callable[..., bytes]
+mpub_parts: Callable[..., tuple[Sequence[int], Sequence[int]]]
 if BACKEND == "c":
     mpub_split = c_mpub_split
+    mpub_parts = c_mpub_parts
     encode_messages = c_encode_messages
+    log_build, log_scan, log_frames = c_log_build, c_log_scan, c_log_frames
 else:
     mpub_split = _pure.mpub_split
+    mpub_parts = _pure.mpub_parts
     encode_messages = _pure.encode_messages
+    log_build, log_scan, log_frames = _pure.log_build, _pure.log_scan, _pure.log_frames

@@ -7,6 +7,7 @@ when PYBROKER_PURE=1 and by the parity tests. Imports only the stdlib.
 from __future__ import annotations
 
 import struct
+import zlib
 from collections.abc import Sequence
 
 # Values mirror csrc/nsqframe.h (build.py exposes the header's; tests compare).
@@ -80,6 +81,11 @@ class Scanner:
         self.max_msg_size = check_u32("max_msg_size", max_msg_size)
         self.max_body_size = check_u32("max_body_size", max_body_size)
 
+    def fins(self, buf: bytes | bytearray) -> tuple[list[int], int]:
+        """The run of FIN lines at the start of buf (see nsqf_scan_fins): the value
+        of each id when it is 16 lowercase hex digits (else -1), and the bytes used."""
+        return scan_fins(buf)
+
     def scan(self, buf: bytes | bytearray) -> tuple[list[Span], int, Stop]:
         """Find every complete command in buf.
 
@@ -123,6 +129,22 @@ class Scanner:
                 return spans, pos, (NEED_MORE, pos, line_len, size)
             spans.append((pos, line_len, body_off, size))
             pos = body_off + size
+
+
+def mpub_parts(
+    body: bytes | bytearray | memoryview, max_msg_size: int, max_count: int
+) -> tuple[list[int], list[int]]:
+    """mpub_split's checks, returning the parts as (offsets, lengths) into body."""
+    offs: list[int] = []
+    lens: list[int] = []
+    mv = memoryview(body).cast("B")
+    pos = 4
+    for part in mpub_split(mv, max_msg_size, max_count):
+        pos += 4
+        offs.append(pos)
+        lens.append(len(part))
+        pos += len(part)
+    return offs, lens
 
 
 def mpub_split(
@@ -195,3 +217,109 @@ def encode_messages(msgs: Sequence[object]) -> bytes:
         add(mid)
         add(body)
     return b"".join(parts)
+
+
+_HEX_LOWER = frozenset(b"0123456789abcdef")
+
+
+def scan_fins(buf: bytes | bytearray) -> tuple[list[int], int]:
+    """The spec of nsqf_scan_fins: complete 21-byte "FIN <16 bytes>\\n" lines at the
+    start of buf -> (offsets, used); an id that is not 16 lowercase hex digits gives
+    -1; an id holding a space or newline ends the run (not one parameter)."""
+    out: list[int] = []
+    pos = 0
+    end = len(buf)
+    while end - pos >= 21:
+        if buf[pos:pos + 4] != b"FIN " or buf[pos + 20] != 0x0A:
+            break
+        mid = bytes(buf[pos + 4:pos + 20])
+        if b" " in mid or b"\n" in mid:
+            break
+        v = int(mid, 16) if _HEX_LOWER.issuperset(mid) else -1
+        out.append(v if v < 1 << 63 else -1)
+        pos += 21
+    return out, pos
+
+
+# -- topic log records (spec of nsqf_log_build, nsqf_log_scan, nsqf_log_frames) --------------
+REC_HEADER = 16
+PAYLOAD_HEAD = 34
+LOG_END = 0
+LOG_PARTIAL = 1
+LOG_FULL = 2
+LOG_BAD_LENGTH = -30
+LOG_BAD_CRC = -31
+LOG_BAD_OFFSET = -32
+_REC = struct.Struct(">IIQqqH")
+_LEN_OFF = struct.Struct(">IQ")
+
+
+def log_build(first: int, ts_ns: int, deliver_at_ns: int, src: bytes | memoryview,
+              offs: Sequence[int], lens: Sequence[int]) -> tuple[bytes, list[int]]:
+    """Records for bodies src[offs[i]:offs[i]+lens[i]] with offsets first, first+1, ...
+    -> (the records back to back, where each starts)."""
+    out = []
+    pos = []
+    at = 0
+    for i, (o, n) in enumerate(zip(offs, lens)):
+        off = first + i
+        payload = (struct.pack(">qqH", deliver_at_ns, ts_ns, 0) + b"%016x" % off
+                   + bytes(src[o:o + n]))
+        head = _LEN_OFF.pack(len(payload), off)
+        rec = struct.pack(">I", zlib.crc32(payload, zlib.crc32(head))) + head + payload
+        pos.append(at)
+        at += len(rec)
+        out.append(rec)
+    return b"".join(out), pos
+
+
+def log_scan(buf: bytes | memoryview, first: int, check_crc: bool, max_payload: int,
+             cap: int) -> tuple[list[int], int, tuple[int, int, int]]:
+    """Records back to back in buf, the first with offset ``first`` ->
+    (starts, bytes used, (status, deferred count, max ts))."""
+    pos: list[int] = []
+    at = 0
+    end = len(buf)
+    deferred = 0
+    max_ts = 0
+    status = LOG_END
+    while at < end:
+        if len(pos) >= cap:
+            status = LOG_FULL
+            break
+        if end - at < REC_HEADER:
+            status = LOG_PARTIAL
+            break
+        crc, plen, off = _REC.unpack_from(buf, at)[:3]
+        if plen < PAYLOAD_HEAD or plen > max_payload:
+            status = LOG_BAD_LENGTH
+            break
+        if end - at - REC_HEADER < plen:
+            status = LOG_PARTIAL
+            break
+        if off != first + len(pos):
+            status = LOG_BAD_OFFSET
+            break
+        if check_crc and zlib.crc32(bytes(buf[at + 4:at + REC_HEADER + plen])) != crc:
+            status = LOG_BAD_CRC
+            break
+        _, _, _, deliver_at, ts, _ = _REC.unpack_from(buf, at)
+        if deliver_at:
+            deferred += 1
+        max_ts = max(max_ts, ts)
+        pos.append(at)
+        at += REC_HEADER + plen
+    return pos, at, (status, deferred, max_ts)
+
+
+def log_frames(buf: bytes | memoryview, pos: Sequence[int], attempts: int) -> bytes:
+    """Message frames for the records starting at buf[p] for p in pos; attempts < 0:
+    each record's stored attempts + 1."""
+    out = []
+    for p in pos:
+        plen = int.from_bytes(buf[p + 4:p + 8], "big")
+        msg = bytearray(buf[p + 24:p + REC_HEADER + plen])
+        a = int.from_bytes(msg[8:10], "big") + 1 if attempts < 0 else attempts
+        msg[8:10] = min(a, 0xFFFF).to_bytes(2, "big")
+        out.append(struct.pack(">ii", len(msg) + 4, 2) + bytes(msg))
+    return b"".join(out)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import threading
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pybroker.core.timeouts import Handle, TimeoutWheel
@@ -81,12 +82,14 @@ class Deferred:
 
 
 def offset_of(msg_id: bytes) -> int:
-    """The log offset a message id names; -1 if it is not one of ours."""
-    try:
-        off = int(msg_id, 16)
-    except ValueError:
+    """The log offset a message id names (16 lowercase hex digits); -1 otherwise."""
+    if len(msg_id) != 16 or not _HEX_LOWER.issuperset(msg_id):
         return -1
-    return off if b"%016x" % off == msg_id else -1
+    off = int(msg_id, 16)
+    return off if off < 1 << 63 else -1
+
+
+_HEX_LOWER = frozenset(b"0123456789abcdef")
 
 
 class Channel:
@@ -375,30 +378,28 @@ class Channel:
         """FIN: the message is done; returns its offset. Raises NotInFlight / NotOwner."""
         return self._take(client, msg_id)[0]
 
-    def finish_many(self, client: Consumer, msg_ids: list[bytes]
-                    ) -> tuple[list[int], list[tuple[bytes, BrokerError]]]:
-        """FIN a batch in order; returns the finished offsets and the failures."""
-        failed: list[tuple[bytes, BrokerError]] = []
-        done: list[int] = []
+    def finish_offsets(self, client: Consumer, offsets: Sequence[int]
+                       ) -> list[tuple[int, BrokerError]]:
+        """FIN a batch (offsets from the ids; -1 for an id that names none), in order;
+        returns the failures as (index in offsets, error)."""
+        failed: list[tuple[int, BrokerError]] = []
         in_flight = self.in_flight
         emptied: list[Flight] = []
-        for mid in msg_ids:
-            off = offset_of(mid)
+        i = 0
+        for off in offsets:
             f = in_flight.get(off)
-            if f is None:
-                failed.append((mid, NotInFlight()))
-                continue
-            if f.client is not client:
-                failed.append((mid, NotOwner()))
-                continue
-            del in_flight[off]
-            f.live -= 1
-            if f.live == 0:
-                emptied.append(f)
-            done.append(off)
-        client.in_flight_count -= len(done)
-        self._drop_flights(emptied)
-        return done, failed
+            if f is None or f.client is not client:
+                failed.append((i, NotInFlight() if f is None else NotOwner()))
+            else:
+                del in_flight[off]
+                f.live -= 1
+                if f.live == 0:
+                    emptied.append(f)
+            i += 1
+        client.in_flight_count -= len(offsets) - len(failed)
+        if emptied:
+            self._drop_flights(emptied)
+        return failed
 
     def requeue(self, client: Consumer, msg_id: bytes, delay_ns: int, now_ns: int,
                 wall_ns: int) -> None:

@@ -39,7 +39,7 @@ class Log(Protocol):
     tail_start: int
 
     def append(self, bodies: list[bytes], ts_ns: int, deliver_at_ns: int = 0) -> int: ...
-    def append_mpub(self, body: bytes, offs: Any, lens: Any, n: int, ts_ns: int) -> int: ...
+    def append_parts(self, src: bytes, offs: Any, lens: Any, ts_ns: int) -> int: ...
     def write_pending(self) -> int: ...
     def discard_pending(self) -> None: ...
     def read(self, offset: int, max_records: int, max_bytes: int) -> Any: ...
@@ -99,15 +99,15 @@ class Topic:
             self.dirty = True
             return first
 
-    def publish_mpub(self, body: bytes, offs: Any, lens: Any, n: int, nbytes: int,
-                     ts_ns: int) -> int:
-        """Append the n parts of an MPUB body in one C call (offs/lens from mpub_split)."""
+    def publish_parts(self, src: bytes, offs: Any, lens: Any, ts_ns: int) -> int:
+        """Append the parts src[offs[i]:offs[i] + lens[i]] of an MPUB body (as
+        mpub_parts found them) in one C call, with no object per part."""
         with self.lock:
             if self.deleted:
                 raise Exiting()
-            first = self.log.append_mpub(body, offs, lens, n, ts_ns)
-            self.message_count += n
-            self.message_bytes += nbytes
+            first = self.log.append_parts(src, offs, lens, ts_ns)
+            self.message_count += len(lens)
+            self.message_bytes += sum(lens)
             self.dirty = True
             return first
 
@@ -228,9 +228,11 @@ class Topic:
         return max(0, held)
 
     def backend_depth(self) -> int:
+        """The part of depth that only the segment files hold (not the memory tail)."""
         if self.log.directory is None:
             return 0
-        return min(self.depth(), max(0, self.log.tail_start - self.released))
+        start = max(self.orphan_start, self.log.oldest) if not self.channels else self.released
+        return min(self.depth(), max(0, min(self.log.tail_start, self.log.written) - start))
 
     def floor(self) -> int:
         """The lowest offset any channel (or a future first channel) still needs."""

@@ -114,6 +114,7 @@ def plan_stats(runtime: Any, topic_filter: str = "", channel_filter: str = "",
                         entry[0]["clients"] = []
                 d, parts = entry
                 d["e2e_processing_latency"] = e2e_result(percentiles, parts)
+                d["cursor"] = d.pop("cursor")   # pybroker's extra keys after nsqd's
                 topic_parts.extend(parts)
                 ch_dicts.append(d)
             # matches nsqd: a topic's latency merges its channels'; none without channels

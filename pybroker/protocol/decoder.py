@@ -11,29 +11,60 @@ in nsqd's order. Other framing errors are raised after the commands before them.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 from pybroker import _native
 from pybroker.errors import BadBody, BadMessage, ClientError, Invalid
 from pybroker.protocol.wire import MAX_LINE
 
 
+_HEX_LOWER = frozenset(b"0123456789abcdef")
+
+
+def id_offset(mid: bytes) -> int:
+    """The value of a 16-lowercase-hex-digit message id (a log offset, < 2**63), else -1."""
+    if len(mid) != 16 or not _HEX_LOWER.issuperset(mid):
+        return -1
+    v = int(mid, 16)
+    return v if v < 1 << 63 else -1
+
+
 class Command:
     """One command: ``params`` as nsqd splits the line (params[0] is the verb).
 
-    ``fin_ids`` is set on a batch of consecutive well-formed ``FIN <id>`` lines (the
-    consumer's hot path), which run in order as one command: params is then [b"FIN"].
+    A batch of consecutive well-formed ``FIN <id>`` lines (the consumer's hot path) runs
+    in order as one command with params [b"FIN"]: ``fin_offsets`` holds each id's value
+    (``id_offset``) and ``fin_id(i)`` the id as sent.
     """
 
-    __slots__ = ("params", "body", "pending", "body_error", "fin_ids")
+    __slots__ = ("params", "body", "pending", "body_error", "fin_offsets", "_fin_ids",
+                 "_fin_raw")
 
     def __init__(self, params: list[bytes], body: bytes | None, pending: bool = False,
-                 body_error: ClientError | None = None,
-                 fin_ids: list[bytes] | None = None) -> None:
+                 body_error: ClientError | None = None) -> None:
         self.params = params
         self.body = body
         self.pending = pending
         self.body_error = body_error
-        self.fin_ids = fin_ids
+        self.fin_offsets: Sequence[int] | None = None
+        self._fin_ids: list[bytes] | None = None
+        self._fin_raw = b""
+
+    @classmethod
+    def fins(cls, offsets: Sequence[int], ids: list[bytes] | None = None,
+             raw: bytes = b"") -> "Command":
+        """A FIN batch: ids as a list, or raw 21-byte "FIN <id>\\n" lines."""
+        cmd = cls([b"FIN"], None)
+        cmd.fin_offsets = offsets
+        cmd._fin_ids = ids
+        cmd._fin_raw = raw
+        return cmd
+
+    def fin_id(self, i: int) -> bytes:
+        """The id of FIN i of a batch, as the client sent it."""
+        if self._fin_ids is not None:
+            return self._fin_ids[i]
+        return self._fin_raw[21 * i + 4:21 * i + 20]
 
     @property
     def verb(self) -> bytes:
@@ -88,8 +119,18 @@ class CommandDecoder:
             self._held = 0
             self._need = 0
         buf = self._buf + data if self._buf else data
-        spans, used, stop = self._scanner.scan(buf)
         ready = self._ready
+        if buf.startswith(b"FIN "):
+            # a consumer's FINs: one C call turns the run into offsets
+            offsets, n = self._scanner.fins(buf)
+            if offsets:
+                ready.append(Command.fins(offsets, raw=buf[:n]))
+                buf = buf[n:]
+                self._announced = False
+                if not buf:
+                    self._buf = b""
+                    return
+        spans, used, stop = self._scanner.scan(buf)
         fins: list[bytes] | None = None
         for line_off, line_len, body_off, body_len in spans:
             if line_len == 20 and buf.startswith(b"FIN ", line_off):
@@ -101,12 +142,12 @@ class CommandDecoder:
                         fins.append(mid)
                     continue
             if fins is not None:
-                ready.append(Command([b"FIN"], None, fin_ids=fins))
+                ready.append(Command.fins([id_offset(m) for m in fins], fins))
                 fins = None
             params = buf[line_off:line_off + line_len].split(b" ")
             ready.append(Command(params, buf[body_off:body_off + body_len] if body_off else None))
         if fins is not None:
-            ready.append(Command([b"FIN"], None, fin_ids=fins))
+            ready.append(Command.fins([id_offset(m) for m in fins], fins))
         if used:
             self._announced = False
         status, line_off, line_len, value = stop

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable
 
 from pybroker import NSQ_COMPAT_VERSION, _native
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pybroker")
 MS = 1_000_000
+Parts = tuple[bytes, Sequence[int], Sequence[int]]   # an MPUB body, offsets, lengths
 monotonic_ns = time.monotonic_ns
 
 
@@ -221,10 +223,10 @@ def mpub(c: "ClientConn", cmd: Command) -> None:
         return
     o = c.opts
     try:
-        parts = _native.mpub_split(body, o.max_msg_size, (o.max_body_size - 4) // 5)
+        offs, lens = _native.mpub_parts(body, o.max_msg_size, (o.max_body_size - 4) // 5)
     except _native.ScanError as e:
         raise _mpub_error(e, o.max_msg_size) from None
-    _publish(c, name, parts, 0, MpubFailed, "MPUB")
+    _publish(c, name, (body, offs, lens), 0, MpubFailed, "MPUB")
 
 
 def _mpub_error(e: "_native.ScanError", max_msg: int) -> ClientError:
@@ -244,22 +246,27 @@ def _mpub_error(e: "_native.ScanError", max_msg: int) -> ClientError:
     return BadBody(f"MPUB body size does not match its messages ({v} bytes left over)")
 
 
-def _publish(c: "ClientConn", name: str, bodies: list[bytes], defer_ns: int,
+def _publish(c: "ClientConn", name: str, bodies: "list[bytes] | Parts", defer_ns: int,
              failed: type[ClientError], verb: str) -> None:
     """Append to the topic's log; the loop writes the topic at the end of this turn and
-    answers (see EventLoop.published). A topic deleted meanwhile is looked up again."""
+    answers (see EventLoop.published). A topic deleted meanwhile is looked up again.
+    bodies: the messages, or an MPUB body with its parts' offsets and lengths."""
     broker = c.loop.runtime.broker
     for _ in range(3):
         try:
             topic = broker.get_topic(name)
-            topic.publish(bodies, time.time_ns(), defer_ns)
+            if isinstance(bodies, tuple):
+                topic.publish_parts(*bodies, time.time_ns())
+            else:
+                topic.publish(bodies, time.time_ns(), defer_ns)
             break
         except Exiting as e:
             if broker.exiting:
                 raise failed(f"{verb} failed {e}") from None
     else:
         raise failed(f"{verb} failed exiting")
-    c.pub_counts[name] = c.pub_counts.get(name, 0) + len(bodies)
+    n = len(bodies[2]) if isinstance(bodies, tuple) else len(bodies)
+    c.pub_counts[name] = c.pub_counts.get(name, 0) + n
     c.loop.published(c, topic, failed(f"{verb} failed to write to disk"))
 
 
@@ -285,9 +292,8 @@ def rdy(c: "ClientConn", cmd: Command) -> None:
 
 
 def fin(c: "ClientConn", cmd: Command) -> None:
-    ids = cmd.fin_ids
-    if ids is not None:
-        _fin_batch(c, ids)
+    if cmd.fin_offsets is not None:
+        _fin_batch(c, cmd, cmd.fin_offsets)
         return
     mid = _msg_id(c, cmd.params, "FIN", 2)
     ch = c.channel
@@ -302,18 +308,21 @@ def fin(c: "ClientConn", cmd: Command) -> None:
     c.loop.mark_dirty(ch)
 
 
-def _fin_batch(c: "ClientConn", ids: list[bytes]) -> None:
-    """Consecutive well-formed FINs: one pass; E_FIN_FAILED for each failure."""
+def _fin_batch(c: "ClientConn", cmd: Command, offsets: Sequence[int]) -> None:
+    """Consecutive well-formed FINs: one pass over their offsets; E_FIN_FAILED for
+    each failure, in order."""
     if c.state not in (ClientState.SUBSCRIBED, ClientState.CLOSING):
         raise Invalid("cannot FIN in current state")
     ch = c.channel
     assert ch is not None
-    done, failed = ch.finish_many(c, ids)
-    c.finish_count += len(done)
-    if done and c.opts.e2e_processing_latency_percentiles:
-        _record_e2e(c, ch, done)
+    failed = ch.finish_offsets(c, offsets)
+    c.finish_count += len(offsets) - len(failed)
+    if c.opts.e2e_processing_latency_percentiles:
+        bad = {i for i, _ in failed}
+        _record_e2e(c, ch, [off for i, off in enumerate(offsets) if i not in bad])
     c.loop.mark_dirty(ch)
-    for mid, e in failed:
+    for i, e in failed:
+        mid = cmd.fin_id(i)
         err = FinFailed(f"FIN {mid.decode('ascii', 'replace')} failed {e}")
         log.info("[%s] %s", c, err.payload().decode("utf-8", "replace"))
         c.send_frame(encode_error(err.payload()))
@@ -341,6 +350,8 @@ def req(c: "ClientConn", cmd: Command) -> None:
         c.channel.requeue(c, mid, delay_ns, monotonic_ns(), time.time_ns())
     except BrokerError as e:
         raise ReqFailed(f"REQ {mid.decode('ascii', 'replace')} failed {e}") from None
+    if delay_ns and c.loop.durable:
+        c.loop.runtime.storage.request_checkpoint()   # the due time, saved soon
     c.requeue_count += 1
     c.loop.mark_dirty(c.channel)
 

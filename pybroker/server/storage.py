@@ -47,6 +47,7 @@ class StorageManager:
         self.durable = o.durability == "fsync"
         self._requests: queue.Queue[Any] = queue.Queue()
         self._meta_wanted = threading.Event()
+        self._save_soon = threading.Event()
         self._failed_topics: set[str] = set()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="storage", daemon=True)
@@ -66,7 +67,7 @@ class StorageManager:
         o = self.options
         directory = None if ephemeral else os.path.join(self.log_root, safe_name(name))
         return TopicLog(directory, max_bytes_per_file=o.max_bytes_per_file,
-                        mem_records=max(o.mem_queue_size, 1),
+                        mem_records=o.mem_queue_size,
                         max_record_bytes=o.max_msg_size + 64)
 
     def restore(self) -> None:
@@ -138,6 +139,12 @@ class StorageManager:
         self._meta_wanted.set()
         self._requests.put(None)
 
+    def request_checkpoint(self) -> None:
+        """Save channel states soon (e.g. a REQ with a delay in fsync mode: its due time
+        survives a crash once saved) rather than at the next sync_timeout."""
+        self._save_soon.set()
+        self._requests.put(None)
+
     def delete_topic(self, t: Topic) -> None:
         """A deleted topic: its log and state go, on the storage thread."""
         self._requests.put(("delete", t))
@@ -187,7 +194,8 @@ class StorageManager:
             if self._meta_wanted.is_set():
                 self._meta_wanted.clear()
                 self._write_metadata()
-            if time.monotonic() >= next_save and not stop:
+            if (time.monotonic() >= next_save or self._save_soon.is_set()) and not stop:
+                self._save_soon.clear()
                 next_save = time.monotonic() + o.sync_timeout / 1e9
                 self.checkpoint()
 

@@ -1,4 +1,38 @@
-"""TopicLog (interim pure-Python version; see docs/storage.md for the format)."""
+"""TopicLog: one topic's append-only log of records, on disk and in memory (stdlib + the
+C record codec in pybroker._native).
+
+Theory of operation
+-------------------
+Every record gets an *offset* (0, 1, 2, ... per log; never reused while the log exists).
+``append`` builds the records of a publish in one C call (``nsqf_log_build``) into a
+pending list; ``write_pending`` hands everything pending to the kernel in one ``write``
+(rolling to a new segment file first when the active one would pass
+``max_bytes_per_file``), and keeps the written bytes as one *block* of the memory tail.
+Readers (channels on any loop) take ``read(offset, n, max_bytes)``: from the tail while
+it holds the offset, else from the segment files (``pread`` from the nearest point of
+the segment's sparse index, records checked by ``nsqf_log_scan``). A RecordBatch is a
+view of one block or one read chunk, never a copy per record; ``frames`` builds NSQ
+message frames for a slice of it in one C call (``nsqf_log_frames``).
+
+The tail keeps about ``mem_records`` of the newest records (whole blocks; records
+beyond that count as on disk for ``tail_start`` and /stats). A log without a directory
+(``#ephemeral`` topics) is only its tail: older records are dropped (``oldest`` moves).
+
+Concurrency: ``lock`` guards everything here. Callers hold it around ``append`` /
+``write_pending`` / ``discard_pending`` (the Topic does); ``read`` and the other methods
+take it themselves, and do file reads and fsyncs outside it (on dup'd descriptors).
+``sync`` and ``drop_before`` run on the storage thread.
+
+On disk (``<directory>/%020d.log``, the base offset): a 16-byte header ``PBTLOG`` +
+u16 format version (1) + u64 base offset, then records back to back:
+``[u32 crc32][u32 length][u64 offset] payload``, payload = ``[i64 deliver_at_ns]
+[i64 ts_ns][u16 attempts][16-byte id][body]``, crc32 (zlib's) over length, offset and
+payload; the id is the offset in 16 lowercase hex digits, so ``payload[8:]`` is nsqd's
+message encoding. Recovery on open scans every segment: an incomplete or damaged record
+at the very end of the last segment is a torn write and is cut off; damage elsewhere is
+logged, the segment copied aside once as ``<name>.bad``, and reading resyncs on the next
+intact record, so a damaged record costs only itself.
+"""
 from __future__ import annotations
 
 import bisect
@@ -8,315 +42,575 @@ import shutil
 import struct
 import threading
 import zlib
-from collections import deque
 from dataclasses import dataclass
+from typing import Any, Sequence
+
+from pybroker import _native
 
 from .errors import StorageError, from_oserror
 
 log = logging.getLogger("pybroker.storage.topiclog")
-_HDR = struct.Struct(">IIQ")
-_PAY = struct.Struct(">qqH16s")
-HDR = 16
-MAGIC = b"PBLG\x00\x01"
+SEG_MAGIC = b"PBTLOG"
+SEG_VERSION = 1
+SEG_HEADER = struct.Struct(">6sHQ")
+SEG_HEADER_SIZE = SEG_HEADER.size      # 16
+REC_HEADER = 16
+PAYLOAD_HEAD = 34
+READ_CHUNK = 256 * 1024
+LOG_END, LOG_PARTIAL, LOG_FULL = 0, 1, 2      # nsqf_log_scan's statuses (>= 0: no damage)
+RESYNC_LIMIT = 4 * 1024 * 1024
+_U64 = struct.Struct(">Q")
+_I64 = struct.Struct(">q")
 
 
 class OffsetOutOfRange(ValueError):
-    pass
+    """An offset below what the log holds, or past its written end."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class SegmentInfo:
-    base: int
-    end: int
+    base: int           # first offset
+    end: int            # one past the last offset
     size_bytes: int
-    max_ts_ns: int
-
-
-def _record(off: int, deliver_at: int, ts: int, attempts: int, body: bytes) -> bytes:
-    payload = _PAY.pack(deliver_at, ts, attempts, b"%016x" % off) + body
-    head = struct.pack(">IQ", len(payload), off)
-    return struct.pack(">I", zlib.crc32(payload, zlib.crc32(head))) + head + payload
+    max_ts_ns: int      # newest publish time in it
 
 
 class RecordBatch:
-    def __init__(self, first: int, recs: list[bytes]) -> None:
+    """Records [first, first + n) as a view of one buffer: record i starts at pos[i]."""
+
+    __slots__ = ("first", "n", "buf", "pos", "deferred")
+
+    def __init__(self, first: int, buf: bytes, pos: Sequence[int], deferred: int) -> None:
         self.first = first
-        self.n = len(recs)
-        self.recs = recs
+        self.n = len(pos)
+        self.buf = buf
+        self.pos = pos
+        self.deferred = deferred    # how many records of buf may have a deliver_at
 
     def frames(self, i: int, j: int, attempts: int | None = None) -> bytes:
-        out = []
-        for r in self.recs[i:j]:
-            body = r[24:]
-            a = attempts if attempts is not None else int.from_bytes(r[32:34], "big") + 1
-            out.append(struct.pack(">iiqH", len(body) + 4, 2, int.from_bytes(r[24:32], "big", signed=True), a)
-                       + body[10:])
-        return b"".join(out)
+        """NSQ message frames for records [i, j), one C call; attempts None: each
+        record's stored attempts + 1."""
+        return _native.log_frames(self.buf, self.pos[i:j], -1 if attempts is None else attempts)
 
     def deferred_indices(self, count: int) -> list[int]:
-        return [i for i in range(min(count, self.n)) if self.recs[i][16:24] != b"\0" * 8]
+        """Indices below count of the records with a deliver_at (DPUBs)."""
+        if not self.deferred:
+            return []
+        buf, pos = self.buf, self.pos
+        return [i for i in range(min(count, self.n)) if buf[pos[i] + 16:pos[i] + 24] != bytes(8)]
 
     def deliver_at(self, i: int) -> int:
-        return int.from_bytes(self.recs[i][16:24], "big", signed=True)
-
-    def stored_attempts(self, i: int) -> int:
-        return int.from_bytes(self.recs[i][32:34], "big")
+        p = self.pos[i] + 16
+        return int(_I64.unpack_from(self.buf, p)[0])
 
     def ts_ns(self, i: int) -> int:
-        return int.from_bytes(self.recs[i][24:32], "big", signed=True)
+        return int(_I64.unpack_from(self.buf, self.pos[i] + 24)[0])
+
+    def stored_attempts(self, i: int) -> int:
+        p = self.pos[i] + 32
+        return int.from_bytes(self.buf[p:p + 2], "big")
+
+    def payload(self, i: int) -> bytes:
+        p = self.pos[i]
+        plen = int.from_bytes(self.buf[p + 4:p + 8], "big")
+        return bytes(self.buf[p + REC_HEADER:p + REC_HEADER + plen])
 
 
-class _Seg:
+class _Block:
+    """Records written together, kept in memory."""
+
+    __slots__ = ("first", "data", "pos", "deferred")
+
+    def __init__(self, first: int, data: bytes, pos: Sequence[int], deferred: int) -> None:
+        self.first = first
+        self.data = data
+        self.pos = pos
+        self.deferred = deferred
+
+    @property
+    def end(self) -> int:
+        return self.first + len(self.pos)
+
+
+class _Segment:
+    __slots__ = ("path", "base", "end", "size", "max_ts", "index", "damaged")
+
     def __init__(self, path: str, base: int) -> None:
         self.path = path
         self.base = base
         self.end = base
-        self.size = 0
+        self.size = SEG_HEADER_SIZE
         self.max_ts = 0
-        self.index: list[tuple[int, int]] = []   # (offset, pos)
+        self.index: list[tuple[int, int]] = [(base, SEG_HEADER_SIZE)]  # (offset, file pos)
+        self.damaged = False
 
 
 class TopicLog:
     def __init__(self, directory: str | None, *, max_bytes_per_file: int, mem_records: int,
                  max_record_bytes: int) -> None:
         self.directory = directory
-        self.max_bytes = max_bytes_per_file
-        self.mem_records = mem_records
-        self.max_record_bytes = max_record_bytes
+        self.max_bytes_per_file = max_bytes_per_file
+        self.mem_records = max(0, mem_records)
+        self.max_payload = max_record_bytes + PAYLOAD_HEAD
         self.lock = threading.Lock()
-        self.head = self.written = self.oldest = 0
+        self.head = 0          # next offset to assign
+        self.written = 0       # every offset below is in the tail or a segment file
+        self.oldest = 0        # the lowest offset held
+        self.tail_start = 0    # offsets below are counted as on disk
+        self.dropped_count = 0
         self._pending: list[bytes] = []
-        self._pending_first = 0
-        self._tail: deque[tuple[int, list[bytes]]] = deque()
-        self._tail_n = 0
-        self.tail_start = 0
-        self._segs: list[_Seg] = []
+        self._pending_deferred = 0
+        self._blocks: list[_Block] = []
+        self._block_firsts: list[int] = []
+        self._tail_records = 0
+        self._segs: list[_Segment] = []
         self._fd: int | None = None
-        self._synced = 0
+        self._to_sync: list[int] = []      # dup'd fds of rolled segments not yet fsynced
+        self._dir_dirty = False
+        self.writes = 0
         if directory is not None:
             os.makedirs(directory, exist_ok=True)
             self._recover()
 
+    def __repr__(self) -> str:
+        return f"TopicLog({self.directory or 'memory'}, {self.oldest}..{self.written})"
+
+    # -- recovery ---------------------------------------------------------------------
     def _recover(self) -> None:
         assert self.directory is not None
-        names = sorted(n for n in os.listdir(self.directory) if n.endswith(".log"))
-        for n in names:
-            path = os.path.join(self.directory, n)
-            seg = _Seg(path, int(n[:-4]))
-            with open(path, "rb") as f:
-                data = f.read()
-            pos, off = 0, seg.base
-            good = 0
-            while pos + HDR <= len(data):
-                crc, ln, o = _HDR.unpack_from(data, pos)
-                if pos + HDR + ln > len(data) or o != off:
-                    break
-                if zlib.crc32(data[pos + HDR:pos + HDR + ln], zlib.crc32(data[pos + 4:pos + HDR])) != crc:
-                    break
-                if (off - seg.base) % 1000 == 0:
-                    seg.index.append((off, pos))
-                seg.max_ts = max(seg.max_ts, int.from_bytes(data[pos + 24:pos + 32], "big", signed=True))
-                pos += HDR + ln
-                off += 1
-                good = pos
-            if good < len(data):
-                with open(path, "r+b") as f:
-                    f.truncate(good)
-            seg.end = off
-            seg.size = good
-            self._segs.append(seg)
+        names = sorted(n for n in os.listdir(self.directory)
+                       if n.endswith(".log") and n[:-4].isdigit())
+        for i, name in enumerate(names):
+            path = os.path.join(self.directory, name)
+            seg = self._scan_segment(path, int(name[:-4]), last=i == len(names) - 1)
+            if seg is not None:
+                if self._segs and seg.base < self._segs[-1].end:
+                    log.error("%s: segment %s overlaps the one before; ignored", self, name)
+                    continue
+                self._segs.append(seg)
         if self._segs:
             self.oldest = self._segs[0].base
-            self.head = self.written = self._synced = self._segs[-1].end
-            self.tail_start = self.head
-            self._fd = os.open(self._segs[-1].path, os.O_WRONLY | os.O_APPEND)
+            self.head = self.written = self.tail_start = self._segs[-1].end
+            try:
+                self._fd = os.open(self._segs[-1].path, os.O_WRONLY)
+            except OSError as e:
+                raise from_oserror("open", self._segs[-1].path, e) from None
 
-    # -- write side
+    def _scan_segment(self, path: str, base: int, last: bool) -> _Segment | None:
+        """Check a segment's records (C scan, checksums), build its sparse index, cut a
+        torn tail of the last segment, resync past damage; None if unusable."""
+        seg = _Segment(path, base)
+        try:
+            with open(path, "rb") as f:
+                head = f.read(SEG_HEADER_SIZE)
+                if len(head) < SEG_HEADER_SIZE and last:
+                    f.close()
+                    os.unlink(path)       # created, header not yet written: start again
+                    return None
+                magic, version, hbase = SEG_HEADER.unpack(head.ljust(SEG_HEADER_SIZE, b"\0"))
+                if magic != SEG_MAGIC or version != SEG_VERSION or hbase != base:
+                    raise ValueError(f"bad segment header {head!r}")
+                pos, off, carry = SEG_HEADER_SIZE, base, b""
+                while True:
+                    chunk = f.read(READ_CHUNK)
+                    buf = carry + chunk
+                    if not buf:
+                        break
+                    starts, used, (status, _, max_ts) = _native.log_scan(
+                        buf, off, True, self.max_payload, 1 << 30)
+                    if starts:
+                        if seg.index[-1][1] != pos:
+                            seg.index.append((off, pos))
+                        seg.max_ts = max(seg.max_ts, max_ts)
+                    off += len(starts)
+                    pos += used
+                    carry = buf[used:]
+                    if status in (LOG_END, LOG_FULL) or status == LOG_PARTIAL and chunk:
+                        continue
+                    # damage, or an incomplete record at the end of the file
+                    resumed = self._resync(f, pos, off)
+                    if resumed is None and last:
+                        log.warning("%s: torn write at the end of %s (offset %d): cut off",
+                                    self, os.path.basename(path), off)
+                        break
+                    self._set_aside(seg)
+                    log.error("%s: damaged record at offset %d in %s: skipped", self, off,
+                              os.path.basename(path))
+                    if resumed is None:
+                        break
+                    pos, off = resumed
+                    seg.index.append((off, pos))
+                    f.seek(pos)
+                    carry = b""
+        except (OSError, ValueError) as e:
+            log.error("%s: segment %s unreadable (%s): set aside", self, path, e)
+            try:
+                os.replace(path, path + ".bad")
+            except OSError:
+                pass
+            return None
+        if last and pos < os.path.getsize(path):
+            with open(path, "r+b") as f:
+                f.truncate(pos)
+        seg.end = off
+        seg.size = pos
+        return seg
+
+    def _resync(self, f: Any, pos: int, off: int) -> tuple[int, int] | None:
+        """After a bad record at file position pos (offset off): the position and
+        offset of the next intact record within RESYNC_LIMIT, or None."""
+        f.seek(pos)
+        window = f.read(RESYNC_LIMIT)
+        for skip in range(1, 64):
+            want = _U64.pack(off + skip)
+            at = window.find(want, 1)
+            while at >= 0:
+                start = at - 8
+                if start > 0:
+                    got, _, _ = _native.log_scan(window[start:start + REC_HEADER + self.max_payload],
+                                                 off + skip, True, self.max_payload, 1)
+                    if got:
+                        return pos + start, off + skip
+                at = window.find(want, at + 1)
+        return None
+
+    def _set_aside(self, seg: _Segment) -> None:
+        if seg.damaged:
+            return
+        seg.damaged = True
+        try:
+            shutil.copyfile(seg.path, seg.path + ".bad")
+        except OSError as e:
+            log.error("%s: could not copy %s aside: %s", self, seg.path, e)
+
+    # -- write side (caller holds self.lock) ------------------------------------------
     def append(self, bodies: list[bytes], ts_ns: int, deliver_at_ns: int = 0) -> int:
-        return self.append_records([(ts_ns, 0, b, deliver_at_ns) for b in bodies])
+        """Build records for bodies (one C call); returns the first offset. They are
+        readable once ``write_pending`` has run."""
+        first = self.head
+        if len(bodies) == 1:
+            src = bodies[0]
+            offs: Sequence[int] = (0,)
+            lens: Sequence[int] = (len(src),)
+        else:
+            src = b"".join(bodies)
+            lens = [len(b) for b in bodies]
+            offs = [0] * len(bodies)
+            at = 0
+            for i, n in enumerate(lens):
+                offs[i] = at
+                at += n
+        data, _ = _native.log_build(first, ts_ns, deliver_at_ns, src, offs, lens)
+        self._pending.append(data)
+        if deliver_at_ns:
+            self._pending_deferred += len(bodies)
+        self.head = first + len(bodies)
+        return first
+
+    def append_parts(self, src: bytes, offs: Sequence[int], lens: Sequence[int],
+                     ts_ns: int) -> int:
+        """Records for the parts src[offs[i]:offs[i] + lens[i]] (an MPUB body as
+        mpub_split found it): one C call, no object per part."""
+        first = self.head
+        data, _ = _native.log_build(first, ts_ns, 0, src, offs, lens)
+        self._pending.append(data)
+        self.head = first + len(lens)
+        return first
 
     def append_records(self, items: list[tuple[int, int, bytes, int]]) -> int:
+        """Records with their own (ts_ns, attempts, body, deliver_at_ns): imports."""
         first = self.head
-        if not self._pending:
-            self._pending_first = first
-        off = first
-        for ts, attempts, body, deliver_at in items:
-            self._pending.append(_record(off, deliver_at, ts, attempts, body))
-            off += 1
-        self.head = off
+        for i, (ts, attempts, body, deliver_at) in enumerate(items):
+            data, _ = _native.log_build(first + i, ts, deliver_at, body, (0,), (len(body),))
+            if attempts:
+                rec = bytearray(data)
+                rec[32:34] = min(attempts, 0xFFFF).to_bytes(2, "big")
+                rec[0:4] = zlib.crc32(bytes(rec[4:])).to_bytes(4, "big")
+                data = bytes(rec)
+            self._pending.append(data)
+            if deliver_at:
+                self._pending_deferred += 1
+        self.head = first + len(items)
         return first
 
     def discard_pending(self) -> None:
+        """Forget appended records not yet written (their publishes failed)."""
         self._pending = []
-        self.head = self._pending_first if self._pending else self.written
+        self._pending_deferred = 0
         self.head = self.written
 
     def write_pending(self) -> int:
+        """One write of everything appended; returns ``written``. On an OS error the
+        file is cut back, the records stay pending, and a StorageError is raised."""
         if not self._pending:
             return self.written
-        recs = self._pending
-        first = self._pending_first
+        data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+        first = self.written
+        n = self.head - first
         if self.directory is not None:
-            data = b"".join(recs)
-            seg = self._segs[-1] if self._segs else None
-            if seg is None or (seg.size and seg.size + len(data) > self.max_bytes):
-                seg = self._new_segment(first)
-            assert self._fd is not None
-            try:
-                n = os.write(self._fd, data)
-                if n != len(data):
-                    raise OSError(28, "short write")
-            except OSError as e:
-                try:
-                    os.ftruncate(self._fd, seg.size)
-                except OSError:
-                    pass
-                raise from_oserror(e, seg.path) from None
-            seg.index.append((first, seg.size))
-            seg.size += len(data)
-            seg.end = first + len(recs)
-            seg.max_ts = max(seg.max_ts, int.from_bytes(recs[-1][24:32], "big", signed=True))
+            self._write_file(data, first, n)
+        pos, _, (_, deferred, max_ts) = _native.log_scan(data, first, False,
+                                                         self.max_payload, n)
         self._pending = []
-        self._tail.append((first, recs))
-        self._tail_n += len(recs)
-        while len(self._tail) > 1 and self._tail_n - len(self._tail[0][1]) >= self.mem_records:
-            _, old = self._tail.popleft()
-            self._tail_n -= len(old)
-        if self._tail_n > self.mem_records and self.directory is None:
-            # ephemeral: keep only the newest mem_records
-            f, r = self._tail[0]
-            cut = self._tail_n - self.mem_records
-            self._tail[0] = (f + cut, r[cut:])
-            self._tail_n -= cut
-        self.tail_start = self._tail[0][0]
-        if self.directory is None:
-            self.oldest = self.tail_start
-        self.written = first + len(recs)
+        self._pending_deferred = 0
+        if self._segs:
+            seg = self._segs[-1]
+            seg.max_ts = max(seg.max_ts, max_ts)
+        self._blocks.append(_Block(first, data, pos, deferred))
+        self._block_firsts.append(first)
+        self._tail_records += n
+        self.written = self.head
+        self._trim_tail()
+        self.writes += 1
         return self.written
 
-    def _new_segment(self, base: int) -> _Seg:
+    def _write_file(self, data: bytes, first: int, n: int) -> None:
+        seg = self._segs[-1] if self._segs else None
+        if seg is None or (seg.end > seg.base and seg.size + len(data) > self.max_bytes_per_file):
+            seg = self._roll(first)
+        assert self._fd is not None
+        try:
+            done = os.pwrite(self._fd, data, seg.size)
+            while done < len(data):
+                done += os.pwrite(self._fd, data[done:], seg.size + done)
+        except OSError as e:
+            try:
+                os.ftruncate(self._fd, seg.size)
+            except OSError:
+                pass
+            raise from_oserror("write", seg.path, e) from None
+        if seg.index[-1][1] != seg.size:
+            seg.index.append((first, seg.size))
+        seg.size += len(data)
+        seg.end = first + n
+
+    def _roll(self, base: int) -> _Segment:
         assert self.directory is not None
         path = os.path.join(self.directory, "%020d.log" % base)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.pwrite(fd, SEG_HEADER.pack(SEG_MAGIC, SEG_VERSION, base), 0)
         except OSError as e:
-            raise from_oserror(e, path) from None
+            raise from_oserror("write", path, e) from None
         if self._fd is not None:
-            os.close(self._fd)
+            self._to_sync.append(self._fd)   # fsynced (and closed) by the next sync
         self._fd = fd
-        seg = _Seg(path, base)
-        seg.end = base
+        self._dir_dirty = True
+        seg = _Segment(path, base)
+        if not self._segs:
+            self.oldest = base
         self._segs.append(seg)
         return seg
 
-    # -- read side
+    def _trim_tail(self) -> None:
+        blocks = self._blocks
+        keep = self.mem_records
+        while len(blocks) > 1 and self._tail_records - len(blocks[0].pos) >= keep:
+            b = blocks.pop(0)
+            self._block_firsts.pop(0)
+            self._tail_records -= len(b.pos)
+        if self.directory is None:
+            # memory only: keep the newest mem_records; the rest is gone
+            low = max(self.written - keep, blocks[0].first if blocks else self.written)
+            if low > self.oldest:
+                self.dropped_count += low - self.oldest
+                self.oldest = low
+            if blocks and blocks[-1].end <= self.oldest:
+                blocks.clear()
+                self._block_firsts.clear()
+                self._tail_records = 0
+        first = blocks[0].first if blocks else self.written
+        self.tail_start = max(first, self.written - keep)
+
+    # -- read side (any thread) -------------------------------------------------------
     def read(self, offset: int, max_records: int, max_bytes: int) -> RecordBatch:
+        """Records from offset on (at least one when offset < written; none at
+        written). Raises OffsetOutOfRange outside [oldest, written]."""
         with self.lock:
             if offset < self.oldest or offset > self.written:
-                raise OffsetOutOfRange(offset)
+                raise OffsetOutOfRange(f"offset {offset} not in [{self.oldest}, {self.written}]")
             if offset == self.written:
-                return RecordBatch(offset, [])
-            if offset >= self.tail_start:
-                out: list[bytes] = []
-                for first, recs in self._tail:
-                    if first + len(recs) <= offset:
-                        continue
-                    i = max(0, offset + len(out) - first)
-                    out.extend(recs[i:i + max_records - len(out)])
-                    if len(out) >= max_records:
-                        break
-                return RecordBatch(offset, out)
-            bases = [s.base for s in self._segs]
-            k = bisect.bisect_right(bases, offset) - 1
+                return RecordBatch(offset, b"", (), 0)
+            if self._blocks and offset >= self._blocks[0].first:
+                k = bisect.bisect_right(self._block_firsts, offset) - 1
+                b = self._blocks[k]
+                i = offset - b.first
+                j = min(len(b.pos), i + max(1, max_records))
+                return RecordBatch(offset, b.data, b.pos[i:j], b.deferred)
+            k = bisect.bisect_right([s.base for s in self._segs], offset) - 1
+            if k < 0:
+                raise OffsetOutOfRange(f"offset {offset} is in no segment")
             seg = self._segs[k]
-            idx = seg.index[bisect.bisect_right(seg.index, (offset, 1 << 62)) - 1] if seg.index else (seg.base, 0)
+            ix = seg.index[bisect.bisect_right(seg.index, (offset, 1 << 62)) - 1]
             path, end = seg.path, seg.end
-        out = []
-        with open(path, "rb") as f:
-            f.seek(idx[1])
-            off = idx[0]
-            size = 0
-            while off < end and len(out) < max_records and size < max_bytes:
-                h = f.read(HDR)
-                if len(h) < HDR:
-                    break
-                crc, ln, o = _HDR.unpack(h)
-                payload = f.read(ln)
-                if off >= offset:
-                    out.append(h + payload)
-                    size += len(h) + ln
-                off += 1
-        return RecordBatch(offset, out)
+        return self._read_file(seg, path, ix, offset, min(end, self.written) - offset,
+                               max_records, max_bytes)
+
+    def _read_file(self, seg: _Segment, path: str, ix: tuple[int, int], offset: int,
+                   left: int, max_records: int, max_bytes: int) -> RecordBatch:
+        start_off, fpos = ix
+        want = max(1, min(max_records, left))
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            raise from_oserror("read", path, e) from None
+        try:
+            while True:
+                chunk = os.pread(fd, max(READ_CHUNK, max_bytes), fpos)
+                pos, used, (status, deferred, _) = _native.log_scan(
+                    chunk, start_off, True, self.max_payload, 1 << 30)
+                skip = offset - start_off
+                if skip < len(pos):
+                    sel = pos[skip:skip + want]
+                    return RecordBatch(offset, chunk, sel, deferred)
+                if status >= 0 and pos:
+                    # the wanted record is further on: continue from the last complete one
+                    start_off += len(pos)
+                    fpos += used
+                    continue
+                if status == LOG_PARTIAL and chunk:
+                    # a record larger than the chunk: read it whole
+                    need = REC_HEADER + int.from_bytes(chunk[used + 4:used + 8], "big")
+                    chunk = os.pread(fd, need, fpos + used)
+                    start_off += len(pos)
+                    fpos += used
+                    one, _, _ = _native.log_scan(chunk, start_off, True, self.max_payload, 1)
+                    if one and start_off == offset:
+                        return RecordBatch(offset, chunk, one, 1)
+                    if one:
+                        start_off += 1
+                        fpos += need
+                        continue
+                # damage at start_off + len(pos): skip the record, resync after it
+                bad = start_off + len(pos)
+                self._set_aside(seg)
+                log.error("%s: damaged record at offset %d: skipped", self, bad)
+                with open(path, "rb") as f:
+                    resumed = self._resync(f, fpos + used, bad)
+                if resumed is None or resumed[1] >= self.written:
+                    return RecordBatch(max(offset, bad + 1), b"", (), 0)
+                fpos, start_off = resumed
+                if offset < start_off:
+                    offset = start_off
+                    want = max(1, min(max_records, self.written - offset))
+        finally:
+            os.close(fd)
 
     def payload(self, offset: int) -> bytes | None:
-        b = self.read(offset, 1, 1 << 30)
-        return b.recs[0][16:] if b.n else None
+        """One record's payload, or None if it is gone or damaged."""
+        try:
+            b = self.read(offset, 1, 0)
+        except OffsetOutOfRange:
+            return None
+        return b.payload(0) if b.n and b.first == offset else None
 
     def timestamps(self, offsets: list[int]) -> list[int]:
+        """Publish times of these offsets (those still held)."""
         out = []
         for off in offsets:
             try:
-                b = self.read(off, 1, 1 << 30)
-            except OffsetOutOfRange:
+                b = self.read(off, 1, 0)
+            except (OffsetOutOfRange, StorageError):
                 continue
-            if b.n:
+            if b.n and b.first == off:
                 out.append(b.ts_ns(0))
         return out
 
     def offset_for_time(self, ts_ns: int) -> int:
-        off = self.oldest
+        """The first offset whose publish time is >= ts_ns (``written`` if none)."""
+        with self.lock:
+            segs = [(s.base, s.end, s.max_ts) for s in self._segs]
+            lo = self.oldest
+        for base, end, max_ts in segs:
+            if end > lo and max_ts >= ts_ns:
+                lo = max(lo, base)
+                break
+        else:
+            if segs:
+                lo = max(lo, segs[-1][1])
+        off = lo
         while off < self.written:
-            b = self.read(off, 1000, 1 << 30)
+            b = self.read(off, 4096, 1 << 20)
             for i in range(b.n):
                 if b.ts_ns(i) >= ts_ns:
-                    return off + i
-            off += b.n
-            if not b.n:
-                break
+                    return b.first + i
+            off = b.first + max(b.n, 1)
         return self.written
 
+    # -- segments, retention, durability (storage thread) -----------------------------
     def segments(self) -> list[SegmentInfo]:
         with self.lock:
             return [SegmentInfo(s.base, s.end, s.size, s.max_ts) for s in self._segs]
 
     def size_bytes(self) -> int:
-        return sum(s.size for s in self._segs)
+        with self.lock:
+            return sum(s.size for s in self._segs)
 
     def drop_before(self, offset: int) -> int:
+        """Delete whole segments whose records are all below offset (never the active
+        one); returns the new ``oldest``."""
         with self.lock:
+            gone = []
             while len(self._segs) > 1 and self._segs[0].end <= offset:
-                seg = self._segs.pop(0)
-                try:
-                    os.unlink(seg.path)
-                except OSError:
-                    pass
-            if self._segs:
-                self.oldest = max(self.oldest, self._segs[0].base)
-            return self.oldest
+                gone.append(self._segs.pop(0))
+            if gone:
+                self.oldest = self._segs[0].base
+            oldest = self.oldest
+        for seg in gone:
+            try:
+                os.unlink(seg.path)
+            except OSError as e:
+                log.error("%s: cannot delete %s: %s", self, seg.path, e)
+        return oldest
 
     def sync(self) -> int:
+        """fsync what is written (rolled segments, the active one, the directory after
+        a new segment); returns the offset below which everything is on disk."""
         with self.lock:
-            fd = os.dup(self._fd) if self._fd is not None else None
-            w = self.written
-        if fd is not None:
-            try:
-                os.fsync(fd)
-            except OSError as e:
-                raise from_oserror(e, self.directory or "") from None
-            finally:
-                os.close(fd)
-        self._synced = w
-        return w
+            if self.directory is None:
+                return self.written
+            upto = self.written
+            fds = self._to_sync
+            self._to_sync = []
+            active = os.dup(self._fd) if self._fd is not None else None
+            dir_dirty, self._dir_dirty = self._dir_dirty, False
+        try:
+            for fd in fds:
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            if active is not None:
+                os.fsync(active)
+            if dir_dirty:
+                dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+        except OSError as e:
+            raise from_oserror("sync", self.directory, e) from None
+        finally:
+            if active is not None:
+                os.close(active)
+        return upto
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
+        with self.lock:
+            fds = self._to_sync + ([self._fd] if self._fd is not None else [])
+            self._to_sync = []
             self._fd = None
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def delete(self) -> None:
+        """Close and remove the log's directory."""
         self.close()
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
-__all__ = ["TopicLog", "RecordBatch", "OffsetOutOfRange", "SegmentInfo", "StorageError"]
+__all__ = ["OffsetOutOfRange", "RecordBatch", "SegmentInfo", "TopicLog"]

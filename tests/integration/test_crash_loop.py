@@ -10,7 +10,9 @@ again (at least once); duplicates are allowed and counted.
 """
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from collections.abc import Callable
 
 from tests.support.broker import BrokerProcess, unique_name, wait_until
@@ -98,10 +100,23 @@ def test_kill9_loop_loses_no_acknowledged_message(make_broker: MakeBroker) -> No
     assert consume(b, with_ch, "ch", idle_s=0.5) == []
 
 
+def _saved_due(b: BrokerProcess, topic: str, offset: int) -> int:
+    """The due time the broker saved for a pending offset of topic's channel "ch"."""
+    path = Path(b.data_path) / "state" / f"{topic}.json"
+    try:
+        state = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return 0
+    for off, _, due in state.get("channels", {}).get("ch", {}).get("pending", []):
+        if off == offset:
+            return int(due)
+    return 0
+
+
 def test_kill9_keeps_deferred_time_in_fsync_mode(make_broker: MakeBroker) -> None:
     """A DPUB answered OK in fsync mode has its due time on disk: after kill -9 it is
-    delivered, and not before that time. A message REQ'd with a delay is delivered at
-    least once (an early copy is possible: the old record's ack may not be on disk)."""
+    delivered, and not before that time. A message REQ'd with a delay keeps its due time
+    once the channel's state is saved (at once in fsync mode)."""
     b = make_broker("--durability=fsync", "--msg-timeout=60s")
     topic = unique_name("k9defer")
     create_channel(b, topic, "ch")
@@ -119,6 +134,9 @@ def test_kill9_keeps_deferred_time_in_fsync_mode(make_broker: MakeBroker) -> Non
     t_req = time.time()
     c.req(got[0].id, delay_ms)
     wait_until(lambda: (channel_stats(b, topic, "ch") or {}).get("deferred_count") == 4)
+    # a REQ's due time is saved with the channel's state, at once in fsync mode
+    wait_until(lambda: _saved_due(b, topic, int(got[0].id, 16)) > 0,
+               what="the REQ's due time saved")
     b.kill9()
     c.close()
     b.start()

@@ -113,16 +113,16 @@ def test_fin_errors() -> None:
         ch.finish(owner, b"000000000000000_")
 
 
-def test_finish_many_reports_failures_in_order() -> None:
+def test_finish_offsets_reports_failures_in_order() -> None:
     t, ch = make()
-    c = Client(rdy=5)
+    c, other = Client(rdy=5), Client(rdy=0)
     ch.add_consumer(c, 0)
     publish(t, 5)
     ch.dispatch(0, WALL)
-    ids = [m.id for m in c.got]
-    done, failed = ch.finish_many(c, [ids[0], b"ffffffffffffffff", ids[1], ids[0]])
-    assert done == [0, 1] and [mid for mid, _ in failed] == [b"ffffffffffffffff", ids[0]]
-    assert c.in_flight_count == 3 and len(ch.in_flight) == 3
+    failed = ch.finish_offsets(c, [0, -1, 1, 0, 77])
+    assert [(i, type(e).__name__) for i, e in failed] == \
+        [(1, "NotInFlight"), (3, "NotInFlight"), (4, "NotInFlight")]
+    assert ch.finish_offsets(other, [2]) and c.in_flight_count == 3 and len(ch.in_flight) == 3
 
 
 def test_requeue_now_and_deferred_keep_timestamp_and_count_attempts() -> None:

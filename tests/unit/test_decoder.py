@@ -41,8 +41,8 @@ def complete(cmds: list[Command]) -> list[tuple[list[bytes], bytes | None]]:
     """Complete commands, with FIN batches spelled out one FIN per id."""
     out: list[tuple[list[bytes], bytes | None]] = []
     for c in cmds:
-        if c.fin_ids is not None:
-            out.extend(([b"FIN", i], None) for i in c.fin_ids)
+        if c.fin_offsets is not None:
+            out.extend(([b"FIN", c.fin_id(i)], None) for i in range(len(c.fin_offsets)))
         elif not c.pending:
             out.append((c.params, c.body))
     return out
@@ -117,6 +117,17 @@ def test_line_too_long_is_invalid_after_earlier_commands() -> None:
         d.next_command()
 
 
+def test_fin_ids_that_are_not_lowercase_hex_have_no_offset() -> None:
+    d = CommandDecoder(1024, 4096)
+    ids = [b"000000000000000a", b"000000000000000A", b"zzzzzzzzzzzzzzzz", b"ffffffffffffffff"]
+    for start in (b"", b"NOP\n"):      # the fast path at the start, and after a command
+        d.receive(start + b"".join(b"FIN " + i + b"\n" for i in ids))
+        fins = [c for c in drain(d) if c.fin_offsets is not None]
+        assert len(fins) == 1
+        assert list(fins[0].fin_offsets or []) == [10, -1, -1, -1]
+        assert [fins[0].fin_id(i) for i in range(4)] == ids
+
+
 def test_params_split_like_nsqd() -> None:
     d = CommandDecoder(1024, 4096)
     d.receive(b"SUB  t c\n\n")
@@ -130,6 +141,13 @@ def test_consecutive_fins_become_one_batch_in_order() -> None:
               + b"".join(b"FIN " + i + b"\n" for i in ids[3:]) + b"FIN short\n"
               + b"FIN 0123456 89abcdef\n")
     cmds = drain(d)
-    assert [c.fin_ids for c in cmds[:3]] == [ids[:3], None, ids[3:]]
+
+    def batch(c: Command) -> list[bytes] | None:
+        if c.fin_offsets is None:
+            return None
+        assert list(c.fin_offsets) == [int(c.fin_id(i), 16) for i in range(len(c.fin_offsets))]
+        return [c.fin_id(i) for i in range(len(c.fin_offsets))]
+
+    assert [batch(c) for c in cmds[:3]] == [ids[:3], None, ids[3:]]
     # malformed FIN lines keep nsqd's parameter split (and so its errors)
     assert [c.params for c in cmds[3:]] == [[b"FIN", b"short"], [b"FIN", b"0123456", b"89abcdef"]]

@@ -237,3 +237,35 @@ def test_missing_compiled_module(pure: str, expected: str) -> None:
     proc = subprocess.run([sys.executable, "-c", BLOCK_COMPILED], env=env,
                           capture_output=True, text=True, timeout=60, check=True)
     assert proc.stdout.startswith(expected), proc.stdout + proc.stderr
+
+
+@st.composite
+def fin_run(draw: st.DrawFn) -> bytes:
+    """FIN lines with ids that are lowercase hex, other bytes, or of other lengths,
+    sometimes followed by another command or cut short."""
+    lines = []
+    for _ in range(draw(st.integers(0, 6))):
+        kind = draw(st.sampled_from(["hex", "hex", "upper", "binary", "short", "spaced"]))
+        if kind == "hex":
+            mid = b"%016x" % draw(st.integers(0, 2**64 - 1))
+        elif kind == "upper":
+            mid = b"%016X" % draw(st.integers(0, 2**64 - 1))
+        elif kind == "binary":
+            mid = draw(st.binary(min_size=16, max_size=16))
+        elif kind == "short":
+            mid = draw(st.binary(max_size=15))
+        else:
+            mid = b"0123456 89abcdef"
+        lines.append(b"FIN " + mid + b"\n")
+    tail = draw(st.sampled_from([b"", b"RDY 5\n", b"FIN 01", b"NOP\n"]))
+    return b"".join(lines) + tail
+
+
+@needs_c
+@SETTINGS
+@given(fin_run())
+def test_scan_fins_parity(buf: bytes) -> None:
+    assert C is not None
+    offs, used = _native.Scanner(1024, 1024, 1024).fins(buf)
+    want_offs, want_used = _pure.scan_fins(buf)
+    assert (list(offs), used) == (want_offs, want_used)
