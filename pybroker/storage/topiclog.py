@@ -14,8 +14,9 @@ the segment's sparse index, records checked by ``nsqf_log_scan``). A RecordBatch
 view of one block or one read chunk, never a copy per record; ``frames`` builds NSQ
 message frames for a slice of it in one C call (``nsqf_log_frames``).
 
-The tail keeps about ``mem_records`` of the newest records (whole blocks; records
-beyond that count as on disk for ``tail_start`` and /stats). A log without a directory
+The tail keeps about ``mem_records`` of the newest records, and at most about
+``TAIL_MAX_BYTES`` for a log on disk (whole blocks; records beyond that count as on
+disk for ``tail_start`` and /stats). A log without a directory
 (``#ephemeral`` topics) is only its tail: older records are dropped (``oldest`` moves).
 
 Concurrency: ``lock`` guards everything here. Callers hold it around ``append`` /
@@ -59,6 +60,9 @@ PAYLOAD_HEAD = 34
 READ_CHUNK = 256 * 1024
 LOG_END, LOG_PARTIAL, LOG_FULL = 0, 1, 2      # nsqf_log_scan's statuses (>= 0: no damage)
 RESYNC_LIMIT = 4 * 1024 * 1024
+# the memory tail of a log on disk holds at most mem_queue_size records and about this
+# many bytes; older records are read back from the segment files (the page cache)
+TAIL_MAX_BYTES = 32 * 1024 * 1024
 _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
 
@@ -163,6 +167,7 @@ class TopicLog:
         self._blocks: list[_Block] = []
         self._block_firsts: list[int] = []
         self._tail_records = 0
+        self._tail_bytes = 0
         self._segs: list[_Segment] = []
         self._fd: int | None = None
         self._to_sync: list[int] = []      # dup'd fds of rolled segments not yet fsynced
@@ -359,6 +364,7 @@ class TopicLog:
         self._blocks.append(_Block(first, data, pos, deferred))
         self._block_firsts.append(first)
         self._tail_records += n
+        self._tail_bytes += len(data)
         self.written = self.head
         self._trim_tail()
         self.writes += 1
@@ -405,10 +411,14 @@ class TopicLog:
     def _trim_tail(self) -> None:
         blocks = self._blocks
         keep = self.mem_records
-        while len(blocks) > 1 and self._tail_records - len(blocks[0].pos) >= keep:
+        on_disk = self.directory is not None
+        while len(blocks) > 1 and (self._tail_records - len(blocks[0].pos) >= keep
+                                   or on_disk and self._tail_bytes - len(blocks[0].data)
+                                   >= TAIL_MAX_BYTES):
             b = blocks.pop(0)
             self._block_firsts.pop(0)
             self._tail_records -= len(b.pos)
+            self._tail_bytes -= len(b.data)
         if self.directory is None:
             # memory only: keep the newest mem_records; the rest is gone
             low = max(self.written - keep, blocks[0].first if blocks else self.written)
@@ -419,8 +429,13 @@ class TopicLog:
                 blocks.clear()
                 self._block_firsts.clear()
                 self._tail_records = 0
+                self._tail_bytes = 0
         first = blocks[0].first if blocks else self.written
         self.tail_start = max(first, self.written - keep)
+        if on_disk and self._tail_bytes > TAIL_MAX_BYTES and blocks:
+            # a byte budget too: past it, reads go to the segment files (the kernel's
+            # page cache), and the records count as on disk
+            self.tail_start = max(self.tail_start, blocks[0].end)
 
     # -- read side (any thread) -------------------------------------------------------
     def read(self, offset: int, max_records: int, max_bytes: int) -> RecordBatch:

@@ -28,7 +28,7 @@ from tests.support.durability import (
     flip_bytes,
     http,
     ping,
-    queue_dir,
+    log_dir,
     segment_records,
     stats,
 )
@@ -84,8 +84,8 @@ def test_torn_segment_tail(make_broker: MakeBroker) -> None:
     create_channel(b, topic, "ch")
     msgs = spill(b, topic, 60)
     stop_clean(b)
-    qdir = queue_dir(b.data_path, f"{topic}:ch")
-    last = max(qdir.glob("*.seg"))
+    qdir = log_dir(b.data_path, topic)
+    last = max(qdir.glob("*.log"))
     recs = segment_records(last)
     assert len(recs) >= 2, recs
     # a write cut in the middle of the last record
@@ -123,8 +123,8 @@ def test_corrupt_record_is_set_aside(make_broker: MakeBroker, where: str) -> Non
     create_channel(b, topic, "ch")
     msgs = spill(b, topic, 77)
     stop_clean(b)
-    qdir = queue_dir(b.data_path, f"{topic}:ch")
-    segs = sorted(qdir.glob("*.seg"))
+    qdir = log_dir(b.data_path, topic)
+    segs = sorted(qdir.glob("*.log"))
     assert len(segs) >= 3, segs
     assert sorted(r.body for s in segs for r in segment_records(s)) == sorted(msgs)
     seg = segs[0 if where == "first" else -1]
@@ -155,7 +155,7 @@ def test_corrupt_record_loses_only_itself(make_broker: MakeBroker) -> None:
     create_channel(b, topic, "ch")
     msgs = spill(b, topic, 40)
     stop_clean(b)
-    seg = min(queue_dir(b.data_path, f"{topic}:ch").glob("*.seg"))
+    seg = min(log_dir(b.data_path, topic).glob("*.log"))
     damaged, after = _corrupt_middle(seg)
     b.start()
     got = set(bodies(consume(b, topic, "ch", idle_s=1.0)))
@@ -351,7 +351,7 @@ def test_write_failures_on_req_and_sub_fsync_mode(make_broker: MakeBroker) -> No
     c.rdy(2)
     got = c.read_messages(2)
     c.rdy(0)
-    seg = max(queue_dir(b.data_path, f"{t_a}:ch").glob("*.seg"))
+    seg = max(log_dir(b.data_path, t_a).glob("*.log"))
     _limit_file_size(b, seg.stat().st_size)   # no segment may grow; nsqd.dat is smaller
     c.req(got[0].id, 1000)
     c.assert_alive()                           # not closed: REQ failures are not fatal

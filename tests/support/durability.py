@@ -379,25 +379,25 @@ def _expect_ok(sock: socket.socket) -> None:
 
 # -- segment files (pybroker's documented on-disk format, parsed independently) --------------
 
-SEG_HEADER_LEN = 32
-REC_HEADER = struct.Struct(">IIQ")  # crc32, length, seq
+SEG_HEADER_LEN = 16      # "PBTLOG", u16 version, u64 base offset
+REC_HEADER = struct.Struct(">IIQ")  # crc32, length, log offset
 
 
-def queue_dir(data_path: str | Path, name: str) -> Path:
-    """queues/<name> with ':' escaped the way pybroker names queue directories."""
-    return Path(data_path) / "queues" / urllib.parse.quote(name, safe="")
+def log_dir(data_path: str | Path, topic: str) -> Path:
+    """topics/<topic>: the topic's log segments (``%020d.log``, by base offset)."""
+    return Path(data_path) / "topics" / urllib.parse.quote(topic, safe="")
 
 
-# a pybroker message record: [int64 deliver_at][int64 ts_ns][uint16 attempts][16-byte id][body]
+# a record's payload: [int64 deliver_at][int64 ts_ns][uint16 attempts][16-byte id][body]
 MSG_RECORD_HEADER = 34
 
 
 @dataclass(frozen=True)
 class SegmentRecord:
     offset: int     # of the record header in the file
-    length: int     # header + data
-    seq: int
-    body: bytes     # the message body inside the data
+    length: int     # header + payload
+    seq: int        # the record's log offset
+    body: bytes     # the message body inside the payload
 
 
 def segment_records(path: Path) -> list[SegmentRecord]:
