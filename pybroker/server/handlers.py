@@ -267,7 +267,7 @@ def _publish(c: "ClientConn", name: str, bodies: "list[bytes] | Parts", defer_ns
         raise failed(f"{verb} failed exiting")
     n = len(bodies[2]) if isinstance(bodies, tuple) else len(bodies)
     c.pub_counts[name] = c.pub_counts.get(name, 0) + n
-    c.loop.published(c, topic, failed(f"{verb} failed to write to disk"))
+    c.loop.published(c, topic, failed, verb)
 
 
 # -- consuming -------------------------------------------------------------------------------

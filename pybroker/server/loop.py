@@ -57,10 +57,11 @@ class EventLoop:
         self.durable = self.options.durability == "fsync"
         # topics published to this turn, written at its end (one write each)
         self.to_write: dict[Topic, None] = {}
-        # memory mode: OKs queued, not yet flushable: (conn, index in conn.out, topic, err)
-        self._unconfirmed: list[tuple[ClientConn, int, Topic, ClientError]] = []
+        # memory mode: OKs queued, not yet flushable: (conn, index in conn.out, topic,
+        # the error class and verb for the answer should the write fail)
+        self._unconfirmed: list[tuple[ClientConn, int, Topic, type[ClientError], str]] = []
         # fsync mode: publishes waiting for this turn's write and the storage thread's sync
-        self._durable: list[tuple[ClientConn, Topic, ClientError]] = []
+        self._durable: list[tuple[ClientConn, Topic, type[ClientError], str]] = []
         # channels of other loops with new records: told once per turn
         self._wake_remote: dict[EventLoop, dict[Channel, None]] = {}
         self._running = False
@@ -83,7 +84,8 @@ class EventLoop:
             self.timers.remove(handle)
 
     # -- publishing ---------------------------------------------------------------
-    def published(self, conn: "ClientConn", topic: Topic, err: ClientError) -> None:
+    def published(self, conn: "ClientConn", topic: Topic, failed: type[ClientError],
+                  verb: str) -> None:
         """A publish of conn's appended records to topic: write the topic at the end of
         this turn (one write per topic however many publishes), then answer. In memory
         mode the OK is queued now and flushed only after the write (a failed write turns
@@ -91,11 +93,11 @@ class EventLoop:
         thread has synced the topic (group commit), so replies stay in order."""
         self.to_write[topic] = None
         if self.durable:
-            self._durable.append((conn, topic, err))
+            self._durable.append((conn, topic, failed, verb))
             conn.awaiting_commit += 1
         else:
             conn.send_ok()
-            self._unconfirmed.append((conn, len(conn.out) - 1, topic, err))
+            self._unconfirmed.append((conn, len(conn.out) - 1, topic, failed, verb))
             conn.unconfirmed += 1
 
     def _write_topics(self) -> None:
@@ -116,28 +118,29 @@ class EventLoop:
                 self.wake(chans)
         if self._unconfirmed:
             unconfirmed, self._unconfirmed = self._unconfirmed, []
-            for conn, idx, t, err in unconfirmed:
+            for conn, idx, t, cls, verb in unconfirmed:
                 conn.unconfirmed -= 1
                 if t in failed and not conn.closed:
+                    err = cls(f"{verb} failed {failed[t]}")
                     conn.out[idx] = encode_error(err.payload())
                     log.error("[%s] - %s", conn, err.payload().decode("utf-8", "replace"))
                     conn.close_after_flush()
         if self._durable:
             durable, self._durable = self._durable, []
             ok = [entry for entry in durable if entry[1] not in failed]
-            for conn, t, err in durable:
+            for conn, t, cls, verb in durable:
                 if t in failed:
-                    self._settle(conn, err)
+                    self._settle(conn, cls(f"{verb} failed {failed[t]}"))
             if ok:
-                topics = list({t: None for _, t, _ in ok})
+                topics = list({entry[1]: None for entry in ok})
                 self.runtime.storage.sync_topics(
                     topics, lambda error: self.call_soon_threadsafe(self._synced, ok, error))
 
-    def _synced(self, commits: list[tuple["ClientConn", Topic, ClientError]],
+    def _synced(self, commits: list[tuple["ClientConn", Topic, type[ClientError], str]],
                 error: Exception | None) -> None:
         """The storage thread synced the topics of these durable publishes."""
-        for conn, _, err in commits:
-            self._settle(conn, err if error is not None else None)
+        for conn, _, cls, verb in commits:
+            self._settle(conn, None if error is None else cls(f"{verb} failed {error}"))
 
     def _settle(self, conn: "ClientConn", err: ClientError | None) -> None:
         conn.awaiting_commit -= 1

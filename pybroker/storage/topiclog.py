@@ -59,6 +59,7 @@ REC_HEADER = 16
 PAYLOAD_HEAD = 34
 READ_CHUNK = 256 * 1024
 LOG_END, LOG_PARTIAL, LOG_FULL = 0, 1, 2      # nsqf_log_scan's statuses (>= 0: no damage)
+_WHY = {-30: "impossible length", -31: "checksum mismatch", -32: "offset out of sequence"}
 RESYNC_LIMIT = 4 * 1024 * 1024
 # the memory tail of a log on disk holds at most mem_queue_size records and about this
 # many bytes; older records are read back from the segment files (the page cache)
@@ -178,7 +179,8 @@ class TopicLog:
             self._recover()
 
     def __repr__(self) -> str:
-        return f"TopicLog({self.directory or 'memory'}, {self.oldest}..{self.written})"
+        name = os.path.basename(self.directory) if self.directory else "memory"
+        return f"TOPICLOG({name})"
 
     # -- recovery ---------------------------------------------------------------------
     def _recover(self) -> None:
@@ -239,8 +241,8 @@ class TopicLog:
                                     self, os.path.basename(path), off)
                         break
                     self._set_aside(seg)
-                    log.error("%s: damaged record at offset %d in %s: skipped", self, off,
-                              os.path.basename(path))
+                    log.error("%s: damaged record at offset %d in %s (%s): skipped", self, off,
+                              os.path.basename(path), _WHY.get(status, "incomplete"))
                     if resumed is None:
                         break
                     pos, off = resumed
@@ -499,7 +501,8 @@ class TopicLog:
                 # damage at start_off + len(pos): skip the record, resync after it
                 bad = start_off + len(pos)
                 self._set_aside(seg)
-                log.error("%s: damaged record at offset %d: skipped", self, bad)
+                log.error("%s: damaged record at offset %d in %s (%s): skipped", self, bad,
+                          os.path.basename(path), _WHY.get(status, "incomplete"))
                 with open(path, "rb") as f:
                     resumed = self._resync(f, fpos + used, bad)
                 if resumed is None or resumed[1] >= self.written:
