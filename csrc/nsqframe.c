@@ -233,43 +233,6 @@ int nsqf_mpub_split(const uint8_t *body, size_t len, uint32_t max_msg_size,
     return (int)count;
 }
 
-/*
- * nsqf_encode_messages: see nsqframe.h. Checks every length first, then
- * writes out[0, total) in one pass; on any error nothing is written.
- */
-int64_t nsqf_encode_messages(uint8_t *out, size_t cap, uint32_t n,
-                             const int64_t *ts_ns, const uint16_t *attempts,
-                             const uint8_t *ids, const uint8_t *bodies,
-                             const uint32_t *lens)
-{
-    uint64_t total = 0;
-    uint32_t i;
-    uint8_t *p = out;
-
-    for (i = 0; i < n; i++) {
-        if (lens[i] > NSQF_MAX_BODY)
-            return NSQF_E_FRAME_SIZE;
-        total += 34u + (uint64_t)lens[i];
-    }
-    if (total > (uint64_t)cap || total > (uint64_t)INT64_MAX)
-        return NSQF_E_CAPACITY;
-
-    for (i = 0; i < n; i++) {
-        uint32_t blen = lens[i];
-
-        put_u32(p, 30u + blen);            /* frame size: type + data */
-        put_u32(p + 4, 2u);                /* frame type: message */
-        put_u64(p + 8, (uint64_t)ts_ns[i]);
-        p[16] = (uint8_t)(attempts[i] >> 8);
-        p[17] = (uint8_t)attempts[i];
-        memcpy(p + 18, ids + (size_t)16 * i, 16);
-        if (blen > 0)
-            memcpy(p + 34, bodies, blen);
-        bodies += blen;
-        p += 34 + (size_t)blen;
-    }
-    return (int64_t)total;
-}
 
 /* The value of a lowercase hex digit, or -1. */
 static int hex_lower(uint8_t c)

@@ -8,7 +8,6 @@
  *   nsqf_log_scan        once per read from disk (and recovery): find and check records
  *   nsqf_log_frames      once per delivery batch: message frames from log records
  *   nsqf_mpub_split      once per MPUB: validate and split the body into parts
- *   nsqf_encode_messages once per flush: write N message frames into one buffer
  *
  * Rules: the caller owns every buffer (input and output); no function allocates,
  * keeps state between calls, touches globals or calls back into Python. C knows
@@ -120,24 +119,6 @@ int nsqf_scan(const uint8_t *buf, size_t len, const nsqf_limits *lim,
 int nsqf_mpub_split(const uint8_t *body, size_t len, uint32_t max_msg_size,
                     uint32_t max_count, uint32_t *offs, uint32_t *lens, int cap,
                     nsqf_stop *err);
-
-/*
- * Encode n message frames back to back into out[0, cap):
- *   [int32 size = 30 + len][int32 2][int64 ts_ns][uint16 attempts][16-byte id][body]
- *
- * Inputs:  ts_ns[n], attempts[n], ids (n * 16 bytes, message i at ids + 16 * i),
- *          bodies (the n bodies back to back, sum(lens) bytes: body i starts
- *          at bodies + lens[0] + ... + lens[i - 1]), lens[n]; all caller-owned.
- *          (One joined buffer rather than n pointers: from Python a pointer
- *          array costs a cdata object per body, about twice the whole encode.)
- * Returns: bytes written; NSQF_E_FRAME_SIZE if some lens[i] > NSQF_MAX_BODY;
- *          NSQF_E_CAPACITY if cap < sum(34 + lens[i]). Nothing is written
- *          when an error is returned.
- */
-int64_t nsqf_encode_messages(uint8_t *out, size_t cap, uint32_t n,
-                             const int64_t *ts_ns, const uint16_t *attempts,
-                             const uint8_t *ids, const uint8_t *bodies,
-                             const uint32_t *lens);
 
 /*
  * Parse the run of FIN commands at the start of buf[0, len): each exactly

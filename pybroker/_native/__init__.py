@@ -1,6 +1,7 @@
 """The C frame codec's Python boundary: the only importer of _nsqframe.
 
-Exposes Scanner, mpub_split and encode_messages backed by csrc/nsqframe.c,
+Exposes Scanner, mpub_split/mpub_parts and the topic log codec (log_build, log_scan,
+log_frames) backed by csrc/nsqframe.c,
 or by the pure-Python spec in _pure when PYBROKER_PURE=1 (BACKEND says which).
 Without PYBROKER_PURE, a missing compiled module is an ImportError: there is
 no silent fallback. Each function crosses into C once per call; scratch
@@ -54,7 +55,10 @@ __all__ = [
     "Span",
     "Stop",
     "c_backend",
-    "encode_messages",
+    "log_build",
+    "log_frames",
+    "log_scan",
+    "mpub_parts",
     "mpub_split",
 ]
 
@@ -217,55 +221,6 @@ def c_mpub_parts(
     return offs[:n], lens[:n]
 
 
-def c_encode_messages(msgs: Sequence[object]) -> bytes:
-    """nsqf_encode_messages; same contract as _pure.encode_messages."""
-    n = len(msgs)
-    if n == 0:
-        return b""
-    # Measured (100 x 200-byte bodies): one pass of list.append, then
-    # array.array + ffi.from_buffer for the integer columns, beat passing
-    # Python lists (cffi converts element by element), ffi.new from lists,
-    # attrgetter + zip, and a cdata pointer per body.
-    bodies: list[bytes] = []
-    ts_ns: list[int] = []
-    attempts: list[int] = []
-    ids: list[bytes] = []
-    for m in msgs:
-        bodies.append(m.body)  # type: ignore[attr-defined]
-        ts_ns.append(m.ts_ns)  # type: ignore[attr-defined]
-        attempts.append(m.attempts)  # type: ignore[attr-defined]
-        ids.append(m.id)  # type: ignore[attr-defined]
-    joined_ids = b"".join(ids)
-    if len(joined_ids) != 16 * n or max(map(len, ids)) != 16:
-        bad = next(len(i) for i in ids if len(i) != 16)
-        raise ValueError(f"message id must be 16 bytes, got {bad}")
-    blob = b"".join(bodies)
-    try:
-        lens = array.array("I", map(len, bodies))
-        ts_col = array.array("q", ts_ns)
-        attempts_col = array.array("H", attempts)
-    except OverflowError as exc:
-        raise ValueError(f"message field out of range: {exc}") from exc
-    if sum(lens) != len(blob):  # e.g. a memoryview of non-byte items
-        raise ValueError("message bodies must be bytes")
-    total = 34 * n + len(blob)
-    out = bytearray(total)
-    fb = _ffi.from_buffer
-    r = _lib.nsqf_encode_messages(
-        fb("uint8_t[]", out),
-        total,
-        n,
-        fb("int64_t[]", ts_col),
-        fb("uint16_t[]", attempts_col),
-        joined_ids,
-        blob,
-        fb("uint32_t[]", lens),
-    )
-    if r != total:
-        raise ValueError(f"message body too large to frame (code {r})")
-    return bytes(out)
-
-
 def c_log_build(first: int, ts_ns: int, deliver_at_ns: int, src: bytes | memoryview,
                 offs: Sequence[int], lens: Sequence[int]) -> tuple[bytes, "array.array[int]"]:
     """nsqf_log_build; same contract as _pure.log_build (positions as an array)."""
@@ -328,7 +283,6 @@ class CBackend:
     Scanner = CScanner
     ScanError = ScanError
     mpub_split = staticmethod(c_mpub_split)
-    encode_messages = staticmethod(c_encode_messages)
     log_build = staticmethod(c_log_build)
     log_scan = staticmethod(c_log_scan)
     log_frames = staticmethod(c_log_frames)
@@ -383,10 +337,8 @@ mpub_parts: Callable[..., tuple[Sequence[int], Sequence[int]]]
 if BACKEND == "c":
     mpub_split = c_mpub_split
     mpub_parts = c_mpub_parts
-    encode_messages = c_encode_messages
     log_build, log_scan, log_frames = c_log_build, c_log_scan, c_log_frames
 else:
     mpub_split = _pure.mpub_split
     mpub_parts = _pure.mpub_parts
-    encode_messages = _pure.encode_messages
     log_build, log_scan, log_frames = _pure.log_build, _pure.log_scan, _pure.log_frames

@@ -36,7 +36,6 @@ Stop = tuple[int, int, int, int]
 
 _MSG_VERBS = frozenset((b"PUB", b"DPUB"))
 _LARGE_VERBS = frozenset((b"MPUB", b"IDENTIFY", b"AUTH"))
-_FRAME_HEAD = struct.Struct(">iiqH")
 _I32 = struct.Struct(">i")
 
 
@@ -190,35 +189,6 @@ def mpub_split(
     return parts
 
 
-def encode_messages(msgs: Sequence[object]) -> bytes:
-    """Frame msgs back to back as NSQ message frames.
-
-    Each frame is [int32 30+len][int32 2][int64 ts_ns][uint16 attempts]
-    [16-byte id][body]; msgs need attributes id, body, ts_ns and attempts.
-
-    Raises:
-        ValueError: an id that is not 16 bytes, attempts outside 0-65535,
-            ts_ns outside int64, or a body longer than MAX_BODY.
-    """
-    parts: list[bytes] = []
-    add = parts.append
-    pack = _FRAME_HEAD.pack
-    for m in msgs:
-        mid: bytes = m.id  # type: ignore[attr-defined]
-        body: bytes = m.body  # type: ignore[attr-defined]
-        if len(mid) != 16:
-            raise ValueError(f"message id must be 16 bytes, got {len(mid)}")
-        if len(body) > MAX_BODY:
-            raise ValueError(f"message body of {len(body)} bytes is too large")
-        try:
-            add(pack(30 + len(body), 2, m.ts_ns, m.attempts))  # type: ignore[attr-defined]
-        except struct.error as exc:  # attempts outside uint16, ts_ns outside int64
-            raise ValueError(f"message field out of range: {exc}") from exc
-        add(mid)
-        add(body)
-    return b"".join(parts)
-
-
 _HEX_LOWER = frozenset(b"0123456789abcdef")
 
 
@@ -251,6 +221,7 @@ LOG_BAD_LENGTH = -30
 LOG_BAD_CRC = -31
 LOG_BAD_OFFSET = -32
 _REC = struct.Struct(">IIQqqH")
+_REC_HEAD = struct.Struct(">IIQ")
 _LEN_OFF = struct.Struct(">IQ")
 
 
@@ -290,7 +261,7 @@ def log_scan(buf: bytes | memoryview, first: int, check_crc: bool, max_payload: 
         if end - at < REC_HEADER:
             status = LOG_PARTIAL
             break
-        crc, plen, off = _REC.unpack_from(buf, at)[:3]
+        crc, plen, off = _REC_HEAD.unpack_from(buf, at)
         if plen < PAYLOAD_HEAD or plen > max_payload:
             status = LOG_BAD_LENGTH
             break

@@ -1,12 +1,12 @@
-"""Frames -> bytes. Message batches are framed by the C codec in one call per flush."""
+"""Frames -> bytes. Message frames come from the topic log's records (storage.topiclog,
+built by the C codec in one call per batch)."""
 from __future__ import annotations
 
 import struct
 
-from pybroker._native import encode_messages
 from pybroker.protocol.wire import CLOSE_WAIT, HEARTBEAT, OK, FrameType
 
-__all__ = ["encode_frame", "encode_response", "encode_error", "encode_messages",
+__all__ = ["encode_frame", "encode_response", "encode_error",
            "OK_FRAME", "HEARTBEAT_FRAME", "CLOSE_WAIT_FRAME"]
 
 _HEAD = struct.Struct(">ii")

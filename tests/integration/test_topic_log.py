@@ -4,6 +4,7 @@ default durability against kill -9. All against the real server process."""
 from __future__ import annotations
 
 import json
+import struct
 import threading
 import time
 import urllib.error
@@ -271,3 +272,44 @@ def test_kill9_loses_no_acknowledged_message(make_broker: MakeBroker, durability
     lost = acked - seen
     print(f"{durability}: {len(acked)} acknowledged, {len(lost)} never delivered")
     assert not lost, f"{len(lost)} acknowledged messages lost, e.g. {sorted(lost)[:5]}"
+
+
+# -- the earlier storage format ----------------------------------------------------------------
+
+
+def _old_record(body: bytes, ts: int, attempts: int = 0, deliver_at: int = 0) -> bytes:
+    """A message record of pybroker's earlier per-queue format."""
+    return struct.pack(">qqH", deliver_at, ts, attempts) + b"0123456789abcdef" + body
+
+
+def test_queues_of_the_earlier_format_move_into_topic_logs(make_broker: MakeBroker,
+                                                           tmp_path: Path) -> None:
+    """A data_path written by the earlier storage (a disk queue per topic and per
+    channel under queues/) is moved into topic logs on start: every queued message is
+    delivered to its channel, with its publish time and attempts; nothing twice."""
+    from pybroker.storage import DiskQueue
+    from tests.support.nsqd_data import topic_entry, write_metadata
+
+    data = tmp_path / "data"
+    (data / "queues").mkdir(parents=True)
+    ts = 1_700_000_000 * 10**9
+    queues = {"old:a": [b"a%d" % i for i in range(5)], "old:b": [b"b%d" % i for i in range(3)],
+              "lonely": [b"t%d" % i for i in range(4)]}
+    for name, msgs in queues.items():
+        q = DiskQueue(data / "queues", name)
+        q.put_many([_old_record(m, ts + i, attempts=1) for i, m in enumerate(msgs)])
+        q.close()
+    write_metadata(data, [topic_entry("old", False, [("a", False), ("b", False)]),
+                          topic_entry("lonely", False, [])])
+    b = make_broker(data_path=str(data))
+    assert any("earlier queue format" in ln for ln in b.stderr_lines), b.stderr_text()
+    got_a = consume(b, "old", "a", expect=5)
+    assert bodies(got_a) == queues["old:a"]
+    assert [(r.msg.ts_ns, r.msg.attempts) for r in got_a] == [(ts + i, 2) for i in range(5)]
+    assert sorted(bodies(consume(b, "old", "b", expect=3))) == sorted(queues["old:b"])
+    assert bodies(consume(b, "lonely", "first", expect=4)) == queues["lonely"]
+    b.stop()
+    b.start()
+    for topic, ch in (("old", "a"), ("old", "b"), ("lonely", "first")):
+        assert consume(b, topic, ch, idle_s=0.3) == []
+    assert not (data / "queues").exists() and (data / "queues-migrated").is_dir()

@@ -142,36 +142,43 @@ class TestMpubParity:
         assert split_result(C, memoryview(body), max_msg, max_count) == want
 
 
-class Msg:
-    __slots__ = ("attempts", "body", "id", "ts_ns")
-
-    def __init__(self, id: bytes, body: bytes, ts_ns: int, attempts: int) -> None:
-        self.id, self.body, self.ts_ns, self.attempts = id, body, ts_ns, attempts
-
-
-msg_st = st.builds(
-    Msg,
-    id=st.binary(min_size=16, max_size=16) | st.binary(max_size=20),
-    body=st.binary(max_size=64),
-    ts_ns=st.integers(-(2**63), 2**63 - 1) | st.integers(-(2**64), 2**64),
-    attempts=st.integers(0, 65535) | st.integers(-5, 70000),
-)
-
-
-def encode_result(backend: Any, msgs: list[Msg]) -> Any:
-    try:
-        return backend.encode_messages(msgs)
-    except ValueError:
-        return "ValueError"
+@st.composite
+def log_input(draw: st.DrawFn) -> tuple[int, int, int, bytes, list[int], list[int]]:
+    """Bodies inside a source buffer, with an offset, a publish time and a due time."""
+    src = draw(st.binary(max_size=200))
+    parts = draw(st.lists(st.tuples(st.integers(0, len(src)), st.integers(0, 40)), max_size=8))
+    offs = [min(o, len(src)) for o, _ in parts]
+    lens = [min(n, len(src) - o) for o, (_, n) in zip(offs, parts)]
+    first = draw(st.integers(0, 2**63 - 64))
+    ts = draw(st.integers(-(2**63), 2**63 - 1))
+    due = draw(st.sampled_from([0, 1, ts]))
+    return first, ts, due, src, offs, lens
 
 
 @needs_c
-class TestEncodeParity:
+class TestLogParity:
     @SETTINGS
-    @given(msgs=st.lists(msg_st, max_size=12))
-    def test_messages(self, msgs: list[Msg]) -> None:
+    @given(log_input(), st.integers(-1, 70000))
+    def test_build_scan_frames(self, args: Any, attempts: int) -> None:
         assert C is not None
-        assert encode_result(C, msgs) == encode_result(_pure, msgs)
+        first, ts, due, src, offs, lens = args
+        c_recs, c_pos = C.log_build(first, ts, due, src, offs, lens)
+        p_recs, p_pos = _pure.log_build(first, ts, due, src, offs, lens)
+        assert c_recs == p_recs and list(c_pos) == p_pos
+        for check in (True, False):
+            cs = C.log_scan(c_recs, first, check, 1000, 100)
+            ps = _pure.log_scan(p_recs, first, check, 1000, 100)
+            assert (list(cs[0]), cs[1], cs[2]) == (ps[0], ps[1], ps[2])
+        a = min(attempts, 65535) if attempts >= 0 else -1
+        assert C.log_frames(c_recs, c_pos, a) == _pure.log_frames(p_recs, p_pos, a)
+
+    @SETTINGS
+    @given(st.binary(max_size=300), st.integers(0, 5), st.booleans())
+    def test_scan_of_any_bytes(self, buf: bytes, first: int, check: bool) -> None:
+        assert C is not None
+        cs = C.log_scan(buf, first, check, 200, 50)
+        ps = _pure.log_scan(buf, first, check, 200, 50)
+        assert (list(cs[0]), cs[1], cs[2]) == (ps[0], ps[1], ps[2])
 
 
 def test_header_constants_match_pure() -> None:
@@ -203,7 +210,7 @@ def test_backend_selection() -> None:
     impl = _pure if forced else C
     assert impl is not None
     assert _native.mpub_split is impl.mpub_split
-    assert _native.encode_messages is impl.encode_messages
+    assert _native.log_frames is impl.log_frames
     assert _native.Scanner(10, 10, 10).scan(b"NOP\n") == ([(0, 3, 0, 0)], 4, (0, 4, 0, 0))
 
 
