@@ -73,7 +73,7 @@ class Topic:
         # offsets in [released, written) dropped by /topic/empty while paused
         self.gaps: list[tuple[int, int]] = []
         # DPUB records not yet read by every channel: offset -> deliver_at (wall ns)
-        self.dpubs: SortedDict = SortedDict()
+        self.dpubs: SortedDict = SortedDict(getattr(log, "recovered_dpubs", ()))
         self.message_count = 0
         self.message_bytes = 0
         self.dirty = False   # appended, not yet written (see write)

@@ -174,6 +174,8 @@ class TopicLog:
         self._to_sync: list[int] = []      # dup'd fds of rolled segments not yet fsynced
         self._dir_dirty = False
         self.writes = 0
+        # (offset, deliver_at_ns) of the DPUB records found by recovery
+        self.recovered_dpubs: list[tuple[int, int]] = []
         if directory is not None:
             os.makedirs(directory, exist_ok=True)
             self._recover()
@@ -223,12 +225,16 @@ class TopicLog:
                     buf = carry + chunk
                     if not buf:
                         break
-                    starts, used, (status, _, max_ts) = _native.log_scan(
+                    starts, used, (status, deferred, max_ts) = _native.log_scan(
                         buf, off, True, self.max_payload, 1 << 30)
                     if starts:
                         if seg.index[-1][1] != pos:
                             seg.index.append((off, pos))
                         seg.max_ts = max(seg.max_ts, max_ts)
+                    if deferred:    # DPUBs: the topic counts them as deferred until due
+                        batch = RecordBatch(off, buf, starts, deferred)
+                        self.recovered_dpubs += [(off + i, batch.deliver_at(i))
+                                                 for i in batch.deferred_indices(len(starts))]
                     off += len(starts)
                     pos += used
                     carry = buf[used:]
