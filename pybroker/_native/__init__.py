@@ -80,6 +80,7 @@ _SCAN_CAP_MIN = 64  # spans a fresh Scanner can return per C call
 _SCAN_CAP_MAX = 16384  # grown by doubling on NSQF_FULL, kept afterwards
 _FIN_CAP = 65536  # FIN lines parsed per nsqf_scan_fins call
 _NO_FINS: "array.array[int]" = array.array("q")
+_ZERO_U32 = array.array("I", [0])
 
 
 def _check_header() -> None:
@@ -200,8 +201,8 @@ def c_mpub_parts(
     if length >= 4:
         count = int.from_bytes(src[:4], "big", signed=True)
         cap = max(1, min(count, (length - 4) // 5))
-    offs = array.array("I", bytes(4 * cap))
-    lens = array.array("I", bytes(4 * cap))
+    offs = _ZERO_U32 * cap
+    lens = _ZERO_U32 * cap
     err = _ffi.new("nsqf_stop *")
     with _ffi.from_buffer("uint8_t[]", src) as ptr:
         n = _lib.nsqf_mpub_split(
@@ -218,6 +219,8 @@ def c_mpub_parts(
         if n == _pure.E_CAPACITY:  # cannot happen: cap covers any valid body
             raise RuntimeError(f"nsqf_mpub_split needs {err.value} slots, had {cap}")
         raise ScanError(n, err.index, err.value)
+    if n == cap:
+        return offs, lens
     return offs[:n], lens[:n]
 
 

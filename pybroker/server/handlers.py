@@ -24,6 +24,7 @@ from pybroker.protocol.identify import IdentifyDecodeError, decode_identify
 from pybroker.protocol.encoder import CLOSE_WAIT_FRAME, encode_error, encode_response
 from pybroker.protocol.names import is_valid_name
 from pybroker.protocol.wire import MSG_ID_LENGTH, ClientState
+from pybroker.server.loop import SLICE
 
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
@@ -226,6 +227,11 @@ def mpub(c: "ClientConn", cmd: Command) -> None:
         offs, lens = _native.mpub_parts(body, o.max_msg_size, (o.max_body_size - 4) // 5)
     except _native.ScanError as e:
         raise _mpub_error(e, o.max_msg_size) from None
+    if len(lens) > SLICE:
+        # many messages: appended a slice per loop turn, so other clients wait for none
+        c.pub_counts[name] = c.pub_counts.get(name, 0) + len(lens)
+        c.loop.publish_slices(c, name, (body, offs, lens), MpubFailed, "MPUB")
+        return
     _publish(c, name, (body, offs, lens), 0, MpubFailed, "MPUB")
 
 

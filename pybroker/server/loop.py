@@ -25,12 +25,13 @@ import selectors
 import socket
 import threading
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
 from pybroker.core.channel import Channel
 from pybroker.core.timeouts import TimeoutWheel
 from pybroker.core.topic import Topic
-from pybroker.errors import ClientError
+from pybroker.errors import ClientError, Exiting
 from pybroker.protocol.encoder import encode_error
 from pybroker.server.waker import CallQueue
 from pybroker.storage import StorageError
@@ -40,6 +41,25 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
+# messages of a big MPUB appended per loop turn (a few milliseconds of work)
+SLICE = 20_000
+
+
+class _SliceJob:
+    """A big MPUB being appended slice by slice."""
+
+    __slots__ = ("conn", "name", "parts", "ts_ns", "failed", "verb", "done", "topic")
+
+    def __init__(self, conn: "ClientConn", name: str, parts: tuple[bytes, Any, Any],
+                 ts_ns: int, failed: type[ClientError], verb: str) -> None:
+        self.conn = conn
+        self.name = name
+        self.parts = parts
+        self.ts_ns = ts_ns
+        self.failed = failed
+        self.verb = verb
+        self.done = 0
+        self.topic: Topic | None = None
 
 
 class EventLoop:
@@ -62,6 +82,9 @@ class EventLoop:
         self._unconfirmed: list[tuple[ClientConn, int, Topic, type[ClientError], str]] = []
         # fsync mode: publishes waiting for this turn's write and the storage thread's sync
         self._durable: list[tuple[ClientConn, Topic, type[ClientError], str]] = []
+        # MPUBs appended in slices (publish_slices), and connections to resume after
+        self._slices: deque[_SliceJob] = deque()
+        self._resume: list[ClientConn] = []
         # channels of other loops with new records: told once per turn
         self._wake_remote: dict[EventLoop, dict[Channel, None]] = {}
         self._running = False
@@ -100,6 +123,36 @@ class EventLoop:
             self._unconfirmed.append((conn, len(conn.out) - 1, topic, failed, verb))
             conn.unconfirmed += 1
 
+    def publish_slices(self, conn: "ClientConn", name: str, parts: tuple[bytes, Any, Any],
+                       failed: type[ClientError], verb: str) -> None:
+        """An MPUB of more than SLICE messages: appended SLICE messages per loop turn
+        (so no turn holds the loop for long), answered after the last slice's write.
+        The connection reads no further commands meanwhile."""
+        conn.awaiting_commit += 1
+        self._slices.append(_SliceJob(conn, name, parts, time.time_ns(), failed, verb))
+
+    def _run_slice(self) -> None:
+        job = self._slices[0]
+        body, offs, lens = job.parts
+        i = job.done
+        j = min(i + SLICE, len(lens))
+        conn = job.conn
+        try:
+            topic = self.runtime.broker.get_topic(job.name)
+            topic.publish_parts(body, offs[i:j], lens[i:j], job.ts_ns)
+        except Exiting as e:
+            self._slices.popleft()
+            self._settle(conn, job.failed(f"{job.verb} failed {e}"))
+            return
+        job.topic = topic
+        job.done = j
+        self.to_write[topic] = None
+        if j == len(lens):
+            self._slices.popleft()
+            conn.awaiting_commit -= 1
+            self.published(conn, topic, job.failed, job.verb)
+            self._resume.append(conn)
+
     def _write_topics(self) -> None:
         """End of turn: one write per topic published to, then wake its channels and
         settle the publishes' replies."""
@@ -125,6 +178,12 @@ class EventLoop:
                     conn.out[idx] = encode_error(err.payload())
                     log.error("[%s] - %s", conn, err.payload().decode("utf-8", "replace"))
                     conn.close_after_flush()
+        if failed and self._slices:
+            for job in list(self._slices):
+                why = failed.get(job.topic) if job.topic is not None else None
+                if why is not None:
+                    self._slices.remove(job)
+                    self._settle(job.conn, job.failed(f"{job.verb} failed {why}"))
         if self._durable:
             durable, self._durable = self._durable, []
             ok = [entry for entry in durable if entry[1] not in failed]
@@ -249,7 +308,7 @@ class EventLoop:
             self.stopped.set()
 
     def _turn(self) -> None:
-        if self._calls or self.dirty or self.to_flush or self.to_write:
+        if self._calls or self.dirty or self.to_flush or self.to_write or self._slices:
             timeout: float | None = 0
         else:
             nxt = self.timers.next_deadline()
@@ -282,8 +341,15 @@ class EventLoop:
     def _flush_all(self) -> None:
         """Write topics published to (then answer their publishes), dispatch dirty
         channels, wake other loops' channels, flush connections."""
+        if self._slices:
+            self._run_slice()
         if self.to_write:
             self._write_topics()
+        if self._resume:
+            resume, self._resume = self._resume, []
+            for conn in resume:
+                if not conn.closed and not conn.awaiting_commit:
+                    conn.process()
         if self.dirty:
             now = monotonic_ns()
             wall = time.time_ns()
