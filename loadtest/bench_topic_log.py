@@ -72,6 +72,11 @@ def http_post(b: BrokerProcess, path: str) -> None:
         pass
 
 
+def create_channel(b: BrokerProcess, topic: str, channel: str) -> None:
+    http_post(b, f"/topic/create?topic={topic}")
+    http_post(b, f"/channel/create?topic={topic}&channel={channel}")
+
+
 class Wire:
     """A raw V2 connection for the stall probe and MPUB loads."""
 
@@ -128,7 +133,7 @@ def fill(b: BrokerProcess, topic: str, n: int, size: int, conns: int = 2) -> flo
 def scenario_backlog(b: BrokerProcess, a: argparse.Namespace, pre: bool) -> dict[str, float]:
     topic = "bench_log"
     if pre:
-        http_post(b, f"/channel/create?topic={topic}&channel=ch")
+        create_channel(b, topic, "ch")
     pub = writer(b, topic, a.seconds, a.size)
     sub = reader(b, topic, a.seconds, a.size)
     return {"publish msg/s": pub, "consume msg/s": sub}
@@ -136,7 +141,7 @@ def scenario_backlog(b: BrokerProcess, a: argparse.Namespace, pre: bool) -> dict
 
 def scenario_together(b: BrokerProcess, a: argparse.Namespace) -> dict[str, float]:
     topic = "bench_log"
-    http_post(b, f"/channel/create?topic={topic}&channel=ch")
+    create_channel(b, topic, "ch")
     res: dict[str, float] = {}
     th = threading.Thread(target=lambda: res.__setitem__("r", reader(b, topic, a.seconds, a.size)))
     th.start()
@@ -150,7 +155,7 @@ def scenario_fanout(b: BrokerProcess, a: argparse.Namespace) -> dict[str, float]
     for n in (1, 4, 16):
         topic = f"fan{n}"
         for i in range(n):
-            http_post(b, f"/channel/create?topic={topic}&channel=c{i}")
+            create_channel(b, topic, f"c{i}")
         out[f"{n} ch msg/s"] = fill(b, topic, 400_000, a.size)
     out["16/1"] = out["16 ch msg/s"] / out["1 ch msg/s"]
     return out
@@ -190,11 +195,12 @@ def scenario_memory(b: BrokerProcess, a: argparse.Namespace) -> dict[str, float]
     assert b.pid is not None
     time.sleep(0.5)
     rss0 = proc_status_kb(b.pid, "VmRSS")
-    http_post(b, "/channel/create?topic=mem&channel=ch")
+    create_channel(b, "mem", "ch")
     fill(b, "mem", 1_000_000, 100)
     time.sleep(1.0)
     rss1 = proc_status_kb(b.pid, "VmRSS")
-    return {"RSS MiB": (rss1 - rss0) / 1024, "B/msg": (rss1 - rss0) * 1024 / 1_000_000}
+    # proc_status_kb gives bytes (the kB figure of /proc/PID/status, times 1024)
+    return {"RSS growth MiB": (rss1 - rss0) / 2**20, "B/msg": (rss1 - rss0) / 1_000_000}
 
 
 SCENARIOS = {

@@ -58,7 +58,7 @@ def _serve(config: Optional[str], version: bool, **flags: Any) -> None:
             raise ConfigError(f"log_level: unknown level {options.log_level!r}")
     except ConfigError as e:
         typer.echo(f"pybroker: bad configuration: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     setup_logging(options.log_level)
     from pybroker.server.runtime import run
 

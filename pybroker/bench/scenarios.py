@@ -83,9 +83,9 @@ def _run(jobs: list[Job], limit_s: float) -> tuple[list[dict[str, Any]], float]:
             except queue.Empty:
                 dead = [p.name for p in procs if p.exitcode is not None]
                 if dead:
-                    raise WorkerError(f"load process(es) {dead} died before starting")
+                    raise WorkerError(f"load process(es) {dead} died before starting") from None
                 if time.monotonic() > deadline:
-                    raise WorkerError("load processes did not get ready within 60s")
+                    raise WorkerError("load processes did not get ready within 60s") from None
         start_at.value = time.monotonic() + 0.05
         go.set()
         start = start_at.value
@@ -94,7 +94,8 @@ def _run(jobs: list[Job], limit_s: float) -> tuple[list[dict[str, Any]], float]:
             try:
                 r = results.get(timeout=max(0.1, deadline - time.monotonic()))
             except queue.Empty:
-                raise WorkerError(f"load processes did not finish within {limit_s + 60:.0f}s")
+                raise WorkerError(
+                    f"load processes did not finish within {limit_s + 60:.0f}s") from None
             out[r["idx"]] = r
     finally:
         for p in procs:

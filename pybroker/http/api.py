@@ -154,7 +154,10 @@ class Api:
         defer_ns = 0
         ds = first(q, b"defer")
         if ds is not None:
-            if not _INT.match(ds) or not -2**63 <= int(ds) < 2**63:
+            # matches nsqd's strconv.Atoi: out of int64 range is an error (checked by
+            # length first: Python's int() refuses over 4,300 digits)
+            if not _INT.match(ds) or len(ds.lstrip(b"+-").lstrip(b"0")) > 19 \
+                    or not -2**63 <= int(ds) < 2**63:
                 return error(400, "INVALID_DEFER")
             defer_ns = int(ds) * MS
             if defer_ns < 0 or defer_ns > o.max_req_timeout:

@@ -106,6 +106,9 @@ class HttpServer:
         self._thread: threading.Thread | None = None
         self.requests: dict[int, int] = {}
         self._sweeps = 0
+        self._accept_paused = False
+        self._accept_failures = 0
+        self._accept_logged = 0.0
         self.statsd: Any = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -209,8 +212,19 @@ class HttpServer:
                 sock, addr = self.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as e:  # EMFILE and friends: try again on the next event
-                log.error("HTTP: accept failed: %s", e.strerror)
+            except OSError as e:
+                # EMFILE and friends: the connection stays in the backlog, so the socket
+                # stays readable: stop watching it until the next sweep (no spinning),
+                # and log at most once a second
+                self._accept_failures += 1
+                now = time.monotonic()
+                if now - self._accept_logged >= 1.0:
+                    self._accept_logged = now
+                    log.error("HTTP: accept failed: %s (%d times)", e.strerror,
+                              self._accept_failures)
+                if not self._accept_paused:
+                    self._accept_paused = True
+                    self.selector.unregister(self.sock)
                 return
             if len(self.conns) >= MAX_CONNECTIONS:
                 log.warning("HTTP: too many connections (%d); refusing %s", len(self.conns), addr)
@@ -229,6 +243,9 @@ class HttpServer:
     def _sweep(self) -> None:
         now = monotonic_ns()
         self._sweeps += 1
+        if self._accept_paused and self.sock is not None:
+            self._accept_paused = False
+            self.selector.register(self.sock, selectors.EVENT_READ, _LISTENER)
         if self._sweeps % CONN_SWEEP_EVERY == 0:  # deadlines are seconds: 0.5 s is precise enough
             for conn in list(self.conns):
                 why = conn.expired(now)

@@ -30,7 +30,9 @@ def decode_identify(body: bytes) -> dict[str, Any]:
     """Every identifyDataV2 field, typed, with Go's zero values for absent ones."""
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        # RecursionError: nested deeper than Python's JSON decoder goes (Go's stops at
+        # 10,000 levels); ValueError also covers integers past the int-string limit
         raise IdentifyDecodeError("not JSON") from None
     out: dict[str, Any] = {k: _DEFAULTS[kind] for k, (kind, _) in FIELDS.items()}
     if data is None:

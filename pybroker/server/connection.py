@@ -32,6 +32,11 @@ monotonic_ns = time.monotonic_ns
 RECV_SIZE = 256 * 1024
 # a consumer whose socket is this far behind gets no more messages until it catches up
 HIGH_WATER = 4 * 1024 * 1024
+# a client whose unread replies pass this is not read until they drain below OUT_LOW
+# (nsqd stops reading a client whose writes block; redis caps output buffers)
+OUT_CAP = 1024 * 1024
+OUT_LOW = 256 * 1024
+LOG_BURST = 20   # non-fatal error lines logged per client per second
 _next_id = 0
 
 
@@ -79,6 +84,10 @@ class ClientConn:
         self.pending: list[bytes] = []     # message frames, not yet in out
         self.pending_bytes = 0
         self.writing = False
+        self.reading = True       # False while its unread replies are over OUT_CAP
+        self._log_window_ns = 0
+        self._log_count = 0
+        self._log_dropped = 0
         self.flush_timer: tuple[int, int] | None = None
         # liveness
         self.last_read_ns = monotonic_ns()
@@ -132,6 +141,8 @@ class ClientConn:
 
     # -- reading ------------------------------------------------------------------------
     def on_readable(self) -> None:
+        if not self.reading:
+            return
         try:
             data = self.sock.recv(RECV_SIZE)
         except (BlockingIOError, InterruptedError):
@@ -173,7 +184,7 @@ class ClientConn:
         """Run every parsed command; stop at a fatal error or when moving loops."""
         try:
             while (not self.moving and not self.closed and not self.closing_after_flush
-                   and not self.awaiting_commit):
+                   and not self.awaiting_commit and self.out_bytes < OUT_CAP):
                 cmd = self.decoder.next_command()
                 if cmd is None:
                     break
@@ -182,12 +193,29 @@ class ClientConn:
                 except ClientError as err:
                     if err.fatal:
                         raise
-                    log.info("[%s] %s", self, err.payload().decode("utf-8", "replace"))
+                    self.log_nonfatal(err)
                     self.send_frame(encode_error(err.payload()))
         except ClientError as err:
             log.error("[%s] - %s", self, err.payload().decode("utf-8", "replace"))
             self.send_frame(encode_error(err.payload()))
             self.close_after_flush()
+        if self.out_bytes >= OUT_CAP and self.reading and not self.closed:
+            self._pause_reading()
+
+
+    def log_nonfatal(self, err: ClientError) -> None:
+        """Log an E_FIN/REQ/TOUCH_FAILED, at most LOG_BURST a second per client (a client
+        streaming bad FINs must not make the loop wait on a slow log pipe)."""
+        now = monotonic_ns()
+        if now - self._log_window_ns >= 1_000_000_000:
+            if self._log_dropped:
+                log.info("[%s] %d more errors not logged", self, self._log_dropped)
+            self._log_window_ns, self._log_count, self._log_dropped = now, 0, 0
+        if self._log_count < LOG_BURST:
+            self._log_count += 1
+            log.info("[%s] %s", self, err.payload().decode("utf-8", "replace"))
+        else:
+            self._log_dropped += 1
 
     def fail(self, err: ClientError) -> None:
         """Answer a fatal error outside command processing (a failed group commit)."""
@@ -257,6 +285,8 @@ class ClientConn:
             if rest:
                 self.out = [rest]
                 self.out_bytes = len(rest)
+                if not self.reading and self.out_bytes < OUT_LOW:
+                    self._resume_reading()
                 if not self.writing:
                     self.writing = True
                     self.loop.want_write(self, True)
@@ -266,11 +296,29 @@ class ClientConn:
             self.out_bytes = 0
             if was_full and self.channel is not None:
                 self.loop.mark_dirty(self.channel)
+        if not self.reading and self.out_bytes < OUT_LOW:
+            self._resume_reading()
         if self.writing:
             self.writing = False
             self.loop.want_write(self, False)
         if self.closing_after_flush:
             self.close("closed after error")
+
+    def _pause_reading(self) -> None:
+        """Unread replies over OUT_CAP: read nothing more until they drain (the client
+        waits; others are unaffected, and memory stays bounded)."""
+        self.reading = False
+        self.loop.set_reading(self, False)
+        self.loop.to_flush[self] = None
+
+    def _resume_reading(self) -> None:
+        self.reading = True
+        self.loop.set_reading(self, True)
+        self.loop.call_soon_threadsafe(self._resume_commands)
+
+    def _resume_commands(self) -> None:
+        if not self.closed and self.reading:
+            self.process()
 
     def close_after_flush(self) -> None:
         """Stop reading; close once queued frames are written (fatal errors)."""

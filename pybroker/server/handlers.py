@@ -37,10 +37,33 @@ monotonic_ns = time.monotonic_ns
 
 
 def _base10(b: bytes) -> int | None:
-    """nsqd's ByteToBase10: digits only (an empty string is 0); None if not digits."""
+    """nsqd's ByteToBase10: digits only (an empty string is 0), as a uint64 that wraps
+    around like Go's (so any length works, with no int-string limit); None if not digits."""
     if not b:
         return 0
-    return int(b) if b.isdigit() and b.isascii() else None
+    if not (b.isdigit() and b.isascii()):
+        return None
+    if len(b) <= 19:
+        return int(b) & _U64
+    v = 0
+    for i in range(0, len(b), 18):
+        chunk = b[i:i + 18]
+        v = (v * 10 ** len(chunk) + int(chunk)) & _U64
+    return v
+
+
+_U64 = (1 << 64) - 1
+
+
+def _int64(v: int) -> int:
+    """Go's int64(v) of a uint64 (two's complement)."""
+    v &= _U64
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _ms_duration(ms: int) -> int:
+    """Go's time.Duration(ms) * time.Millisecond, wrapping on overflow (nanoseconds)."""
+    return _int64(_int64(ms) * MS)
 
 
 def _msg_id(c: "ClientConn", params: list[bytes], verb: str, nparams: int) -> bytes:
@@ -209,12 +232,13 @@ def dpub(c: "ClientConn", cmd: Command) -> None:
     if ms is None:
         raise Invalid(f"DPUB could not parse timeout {p[2].decode('utf-8', 'replace')}")
     max_ms = c.opts.max_req_timeout // MS
-    if ms > max_ms:
+    defer_ns = _ms_duration(ms)
+    if not 0 <= defer_ns <= c.opts.max_req_timeout:
         raise Invalid(f"DPUB timeout {ms} out of range 0-{max_ms}")
     body = _body(cmd)
     if body is None:
         return
-    _publish(c, name, [body], ms * MS, DpubFailed, "DPUB")
+    _publish(c, name, [body], defer_ns, DpubFailed, "DPUB")
 
 
 def mpub(c: "ClientConn", cmd: Command) -> None:
@@ -288,8 +312,8 @@ def rdy(c: "ClientConn", cmd: Command) -> None:
         n = _base10(p[1])
         if n is None:
             raise Invalid(f"RDY could not parse count {p[1].decode('utf-8', 'replace')}")
-        count = n
-    if count > c.opts.max_rdy_count:
+        count = _int64(n)
+    if not 0 <= count <= c.opts.max_rdy_count:
         # matches nsqd: fatal, or client and server would disagree about the count
         raise Invalid(f"RDY count {count} out of range 0-{c.opts.max_rdy_count}")
     c.rdy = count
@@ -330,7 +354,7 @@ def _fin_batch(c: "ClientConn", cmd: Command, offsets: Sequence[int]) -> None:
     for i, e in failed:
         mid = cmd.fin_id(i)
         err = FinFailed(f"FIN {mid.decode('ascii', 'replace')} failed {e}")
-        log.info("[%s] %s", c, err.payload().decode("utf-8", "replace"))
+        c.log_nonfatal(err)
         c.send_frame(encode_error(err.payload()))
 
 
@@ -349,8 +373,8 @@ def req(c: "ClientConn", cmd: Command) -> None:
     ms = _base10(p[2])
     if ms is None:
         raise Invalid(f"REQ could not parse timeout {p[2].decode('utf-8', 'replace')}")
-    # matches nsqd: a REQ timeout over max_req_timeout is clamped, not rejected
-    delay_ns = min(ms * MS, c.opts.max_req_timeout)
+    # matches nsqd: a REQ timeout out of 0..max_req_timeout is clamped, not rejected
+    delay_ns = min(max(_ms_duration(ms), 0), c.opts.max_req_timeout)
     assert c.channel is not None
     try:
         c.channel.requeue(c, mid, delay_ns, monotonic_ns(), time.time_ns())

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import selectors
 import socket
+import time
 from typing import Any
 
 log = logging.getLogger("pybroker")
@@ -39,6 +40,10 @@ class Listener:
         self.loops = loops
         self._next = 0
         self.home = loops[0]
+        # out of file descriptors: not watched for a back-off, logged at most once a second
+        self._backoff_s = 0.0
+        self._failures = 0
+        self._logged_at = 0.0
 
     def start(self) -> None:
         self.home.call_soon_threadsafe(self._register)
@@ -52,15 +57,42 @@ class Listener:
                 sock, addr = self.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as e:  # EMFILE and friends: log and try again on the next event
-                log.error("TCP: accept failed: %s", e.strerror)
+            except OSError as e:
+                self._accept_failed(e)
                 return
+            if self._backoff_s:
+                log.info("TCP: accepting again after %d failed accepts", self._failures)
+                self._backoff_s, self._failures = 0.0, 0
             loop = self.loops[self._next % len(self.loops)]
             self._next += 1
             if loop is self.home:
                 loop.add_connection(sock, addr)
             else:
                 loop.call_soon_threadsafe(loop.add_connection, sock, addr)
+
+    def _accept_failed(self, e: OSError) -> None:
+        """EMFILE/ENFILE and friends: the pending connection stays in the backlog, so
+        the listener would be readable again at once and spin. Stop watching it for a
+        back-off (100 ms, doubling to 1 s), then try again; log at most once a second."""
+        self._failures += 1
+        now = time.monotonic()
+        if now - self._logged_at >= 1.0:
+            self._logged_at = now
+            log.error("TCP: accept failed: %s (%d times; backing off %.1fs)", e.strerror,
+                      self._failures, min(max(self._backoff_s * 2, 0.1), 1.0))
+        self._backoff_s = min(max(self._backoff_s * 2, 0.1), 1.0)
+        try:
+            self.home.selector.unregister(self.sock)
+        except (KeyError, ValueError):
+            return
+        self.home.call_later(int(self._backoff_s * 1e9), self._resume)
+
+    def _resume(self) -> None:
+        if not self.closed:
+            try:
+                self.home.selector.register(self.sock, selectors.EVENT_READ, self)
+            except (KeyError, ValueError):
+                pass
 
     def close(self) -> None:
         """Stop accepting (runs on the home loop)."""

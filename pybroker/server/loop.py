@@ -272,11 +272,25 @@ class EventLoop:
             pass
 
     def want_write(self, conn: "ClientConn", on: bool) -> None:
-        events = selectors.EVENT_READ | selectors.EVENT_WRITE if on else selectors.EVENT_READ
+        self._set_events(conn, conn.reading, on)
+
+    def set_reading(self, conn: "ClientConn", on: bool) -> None:
+        """Stop or resume reading a client (its unread replies are over the cap)."""
+        self._set_events(conn, on, conn.writing)
+
+    def _set_events(self, conn: "ClientConn", read: bool, write: bool) -> None:
+        events = (selectors.EVENT_READ if read else 0) | (selectors.EVENT_WRITE if write else 0)
         try:
-            self.selector.modify(conn.sock, events, conn)
+            if events:
+                self.selector.modify(conn.sock, events, conn)
+            else:
+                self.selector.unregister(conn.sock)
         except (KeyError, ValueError):
-            pass
+            if events:
+                try:
+                    self.selector.register(conn.sock, events, conn)
+                except (KeyError, ValueError):
+                    pass
 
     # -- the loop -----------------------------------------------------------------------
     def start(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import resource
 import signal
 import sys
 import threading
@@ -24,6 +25,7 @@ from pybroker.server.loop import EventLoop
 from pybroker.server.scanner import QueueScanner
 from pybroker.server.storage import StorageManager
 from pybroker.storage import StorageError
+from pybroker.storage.lock import DataPathLocked
 
 log = logging.getLogger("pybroker")
 
@@ -76,10 +78,16 @@ class Runtime:
     def start(self) -> None:
         o = self.options
         log.info("pybroker v%s (nsqd protocol v%s)", __version__, NSQ_COMPAT_VERSION)
+        raise_fd_limit()
         log.info("ID: %d", o.id)
         log.info("NSQ: durability %s, data in %s", o.durability, self.storage.data_path)
         try:
             self.storage.prepare()
+        except DataPathLocked as e:
+            raise StartupError(f"data_path: {e}") from None
+        except (OSError, StorageError) as e:
+            raise StartupError(f"data_path: cannot use {self.storage.data_path}: {e}") from None
+        try:
             self.storage.restore()
         except (OSError, StorageError) as e:
             raise StartupError(f"data_path: cannot use {self.storage.data_path}: {e}") from None
@@ -159,6 +167,22 @@ class Runtime:
         for loop in self.loops:
             loop.close()
         log.info("NSQ: bye")
+
+
+def raise_fd_limit() -> None:
+    """Raise the soft limit on open files to the hard one (Go's runtime does this for
+    nsqd), so the broker is not capped near 1,024 clients by a shell's default."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
+            hard = max(soft, 1 << 20)
+        if soft != resource.RLIM_INFINITY and soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            log.info("fd limit raised from %d to %d", soft, hard)
+        else:
+            log.info("fd limit %d", soft)
+    except (OSError, ValueError) as e:
+        log.warning("fd limit not raised: %s", e)
 
 
 def run(options: Options) -> int:

@@ -25,6 +25,7 @@ from typing import Any, Callable
 from pybroker.core.topic import Topic
 from pybroker.storage import MetadataError, StorageError
 from pybroker.storage._fsutil import atomic_write, safe_name
+from pybroker.storage.lock import DataPathLock
 from pybroker.storage.metadata import (BrokerMetadata, ChannelMeta, TopicMeta, load_metadata,
                                        save_metadata)
 from pybroker.storage.topiclog import TopicLog
@@ -51,10 +52,14 @@ class StorageManager:
         self._failed_topics: set[str] = set()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="storage", daemon=True)
+        self.lock = DataPathLock(self.data_path)
 
     # -- start-up -------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Create the data directories; raise StorageError/OSError if they cannot be used."""
+        """Create the data directories and lock the data_path (one broker per data_path,
+        as nsqd); raise StorageError/OSError (DataPathLocked) if they cannot be used."""
+        os.makedirs(self.data_path, exist_ok=True)
+        self.lock.acquire()
         os.makedirs(self.log_root, exist_ok=True)
         os.makedirs(self.state_root, exist_ok=True)
         probe = os.path.join(self.data_path, ".pybroker-write-test")

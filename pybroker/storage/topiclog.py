@@ -64,6 +64,7 @@ RESYNC_LIMIT = 4 * 1024 * 1024
 # the memory tail of a log on disk holds at most mem_queue_size records and about this
 # many bytes; older records are read back from the segment files (the page cache)
 TAIL_MAX_BYTES = 32 * 1024 * 1024
+INDEX_EVERY = 1024          # records between sparse index points within one write
 _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
 
@@ -360,10 +361,10 @@ class TopicLog:
         data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
         first = self.written
         n = self.head - first
-        if self.directory is not None:
-            self._write_file(data, first, n)
         pos, _, (_, deferred, max_ts) = _native.log_scan(data, first, False,
                                                          self.max_payload, n)
+        if self.directory is not None:
+            self._write_file(data, first, n, pos)
         self._pending = []
         self._pending_deferred = 0
         if self._segs:
@@ -378,7 +379,7 @@ class TopicLog:
         self.writes += 1
         return self.written
 
-    def _write_file(self, data: bytes, first: int, n: int) -> None:
+    def _write_file(self, data: bytes, first: int, n: int, pos: Sequence[int]) -> None:
         seg = self._segs[-1] if self._segs else None
         if seg is None or (seg.end > seg.base and seg.size + len(data) > self.max_bytes_per_file):
             seg = self._roll(first)
@@ -395,6 +396,9 @@ class TopicLog:
             raise from_oserror("write", seg.path, e) from None
         if seg.index[-1][1] != seg.size:
             seg.index.append((first, seg.size))
+        # index points inside a big block too, so a read near its end does not scan it all
+        for k in range(INDEX_EVERY, n, INDEX_EVERY):
+            seg.index.append((first + k, seg.size + pos[k]))
         seg.size += len(data)
         seg.end = first + n
 
@@ -479,7 +483,7 @@ class TopicLog:
             raise from_oserror("read", path, e) from None
         try:
             while True:
-                chunk = os.pread(fd, max(READ_CHUNK, max_bytes), fpos)
+                chunk = os.pread(fd, READ_CHUNK, fpos)
                 pos, used, (status, deferred, _) = _native.log_scan(
                     chunk, start_off, True, self.max_payload, 1 << 30)
                 skip = offset - start_off

@@ -22,7 +22,6 @@ import pytest
 from tests.support.broker import BrokerProcess, project_root, unique_name, wait_until
 from tests.support.durability import (
     bodies,
-    channel_stats,
     consume,
     create_channel,
     flip_bytes,

@@ -258,8 +258,8 @@ def test_kill9_loses_no_acknowledged_message(make_broker: MakeBroker, durability
         pubs.append(HttpPublisher(b.http_address, topic, f"c{cycle}h"))  # type: ignore[arg-type]
         for p in pubs:
             p.start()
-        wait_until(lambda: all(len(p.acked) >= 50 for p in pubs), timeout_s=15,
-                   what="every publisher to get OKs")
+        wait_until(lambda ps=pubs: all(len(p.acked) >= 50 for p in ps),  # type: ignore[misc]
+                   timeout_s=15, what="every publisher to get OKs")
         b.kill9()
         for p in pubs:
             p.stop()

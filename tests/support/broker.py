@@ -131,7 +131,7 @@ class BrokerProcess:
                 proc.kill()
                 proc.wait(5)
                 raise AssertionError(f"{self.kind} did not exit within {timeout_s}s of "
-                                     f"signal {sig}:\n" + self.stderr_text())
+                                     f"signal {sig}:\n" + self.stderr_text()) from None
         if self._reader is not None:
             self._reader.join(5)
         if proc.stderr is not None:

@@ -14,6 +14,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pybroker.storage import (
     Backend,
@@ -622,8 +624,6 @@ def test_file_size_limit_gives_disk_full_without_corruption(tmp_path: Path) -> N
 
 
 # -- model-based: random operations against a simple model ---------------------------
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 OPS = st.lists(st.one_of(
     st.tuples(st.just("put"), st.integers(1, 12), st.booleans()),
