@@ -60,8 +60,8 @@ class Broker:
                 raise Exiting()
             t = self.topics.get(name)
             if t is None:
-                t = Topic(name, self.open_log(name, is_ephemeral(name)), self.options.mem_queue_size,
-                          self.pick_owner)
+                log = self.open_log(name, is_ephemeral(name))
+                t = Topic(name, log, self.options.mem_queue_size, self.pick_owner)
                 self.topics[name] = t
                 created = True
             else:
@@ -82,17 +82,19 @@ class Broker:
         hand its log to the storage side for removal."""
         with self.lock:
             t = self.topics.pop(name, None)
-        if t is None:
-            raise TopicNotFound(name)
-        with t.lock:
-            t.deleted = True
-            chans = list(t.channels.values())
-            t.channels.clear()
+            if t is None:
+                raise TopicNotFound(name)
+            with t.lock:
+                t.deleted = True
+                chans = list(t.channels.values())
+                t.channels.clear()
+            # still under the registry's lock: a topic of the same name created next
+            # must not find the old one's files (the storage side moves them aside)
+            for fn in self.on_delete_topic:
+                fn(t)
         for ch in chans:
             ch.deleted = True
             ch.owner.call_soon_threadsafe(ch.owner.close_channel, ch)
-        for fn in self.on_delete_topic:
-            fn(t)
         self._changed()
 
     def get_channel(self, topic: Topic, name: str) -> Channel:

@@ -119,6 +119,11 @@ class Topic:
             if not self.dirty:
                 return []
             self.dirty = False
+            if self.deleted:
+                # appended before the delete: the messages go with the topic (nsqd: a
+                # publish that won the race is answered, then emptied with its topic)
+                self._discard()
+                return []
             try:
                 self.log.write_pending()
             except Exception:

@@ -165,6 +165,10 @@ class EventLoop:
                 failed[t] = e
                 self.runtime.storage_failed(e, t)
                 continue
+            except Exception as e:   # a bug: fail these publishes, keep the loop alive
+                log.exception("%s: writing %r failed", self.name, t)
+                failed[t] = e
+                continue
             if self.runtime.health is not None:
                 self.runtime.storage.write_ok(t)
             if chans:

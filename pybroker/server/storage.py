@@ -18,6 +18,8 @@ import json
 import logging
 import os
 import queue
+import secrets
+import shutil
 import threading
 import time
 from typing import Any, Callable
@@ -62,6 +64,9 @@ class StorageManager:
         self.lock.acquire()
         os.makedirs(self.log_root, exist_ok=True)
         os.makedirs(self.state_root, exist_ok=True)
+        for name in os.listdir(self.log_root):
+            if name.startswith(".deleted-"):   # a delete that a crash interrupted
+                shutil.rmtree(os.path.join(self.log_root, name), ignore_errors=True)
         probe = os.path.join(self.data_path, ".pybroker-write-test")
         with open(probe, "wb") as f:
             f.write(b"ok")
@@ -151,8 +156,27 @@ class StorageManager:
         self._requests.put(None)
 
     def delete_topic(self, t: Topic) -> None:
-        """A deleted topic: its log and state go, on the storage thread."""
-        self._requests.put(("delete", t))
+        """A deleted topic (its exit flag is set): its directory is renamed aside and its
+        state file removed at once, so a new topic of the same name starts clean while
+        the storage thread removes the old files."""
+        gone = None
+        if t.log.directory is not None:
+            gone = os.path.join(self.log_root, f".deleted-{secrets.token_hex(8)}")
+            try:
+                os.rename(t.log.directory, gone)
+            except FileNotFoundError:
+                gone = None
+            except OSError as e:
+                log.error("NSQ: storage: moving the log of deleted topic %s aside: %s",
+                          t.name, e)
+                gone = None
+        try:
+            os.unlink(self._state_path(t.name))
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.error("NSQ: storage: removing state of %s: %s", t.name, e)
+        self._requests.put(("delete", t, gone))
 
     def write_ok(self, t: Topic) -> None:
         """A write worked: if storage was unhealthy because of this topic, it no longer is."""
@@ -191,7 +215,7 @@ class StorageManager:
                 if req is _STOP:
                     stop = True
                 elif isinstance(req, tuple) and req and req[0] == "delete":
-                    self._remove_topic(req[1])
+                    self._remove_topic(req[1], req[2])
                 elif isinstance(req, tuple):
                     syncs.append(req)
             if syncs:
@@ -222,17 +246,13 @@ class StorageManager:
             except Exception:
                 log.exception("NSQ: storage: completion failed")
 
-    def _remove_topic(self, t: Topic) -> None:
+    def _remove_topic(self, t: Topic, gone: str | None) -> None:
         try:
-            t.log.delete()
+            t.log.close()
         except Exception as e:
-            log.error("NSQ: storage: removing topic %s: %s", t.name, e)
-        try:
-            os.unlink(self._state_path(t.name))
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            log.error("NSQ: storage: removing state of %s: %s", t.name, e)
+            log.error("NSQ: storage: closing the log of deleted topic %s: %s", t.name, e)
+        if gone is not None:
+            shutil.rmtree(gone, ignore_errors=True)
 
     def _write_metadata(self) -> None:
         broker = self.runtime.broker

@@ -8,6 +8,7 @@ import json
 import resource
 import socket
 import subprocess
+import threading
 import sys
 import time
 import urllib.error
@@ -193,3 +194,44 @@ def test_client_that_never_reads_costs_bounded_memory(make_broker: MakeBroker,
     assert grew < 100 * 1024, f"RSS grew by {grew / 1024:.0f} MiB"
     assert max(rtts) < 0.5
     assert ping(b) == (200, "OK")
+
+
+def test_delete_and_create_topics_while_publishing(make_broker: MakeBroker) -> None:
+    """Topics deleted and created over HTTP again and again while clients publish to
+    them: publishes land on the topic of that name (the old one, or the new one), no
+    publisher is closed, no E_PUB_FAILED, no traceback, and /ping stays OK."""
+    from tests.support.durability import http
+
+    b = make_broker("--loop-threads=2")
+    topics = [unique_name("churn") for _ in range(3)]
+    stop = threading.Event()
+    errors: list[str] = []
+    counts = [0]
+
+    def publisher(i: int) -> None:
+        try:
+            with WireClient.connect(b.tcp_address) as c:  # type: ignore[arg-type]
+                while not stop.is_set():
+                    c.pub(topics[i % len(topics)], b"x")
+                    c.mpub(topics[(i + 1) % len(topics)], [b"y"] * 20)
+                    counts[0] += 1
+        except Exception as e:   # any error answer or a closed connection
+            errors.append(f"{type(e).__name__}: {e}")
+
+    pubs = [threading.Thread(target=publisher, args=(i,)) for i in range(4)]
+    for p in pubs:
+        p.start()
+    deadline = time.monotonic() + 5
+    n = 0
+    while time.monotonic() < deadline:
+        t = topics[n % len(topics)]
+        assert http(b, "POST", f"/topic/delete?topic={t}")[0] in (200, 404)
+        assert http(b, "POST", f"/channel/create?topic={t}&channel=ch")[0] in (200, 404)
+        n += 1
+    stop.set()
+    for p in pubs:
+        p.join(10)
+    assert not errors, errors[:5]
+    assert counts[0] > 100 and n > 50
+    assert ping(b) == (200, "OK")
+    assert "Traceback" not in b.stderr_text()
