@@ -99,8 +99,16 @@ def _build_serve() -> Any:
     return serve
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"pybroker v{__version__} (nsqd protocol v{NSQ_COMPAT_VERSION})")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _group() -> None:
+def _group(version: bool = typer.Option(False, "--version", is_eager=True,
+                                        callback=_print_version,
+                                        help="Print the version and exit.")) -> None:
     """pybroker: a message broker that speaks NSQ's protocols."""
 
 

@@ -3,8 +3,9 @@
 Exposes Scanner, mpub_split/mpub_parts and the topic log codec (log_build, log_scan,
 log_frames) backed by csrc/nsqframe.c,
 or by the pure-Python spec in _pure when PYBROKER_PURE=1 (BACKEND says which).
-Without PYBROKER_PURE, a missing compiled module is an ImportError: there is
-no silent fallback. Each function crosses into C once per call; scratch
+Without PYBROKER_PURE, a missing compiled module (no C compiler at install,
+or a source checkout) falls back to the pure-Python codec with one warning
+line on stderr; FALLBACK_REASON says why, and the broker logs and reports it. Each function crosses into C once per call; scratch
 arrays belong to a Scanner, never to this module (cffi releases the GIL, so
 several threads may be inside C at once).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import array
 import importlib
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -299,14 +301,16 @@ if _lib is not None:
     c_backend = CBackend()
 
 _force_pure = os.environ.get("PYBROKER_PURE", "") not in ("", "0")
+# why the pure-Python codec runs, when it was not asked for ("" otherwise)
+FALLBACK_REASON = ""
 if c_backend is None and not _force_pure:
-    raise ImportError(
-        "pybroker's C frame codec (pybroker._native._nsqframe) is not built: "
-        "run `pip install -e .` (needs a C compiler and cffi), or set "
-        f"PYBROKER_PURE=1 to use the pure-Python codec ({_import_error})"
-    )
+    # never silently slower: one line now, and the broker's log and /stats say it too
+    FALLBACK_REASON = (f"the C codec (pybroker._native._nsqframe) is not built "
+                       f"({_import_error}); using the pure-Python codec, which is slower: "
+                       "install with a C compiler (pip install .) for the C one")
+    sys.stderr.write(f"pybroker: warning: {FALLBACK_REASON}\n")
 
-BACKEND: str = "pure" if _force_pure else "c"
+BACKEND: str = "pure" if _force_pure or c_backend is None else "c"
 
 
 class Scanner:

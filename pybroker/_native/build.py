@@ -58,7 +58,10 @@ ffibuilder.set_source(
     '#include "nsqframe.h"\n',
     sources=[_relative(_SOURCE)],
     include_dirs=[_CSRC],
-    extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra", "-Werror"],
+    # -Werror only where asked (CI sets PYBROKER_STRICT_CFLAGS=1): a newer compiler's
+    # new warning must not break a user's install
+    extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra"]
+    + (["-Werror"] if os.environ.get("PYBROKER_STRICT_CFLAGS") == "1" else []),
 )
 
 if __name__ == "__main__":

@@ -223,11 +223,13 @@ def topic_stats(t: Any, channels: list[dict[str, Any]],
 
 def document(version: str, health: str, start_time: int, topics: list[dict[str, Any]] | None,
              memory: dict[str, Any] | None,
-             producers: list[dict[str, Any]] | None) -> dict[str, Any]:
+             producers: list[dict[str, Any]] | None, codec: str = "") -> dict[str, Any]:
     """The /stats?format=json body; ``memory`` is left out when None (omitempty)."""
     doc: dict[str, Any] = {"version": version, "health": health, "start_time": start_time,
                            "topics": topics}
     if memory is not None:
         doc["memory"] = memory
     doc["producers"] = producers
+    if codec:
+        doc["codec"] = codec
     return doc

@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import Any
 
-from pybroker import NSQ_COMPAT_VERSION, __version__
+from pybroker import NSQ_COMPAT_VERSION, __version__, _native
 from pybroker.config import Options, split_hostport
 from pybroker.core.broker import Broker
 from pybroker.core.channel import Channel
@@ -79,6 +79,10 @@ class Runtime:
         o = self.options
         log.info("pybroker v%s (nsqd protocol v%s)", __version__, NSQ_COMPAT_VERSION)
         raise_fd_limit()
+        if _native.FALLBACK_REASON:
+            log.warning("codec: %s", _native.FALLBACK_REASON)
+        else:
+            log.info("codec: %s", _native.BACKEND)
         log.info("ID: %d", o.id)
         log.info("NSQ: durability %s, data in %s", o.durability, self.storage.data_path)
         try:

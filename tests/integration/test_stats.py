@@ -91,6 +91,9 @@ def check_client(c: dict[str, Any], what: str) -> None:
 
 def check_document(d: dict[str, Any]) -> None:
     keys = [k for k in DOC_KEYS if k != "memory" or "memory" in d]
+    if "codec" in d:     # pybroker's extra key, after nsqd's: which frame codec runs
+        assert d["codec"] in ("c", "pure")
+        keys.append("codec")
     assert list(d) == keys
     assert d["health"] == "OK"
     assert tuple(int(x) for x in d["version"].split(".")) <= (1, 3, 0)  # semver for nsqadmin
