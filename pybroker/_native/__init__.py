@@ -227,7 +227,7 @@ def c_mpub_parts(
 
 
 def c_log_build(first: int, ts_ns: int, deliver_at_ns: int, src: bytes | memoryview,
-                offs: Sequence[int], lens: Sequence[int]) -> tuple[bytes, "array.array[int]"]:
+                offs: Sequence[int], lens: Sequence[int]) -> tuple[bytearray, "array.array[int]"]:
     """nsqf_log_build; same contract as _pure.log_build (positions as an array)."""
     n = len(lens)
     offs_a = offs if isinstance(offs, array.array) else array.array("I", offs)
@@ -243,7 +243,7 @@ def c_log_build(first: int, ts_ns: int, deliver_at_ns: int, src: bytes | memoryv
         r = _lib.nsqf_log_build(op, total, first, ts_ns, deliver_at_ns, sp, o, ln, n, pp)
     if r < 0:
         raise ValueError(f"message body too large for a log record (code {r})")
-    return bytes(out), pos
+    return out, pos    # a bytearray, never written again: no copy to bytes
 
 
 def c_log_scan(buf: bytes | memoryview, first: int, check_crc: bool, max_payload: int,
@@ -259,7 +259,8 @@ def c_log_scan(buf: bytes | memoryview, first: int, check_crc: bool, max_payload
     return pos[:n], used[0], (st.status, st.deferred, st.max_ts_ns)
 
 
-def c_log_frames(buf: bytes | memoryview, pos: Sequence[int], attempts: int) -> bytes:
+def c_log_frames(buf: bytes | memoryview, pos: Sequence[int],
+                 attempts: int) -> bytes | bytearray:
     """nsqf_log_frames; same contract as _pure.log_frames."""
     n = len(pos)
     if n == 0:
@@ -278,7 +279,9 @@ def c_log_frames(buf: bytes | memoryview, pos: Sequence[int], attempts: int) -> 
         r = _lib.nsqf_log_frames(op, total, bp, pp, n, attempts)
     if r < 0:
         raise ValueError(f"cannot frame log records (code {r})")
-    return bytes(out) if r == total else bytes(memoryview(out)[:r])
+    if r != total:
+        del out[r:]
+    return out         # a bytearray handed to the socket as it is: no copy
 
 
 class CBackend:
@@ -337,9 +340,9 @@ class Scanner:
         self.fins = impl.fins
 
 
-log_build: Callable[..., tuple[bytes, Sequence[int]]]
+log_build: Callable[..., tuple[bytes | bytearray, Sequence[int]]]
 log_scan: Callable[..., tuple[Sequence[int], int, tuple[int, int, int]]]
-log_frames: Callable[..., bytes]
+log_frames: Callable[..., bytes | bytearray]
 mpub_parts: Callable[..., tuple[Sequence[int], Sequence[int]]]
 if BACKEND == "c":
     mpub_split = c_mpub_split

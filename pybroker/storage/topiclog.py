@@ -86,14 +86,15 @@ class RecordBatch:
 
     __slots__ = ("first", "n", "buf", "pos", "deferred")
 
-    def __init__(self, first: int, buf: bytes, pos: Sequence[int], deferred: int) -> None:
+    def __init__(self, first: int, buf: bytes | bytearray, pos: Sequence[int],
+                 deferred: int) -> None:
         self.first = first
         self.n = len(pos)
         self.buf = buf
         self.pos = pos
         self.deferred = deferred    # how many records of buf may have a deliver_at
 
-    def frames(self, i: int, j: int, attempts: int | None = None) -> bytes:
+    def frames(self, i: int, j: int, attempts: int | None = None) -> bytes | bytearray:
         """NSQ message frames for records [i, j), one C call; attempts None: each
         record's stored attempts + 1."""
         return _native.log_frames(self.buf, self.pos[i:j], -1 if attempts is None else attempts)
@@ -127,7 +128,8 @@ class _Block:
 
     __slots__ = ("first", "data", "pos", "deferred")
 
-    def __init__(self, first: int, data: bytes, pos: Sequence[int], deferred: int) -> None:
+    def __init__(self, first: int, data: bytes | bytearray, pos: Sequence[int],
+                 deferred: int) -> None:
         self.first = first
         self.data = data
         self.pos = pos
@@ -164,7 +166,7 @@ class TopicLog:
         self.oldest = 0        # the lowest offset held
         self.tail_start = 0    # offsets below are counted as on disk
         self.dropped_count = 0
-        self._pending: list[bytes] = []
+        self._pending: list[bytes | bytearray] = []
         self._pending_deferred = 0
         self._blocks: list[_Block] = []
         self._block_firsts: list[int] = []
@@ -379,7 +381,8 @@ class TopicLog:
         self.writes += 1
         return self.written
 
-    def _write_file(self, data: bytes, first: int, n: int, pos: Sequence[int]) -> None:
+    def _write_file(self, data: bytes | bytearray, first: int, n: int,
+                    pos: Sequence[int]) -> None:
         seg = self._segs[-1] if self._segs else None
         if seg is None or (seg.end > seg.base and seg.size + len(data) > self.max_bytes_per_file):
             seg = self._roll(first)
