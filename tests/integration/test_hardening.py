@@ -235,3 +235,14 @@ def test_delete_and_create_topics_while_publishing(make_broker: MakeBroker) -> N
     assert counts[0] > 100 and n > 50
     assert ping(b) == (200, "OK")
     assert "Traceback" not in b.stderr_text()
+
+
+def test_two_thousand_connections_held_and_served() -> None:
+    """loadtest/bench_connections.py, small: 2,000 connections (half consumers with RDY
+    1 on 100 channels, half producers) are all answered and served while held."""
+    out = subprocess.run([sys.executable, "loadtest/bench_connections.py", "--connections",
+                          "2000", "--hold", "2"], cwd=project_root(), capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2000 of 2000 connections answered" in out.stdout, out.stdout
+    assert "received by the held consumers (approx.): 1000" in out.stdout, out.stdout
