@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import re
 import socket
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +40,16 @@ def _channel_pause(ch: Any, paused: bool) -> None:
     ch.paused = paused
     if not paused and not ch.deleted:
         ch.owner.mark_dirty(ch)
+
+
+def _sync_topic(storage: Any, t: Any) -> bool:
+    """On the storage thread: fsync t's log; True if it worked (else /ping says why)."""
+    try:
+        t.log.sync()
+    except Exception as e:
+        storage.failed(e, t)
+        return False
+    return True
 
 
 def _channel_rewind(ch: Any, offset: int) -> bool:
@@ -114,7 +123,8 @@ class Api:
         except Exiting:
             raise _Answer(error(503, "EXITING")) from None
 
-    def _publish(self, topic: Any, bodies: list[bytes], defer_ns: int = 0) -> Response:
+    def _publish(self, topic: Any, bodies: list[bytes],
+                 defer_ns: int = 0) -> Response | Gather[Response]:
         if self.broker.exiting:
             return error(503, "EXITING")
         if bodies:
@@ -127,23 +137,15 @@ class Api:
                 return error(500, "PUB_FAILED")
             if self.rt.health is not None:
                 self.rt.storage.write_ok(t)
-            if self.rt.storage.durable and not self._synced(t):
-                return error(500, "PUB_FAILED")
+            if self.rt.storage.durable:
+                # fsync durability: answered once the storage thread has synced the
+                # topic; the HTTP thread serves other requests meanwhile
+                return Gather([(self.rt.storage, _sync_topic, (self.rt.storage, t))],
+                              lambda results: OK if results[0] is True
+                              else error(500, "PUB_FAILED"), timeout_s=30.0)
         return OK
 
-    def _synced(self, t: Any) -> bool:
-        """fsync durability: wait for the storage thread's next group fsync of t."""
-        done = threading.Event()
-        result: list[Exception | None] = []
-
-        def finished(err: Exception | None) -> None:
-            result.append(err)
-            done.set()
-
-        self.rt.storage.sync_topics([t], finished)
-        return done.wait(30) and result[0] is None
-
-    def pub(self, req: Request) -> Response:
+    def pub(self, req: Request) -> Response | Gather[Response]:
         o = self.opts
         body = req.body_bytes()
         if len(body) > o.max_msg_size:
@@ -164,7 +166,7 @@ class Api:
                 return error(400, "INVALID_DEFER")
         return self._publish(topic, [body], defer_ns)
 
-    def mpub(self, req: Request) -> Response:
+    def mpub(self, req: Request) -> Response | Gather[Response]:
         o = self.opts
         if req.content_length > o.max_body_size:
             return error(413, "BODY_TOO_BIG")

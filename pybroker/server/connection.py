@@ -11,6 +11,7 @@ encoded in one C call per flush.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import socket
 import time
@@ -37,14 +38,12 @@ HIGH_WATER = 4 * 1024 * 1024
 OUT_CAP = 1024 * 1024
 OUT_LOW = 256 * 1024
 LOG_BURST = 20   # non-fatal error lines logged per client per second
-_next_id = 0
+_ids = itertools.count(1)   # next() is atomic under the GIL: any loop may take one
 
 
 class ClientConn:
     def __init__(self, loop: "EventLoop", sock: socket.socket, addr: Any) -> None:
-        global _next_id
-        _next_id += 1
-        self.id = _next_id
+        self.id = next(_ids)
         self.loop = loop
         self.sock = sock
         self.remote_address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)

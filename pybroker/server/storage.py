@@ -149,6 +149,11 @@ class StorageManager:
         self._meta_wanted.set()
         self._requests.put(None)
 
+    def call_soon_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run fn(*args) on the storage thread, in order with its other work (the HTTP
+        server's Gathers use this to wait for an fsync without blocking)."""
+        self._requests.put(("call", fn, args))
+
     def request_checkpoint(self) -> None:
         """Save channel states soon (e.g. a REQ with a delay in fsync mode: its due time
         survives a crash once saved) rather than at the next sync_timeout."""
@@ -216,6 +221,11 @@ class StorageManager:
                     stop = True
                 elif isinstance(req, tuple) and req and req[0] == "delete":
                     self._remove_topic(req[1], req[2])
+                elif isinstance(req, tuple) and req and req[0] == "call":
+                    try:
+                        req[1](*req[2])
+                    except Exception:
+                        log.exception("NSQ: storage: a posted call failed")
                 elif isinstance(req, tuple):
                     syncs.append(req)
             if syncs:
