@@ -360,13 +360,18 @@ class Channel:
         self.deferred[d.offset] = d
 
     # -- acknowledgements (owner thread) --------------------------------------------
-    def _take(self, client: Consumer, msg_id: bytes) -> tuple[int, Flight]:
+    def _held(self, client: Consumer, msg_id: bytes) -> tuple[int, Flight]:
+        """The offset and flight of a message client holds; raises NotInFlight/NotOwner."""
         off = offset_of(msg_id)
         f = self.in_flight.get(off)
         if f is None:
             raise NotInFlight()
         if f.client is not client:
             raise NotOwner()
+        return off, f
+
+    def _take(self, client: Consumer, msg_id: bytes) -> tuple[int, Flight]:
+        off, f = self._held(client, msg_id)
         del self.in_flight[off]
         f.live -= 1
         client.in_flight_count -= 1
@@ -414,12 +419,7 @@ class Channel:
     def touch(self, client: Consumer, msg_id: bytes, now_ns: int, max_msg_timeout_ns: int) -> None:
         """TOUCH: push the deadline to now + the client's msg_timeout, capped at
         delivery + max_msg_timeout (matches nsqd)."""
-        off = offset_of(msg_id)
-        f = self.in_flight.get(off)
-        if f is None:
-            raise NotInFlight()
-        if f.client is not client:
-            raise NotOwner()
+        off, f = self._held(client, msg_id)
         deadline = min(now_ns + client.msg_timeout_ns, f.delivery_ns + max_msg_timeout_ns)
         if f.live > 1:
             # the others of its flight keep their deadline: this one gets a flight alone

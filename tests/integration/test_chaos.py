@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tests.support.broker import BrokerProcess, unique_name, wait_until
+from tests.support.broker import BrokerProcess, rss_kb, unique_name, wait_until
 from tests.support.durability import (
     FinningConsumer,
     HttpPublisher,
@@ -28,14 +28,6 @@ from tests.support.durability import (
 MakeBroker = Callable[..., BrokerProcess]
 PHASE_S = float(os.environ.get("PYBROKER_CHAOS_S", "6"))
 KILLS = 2
-
-
-def _rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 class Chaos(threading.Thread):
@@ -131,7 +123,7 @@ def test_chaos(make_broker: MakeBroker) -> None:
             c.stop()
             seen |= c.finished
             assert b.proc is not None
-            peak_rss = max(peak_rss, _rss_kb(b.proc.pid))
+            peak_rss = max(peak_rss, rss_kb(b.proc.pid))
         chaos.stop()
         killed = phase < KILLS
         text = b.stderr_text()

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.support.broker import BrokerProcess, project_root, unique_name, wait_until
+from tests.support.broker import BrokerProcess, rss_kb, project_root, unique_name, wait_until
 from tests.support.durability import consume, ping
 from tests.support.wire import WireClient, command, identify
 
@@ -142,14 +142,6 @@ def test_out_of_file_descriptors_no_spin_and_service_resumes(make_broker: MakeBr
         c.expect_response(b"OK")
 
 
-def _rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
 @pytest.mark.parametrize("verb", ["FIN", "PUB"])
 def test_client_that_never_reads_costs_bounded_memory(make_broker: MakeBroker,
                                                       verb: str) -> None:
@@ -169,7 +161,7 @@ def test_client_that_never_reads_costs_bounded_memory(make_broker: MakeBroker,
     else:
         chunk = (b"PUB " + topic.encode() + b"\n" + (4).to_bytes(4, "big") + b"spam") * 5000
     flood.setblocking(False)
-    rss0 = _rss_kb(b.proc.pid)
+    rss0 = rss_kb(b.proc.pid)
     sent = 0
     rtts = []
     deadline = time.monotonic() + 8
@@ -187,7 +179,7 @@ def test_client_that_never_reads_costs_bounded_memory(make_broker: MakeBroker,
             t0 = time.perf_counter()
             probe.pub(topic + "_probe", b"p")
             rtts.append(time.perf_counter() - t0)
-    grew = _rss_kb(b.proc.pid) - rss0
+    grew = rss_kb(b.proc.pid) - rss0
     flood.close()
     print(f"{verb}: sent {sent / 1e6:.1f} MB without reading; RSS grew {grew / 1024:.1f} MiB; "
           f"probe max {max(rtts) * 1e3:.1f} ms over {len(rtts)} round trips")

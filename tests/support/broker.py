@@ -174,6 +174,18 @@ class BrokerProcess:
 _seq = 0
 
 
+def rss_kb(pid: int) -> int:
+    """VmRSS of a process, in kB (0 if unknown)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def unique_name(prefix: str = "t") -> str:
     """A topic/channel name unique within this test run (nsqd's tests add a timestamp)."""
     global _seq
