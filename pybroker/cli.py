@@ -18,7 +18,9 @@ from pybroker import NSQ_COMPAT_VERSION, __version__
 from pybroker.config import SPECS, format_duration, load_toml, resolve
 from pybroker.errors import ConfigError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# click's plain help layout: every flag name whole and help wrapped beside it at any width
+# (rich's table cuts long flag names with an ellipsis at 80 columns)
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="pybroker: a message broker that speaks NSQ's protocols.")
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
@@ -65,11 +67,31 @@ def _serve(config: Optional[str], version: bool, **flags: Any) -> None:
     raise typer.Exit(run(options))
 
 
+_METAVARS = {"int": "INT", "float": "FLOAT", "bool": "true|false", "duration": "DURATION",
+             "list": "TEXT", "str": "TEXT"}
+_PATH_KEYS = {"data_path", "tls_cert", "tls_key", "tls_root_ca_file"}
+
+SERVE_EPILOG = (
+    "DURATION values are Go-style: 250ms, 60s, 15m, 1h30m (units ns, us, ms, s, m, h). "
+    "In a TOML file a bare number is milliseconds, as in nsqd (msg_timeout = 60000 "
+    "is 60s); on the command line the unit is required. Flags given more than once "
+    "(--lookupd-tcp-address) add to the list.")
+
+
+def metavar(key: str, kind: str) -> str:
+    """The placeholder --help shows for an option's value (its type, not "<str>")."""
+    if key.endswith("_address") or key.endswith("_addresses"):
+        return "HOST:PORT"
+    if key in _PATH_KEYS:
+        return "PATH"
+    return _METAVARS.get(kind, "TEXT")
+
+
 def _build_serve() -> Any:
     """A typer command whose flags are generated from config.SPECS (one per option)."""
     params = [
         inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
-                          default=typer.Option(None, "--config", "-c",
+                          default=typer.Option(None, "--config", "-c", metavar="PATH",
                                                help="TOML config file (nsqd config names)")),
         inspect.Parameter("version", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
                           default=typer.Option(False, "--version", help="print the version")),
@@ -86,7 +108,7 @@ def _build_serve() -> Any:
         params.append(inspect.Parameter(
             spec.key, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
             default=typer.Option(None, spec.flag_name, help=spec.help + shown,
-                                 show_default=False)))
+                                 metavar=metavar(spec.key, spec.kind), show_default=False)))
 
     def serve(**kw: Any) -> None:
         """Run the broker (nsqd's TCP protocol V2) until SIGTERM or SIGINT."""
@@ -112,7 +134,8 @@ def _group(version: bool = typer.Option(False, "--version", is_eager=True,
     """pybroker: a message broker that speaks NSQ's protocols."""
 
 
-app.command("serve", help="Run the broker until SIGTERM or SIGINT.")(_build_serve())
+app.command("serve", help="Run the broker until SIGTERM or SIGINT.",
+            epilog=SERVE_EPILOG)(_build_serve())
 
 
 def _register_subcommands() -> None:

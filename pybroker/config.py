@@ -2,7 +2,8 @@
 
 TOML keys are nsqd's config names (``mem_queue_size``, ``msg_timeout``), command-line flags
 are nsqd's flag names (``--mem-queue-size``), and durations are Go-style strings ("60s",
-"1h30m", "250ms"), so an nsqd config file carries over. Imports only the stdlib.
+"1h30m", "250ms"), so an nsqd config file carries over; as in nsqd, a bare number for a
+duration in TOML is milliseconds, while a flag needs its unit. Imports only the stdlib.
 """
 from __future__ import annotations
 
@@ -81,9 +82,9 @@ SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("id", "int", None, "unique part of message ids, 0..1023 (default: from hostname)",
                0, 1023, flag="node-id"),
     OptionSpec("log_level", "str", "info", "log level: debug, info, warn, error, fatal"),
-    OptionSpec("tcp_address", "str", "127.0.0.1:4150", "<addr>:<port> to listen on for TCP clients"),
+    OptionSpec("tcp_address", "str", "127.0.0.1:4150", "address to listen on for TCP clients"),
     OptionSpec("http_address", "str", "127.0.0.1:4151",
-               "<addr>:<port> to listen on for HTTP clients (empty: no HTTP)"),
+               "address to listen on for HTTP clients (empty: no HTTP)"),
     OptionSpec("https_address", "str", "", "HTTPS is not available in this version; leave empty"),
     OptionSpec("broadcast_address", "str", "",
                "address registered with nsqlookupd (default: this host's name)"),
@@ -132,7 +133,7 @@ SPECS: tuple[OptionSpec, ...] = (
                "default output buffer size in bytes", 64, 2**31 - 1),
     OptionSpec("max_channel_consumers", "int", 0, "most consumers per channel (0: no limit)",
                0, 2**31 - 1),
-    OptionSpec("statsd_address", "str", "", "UDP <addr>:<port> of a statsd daemon to push to"),
+    OptionSpec("statsd_address", "str", "", "UDP address of a statsd daemon to push to"),
     OptionSpec("statsd_prefix", "str", "nsq.%s", "prefix of statsd keys (%s: host)"),
     OptionSpec("statsd_interval", "duration", 60 * S, "time between statsd pushes", 1 * MS, 3600 * S),
     OptionSpec("statsd_mem_stats", "bool", True, "push memory figures to statsd"),
@@ -331,7 +332,9 @@ def _check(v: dict[str, Any]) -> None:
 def split_hostport(addr: str) -> tuple[str, int]:
     """Split "host:port", "[::1]:port" or ":port" (all interfaces) into (host, port)."""
     host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not port.isdigit():
         raise ValueError(f"{addr!r} is not <host>:<port>")
+    if int(port) > 65535:
+        raise ValueError(f"port {int(port)} in {addr!r} is out of range 0..65535")
     host = host.strip("[]")
     return (host or "0.0.0.0"), int(port)

@@ -86,7 +86,11 @@ class Producer:
         line = cmd[:cmd.index(b"\n")]
         if line.count(b" ") != (2 if line.startswith(b"DPUB") else 1) or b"\r" in line:
             # whitespace in a topic would split the command line: refuse, never send it
-            raise ValueError(f"invalid topic in {line[:80]!r}")
+            name = line.split(b" ", 1)[1] if b" " in line else b""
+            if line.startswith(b"DPUB"):
+                name = name.rsplit(b" ", 1)[0]
+            raise ValueError(f'topic name "{name[:80].decode("utf-8", "replace")}" '
+                             "is not valid")
         fut: Future[bytes] = Future()
         conn = self._connected()
         with self._tx_lock:

@@ -170,7 +170,7 @@ class ClientConn:
         magic, rest = buf[:4], buf[4:]
         self.magic_buf = b""
         if magic != MAGIC_V2:
-            log.error("client(%s) bad protocol magic %r", self, magic)
+            log.error("client(%s) bad protocol magic '%s'", self, magic.decode("latin-1"))
             # matches nsqd: the frame says only "E_BAD_PROTOCOL", then a close
             self.send_frame(encode_error(b"E_BAD_PROTOCOL"))
             self.close_after_flush()

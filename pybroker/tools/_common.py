@@ -33,6 +33,9 @@ class GoFlagsCommand(TyperCommand):
         short = {n for n, is_flag in names if len(n) == 1 and not is_flag}
         out: list[str] = []
         for arg in args:
+            if arg.startswith("--") and arg[2:3] and arg[3:4] in ("", "=") and \
+                    arg[2] in short:
+                arg = arg[1:]               # Go's --n: a one-letter flag, two dashes
             if arg.startswith("-") and "=" in arg:
                 name, _, value = arg.lstrip("-").partition("=")
                 if name in flags:
@@ -49,7 +52,22 @@ class GoFlagsCommand(TyperCommand):
 
 
 def opt(default: Any, name: str, *extra: str, help: str, **kw: Any) -> Any:
-    """``typer.Option`` with Go's single-dash alias (``--topic`` and ``-topic``)."""
+    """``typer.Option`` with Go's single-dash alias (``--topic`` and ``-topic``).
+
+    The value's placeholder in --help names its type (INT, HOST:PORT, TEXT), and a
+    default holding control characters is shown escaped (``\\n``), never raw.
+    """
+    if "metavar" not in kw and not isinstance(default, bool):
+        if name.endswith("-address"):
+            kw["metavar"] = "HOST:PORT"
+        elif isinstance(default, int):
+            kw["metavar"] = "INT"
+        elif isinstance(default, float):
+            kw["metavar"] = "FLOAT"
+        else:
+            kw["metavar"] = "TEXT"
+    if isinstance(default, str) and default and not default.isprintable():
+        kw.setdefault("show_default", default.encode("unicode_escape").decode("ascii"))
     return typer.Option(default, f"--{name}", f"-{name}", *extra, help=help, **kw)
 
 
@@ -166,8 +184,8 @@ class Progress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last = (time.monotonic(), 0)
+        self._started = time.monotonic()
         self._rate = 0.0
-        self._drawn = False
 
     def add(self, messages: int = 1, nbytes: int = 0) -> None:
         with self._lock:
@@ -175,6 +193,8 @@ class Progress:
             self.bytes += nbytes
 
     def start(self) -> "Progress":
+        self._started = time.monotonic()
+        self._last = (self._started, self.messages)
         if self.enabled:
             self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
             self._thread.start()
@@ -197,23 +217,29 @@ class Progress:
         try:
             self.stream.write("\r\x1b[K" + line)
             self.stream.flush()
-            self._drawn = True
         except (OSError, ValueError):
             pass
 
+    def summary(self) -> str:
+        """The closing line: totals, time taken and the average rate."""
+        elapsed = max(time.monotonic() - self._started, 1e-9)
+        with self._lock:
+            msgs, nbytes = self.messages, self.bytes
+        return (f"{self.label}: {msgs} messages, {_human_bytes(nbytes)} in {elapsed:.1f}s "
+                f"({msgs / elapsed:.0f} msg/s)")
+
     def stop(self) -> None:
+        """Stop redrawing and replace the progress line with the summary (TTY only)."""
         if self._thread is None:
             return
         self._stop.set()
         self._thread.join(2)
         self._thread = None
-        self.draw()
-        if self._drawn:
-            try:
-                self.stream.write("\n")
-                self.stream.flush()
-            except (OSError, ValueError):
-                pass
+        try:
+            self.stream.write("\r\x1b[K" + self.summary() + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def _isatty(stream: Any) -> bool:

@@ -71,7 +71,8 @@ def tail_command(
     channel: str = opt("", "channel", help="NSQ channel (default: tailNNNNNN#ephemeral)"),
     max_in_flight: int = opt(200, "max-in-flight",
                              help="max number of messages to allow in flight"),
-    total_messages: int = typer.Option(0, "-n", "--n", "--total-messages",
+    # nsq_tail's -n; Go's --n spelling is accepted too (GoFlagsCommand)
+    total_messages: int = typer.Option(0, "-n", "--total-messages", metavar="INT",
                                        help="total messages to show (will wait if starved)"),
     print_topic: bool = opt(False, "print-topic",
                             help="print topic name where message was received"),

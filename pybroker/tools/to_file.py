@@ -128,7 +128,7 @@ def to_file_command(
         [], "lookupd-http-address", help="lookupd HTTP address (may be given multiple times)"),
     consumer_opt: List[str] = opt([], "consumer-opt", help="option to passthrough to the "
                                   "Consumer, name,value (may be given multiple times)"),
-    log_level: str = opt("warn", "log-level", help="set log verbosity: debug, info, warn, "
+    log_level: str = opt("info", "log-level", help="set log verbosity: debug, info, warn, "
                          "error, or fatal"),
     log_prefix: str = opt("[to-file] ", "log-prefix", help="log message prefix"),
     version: bool = opt(False, "version", help="print version string"),
