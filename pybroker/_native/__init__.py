@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import array
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -311,7 +312,10 @@ if c_backend is None and not _force_pure:
     FALLBACK_REASON = (f"the C codec (pybroker._native._nsqframe) is not built "
                        f"({_import_error}); using the pure-Python codec, which is slower: "
                        "install with a C compiler (pip install .) for the C one")
-    sys.stderr.write(f"pybroker: warning: {FALLBACK_REASON}\n")
+    if logging.getLogger("pybroker").hasHandlers():   # the broker's log is set up
+        logging.getLogger("pybroker").warning("%s", FALLBACK_REASON)
+    else:
+        sys.stderr.write(f"pybroker: warning: {FALLBACK_REASON}\n")
 
 BACKEND: str = "pure" if _force_pure or c_backend is None else "c"
 

@@ -6,6 +6,7 @@ server) tells owner loops that their channels have new records to read.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import zlib
@@ -17,6 +18,7 @@ from pybroker.errors import ChannelNotFound, Exiting, TopicNotFound
 from pybroker.protocol.names import is_ephemeral
 
 LogFactory = Callable[[str, bool], Any]   # (topic name, ephemeral) -> a TopicLog
+logger = logging.getLogger("pybroker")   # lifecycle lines in nsqd's words (topic.go, channel.go)
 
 
 class Owner(Protocol):
@@ -64,6 +66,7 @@ class Broker:
                 t = Topic(name, log, self.options.mem_queue_size, self.pick_owner)
                 self.topics[name] = t
                 created = True
+                logger.info("TOPIC(%s): created", name)
             else:
                 created = False
         if created:
@@ -84,6 +87,7 @@ class Broker:
             t = self.topics.pop(name, None)
             if t is None:
                 raise TopicNotFound(name)
+            logger.info("TOPIC(%s): deleting", name)
             with t.lock:
                 t.deleted = True
                 chans = list(t.channels.values())
@@ -93,6 +97,7 @@ class Broker:
             for fn in self.on_delete_topic:
                 fn(t)
         for ch in chans:
+            logger.info("CHANNEL(%s): deleting", ch.name)
             ch.deleted = True
             ch.owner.call_soon_threadsafe(ch.owner.close_channel, ch)
         self._changed()
@@ -101,6 +106,7 @@ class Broker:
         """Find or create a channel."""
         ch, created = topic.get_channel(name)
         if created:
+            logger.info("TOPIC(%s): new channel(%s)", topic.name, name)
             self._changed()
         return ch
 
@@ -115,6 +121,8 @@ class Broker:
         ch = t.remove_channel(channel_name)
         if ch is None:
             raise ChannelNotFound(channel_name)
+        logger.info("TOPIC(%s): deleting channel %s", topic_name, channel_name)
+        logger.info("CHANNEL(%s): deleting", channel_name)
         ch.owner.call_soon_threadsafe(ch.owner.close_channel, ch)
         if t.ephemeral and not t.channels:
             try:

@@ -70,6 +70,14 @@ class Command:
     def verb(self) -> bytes:
         return self.params[0]
 
+    def describe(self) -> str:
+        """The command as nsqd's debug log prints it: ``[PUB events]``."""
+        if self.fin_offsets is not None:
+            n = len(self.fin_offsets)
+            first = self.fin_id(0).decode("ascii", "replace") if n else ""
+            return f"[FIN {first}]" + (f" and {n - 1} more FINs" if n > 1 else "")
+        return "[" + " ".join(p.decode("utf-8", "replace") for p in self.params) + "]"
+
     def __repr__(self) -> str:
         extra = " pending" if self.pending else ""
         size = "" if self.body is None else f" +{len(self.body)}B"

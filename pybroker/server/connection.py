@@ -176,6 +176,7 @@ class ClientConn:
             self.close_after_flush()
             return b""
         self.has_magic = True
+        log.info("CLIENT(%s): desired protocol magic '%s'", self, magic.decode("latin-1"))
         self.schedule_heartbeat()
         return rest
 
@@ -187,6 +188,8 @@ class ClientConn:
                 cmd = self.decoder.next_command()
                 if cmd is None:
                     break
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("PROTOCOL(V2): [%s] %s", self, cmd.describe())
                 try:
                     handlers.dispatch(self, cmd)
                 except ClientError as err:

@@ -110,6 +110,7 @@ def identify(c: "ClientConn", cmd: Command) -> None:
         data = decode_identify(body)
     except IdentifyDecodeError:
         raise BadBody("IDENTIFY failed to decode JSON body") from None
+    log.info("[%s] IDENTIFY: %s", c, " ".join(f"{k}:{v}" for k, v in data.items()))
     o = c.opts
     hb, obs, obt = data["heartbeat_interval"], data["output_buffer_size"], data["output_buffer_timeout"]
     sample, msg_timeout = data["sample_rate"], data["msg_timeout"]

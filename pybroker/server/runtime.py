@@ -79,10 +79,9 @@ class Runtime:
         o = self.options
         log.info("pybroker v%s (nsqd protocol v%s)", __version__, NSQ_COMPAT_VERSION)
         raise_fd_limit()
-        if _native.FALLBACK_REASON:
-            log.warning("codec: %s", _native.FALLBACK_REASON)
-        else:
-            log.info("codec: %s", _native.BACKEND)
+        # the fallback's one warning line was logged when the codec was imported
+        log.info("codec: %s%s", _native.BACKEND,
+                 " (the C codec is not built)" if _native.FALLBACK_REASON else "")
         log.info("ID: %d", o.id)
         log.info("NSQ: durability %s, data in %s", o.durability, self.storage.data_path)
         try:
