@@ -9,6 +9,10 @@ import pytest
 from tests.support.broker import BrokerProcess, find_nsqd
 from tests.support.wire import WireClient
 
+# pytest's own plugin for testing plugins: the tests of pybroker.testing (the pytest plugin
+# shipped with the package) run their test files through it
+pytest_plugins = ["pytester"]
+
 
 def _finish(b: BrokerProcess) -> None:
     code = b.stop(signal.SIGTERM)
