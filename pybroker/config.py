@@ -85,7 +85,8 @@ SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("tcp_address", "str", "127.0.0.1:4150", "address to listen on for TCP clients"),
     OptionSpec("http_address", "str", "127.0.0.1:4151",
                "address to listen on for HTTP clients (empty: no HTTP)"),
-    OptionSpec("https_address", "str", "", "HTTPS is not available in this version; leave empty"),
+    OptionSpec("https_address", "str", "127.0.0.1:4152",
+               "address to listen on for HTTPS clients (only with tls_cert and tls_key)"),
     OptionSpec("broadcast_address", "str", "",
                "address registered with nsqlookupd (default: this host's name)"),
     OptionSpec("nsqlookupd_tcp_addresses", "list", [],
@@ -143,18 +144,28 @@ SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("e2e_processing_latency_percentiles", "list", [],
                "end-to-end latency percentiles to compute, e.g. [0.99, 0.5]",
                flag="e2e-processing-latency-percentile"),
-    OptionSpec("deflate", "bool", True, "allow deflate compression (not available yet: granted false)"),
-    OptionSpec("max_deflate_level", "int", 6, "largest deflate level a client may ask for", 1, 9),
-    OptionSpec("snappy", "bool", True, "allow snappy compression (not available yet: granted false)"),
-    OptionSpec("tls_cert", "str", "", "TLS is not available in this version; leave empty"),
-    OptionSpec("tls_key", "str", "", "TLS is not available in this version; leave empty"),
-    OptionSpec("tls_client_auth_policy", "str", "", "TLS is not available in this version"),
-    OptionSpec("tls_root_ca_file", "str", "", "TLS is not available in this version"),
-    OptionSpec("tls_required", "int", 0, "TLS is not available in this version; must be 0", 0, 0),
-    OptionSpec("tls_min_version", "str", "", "TLS is not available in this version"),
+    OptionSpec("deflate", "bool", True, "enable deflate feature negotiation (client compression)"),
+    OptionSpec("max_deflate_level", "int", 6,
+               "max deflate compression level a client can negotiate", 1, 9),
+    OptionSpec("snappy", "bool", True, "enable snappy feature negotiation (client compression)"),
+    OptionSpec("tls_cert", "str", "", "path to certificate file"),
+    OptionSpec("tls_key", "str", "", "path to key file"),
+    OptionSpec("tls_client_auth_policy", "str", "",
+               "client certificate auth policy ('require' or 'require-verify')"),
+    OptionSpec("tls_root_ca_file", "str", "", "path to certificate authority file"),
+    OptionSpec("tls_required", "tls_required", 0,
+               "require TLS for client connections (true, false, tcp-https)"),
+    OptionSpec("tls_min_version", "str", "tls1.0",
+               "minimum SSL/TLS version acceptable ('tls1.0', 'tls1.1', 'tls1.2' or 'tls1.3')"),
     OptionSpec("auth_http_addresses", "list", [],
-               "authentication is not available in this version; leave empty",
+               "<addr>:<port> or a full url to query auth server (may be given multiple times)",
                flag="auth-http-address"),
+    OptionSpec("auth_http_request_method", "str", "get",
+               "HTTP method for auth server requests ('get' or 'post')"),
+    OptionSpec("http_client_connect_timeout", "duration", 2 * S, "timeout for HTTP connect",
+               1 * MS, 3600 * S),
+    OptionSpec("http_client_request_timeout", "duration", 5 * S, "timeout for HTTP request",
+               1 * MS, 3600 * S),
     # pybroker's own knobs
     OptionSpec("durability", "str", "memory",
                "\"memory\": nsqd's behaviour (fsync every sync_every writes / sync_timeout); "
@@ -231,6 +242,8 @@ def _coerce(spec: OptionSpec, value: Any, where: str) -> Any:
                 out = value.lower() in ("true", "1", "yes")
             else:
                 raise ValueError("expected true or false")
+        elif kind == "tls_required":
+            out = parse_tls_required(value)
         elif kind == "list":
             if isinstance(value, str):
                 out = [v for v in (p.strip() for p in value.split(",")) if v]
@@ -292,12 +305,8 @@ def resolve(file_values: dict[str, Any], flag_values: dict[str, Any],
 
 
 def _check(v: dict[str, Any]) -> None:
-    """Cross-field checks and features that are not available (refused rather than ignored)."""
-    for key in ("tls_cert", "tls_key", "tls_root_ca_file", "https_address"):
-        if v[key]:
-            raise ConfigError(f"{key}: TLS/HTTPS is not available in this version; remove it")
-    if v["auth_http_addresses"]:
-        raise ConfigError("auth_http_addresses: authentication is not available in this version")
+    """Cross-field checks (nsqd's, in nsqd.New, plus pybroker's own)."""
+    _check_tls(v)
     if v["durability"] not in ("memory", "fsync"):
         raise ConfigError(f"durability: {v['durability']!r} is not \"memory\" or \"fsync\"")
     if v["msg_timeout"] > v["max_msg_timeout"]:
@@ -327,6 +336,56 @@ def _check(v: dict[str, Any]) -> None:
                 raise ConfigError(f"e2e_processing_latency_percentiles: {p!r} is not in (0, 1]")
             percentiles.append(f)
     v["e2e_processing_latency_percentiles"] = percentiles
+
+
+# tls_required: nsqd's TLSNotRequired, TLSRequiredExceptHTTP, TLSRequired
+TLS_NOT_REQUIRED, TLS_REQUIRED_EXCEPT_HTTP, TLS_REQUIRED = 0, 1, 2
+_GO_BOOLS = {"1": True, "t": True, "true": True, "0": False, "f": False, "false": False}
+TLS_MIN_VERSIONS = ("tls1.0", "tls1.1", "tls1.2", "tls1.3")
+
+
+def parse_tls_required(value: Any) -> int:
+    """nsqd's tlsRequiredOption: "tcp-https", or a Go bool ("true", "1", "f", ...)."""
+    if isinstance(value, bool):
+        return TLS_REQUIRED if value else TLS_NOT_REQUIRED
+    if isinstance(value, int) and value in (0, 1, 2):
+        return value  # the resolved form (Options.with_overrides)
+    text = str(value).lower()
+    if text == "tcp-https":
+        return TLS_REQUIRED_EXCEPT_HTTP
+    if text not in _GO_BOOLS:
+        raise ValueError("expected true, false or tcp-https")
+    return TLS_REQUIRED if _GO_BOOLS[text] else TLS_NOT_REQUIRED
+
+
+def _check_tls(v: dict[str, Any]) -> None:
+    """nsqd's TLS and auth start-up rules (apps/nsqd options and nsqd.New)."""
+    version = str(v["tls_min_version"]).lower()
+    if version and version not in TLS_MIN_VERSIONS:
+        # matches nsqd: "ssl3.0" is named in its help text but refused when parsed
+        raise ConfigError(f"tls_min_version: unknown version {v['tls_min_version']!r} "
+                          f"(use {', '.join(TLS_MIN_VERSIONS)})")
+    v["tls_min_version"] = version or "tls1.0"
+    policy = v["tls_client_auth_policy"]
+    if policy not in ("", "require", "require-verify"):
+        raise ConfigError(f"tls_client_auth_policy: {policy!r} is not 'require' or "
+                          "'require-verify'")
+    if policy and v["tls_required"] == TLS_NOT_REQUIRED:
+        v["tls_required"] = TLS_REQUIRED  # matches nsqd: a client policy implies TLS
+    if bool(v["tls_cert"]) != bool(v["tls_key"]):
+        raise ConfigError("tls_cert: tls_cert and tls_key must be given together")
+    if not v["tls_cert"] and v["tls_required"] != TLS_NOT_REQUIRED:
+        raise ConfigError("tls_required: cannot require TLS client connections without "
+                          "TLS key and cert")
+    if v["tls_cert"] and v["https_address"]:
+        try:
+            split_hostport(v["https_address"])
+        except ValueError as e:
+            raise ConfigError(f"https_address: {e}") from None
+    method = str(v["auth_http_request_method"]).lower()
+    if method not in ("get", "post"):
+        raise ConfigError("auth_http_request_method: must be post or get")
+    v["auth_http_request_method"] = method
 
 
 def split_hostport(addr: str) -> tuple[str, int]:

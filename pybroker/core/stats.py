@@ -142,6 +142,7 @@ def client_stats(c: StatsClient, topic_filter: str = "") -> dict[str, Any]:
     ``topic_filter`` when one is given. nsqd 1.3.0 lists just one topic otherwise (a
     ``break`` in clientV2.Stats); every topic is listed here, sorted by name.
     """
+    t = getattr(c, "transport", None)
     d: dict[str, Any] = {
         "client_id": c.client_id,
         "hostname": c.hostname,
@@ -155,18 +156,32 @@ def client_stats(c: StatsClient, topic_filter: str = "") -> dict[str, Any]:
         "requeue_count": c.requeue_count,
         "connect_ts": c.connect_ts,
         "sample_rate": c.sample_rate,
-        "deflate": bool(getattr(c, "deflate", False)),
-        "snappy": bool(getattr(c, "snappy", False)),
+        "deflate": bool(getattr(t, "deflate", False)),
+        "snappy": bool(getattr(t, "snappy", False)),
         "user_agent": c.user_agent,
     }
+    auth = getattr(c, "auth_state", None)
+    if auth is not None and auth.authorizations:
+        # matches nsqd: authed, auth_identity and auth_identity_url are omitempty
+        d["authed"] = True
+        if auth.identity:
+            d["auth_identity"] = auth.identity
+        if auth.identity_url:
+            d["auth_identity_url"] = auth.identity_url
     pubs = c.pub_counts
     if pubs:
         names = [topic_filter] if topic_filter else sorted(pubs)
         counts = [{"topic": n, "count": pubs[n]} for n in names if n in pubs]
         if counts:
             d["pub_counts"] = counts
-    d.update(tls=False, tls_cipher_suite="", tls_version="", tls_negotiated_protocol="",
-             tls_negotiated_protocol_is_mutual=False)
+    tls_stats = getattr(t, "tls_stats", None)
+    if tls_stats:
+        d.update(tls_stats)
+        if getattr(t, "common_name", ""):  # not in nsqd 1.3.0's /stats: the client certificate's name
+            d["tls_client_cert_common_name"] = t.common_name  # type: ignore[union-attr]
+    else:
+        d.update(tls=False, tls_cipher_suite="", tls_version="", tls_negotiated_protocol="",
+                 tls_negotiated_protocol_is_mutual=False)
     return d
 
 

@@ -33,6 +33,7 @@ from pybroker.http.response import (
     encode,
     error,
     plain_error,
+    tls_required,
 )
 from pybroker.server.sockio import send_some
 
@@ -73,6 +74,7 @@ class HttpConn:
         self.write_blocked = False  # the last flush left bytes behind: wait for EVENT_WRITE
         self.events = 0
         self.closed = False
+        self.tls = False  # accepted on the HTTPS listener
         self.close_after = False  # no more requests: close once the output is flushed
         self.eof = False
         self.lingering = False
@@ -231,6 +233,9 @@ class HttpConn:
             r = self.queue.popleft()
             if r.reject is not None:
                 self.respond(r, r.reject)
+                continue
+            if server.tls_required and not self.tls:
+                self.respond(r, tls_required(server.https_port))
                 continue
             handler, answer, param = server.router.resolve(r.method, r.path, r.query)
             if handler is None:

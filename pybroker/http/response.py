@@ -18,7 +18,8 @@ HTML = b"text/html; charset=utf-8"
 
 REASONS = {
     100: "Continue", 200: "OK", 301: "Moved Permanently", 307: "Temporary Redirect",
-    400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
+    400: "Bad Request", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
+    408: "Request Timeout",
     413: "Request Entity Too Large", 431: "Request Header Fields Too Large",
     500: "Internal Server Error", 503: "Service Unavailable",
     505: "HTTP Version Not Supported",
@@ -75,6 +76,12 @@ def ok_json(data: Any) -> Response:
 def error(status: int, message: str, close: bool = False) -> Response:
     """nsqd's V1 error: ``{"message":"CODE"}`` with the status."""
     return Response(status, _dumps({"message": message}), JSON, close=close)
+
+
+def tls_required(https_port: int) -> Response:
+    """nsqd's answer on plain HTTP when tls_required is true (its exact body)."""
+    body = b'{"message": "TLS_REQUIRED", "https_port": %d}' % https_port
+    return Response(403, body, JSON)
 
 
 def plain_error(status: int, detail: str = "") -> Response:

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pybroker.config import split_hostport
+from pybroker.config import TLS_REQUIRED, split_hostport
 from pybroker.http.api import Api, build_router
 from pybroker.http.conn import HttpConn
 from pybroker.http.gather import MISSING, Gather, run_job
@@ -38,6 +38,7 @@ from pybroker.http.process import GcPauses
 from pybroker.http.request import Request
 from pybroker.http.response import DateCache, Response, error
 from pybroker.http.statstext import go_duration
+from pybroker.server.tls import TlsSocket
 from pybroker.server.waker import CallQueue
 
 log = logging.getLogger("pybroker")
@@ -46,6 +47,7 @@ SWEEP_S = 0.1
 CONN_SWEEP_EVERY = 5  # connection deadlines are checked every 5th sweep
 MAX_CONNECTIONS = 10_000
 _LISTENER = object()
+_HTTPS_LISTENER = object()
 _WAKE = object()
 # matches nsqd: /pub and /mpub are not logged (hot paths); other requests are
 _QUIET = frozenset({"/pub", "/mpub", "/metrics"})
@@ -92,6 +94,10 @@ class HttpServer:
         self.dates = DateCache()
         self.selector = selectors.DefaultSelector()
         self.sock: socket.socket | None = None
+        self.https_sock: socket.socket | None = None
+        self.https_port = 0
+        # matches nsqd: tls_required=true (not tcp-https) refuses plain HTTP requests
+        self.tls_required = int(o.tls_required) == TLS_REQUIRED
         self.port = 0
         self.tcp_port = 0
         self.address = ""
@@ -123,6 +129,15 @@ class HttpServer:
             self.tcp_port = listener.sock.getsockname()[1]
         GcPauses.install()
         self.selector.register(self.sock, selectors.EVENT_READ, _LISTENER)
+        ctx = getattr(self.runtime, "tls_context", None)
+        if ctx is not None and self.options.https_address:
+            # matches nsqd: HTTPS listens only when TLS is configured
+            self.https_sock = _bind(self.options.https_address)
+            host, port = self.https_sock.getsockname()[:2]
+            self.https_port = port
+            log.info("HTTPS: listening on %s", f"[{host}]:{port}" if ":" in host else
+                     f"{host}:{port}")
+            self.selector.register(self.https_sock, selectors.EVENT_READ, _HTTPS_LISTENER)
         self._running = True
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
         self._thread.start()
@@ -182,6 +197,8 @@ class HttpServer:
     def _dispatch(self, obj: Any, mask: int) -> None:
         if obj is _LISTENER:
             self._accept()
+        elif obj is _HTTPS_LISTENER:
+            self._accept(https=True)
         elif obj is _WAKE:
             self._calls.drain_wakeups()
         else:
@@ -205,11 +222,12 @@ class HttpServer:
                 if not conn.closed:
                     conn.flush()  # may answer more queued requests (and publish)
 
-    def _accept(self) -> None:
-        assert self.sock is not None
+    def _accept(self, https: bool = False) -> None:
+        listener = self.https_sock if https else self.sock
+        assert listener is not None
         for _ in range(64):
             try:
-                sock, addr = self.sock.accept()
+                sock, addr = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
@@ -222,7 +240,7 @@ class HttpServer:
                     self._accept_logged = now
                     log.error("HTTP: accept failed: %s (%d times)", e.strerror,
                               self._accept_failures)
-                if not self._accept_paused:
+                if not self._accept_paused and self.sock is not None and not https:
                     self._accept_paused = True
                     self.selector.unregister(self.sock)
                 return
@@ -235,10 +253,15 @@ class HttpServer:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-            conn = HttpConn(self, sock, addr)
+            if https:
+                tls_sock: Any = TlsSocket(self.runtime.tls_context, sock)
+                conn = HttpConn(self, tls_sock, addr)
+                conn.tls = True
+            else:
+                conn = HttpConn(self, sock, addr)
             self.conns.add(conn)
             conn.events = selectors.EVENT_READ
-            self.selector.register(sock, selectors.EVENT_READ, conn)
+            self.selector.register(conn.sock, selectors.EVENT_READ, conn)
 
     def _sweep(self) -> None:
         now = monotonic_ns()
@@ -267,6 +290,12 @@ class HttpServer:
             except (KeyError, ValueError):
                 pass
             self.sock.close()
+        if self.https_sock is not None:
+            try:
+                self.selector.unregister(self.https_sock)
+            except (KeyError, ValueError):
+                pass
+            self.https_sock.close()
         for conn in list(self.conns):
             conn.close()
 

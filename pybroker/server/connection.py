@@ -23,7 +23,7 @@ from pybroker.protocol.decoder import CommandDecoder
 from pybroker.protocol.encoder import HEARTBEAT_FRAME, OK_FRAME, encode_error
 from pybroker.protocol.wire import MAGIC_V2, ClientState
 from pybroker.server import handlers
-from pybroker.server.sockio import send_some
+from pybroker.server.transport import Transport, TransportError, handshake_failed
 
 if TYPE_CHECKING:
     from pybroker.server.loop import EventLoop
@@ -46,6 +46,10 @@ class ClientConn:
         self.id = next(_ids)
         self.loop = loop
         self.sock = sock
+        self.transport = Transport(sock)  # plain until IDENTIFY negotiates TLS/compression
+        self.held = 0  # > 0: read no further commands (TLS handshake, auth request)
+        self.auth_secret = ""
+        self.auth_state: Any = None  # server.auth.AuthState once AUTH succeeded
         self.remote_address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         opts = loop.options
         self.opts = opts
@@ -143,11 +147,22 @@ class ClientConn:
         if not self.reading:
             return
         try:
-            data = self.sock.recv(RECV_SIZE)
+            data = self.transport.recv()
         except (BlockingIOError, InterruptedError):
+            return
+        except TransportError as e:
+            if self.transport.handshaking:
+                handshake_failed(self, e)
+            else:
+                self.close(f"read error: {e}")
             return
         except OSError as e:
             self.close(f"read error: {e.strerror}")
+            return
+        if data is None:  # a partial TLS record or compressed chunk, or the handshake
+            self.last_read_ns = monotonic_ns()
+            if self.transport.waiting:
+                self.loop.to_flush[self] = None
             return
         if not data:
             self.close("peer closed")
@@ -184,7 +199,8 @@ class ClientConn:
         """Run every parsed command; stop at a fatal error or when moving loops."""
         try:
             while (not self.moving and not self.closed and not self.closing_after_flush
-                   and not self.awaiting_commit and self.out_bytes < OUT_CAP):
+                   and not self.awaiting_commit and self.out_bytes < OUT_CAP
+                   and not self.held):
                 cmd = self.decoder.next_command()
                 if cmd is None:
                     break
@@ -278,22 +294,20 @@ class ClientConn:
         if self.flush_timer is not None:
             self.loop.cancel(self.flush_timer)
             self.flush_timer = None
-        if self.out:
-            result = send_some(self.sock, self.out, f"[{self}]")
-            if result is None:
+        if self.out or self.transport.waiting:
+            rest = self.transport.send(self.out)
+            self.out = []
+            if rest is None:
                 self.close("write error")
                 return
-            rest = result[0]
             if rest:
-                self.out = [rest]
-                self.out_bytes = len(rest)
+                self.out_bytes = rest
                 if not self.reading and self.out_bytes < OUT_LOW:
                     self._resume_reading()
                 if not self.writing:
                     self.writing = True
                     self.loop.want_write(self, True)
                 return
-            self.out = []
             was_full = self.out_bytes > HIGH_WATER
             self.out_bytes = 0
             if was_full and self.channel is not None:
@@ -330,14 +344,12 @@ class ClientConn:
     def close(self, reason: str, flush: bool = False) -> None:
         if self.closed:
             return
-        if flush and (self.out or self.pending):
+        if flush and (self.out or self.pending or self.transport.waiting):
             self.closing_after_flush = False
             try:
-                self.sock.setblocking(True)
-                self.sock.settimeout(1.0)
                 if self.pending:
                     self._encode_pending()
-                self.sock.sendall(b"".join(self.out))
+                self.transport.send_blocking(self.out, 1.0)
             except OSError:
                 pass
         self.closed = True

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Callable
 from pybroker import NSQ_COMPAT_VERSION, _native
 from pybroker.core.stats import record_latency
 from pybroker.errors import (AuthDisabled, BadBody, BadChannel, BadMessage, BadTopic, BrokerError,
-                             ClientError, DpubFailed, Exiting, FinFailed, Invalid, MpubFailed,
+                             ClientError, DpubFailed, Exiting, FinFailed, IdentifyFailed,
+                             Invalid, MpubFailed,
                              PubFailed, ReqFailed, SubFailed, TouchFailed)
 from pybroker.protocol.decoder import Command
 from pybroker.protocol.identify import IdentifyDecodeError, decode_identify
@@ -25,6 +26,8 @@ from pybroker.protocol.encoder import CLOSE_WAIT_FRAME, encode_error, encode_res
 from pybroker.protocol.names import is_valid_name
 from pybroker.protocol.wire import MSG_ID_LENGTH, ClientState
 from pybroker.server.loop import SLICE
+from pybroker.server import auth as authd
+from pybroker.server import transport
 
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
@@ -160,26 +163,33 @@ def identify(c: "ClientConn", cmd: Command) -> None:
     if not data["feature_negotiation"]:
         c.send_ok()
         return
-    # TLS, snappy and deflate are not available yet: granted false, as nsqd does when
-    # they are disabled (so "both deflate and snappy" cannot be an error here), and the
-    # requested deflate level only counts when deflate is granted.
-    deflate_level = min(6, o.max_deflate_level)
+    # matches nsqd: each feature is granted when enabled and asked for; the level
+    # asked counts only with deflate granted, and is clamped to max_deflate_level
+    tls_ctx = c.loop.runtime.tls_context if data["tls_v1"] else None
+    deflate = bool(o.deflate and data["deflate"])
+    deflate_level = data["deflate_level"] if deflate and data["deflate_level"] > 0 else 6
+    deflate_level = min(deflate_level, o.max_deflate_level)
+    snappy = bool(o.snappy and data["snappy"])
+    if deflate and snappy:
+        raise IdentifyFailed("cannot enable both deflate and snappy compression")
     resp = {
         "max_rdy_count": o.max_rdy_count,
         "version": NSQ_COMPAT_VERSION,
         "max_msg_timeout": o.max_msg_timeout // MS,
         "msg_timeout": mt_ns // MS,
-        "tls_v1": False,
-        "deflate": False,
+        "tls_v1": tls_ctx is not None,
+        "deflate": deflate,
         "deflate_level": deflate_level,
         "max_deflate_level": o.max_deflate_level,
-        "snappy": False,
+        "snappy": snappy,
         "sample_rate": sample,
-        "auth_required": False,
+        "auth_required": bool(o.auth_http_addresses),
         "output_buffer_size": obs_size,
         "output_buffer_timeout": obt_ns // MS,
     }
     c.send_frame(encode_response(json.dumps(resp, separators=(",", ":")).encode()))
+    if tls_ctx is not None or snappy or deflate:
+        transport.upgrade(c, tls_ctx, snappy, deflate_level if deflate else 0)
 
 
 def auth(c: "ClientConn", cmd: Command) -> None:
@@ -190,8 +200,11 @@ def auth(c: "ClientConn", cmd: Command) -> None:
     body = _body(cmd)
     if body is None:
         return
-    # matches nsqd without --auth-http-address
-    raise AuthDisabled("AUTH disabled")
+    if c.auth_state is not None and c.auth_state.authorizations:
+        raise Invalid("AUTH already set")
+    if c.loop.runtime.auth is None:
+        raise AuthDisabled("AUTH disabled")  # matches nsqd without --auth-http-address
+    authd.start_auth(c, body.decode("utf-8", "replace"))
 
 
 # -- SUB -------------------------------------------------------------------------------------
@@ -207,6 +220,8 @@ def sub(c: "ClientConn", cmd: Command) -> None:
         raise BadTopic(f"SUB topic name {_q(p[1])} is not valid")
     if not is_valid_name(p[2]):
         raise BadChannel(f"SUB channel name {_q(p[2])} is not valid")
+    if not authd.check(c, cmd, "SUB", p[1].decode(), p[2].decode()):
+        return
     broker = c.loop.runtime.broker
     try:
         topic = broker.get_topic(p[1].decode())
@@ -221,7 +236,7 @@ def sub(c: "ClientConn", cmd: Command) -> None:
 def pub(c: "ClientConn", cmd: Command) -> None:
     name = _topic_name(cmd.params, "PUB", 2)
     body = _body(cmd)
-    if body is None:
+    if body is None or not authd.check(c, cmd, "PUB", name, ""):
         return
     _publish(c, name, [body], 0, PubFailed, "PUB")
 
@@ -237,13 +252,15 @@ def dpub(c: "ClientConn", cmd: Command) -> None:
     if not 0 <= defer_ns <= c.opts.max_req_timeout:
         raise Invalid(f"DPUB timeout {ms} out of range 0-{max_ms}")
     body = _body(cmd)
-    if body is None:
+    if body is None or not authd.check(c, cmd, "DPUB", name, ""):
         return
     _publish(c, name, [body], defer_ns, DpubFailed, "DPUB")
 
 
 def mpub(c: "ClientConn", cmd: Command) -> None:
     name = _topic_name(cmd.params, "MPUB", 2)
+    if not authd.check(c, cmd, "MPUB", name, ""):  # matches nsqd: before the body is read
+        return
     body = _body(cmd)
     if body is None:
         return
@@ -416,7 +433,11 @@ HANDLERS: dict[bytes, Callable[["ClientConn", Command], None]] = {
 
 
 def dispatch(c: "ClientConn", cmd: Command) -> None:
-    handler = HANDLERS.get(cmd.params[0])
+    verb = cmd.params[0]
+    if c.opts.tls_required and verb != b"IDENTIFY" and not c.transport.tls:
+        # matches nsqd's enforceTLSPolicy: checked before the verb is even known
+        raise Invalid(f"cannot {verb.decode('utf-8', 'replace')} in current state (TLS required)")
+    handler = HANDLERS.get(verb)
     if handler is None:
         raise Invalid(f"invalid command {cmd.params[0].decode('utf-8', 'replace')}")
     handler(c, cmd)

@@ -11,6 +11,7 @@ import gc
 import logging
 import resource
 import signal
+import ssl
 import sys
 import threading
 from typing import Any
@@ -19,6 +20,9 @@ from pybroker import NSQ_COMPAT_VERSION, __version__, _native
 from pybroker.config import Options, split_hostport
 from pybroker.core.broker import Broker
 from pybroker.core.channel import Channel
+from pybroker.errors import ConfigError
+from pybroker.server.auth import AuthClient
+from pybroker.server.tls import server_context
 from pybroker.server.listener import Listener, bind, format_addr
 from pybroker.server.lookupd import LookupdRegistrar
 from pybroker.server.loop import EventLoop
@@ -47,6 +51,8 @@ class Runtime:
         # answers 500 "NOK - <health>" and /stats reports it, as nsqd's SetHealth does.
         self.health: str | None = None
         self.lookupd: LookupdRegistrar | None = None
+        self.tls_context: ssl.SSLContext | None = None  # tls_cert + tls_key (TCP and HTTPS)
+        self.auth: Any = None  # AuthClient when auth_http_addresses is set
         self._stop = threading.Event()
 
     # -- waking channels for publishers that are not loop threads (HTTP, start-up) ------
@@ -84,6 +90,12 @@ class Runtime:
                  " (the C codec is not built)" if _native.FALLBACK_REASON else "")
         log.info("ID: %d", o.id)
         log.info("NSQ: durability %s, data in %s", o.durability, self.storage.data_path)
+        try:
+            self.tls_context = server_context(o)
+        except ConfigError as e:
+            raise StartupError(str(e)) from None
+        if o.auth_http_addresses:
+            self.auth = AuthClient(o)
         try:
             self.storage.prepare()
         except DataPathLocked as e:
@@ -164,6 +176,8 @@ class Runtime:
             if not loop.stopped.wait(timeout_s):
                 log.error("%s did not stop within %.0fs", loop.name, timeout_s)
         self.scanner.stop(timeout_s)
+        if self.auth is not None:
+            self.auth.stop(timeout_s)
         if self.lookupd is not None:
             self.lookupd.stop(timeout_s)
         self.storage.persist()
