@@ -44,7 +44,7 @@ import pytest
 if TYPE_CHECKING:
     from pybroker.client import Message, Producer
 
-LISTEN_RE = re.compile(r"(TCP|HTTP): listening on (\S+)")
+LISTEN_RE = re.compile(r"(TCP|HTTPS|HTTP): listening on (\S+)")
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 15.0
 
@@ -102,6 +102,7 @@ class BrokerProcess:
         self.stderr_lines: list[str] = []
         self.tcp_address: tuple[str, int] | None = None
         self.http_address: tuple[str, int] | None = None
+        self.https_address: tuple[str, int] | None = None  # with --tls-cert/--tls-key
         self.returncode: int | None = None
         self._reader: threading.Thread | None = None
 
@@ -109,9 +110,12 @@ class BrokerProcess:
     def command(self) -> list[str]:
         common = ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
                   f"--data-path={self.data_path}"]
+        # no HTTPS listener unless asked for (both listen on :4152 when given a cert)
+        if not any(a.startswith("--https-address") for a in self.extra_args):
+            common.append("--https-address=")
         if self.kind == "nsqd":
             assert self.nsqd_path, "no nsqd binary"
-            return [self.nsqd_path, *common, "--https-address=", *self.extra_args]
+            return [self.nsqd_path, *common, *self.extra_args]
         return [self.python, "-m", "pybroker", "serve", *common, *self.extra_args]
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> "BrokerProcess":
@@ -120,7 +124,7 @@ class BrokerProcess:
         if self.env:
             env.update(self.env)
         self.stderr_lines = []
-        self.tcp_address = self.http_address = None
+        self.tcp_address = self.http_address = self.https_address = None
         self.returncode = None
         self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -149,6 +153,8 @@ class BrokerProcess:
                 addr = split_addr(m.group(2))
                 if m.group(1) == "TCP":
                     self.tcp_address = addr
+                elif m.group(1) == "HTTPS":
+                    self.https_address = addr
                 else:
                     self.http_address = addr
 

@@ -159,14 +159,11 @@ def test_identify_feature_negotiation_reflects_fields(any_broker: BrokerProcess,
     c.assert_alive()  # nothing follows the JSON when no upgrade was granted
 
 
-def test_identify_tls_snappy_deflate_not_granted(request: pytest.FixtureRequest,
-                                                 broker_kind: str,
-                                                 make_broker: Callable[..., BrokerProcess],
+def test_identify_tls_snappy_deflate_not_granted(make_any_broker: Callable[..., BrokerProcess],
                                                  connect: Connect) -> None:
-    """nsqd enables snappy and deflate by default, so it runs with them disabled here;
-    pybroker implements neither, and neither has a TLS certificate configured."""
-    b = request.getfixturevalue("broker") if broker_kind == "pybroker" else make_broker(
-        "--deflate=false", "--snappy=false", kind="nsqd")
+    """Snappy and deflate disabled, no TLS certificate: nothing is granted (the granted
+    upgrades are in test_tls_raw.py)."""
+    b = make_any_broker("--deflate=false", "--snappy=false")
     asks: list[dict[str, object]] = [{"tls_v1": True}, {"snappy": True},
                                      {"deflate": True, "deflate_level": 3},
                                      {"snappy": True, "deflate": True}]

@@ -54,6 +54,26 @@ def test_every_key_has_a_flag_named_like_nsqd() -> None:
         assert f in flags
 
 
+@pytest.mark.parametrize("raw,expected", [
+    (True, 2), (False, 0), ("true", 2), ("1", 2), ("t", 2), ("FALSE", 0), ("0", 0),
+    ("tcp-https", 1), ("TCP-HTTPS", 1),
+])
+def test_tls_required_takes_nsqds_spellings(raw: object, expected: int) -> None:
+    o = resolve({"tls_required": raw, "tls_cert": "c.pem", "tls_key": "k.pem"}, {})
+    assert o.tls_required == expected
+
+
+def test_a_client_auth_policy_implies_tls_required() -> None:
+    o = resolve({"tls_cert": "c.pem", "tls_key": "k.pem",
+                 "tls_client_auth_policy": "require"}, {})
+    assert o.tls_required == 2  # matches nsqd.New
+
+
+@pytest.mark.parametrize("raw", ["tls1.0", "TLS1.1", "tls1.2", "tls1.3"])
+def test_tls_min_version_spellings(raw: str) -> None:
+    assert resolve({"tls_min_version": raw}, {}).tls_min_version == raw.lower()
+
+
 @pytest.mark.parametrize("file,flags,needle", [
     ({"no_such_key": 1}, {}, "unknown config key 'no_such_key'"),
     ({"mem_queue_size": "lots"}, {}, "mem_queue_size: expected an integer"),
@@ -62,7 +82,12 @@ def test_every_key_has_a_flag_named_like_nsqd() -> None:
     ({}, {"queue_scan_dirty_percent": "2"}, "--queue-scan-dirty-percent: 2.0 is out of range"),
     ({"msg_timeout": "20m"}, {}, "msg_timeout: must not exceed max_msg_timeout"),
     ({"tcp_address": "nowhere"}, {}, "tcp_address: 'nowhere' is not <host>:<port>"),
-    ({"tls_cert": "/x.pem"}, {}, "tls_cert: TLS/HTTPS is not available"),
+    ({"tls_cert": "/x.pem"}, {}, "tls_cert: tls_cert and tls_key must be given together"),
+    ({"tls_required": True}, {}, "cannot require TLS client connections without TLS key"),
+    ({}, {"tls_required": "sometimes"}, "--tls-required: expected true, false or tcp-https"),
+    ({"tls_min_version": "ssl3.0"}, {}, "tls_min_version: unknown version 'ssl3.0'"),
+    ({"tls_client_auth_policy": "maybe"}, {}, "tls_client_auth_policy: 'maybe' is not"),
+    ({"auth_http_request_method": "put"}, {}, "auth_http_request_method: must be post or get"),
     ({"snappy": "maybe"}, {}, "snappy: expected true or false"),
 ])
 def test_bad_values_name_the_key(file: dict, flags: dict, needle: str) -> None:
