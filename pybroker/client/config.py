@@ -90,6 +90,17 @@ class Config:
     max_in_flight: int = 1
     msg_timeout: float = 0.0                  # 0: the server's default
     auth_secret: str = ""
+    # negotiated in IDENTIFY, as go-nsq's tls_v1, snappy and deflate options; the tls_*
+    # options are go-nsq's tls_config settings (tls_v1 must still be asked for)
+    tls_v1: bool = False
+    tls_root_ca_file: str = ""
+    tls_insecure_skip_verify: bool = False
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_min_version: str = ""                 # "tls1.0".."tls1.3"
+    snappy: bool = False
+    deflate: bool = False
+    deflate_level: int = 6
 
     def backoff_duration(self, attempt: int) -> float:
         """Seconds to back off at backoff level ``attempt`` (1, 2, ...)."""
@@ -109,7 +120,8 @@ class Config:
             "sample_rate": self.sample_rate, "output_buffer_size": self.output_buffer_size,
             "output_buffer_timeout": ms(self.output_buffer_timeout),
             "msg_timeout": int(self.msg_timeout * 1000),
-            "tls_v1": False, "snappy": False, "deflate": False,
+            "tls_v1": self.tls_v1, "snappy": self.snappy, "deflate": self.deflate,
+            "deflate_level": self.deflate_level,
         }
 
     def validate(self) -> None:
@@ -122,6 +134,14 @@ class Config:
             raise ValueError("sample_rate must be within 0..99")
         if not 0.0 <= self.lookupd_poll_jitter <= 1.0:
             raise ValueError("lookupd_poll_jitter must be within 0..1")
+        if not 1 <= self.deflate_level <= 9:
+            raise ValueError("deflate_level must be within 1..9")
+        if self.snappy and self.deflate:
+            raise ValueError("snappy and deflate cannot both be enabled")
+        if self.tls_min_version.lower() not in ("", "tls1.0", "tls1.1", "tls1.2", "tls1.3"):
+            raise ValueError(f"unknown tls_min_version {self.tls_min_version!r}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key must be given together")
         if self.backoff_strategy not in ("exponential", "full_jitter"):
             raise ValueError(f"unknown backoff_strategy {self.backoff_strategy!r}")
         for name in ("dial_timeout", "lookupd_poll_interval", "rdy_redistribute_interval"):

@@ -13,7 +13,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from pybroker.client import protocol as P
 from pybroker.client.config import Config
@@ -21,6 +21,8 @@ from pybroker.client.errors import AuthError, IdentifyError, NotConnectedError, 
 from pybroker.client.loop import IOLoop
 from pybroker.client.message import Message
 from pybroker.client.protocol import IdentifyResponse
+from pybroker.client.transport import TlsSocket, tls_context
+from pybroker.protocol.compression import CorruptStream, Deflate, Snappy
 
 log = logging.getLogger("pybroker.client")
 
@@ -74,7 +76,8 @@ class Conn:
         # writers wait while this much output is pending (producers); 0: never wait
         # (consumers, which write RDY/FIN with their flow-control lock held)
         self.max_pending_write = _MAX_PENDING_WRITE
-        self._sock: socket.socket | None = None
+        self._sock: Any = None  # socket.socket, or TlsSocket once TLS is negotiated
+        self._codec: Snappy | Deflate | None = None  # snappy or deflate, once negotiated
         self._reader = P.FrameReader()
         self._wlock = threading.Condition(threading.Lock())
         self._wbuf = bytearray()
@@ -104,6 +107,7 @@ class Conn:
         try:
             sock.sendall(P.MAGIC_V2)
             resp = self._identify()
+            self._upgrade(resp, host)
             if resp.auth_required:
                 self._auth()
         except BaseException:
@@ -125,6 +129,33 @@ class Conn:
             return P.parse_identify_response(payload)
         except ValueError as e:
             raise IdentifyError(f"bad IDENTIFY response: {payload[:64]!r}") from e
+
+    def _upgrade(self, resp: IdentifyResponse, host: str) -> None:
+        """What the server granted, in nsqd's order: TLS, then snappy or deflate, each
+        confirmed by an OK read through the new layer (go-nsq's upgrade sequence)."""
+        if resp.tls_v1:
+            try:
+                ssl_sock = tls_context(self.config).wrap_socket(self._sock,
+                                                                server_hostname=host)
+            except OSError as e:
+                raise IdentifyError(f"TLS handshake failed: {e}") from e
+            self._sock = TlsSocket(ssl_sock)
+            self._expect_ok("TLS")
+        if resp.snappy or resp.deflate:
+            codec = Snappy() if resp.snappy else Deflate(resp.deflate_level)
+            early = self._reader.take_buffered()  # already compressed (the OK)
+            self._codec = codec
+            if early:
+                self._reader.feed(codec.decompress(early))
+            self._expect_ok(codec.name)
+
+    def _expect_ok(self, what: str) -> None:
+        try:
+            ftype, payload = self._read_frame_blocking()
+        except (OSError, CorruptStream) as e:
+            raise IdentifyError(f"{what} upgrade failed: {e}") from e
+        if ftype != P.FrameType.RESPONSE or payload != b"OK":
+            raise IdentifyError(f"{what} upgrade failed: {payload[:64]!r}")
 
     def _auth(self) -> None:
         if not self.config.auth_secret:
@@ -149,7 +180,7 @@ class Conn:
     def _sock_send(self, data: bytes) -> None:
         if self._sock is None:
             raise NotConnectedError(f"{self.address}: not connected")
-        self._sock.sendall(data)
+        self._sock.sendall(self._codec.compress(data) if self._codec is not None else data)
 
     def _read_frame_blocking(self) -> tuple[P.FrameType, bytes]:
         """Next non-heartbeat frame, answering heartbeats; only before ``start()``."""
@@ -158,12 +189,14 @@ class Conn:
             frame = self._reader.next_frame()
             if frame is not None:
                 if frame[0] == P.FrameType.RESPONSE and frame[1] == P.HEARTBEAT:
-                    self._sock.sendall(P.nop())
+                    self._sock_send(P.nop())
                     continue
                 return frame
             data = self._sock.recv(_RECV_SIZE)
             if not data:
                 raise NotConnectedError(f"{self.address}: connection closed by peer")
+            if self._codec is not None:
+                data = self._codec.decompress(data)
             self._reader.feed(data)
 
     # -- running (IOLoop thread reads) --------------------------------------------------
@@ -215,6 +248,12 @@ class Conn:
             self.close("connection closed by peer")
             return
         self._last_read = time.monotonic()
+        if self._codec is not None:
+            try:
+                data = self._codec.decompress(data)
+            except CorruptStream as e:
+                self.close(f"protocol error: {e}")
+                return
         self._reader.feed(data)
         self._dispatch()
 
@@ -271,6 +310,8 @@ class Conn:
                 self._wlock.wait(1.0)
             if self._closed or self._sock is None:
                 raise NotConnectedError(f"{self.address}: connection closed")
+            if self._codec is not None:  # in write order, under the write lock
+                data = self._codec.compress(data)
             if self._wbuf:
                 self._wbuf += data
                 return

@@ -44,14 +44,14 @@ def build_lookup_url(address: str, topic: str) -> str:
                                     urllib.parse.urlencode(query), ""))
 
 
-def get_json(url: str, timeout_s: float) -> Any:
+def get_json(url: str, timeout_s: float, context: Any = None) -> Any:
     """GET a v1 NSQ endpoint; unwrap the pre-1.0 ``{"data": ...}`` envelope.
 
     Raises:
         OSError (URLError, HTTPError), ValueError: unreachable, non-200 or not JSON.
     """
     req = urllib.request.Request(url, headers={"Accept": ACCEPT_V1})
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+    with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
         body = resp.read()
     data = json.loads(body)
     if isinstance(data, dict) and "status_code" in data and "data" in data:
@@ -59,8 +59,8 @@ def get_json(url: str, timeout_s: float) -> Any:
     return data
 
 
-def http_url(address: str, path: str) -> str:
-    base = address if "://" in address else "http://" + address
+def http_url(address: str, path: str, scheme: str = "http") -> str:
+    base = address if "://" in address else f"{scheme}://{address}"
     return base.rstrip("/") + path
 
 

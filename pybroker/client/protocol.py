@@ -110,6 +110,10 @@ class IdentifyResponse:
     msg_timeout_ms: int = 60000
     auth_required: bool = False
     version: str = ""
+    tls_v1: bool = False
+    snappy: bool = False
+    deflate: bool = False
+    deflate_level: int = 6
     raw: dict[str, Any] | None = None
 
 
@@ -128,7 +132,9 @@ def parse_identify_response(payload: bytes) -> IdentifyResponse:
         max_rdy_count=int(raw.get("max_rdy_count", 2500)),
         msg_timeout_ms=int(raw.get("msg_timeout", 60000)),
         auth_required=bool(raw.get("auth_required", False)),
-        version=str(raw.get("version", "")), raw=raw)
+        version=str(raw.get("version", "")), tls_v1=bool(raw.get("tls_v1", False)),
+        snappy=bool(raw.get("snappy", False)), deflate=bool(raw.get("deflate", False)),
+        deflate_level=int(raw.get("deflate_level", 6)), raw=raw)
 
 
 # -- frames --------------------------------------------------------------------------
@@ -193,6 +199,14 @@ class FrameReader:
         data = bytes(buf[pos + 8:end])
         self._pos = end
         return kind, data
+
+    def take_buffered(self) -> bytes:
+        """Every byte fed and not yet returned as a frame (they belong to a new layer:
+        nsqd sends the compressed OK right after its IDENTIFY answer)."""
+        rest = bytes(self._buf[self._pos:])
+        self._buf.clear()
+        self._pos = 0
+        return rest
 
     def _compact(self) -> None:
         if self._pos:

@@ -21,11 +21,9 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
-import zlib
 from typing import TYPE_CHECKING, Any, Callable
 
-import cramjam
-
+from pybroker.protocol.compression import CorruptStream, Deflate, Snappy
 from pybroker.protocol.encoder import OK_FRAME, encode_error
 from pybroker.server import tls as tlsinfo
 
@@ -35,37 +33,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("pybroker")
 RECV_SIZE = 256 * 1024
 HANDSHAKE_TIMEOUT_NS = 5_000_000_000  # matches nsqd's 5 s deadline in UpgradeTLS
-_SNAPPY_HEADER = b"\xff\x06\x00\x00sNaPpY"
 
 
 class TransportError(OSError):
     """The pipe broke in a layer (bad TLS record, corrupt compressed stream)."""
-
-
-class SnappyReader:
-    """Incremental snappy-framing decoder: whole chunks go to cramjam, a partial one waits."""
-
-    def __init__(self) -> None:
-        self._buf = b""
-
-    def feed(self, data: bytes) -> bytes:
-        buf = self._buf + data if self._buf else data
-        end, n = 0, len(buf)
-        while end + 4 <= n:  # walk chunk headers only: [type][24-bit length]
-            size = 4 + int.from_bytes(buf[end + 1:end + 4], "little")
-            if end + size > n:
-                break
-            end += size
-        self._buf = buf[end:]
-        if not end:
-            return b""
-        chunks = buf[:end]
-        if not chunks.startswith(_SNAPPY_HEADER):
-            chunks = _SNAPPY_HEADER + chunks
-        try:
-            return bytes(cramjam.snappy.decompress(chunks))
-        except Exception as e:  # cramjam raises its own DecompressionError
-            raise TransportError(f"snappy: corrupt input ({e})") from None
 
 
 class Transport:
@@ -83,9 +54,7 @@ class Transport:
         self._ssl: ssl.SSLObject | None = None
         self._bio_in: ssl.MemoryBIO | None = None
         self._bio_out: ssl.MemoryBIO | None = None
-        self._zip: Any = None  # zlib compress object
-        self._unzip: Any = None
-        self._unsnap: SnappyReader | None = None
+        self._codec: Snappy | Deflate | None = None
         self._on_ready: Callable[[], None] | None = None
         self._eof = False
         self.tls_stats: dict[str, Any] = {}
@@ -140,14 +109,11 @@ class Transport:
         return b"".join(parts)
 
     def _decompress(self, data: bytes) -> bytes | None:
-        if self._unsnap is not None:
-            out = self._unsnap.feed(data)
-        else:
-            try:
-                out = self._unzip.decompress(data)
-            except zlib.error as e:
-                raise TransportError(f"flate: corrupt input ({e})") from None
-        return out or None
+        assert self._codec is not None
+        try:
+            return self._codec.decompress(data) or None
+        except CorruptStream as e:
+            raise TransportError(str(e)) from None
 
     # -- writing ------------------------------------------------------------------------
     def send(self, out: list[bytes]) -> int | None:
@@ -173,11 +139,9 @@ class Transport:
         return self.waiting
 
     def _encode(self, data: bytes) -> bytes:
-        if self._zip is not None:
-            # matches nsqd: one sync flush per write, so the client can decode every frame
-            data = self._zip.compress(data) + self._zip.flush(zlib.Z_SYNC_FLUSH)
-        elif self.snappy:
-            data = bytes(cramjam.snappy.compress(data))
+        if self._codec is not None:
+            # matches nsqd: one compressed write (deflate: one sync flush) per flush
+            data = self._codec.compress(data)
         if self._ssl is None:
             return data
         view = memoryview(data)
@@ -235,13 +199,12 @@ class Transport:
 
     def start_snappy(self) -> None:
         self.snappy = True
-        self._unsnap = SnappyReader()
+        self._codec = Snappy()
 
     def start_deflate(self, level: int) -> None:
         self.deflate = True
         self.deflate_level = level
-        self._zip = zlib.compressobj(level, zlib.DEFLATED, -15)
-        self._unzip = zlib.decompressobj(-15)
+        self._codec = Deflate(level)
 
 
 def upgrade(c: "ClientConn", ctx: ssl.SSLContext | None, snappy: bool, deflate_level: int) -> None:

@@ -8,6 +8,7 @@ every 25 rows; the first poll only sets the baseline. ``--count N`` stops after 
 """
 from __future__ import annotations
 
+import ssl
 import sys
 import threading
 import time
@@ -64,9 +65,27 @@ def format_row(cur: ChannelStats, old: ChannelStats, interval_s: float) -> str:
         cur.client_count)
 
 
+# HTTPS for /stats (nsqadmin's --http-client-tls-* flags); None: plain HTTP
+_tls: ssl.SSLContext | None = None
+
+
 def _stats(address: str, query: dict[str, str], timeout_s: float) -> dict[str, Any]:
-    data = get_json(http_url(address, "/stats?" + urllib.parse.urlencode(query)), timeout_s)
+    url = http_url(address, "/stats?" + urllib.parse.urlencode(query),
+                   "https" if _tls is not None else "http")
+    data = get_json(url, timeout_s, _tls)
     return data if isinstance(data, dict) else {}
+
+
+def _tls_context(root_ca: str, cert: str, key: str, insecure: bool) -> ssl.SSLContext | None:
+    if not (root_ca or cert or key or insecure):
+        return None
+    ctx = ssl.create_default_context(cafile=root_ca or None)
+    if cert or key:
+        ctx.load_cert_chain(cert, key or None)
+    if insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
 
 
 def topic_producers(topic: str, nsqd_http: list[str], lookupd_http: list[str],
@@ -128,9 +147,20 @@ def stat_command(
                                            help="timeout for HTTP connect"),
     http_client_request_timeout: str = opt("5s", "http-client-request-timeout",
                                            help="timeout for HTTP request"),
+    http_client_tls_root_ca_file: str = opt(
+        "", "http-client-tls-root-ca-file",
+        help="path to CA file for the HTTP client (queries nsqd over HTTPS)"),
+    http_client_tls_cert: str = opt("", "http-client-tls-cert",
+                                    help="path to certificate file for the HTTP client"),
+    http_client_tls_key: str = opt("", "http-client-tls-key",
+                                   help="path to key file for the HTTP client"),
+    http_client_tls_insecure_skip_verify: bool = opt(
+        False, "http-client-tls-insecure-skip-verify",
+        help="configure the HTTP client to skip verification of TLS certificates"),
     version: bool = opt(False, "version", help="print version"),
 ) -> None:
     """Poll /stats and print a channel's numbers every interval (nsq_stat)."""
+    global _tls
     if version:
         typer.echo(f"pybroker stat v{__version__}")
         return
@@ -153,6 +183,11 @@ def stat_command(
         fatal("use --nsqd-http-address or --lookupd-http-address not both")
     _check_addrs(nsqd_http_address, "nsqd-http-address")
     _check_addrs(lookupd_http_address, "lookupd-http-address")
+    try:
+        _tls = _tls_context(http_client_tls_root_ca_file, http_client_tls_cert,
+                            http_client_tls_key, http_client_tls_insecure_skip_verify)
+    except (OSError, ssl.SSLError) as e:
+        fatal(f"failed to load the HTTP client's TLS settings - {e}")
 
     with StopSignals() as signals:
         _stat_loop(signals.stop, topic, channel, interval_s, count, nsqd_http_address,
