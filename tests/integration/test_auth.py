@@ -13,12 +13,15 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support import wire
 from tests.support.broker import BrokerProcess, unique_name, wait_until
+from tests.support.certs import make_certs
+from tests.support.layers import negotiate
 from tests.support.wire import WireClient
 
 Connect = Callable[..., WireClient]
@@ -243,3 +246,21 @@ def test_slow_auth_server_past_the_request_timeout(
     fast.expect_response(None)
     slow.expect_error("E_AUTH_FAILED", "E_AUTH_FAILED AUTH failed", timeout=5)
     fast.pub(unique_name("pub"), b"unaffected")
+
+
+def test_auth_over_tls_sends_the_client_certificate_name(
+        make_any_broker: Callable[..., BrokerProcess], connect: Connect,
+        auth_server: AuthServer, tmp_path: Path) -> None:
+    certs = make_certs(tmp_path / "certs")
+    b = make_any_broker(f"--auth-http-address={auth_server.address}",
+                        f"--tls-cert={certs.server_cert}", f"--tls-key={certs.server_key}",
+                        "--tls-client-auth-policy=require-verify",
+                        f"--tls-root-ca-file={certs.ca}")
+    c = connect(b)
+    answer = negotiate(c, certs, tls=True, cert=certs.client_cert, key=certs.client_key)
+    assert answer["auth_required"] is True
+    c.send(wire.command("AUTH", body=b"good"))
+    c.expect_response(None)
+    assert auth_server.queries[-1] == {"remote_ip": "127.0.0.1", "tls": "true",
+                                       "secret": "good", "common_name": "client-1"}
+    c.pub(unique_name("pub"), b"over tls, authorised")
