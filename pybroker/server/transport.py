@@ -97,8 +97,8 @@ class Transport:
                 chunk = self._ssl.read(RECV_SIZE)
             except ssl.SSLWantReadError:
                 break
-            except ssl.SSLZeroReturnError:
-                self._eof = True
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                self._eof = True  # close_notify, or a peer that just hung up
                 break
             except ssl.SSLError as e:
                 raise TransportError(f"tls: {e.reason or e}") from None
