@@ -330,10 +330,11 @@ class ClientConn:
     def _resume_reading(self) -> None:
         self.reading = True
         self.loop.set_reading(self, True)
-        self.loop.call_soon_threadsafe(self._resume_commands)
+        self.loop.call_soon_threadsafe(self._resume_commands, self.loop)
 
-    def _resume_commands(self) -> None:
-        if not self.closed and self.reading:
+    def _resume_commands(self, loop: "EventLoop") -> None:
+        # queued on the loop that owned the connection then: it may have moved since
+        if loop is self.loop and not self.moving and not self.closed and self.reading:
             self.process()
 
     def close_after_flush(self) -> None:
@@ -373,20 +374,16 @@ class ClientConn:
 
     # -- subscribing ----------------------------------------------------------------------
     def begin_subscribe(self, ch: Channel) -> None:
-        """SUB accepted: join ch here, or move to the loop that owns it."""
+        """SUB accepted: join ch here, or move to the loop that owns it. No further
+        command runs here (``moving``); the move itself happens at the end of this loop's
+        turn, once this turn's publishes are answered (``EventLoop.hand_over``), and the
+        bytes not yet run travel with the connection, in its decoder."""
         target = ch.owner
         if target is self.loop:
             self.finish_subscribe(ch)
             return
         self.moving = True
-        self.loop.cancel(self.hb_timer)
-        self.loop.cancel(self.flush_timer)
-        self.hb_timer = self.flush_timer = None
-        if self.pending or self.out:
-            self.flush()
-        old = self.loop
-        old.release(self)
-        target.call_soon_threadsafe(target.adopt, self, ch)
+        self.loop.hand_over(self, target, ch)
 
     def finish_subscribe(self, ch: Channel) -> None:
         """On the channel's owner loop: join the channel, answer OK, resume reading."""

@@ -85,6 +85,9 @@ class EventLoop:
         # MPUBs appended in slices (publish_slices), and connections to resume after
         self._slices: deque[_SliceJob] = deque()
         self._resume: list[ClientConn] = []
+        # connections that SUBscribed to another loop's channel: handed over at the end
+        # of this turn
+        self._handover: list[tuple[ClientConn, EventLoop, Channel]] = []
         # channels of other loops with new records: told once per turn
         self._wake_remote: dict[EventLoop, dict[Channel, None]] = {}
         self._running = False
@@ -259,11 +262,36 @@ class EventLoop:
         self.selector.register(sock, selectors.EVENT_READ, conn)
         conn.start()
 
+    def hand_over(self, conn: "ClientConn", target: "EventLoop", ch: Channel) -> None:
+        """conn SUBscribed to a channel ``target`` owns: give it away at the end of this
+        turn (owner thread). It runs no command meanwhile (``conn.moving``)."""
+        self._handover.append((conn, target, ch))
+
+    def _hand_over_all(self) -> None:
+        """End of turn: this turn's publishes are answered (their OKs are in conn.out,
+        confirmed); write what the socket takes, forget the connection, and queue it to
+        its new owner. From here until ``adopt`` runs there, no loop touches it; its
+        unrun bytes stay in its decoder and its unsent bytes in its output, in order."""
+        handover, self._handover = self._handover, []
+        for conn, target, ch in handover:
+            if conn.closed or conn.closing_after_flush:
+                continue   # a failed publish before the SUB: it closes here
+            self.cancel(conn.hb_timer)
+            self.cancel(conn.flush_timer)
+            conn.hb_timer = conn.flush_timer = None
+            if conn.out or conn.pending:
+                conn.flush()
+                if conn.closed:
+                    continue
+            self.release(conn)
+            conn.loop = target
+            target.call_soon_threadsafe(target.adopt, conn, ch)
+
     def adopt(self, conn: "ClientConn", ch: Channel) -> None:
         """Take over a connection that SUBscribed to a channel this loop owns."""
         conn.loop = self
         self.connections.add(conn)
-        self.selector.register(conn.sock, selectors.EVENT_READ, conn)
+        self._set_events(conn, conn.reading, conn.writing)
         conn.finish_subscribe(ch)
 
     def release(self, conn: "ClientConn") -> None:
@@ -326,7 +354,8 @@ class EventLoop:
             self.stopped.set()
 
     def _turn(self) -> None:
-        if self._calls or self.dirty or self.to_flush or self.to_write or self._slices:
+        if (self._calls or self.dirty or self.to_flush or self.to_write or self._slices
+                or self._handover):
             timeout: float | None = 0
         else:
             nxt = self.timers.next_deadline()
@@ -386,6 +415,8 @@ class EventLoop:
             for conn in conns:
                 if not conn.closed:
                     conn.flush()
+        if self._handover:
+            self._hand_over_all()
 
     def close(self) -> None:
         """Release the selector and wake-up pair once the thread has exited."""
