@@ -96,6 +96,28 @@ def _size_error(verb: bytes, code: int, size: int, max_msg: int, max_body: int) 
     return BadBody(f"{v} body too big {size} > {max_body}")
 
 
+def mpub_error(e: "_native.ScanError", max_msg: int) -> ClientError:
+    """nsqd's answer to an MPUB body that does not parse (read as a stream, in order)."""
+    code, i, v = e.code, e.index, e.value
+    if code == _native.E_MPUB_COUNT_READ:
+        return BadBody("MPUB failed to read message count")
+    if code == _native.E_MPUB_COUNT:
+        return BadBody(f"MPUB invalid message count {v}")
+    if code == _native.E_MPUB_PART_READ:
+        return BadMessage(f"MPUB failed to read message({i}) body size")
+    if code == _native.E_MPUB_PART_SIZE:
+        return BadMessage(f"MPUB invalid message({i}) body size {v}")
+    if code == _native.E_MPUB_PART_BIG:
+        return BadMessage(f"MPUB message too big {v} > {max_msg}")
+    if code == _native.E_MPUB_PART_SHORT:
+        return BadMessage("MPUB failed to read message body")
+    return BadBody(f"MPUB body size does not match its messages ({v} bytes left over)")
+
+
+_SHORT_READ = {b"PUB": True, b"DPUB": True, b"IDENTIFY": False, b"AUTH": False,
+               b"MPUB": False}   # verb -> is its body a message (E_BAD_MESSAGE)
+
+
 class CommandDecoder:
     """Bytes in, Commands out. One per connection; never shared between threads."""
 
@@ -194,6 +216,37 @@ class CommandDecoder:
             err, self._error = self._error, None
             raise err
         return None
+
+    def at_eof(self) -> ClientError | None:
+        """The peer closed its side: nsqd's error for a command whose line was complete
+        but whose body was cut short (nsqd reads bodies with io.ReadFull and answers a
+        short read), else None (a cut line is dropped silently, as nsqd does)."""
+        if self._failed or not self._announced or self._ready:
+            return None
+        data = self._buf + b"".join(self._chunks)
+        nl = data.find(b"\n")
+        if nl < 0:
+            return None
+        verb = data[:nl].rstrip(b"\r").split(b" ")[0]
+        message = _SHORT_READ.get(verb)
+        if message is None:
+            return None
+        v = verb.decode()
+        rest = data[nl + 1:]
+        if len(rest) < 4:
+            if message:
+                return BadMessage(f"{v} failed to read message body size")
+            return BadBody(f"{v} failed to read body size")
+        if verb == b"MPUB":
+            # nsqd reads an MPUB body message by message: the first part it cannot read
+            try:
+                _native.mpub_parts(rest[4:], self.max_msg_size, (self.max_body_size - 4) // 5)
+            except _native.ScanError as e:
+                return mpub_error(e, self.max_msg_size)
+            return BadMessage("MPUB failed to read message body")
+        if message:
+            return BadMessage(f"{v} failed to read message body")
+        return BadBody(f"{v} failed to read body")
 
     def buffered(self) -> int:
         return len(self._buf) + self._held

@@ -29,7 +29,8 @@ class IdentifyDecodeError(ValueError):
 def decode_identify(body: bytes) -> dict[str, Any]:
     """Every identifyDataV2 field, typed, with Go's zero values for absent ones."""
     try:
-        data = json.loads(body)
+        # Go reads the body as UTF-8 and turns bytes that are not into U+FFFD
+        data = json.loads(body.decode("utf-8", "replace"))
     except (ValueError, UnicodeDecodeError, RecursionError):
         # RecursionError: nested deeper than Python's JSON decoder goes (Go's stops at
         # 10,000 levels); ValueError also covers integers past the int-string limit

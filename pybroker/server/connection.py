@@ -165,7 +165,7 @@ class ClientConn:
                 self.loop.to_flush[self] = None
             return
         if not data:
-            self.close("peer closed")
+            self._at_eof()
             return
         self.last_read_ns = monotonic_ns()
         if self.closing_after_flush:
@@ -176,6 +176,20 @@ class ClientConn:
                 return
         self.decoder.receive(data)
         self.process()
+
+    def _at_eof(self) -> None:
+        """The client closed its side. A command cut short in its body gets nsqd's
+        short-read error first (the client may still be reading)."""
+        err = None
+        if (self.has_magic and not self.closing_after_flush and not self.moving
+                and not self.held and not self.awaiting_commit):
+            err = self.decoder.at_eof()
+        if err is None:
+            self.close("peer closed")
+            return
+        log.error("[%s] - %s", self, err.payload().decode("utf-8", "replace"))
+        self.send_frame(encode_error(err.payload()))
+        self.close_after_flush()
 
     def _read_magic(self, data: bytes) -> bytes:
         buf = self.magic_buf + data

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Callable
 
 from pybroker import NSQ_COMPAT_VERSION, _native
 from pybroker.core.stats import record_latency
-from pybroker.errors import (AuthDisabled, BadBody, BadChannel, BadMessage, BadTopic, BrokerError,
+from pybroker.errors import (AuthDisabled, BadBody, BadChannel, BadTopic, BrokerError,
                              ClientError, DpubFailed, Exiting, FinFailed, IdentifyFailed,
                              Invalid, MpubFailed,
                              PubFailed, ReqFailed, SubFailed, TouchFailed)
-from pybroker.protocol.decoder import Command
+from pybroker.protocol.decoder import Command, mpub_error
 from pybroker.protocol.identify import IdentifyDecodeError, decode_identify
 from pybroker.protocol.encoder import CLOSE_WAIT_FRAME, encode_error, encode_response
 from pybroker.protocol.names import is_valid_name
@@ -268,30 +268,13 @@ def mpub(c: "ClientConn", cmd: Command) -> None:
     try:
         offs, lens = _native.mpub_parts(body, o.max_msg_size, (o.max_body_size - 4) // 5)
     except _native.ScanError as e:
-        raise _mpub_error(e, o.max_msg_size) from None
+        raise mpub_error(e, o.max_msg_size) from None
     if len(lens) > SLICE:
         # many messages: appended a slice per loop turn, so other clients wait for none
         c.pub_counts[name] = c.pub_counts.get(name, 0) + len(lens)
         c.loop.publish_slices(c, name, (body, offs, lens), MpubFailed, "MPUB")
         return
     _publish(c, name, (body, offs, lens), 0, MpubFailed, "MPUB")
-
-
-def _mpub_error(e: "_native.ScanError", max_msg: int) -> ClientError:
-    code, i, v = e.code, e.index, e.value
-    if code == _native.E_MPUB_COUNT_READ:
-        return BadBody("MPUB failed to read message count")
-    if code == _native.E_MPUB_COUNT:
-        return BadBody(f"MPUB invalid message count {v}")
-    if code == _native.E_MPUB_PART_READ:
-        return BadMessage(f"MPUB failed to read message({i}) body size")
-    if code == _native.E_MPUB_PART_SIZE:
-        return BadMessage(f"MPUB invalid message({i}) body size {v}")
-    if code == _native.E_MPUB_PART_BIG:
-        return BadMessage(f"MPUB message too big {v} > {max_msg}")
-    if code == _native.E_MPUB_PART_SHORT:
-        return BadMessage("MPUB failed to read message body")
-    return BadBody(f"MPUB body size does not match its messages ({v} bytes left over)")
 
 
 def _publish(c: "ClientConn", name: str, bodies: "list[bytes] | Parts", defer_ns: int,
