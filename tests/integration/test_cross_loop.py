@@ -1,0 +1,133 @@
+"""Two loop threads: publishers on one loop feeding channels the other loop owns.
+
+Each publish is written by the publisher's loop, which then tells the channel's owner
+(once per turn) that its channel has new records. Publishers must not come to wait on
+the other loop turn after turn: their round trips stay bounded over the whole run (no
+drift from the first seconds to the last), and every message reaches its consumer.
+
+Connections are given to the loops in turn as they are accepted (the first to loop 0),
+and a channel belongs to loop ``crc32("topic:channel") % loops`` (Broker.pick_owner):
+the test opens its connections one at a time and picks names to place them.
+"""
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import zlib
+from collections.abc import Callable
+
+from tests.support.broker import BrokerProcess, unique_name
+from tests.support.wire import FRAME_MESSAGE, WireClient, fin, parse_message, rdy
+
+MakeBroker = Callable[..., BrokerProcess]
+TOPICS = 4
+PUBLISHERS_PER_TOPIC = 3
+SECONDS = 8.0
+
+
+def _owned_by(loop: int, loops: int, prefix: str, channel: str) -> str:
+    for i in range(10_000):
+        name = f"{prefix}{i}"
+        if zlib.crc32(f"{name}:{channel}".encode()) % loops == loop:
+            return name
+    raise AssertionError("no name found")
+
+
+def test_publishers_on_one_loop_feed_channels_of_the_other(make_broker: MakeBroker) -> None:
+    b = make_broker("--loop-threads=2")
+    assert b.tcp_address is not None
+    prefix = unique_name("xl")
+    topics = [_owned_by(1, 2, f"{prefix}-{t}-", "ch") for t in range(TOPICS)]
+    # accepted in turn: even connections live on loop 0, odd ones on loop 1. Publishers
+    # take the even ones; consumers the odd ones (their channels are loop 1's: no move)
+    publishers: list[tuple[str, WireClient]] = []
+    consumers: list[tuple[str, WireClient]] = []
+    for k in range(2 * TOPICS * PUBLISHERS_PER_TOPIC):
+        c = WireClient.connect(b.tcp_address, timeout=10.0)
+        c.pub(f"{prefix}-accepted", b"x")   # a round trip: accepted before the next
+        if k % 2 == 0:
+            publishers.append((topics[(k // 2) % TOPICS], c))
+        elif len(consumers) < TOPICS:
+            consumers.append((topics[len(consumers)], c))
+        else:
+            c.close()
+    for topic, c in consumers:
+        c.sub(topic, "ch")
+        c.send(rdy(1000))
+
+    received: dict[str, set[bytes]] = {t: set() for t in topics}
+    problems: list[str] = []
+    stop_consuming = threading.Event()
+
+    def consume(topic: str, c: WireClient) -> None:
+        got = received[topic]
+        while not stop_consuming.is_set():
+            try:
+                ftype, data = c.read_frame(0.5)
+            except TimeoutError:
+                continue
+            except Exception as e:
+                problems.append(f"consumer {topic}: {type(e).__name__}: {e}")
+                return
+            if ftype == FRAME_MESSAGE:
+                m = parse_message(data)
+                got.add(m.body)
+                c.send(fin(m.id))
+            else:
+                problems.append(f"consumer {topic}: unexpected frame {ftype} {data!r}")
+
+    rtts: list[list[tuple[float, float]]] = [[] for _ in publishers]
+    sent: dict[str, set[bytes]] = {t: set() for t in topics}
+    lock = threading.Lock()
+
+    def publish(i: int, topic: str, c: WireClient) -> None:
+        start = time.monotonic()
+        n = 0
+        try:
+            while (now := time.monotonic()) - start < SECONDS:
+                body = b"%d-%d" % (i, n)
+                c.pub(topic, body)
+                rtts[i].append((now - start, time.monotonic() - now))
+                with lock:
+                    sent[topic].add(body)
+                n += 1
+        except Exception as e:
+            problems.append(f"publisher {i}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=consume, args=(t, c)) for t, c in consumers]
+    threads += [threading.Thread(target=publish, args=(i, t, c))
+                for i, (t, c) in enumerate(publishers)]
+    for t in threads:
+        t.start()
+    for t in threads[len(consumers):]:
+        t.join(SECONDS + 30)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(received[t] != sent[t] for t in topics):
+        time.sleep(0.05)
+    stop_consuming.set()
+    for t in threads[:len(consumers)]:
+        t.join(5)
+    for _, c in publishers + consumers:
+        c.close()
+    assert not problems, "\n".join(problems[:10])
+
+    total = sum(len(s) for s in sent.values())
+    assert total > 500, f"only {total} publishes in {SECONDS}s"
+    for t in topics:
+        missing = sent[t] - received[t]
+        assert not missing, f"{len(missing)} of {len(sent[t])} messages of {t} not delivered"
+        assert received[t] <= sent[t]
+    # bounded round trips, with no drift: the last quarter of the run is not slower than
+    # the first (beyond noise on a shared machine), and no round trip waits for long
+    samples = [s for per in rtts for s in per]
+    first = [rtt for at, rtt in samples if at < SECONDS / 4]
+    last = [rtt for at, rtt in samples if at >= SECONDS * 3 / 4]
+    assert first and last
+    med_first, med_last = statistics.median(first), statistics.median(last)
+    assert med_last <= max(3 * med_first, med_first + 0.005), (med_first, med_last)
+    print(f"{len(samples)} round trips; median first {med_first * 1e3:.2f} ms, "
+          f"last {med_last * 1e3:.2f} ms")
+    p99 = statistics.quantiles([rtt for _, rtt in samples], n=100)[98]
+    assert p99 < 0.25, f"p99 round trip {p99 * 1000:.1f} ms"
+    assert "Traceback" not in b.stderr_text()
