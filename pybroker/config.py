@@ -22,6 +22,7 @@ MS = 1_000_000
 S = 1_000_000_000
 
 _DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_TOPIC_RE = re.compile(r"[.a-zA-Z0-9_-]+")
 _UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": MS, "s": S, "m": 60 * S, "h": 3600 * S}
 
 
@@ -178,6 +179,12 @@ SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("retention_bytes", "int", 0,
                "keep up to this many bytes of consumed messages per topic for replay; 0: "
                "no byte-based retention", 0, 2**62),
+    OptionSpec("max_attempts", "int", 0,
+               "deliveries of a message on a channel before it goes to the dead-letter "
+               "topic instead (0: unlimited, as nsqd); per channel: POST /channel/config",
+               0, 65535),
+    OptionSpec("dead_letter_topic", "str", "",
+               "topic that receives the messages out of attempts (empty: <topic>.dead)"),
     OptionSpec("loop_threads", "int", 1,
                "event loop threads serving clients; channels are hash-partitioned across "
                "them (0: one per CPU). Under the GIL one loop is fastest and keeps publishers "
@@ -309,6 +316,10 @@ def _check(v: dict[str, Any]) -> None:
     _check_tls(v)
     if v["durability"] not in ("memory", "fsync"):
         raise ConfigError(f"durability: {v['durability']!r} is not \"memory\" or \"fsync\"")
+    dlt = v["dead_letter_topic"]
+    if dlt and (not _TOPIC_RE.fullmatch(dlt) or len(dlt) > 64):
+        raise ConfigError(f"dead_letter_topic: {dlt!r} is not a valid topic name "
+                          "(1-64 characters of [.a-zA-Z0-9_-], not #ephemeral)")
     if v["msg_timeout"] > v["max_msg_timeout"]:
         raise ConfigError("msg_timeout: must not exceed max_msg_timeout")
     if v["max_msg_size"] > v["max_body_size"]:

@@ -13,12 +13,23 @@ import zlib
 from typing import Any, Callable, Protocol
 
 from pybroker.core.channel import Channel
+from pybroker.core.deadletter import is_dead_letter_topic
 from pybroker.core.topic import Topic
 from pybroker.errors import ChannelNotFound, Exiting, TopicNotFound
 from pybroker.protocol.names import is_ephemeral
 
 LogFactory = Callable[[str, bool], Any]   # (topic name, ephemeral) -> a TopicLog
 logger = logging.getLogger("pybroker")   # lifecycle lines in nsqd's words (topic.go, channel.go)
+
+
+def dead_letter_defaults(options: Any, topic: str) -> tuple[int, str]:
+    """The config's (max_attempts, dead_letter_topic) for the channels of a topic; none
+    for a dead-letter topic itself (docs/dead-letters.md)."""
+    max_attempts = int(getattr(options, "max_attempts", 0) or 0)
+    name = str(getattr(options, "dead_letter_topic", "") or "")
+    if not max_attempts or is_dead_letter_topic(topic, name):
+        return 0, ""
+    return max_attempts, name
 
 
 class Owner(Protocol):
@@ -64,6 +75,7 @@ class Broker:
             if t is None:
                 log = self.open_log(name, is_ephemeral(name))
                 t = Topic(name, log, self.options.mem_queue_size, self.pick_owner)
+                t.dl_defaults = dead_letter_defaults(self.options, name)
                 self.topics[name] = t
                 created = True
                 logger.info("TOPIC(%s): created", name)

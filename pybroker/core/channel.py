@@ -5,6 +5,11 @@ offset in 16 hex digits): ``cursor`` (the next offset to hand out), ``in_flight`
 the Flight it went out in), ``requeued`` (offsets ready again, with their deliveries so
 far) and ``deferred`` (offsets waiting for a due time, in a TimeoutWheel).
 
+Dead letters (docs/dead-letters.md): with ``max_attempts`` set, a requeued message that
+would go out for the (max_attempts+1)-th time is handed to the owner loop to be published
+to the dead-letter topic instead; until that publish is confirmed it sits in ``dying``
+(neither deliverable nor finished), then it is finished.
+
 Ownership: a channel is owned by one event loop (``owner``, chosen by hashing its name);
 only that loop's thread calls dispatch/finish/requeue/touch/empty/rewind and changes
 consumers. The queue-scanner threads call ``expire`` only. ``lock`` guards the two
@@ -20,6 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pybroker.core.timeouts import Handle, TimeoutWheel
+from pybroker.core.deadletter import dead_letter_target, envelope
 from pybroker.errors import BrokerError, NotInFlight, NotOwner, TooManyConsumers
 
 if TYPE_CHECKING:
@@ -120,6 +126,18 @@ class Channel:
         self.dropped_count = 0             # ephemeral overflow, sampled out
         # end-to-end latency window, created on the first FIN when e2e percentiles are set
         self.e2e: LatencyWindow | None = None
+        # dead letters: settings given for this channel (over HTTP; kept in nsqd.dat),
+        # else the topic's defaults (from the config)
+        self.dl_settings: dict[str, Any] = {}
+        self.max_attempts = 0
+        self.dead_letter_topic: str | None = None   # where dead letters go (None: nowhere)
+        self.dead_letter_count = 0
+        # offsets being dead-lettered: published, not yet confirmed -> deliveries so far
+        self.dying: dict[int, int] = {}
+        # only with max_attempts: offset -> (first, last) delivery (monotonic ns) of the
+        # messages requeued at least once
+        self.delivery_times: dict[int, tuple[int, int]] = {}
+        self.configure_dead_letters({})
 
     def __repr__(self) -> str:
         return f"Channel({self.topic_name}/{self.name})"
@@ -159,7 +177,67 @@ class Channel:
             if f.live == 0:
                 emptied.append(f)
             self.requeued.append((off, f.attempts))
+            if self.max_attempts:
+                self._note_delivery(off, f.delivery_ns)
         self._drop_flights(emptied)
+
+    def _note_delivery(self, off: int, delivery_ns: int) -> None:
+        """Remember when a message about to be requeued was first and last delivered."""
+        seen = self.delivery_times.get(off)
+        self.delivery_times[off] = (delivery_ns if seen is None else seen[0], delivery_ns)
+
+    # -- dead letters ---------------------------------------------------------------
+    def configure_dead_letters(self, settings: dict[str, Any]) -> None:
+        """Take this channel's own settings (``max_attempts``, ``dead_letter_topic``;
+        a missing key means the topic's default) and resolve where dead letters go."""
+        self.dl_settings = dict(settings)
+        default_max, default_topic = getattr(self.topic, "dl_defaults", (0, ""))
+        self.max_attempts = int(settings.get("max_attempts", default_max))
+        name = str(settings.get("dead_letter_topic", default_topic))
+        self.dead_letter_topic = dead_letter_target(self.topic_name, name)
+        if not self.max_attempts:
+            self.delivery_times.clear()
+
+    def _dead_letter(self, dead: list[tuple[int, int, Any]], now_ns: int,
+                     wall_ns: int) -> None:
+        """Owner: these requeued messages ran out of attempts: build their envelopes,
+        hold them in ``dying`` and ask the owner loop to publish them."""
+        offsets = []
+        bodies = []
+        target = self.dead_letter_topic
+        assert target is not None
+        for off, attempts, batch in dead:
+            stored = batch.stored_attempts(0)
+            seen = self.delivery_times.get(off)
+            first_ns, last_ns = seen if seen is not None else (now_ns, now_ns)
+            bodies.append(envelope(
+                topic=self.topic_name, channel=self.name, offset=off,
+                attempts=attempts + stored,
+                first_delivery_ms=(wall_ns - (now_ns - first_ns)) // 1_000_000,
+                last_delivery_ms=(wall_ns - (now_ns - last_ns)) // 1_000_000,
+                dead_at_ms=wall_ns // 1_000_000,
+                published_ms=batch.ts_ns(0) // 1_000_000,
+                body=batch.payload(0)[34:]))
+            offsets.append(off)
+            self.dying[off] = attempts
+        self.owner.dead_letter(self, target, offsets, bodies)
+
+    def dead_lettered(self, offsets: list[int], ok: bool) -> int:
+        """Owner: the dead-letter publish of these offsets was confirmed (written, and
+        synced in fsync mode): they are finished. If it failed they are requeued as
+        they were. Returns how many were finished."""
+        done = 0
+        for off in offsets:
+            attempts = self.dying.pop(off, None)
+            if attempts is None:
+                continue     # emptied meanwhile
+            if ok:
+                self.delivery_times.pop(off, None)
+                done += 1
+            else:
+                self.requeued.append((off, attempts))
+        self.dead_letter_count += done
+        return done
 
     def _drop_flights(self, flights: list[Flight]) -> None:
         if not flights:
@@ -203,6 +281,8 @@ class Channel:
             low = min(low, min(off for off, _ in self.requeued))
         if self.deferred:
             low = min(low, min(self.deferred))
+        if self.dying:
+            low = min(low, min(self.dying))
         return low
 
     # -- delivery (owner thread) ----------------------------------------------------
@@ -230,7 +310,7 @@ class Channel:
                 continue
             room = min(room, budget)
             before = self.cursor
-            got = self._send_requeued(c, room, now_ns) if self.requeued else 0
+            got = self._send_requeued(c, room, now_ns, wall_ns) if self.requeued else 0
             if got < room and self.cursor < topic.released:
                 got += self._send_from_cursor(c, room - got, now_ns, wall_ns)
             moved = self.cursor - before
@@ -322,13 +402,16 @@ class Channel:
                 self.dropped_count += 1
         return sent
 
-    def _send_requeued(self, c: Consumer, room: int, now_ns: int) -> int:
-        """Redeliver requeued messages (re-read one by one: the rare path)."""
+    def _send_requeued(self, c: Consumer, room: int, now_ns: int, wall_ns: int) -> int:
+        """Redeliver requeued messages (re-read one by one: the rare path); those out of
+        attempts (``max_attempts``) go to the dead-letter topic instead."""
         log = self.topic.log
         sent = 0
         frames = []
         deadline = now_ns + c.msg_timeout_ns
         flights = []
+        limit = self.max_attempts if self.dead_letter_topic is not None else 0
+        dead: list[tuple[int, int, Any]] = []
         while self.requeued and sent < room:
             off, attempts = self.requeued.popleft()
             if off < log.oldest:
@@ -339,11 +422,16 @@ class Channel:
                 continue
             if batch.n == 0 or batch.first != off:
                 continue   # damaged and skipped
+            if limit and attempts + 1 + batch.stored_attempts(0) > limit:
+                dead.append((off, attempts, batch))
+                continue
             f = Flight(c, off, 1, attempts + 1, now_ns)
             frames.append(batch.frames(0, 1, attempts + 1 + batch.stored_attempts(0)))
             flights.append(f)
             self.in_flight[off] = f
             sent += 1
+        if dead:
+            self._dead_letter(dead, now_ns, wall_ns)
         if not sent:
             return 0
         with self.lock:
@@ -381,7 +469,10 @@ class Channel:
 
     def finish(self, client: Consumer, msg_id: bytes) -> int:
         """FIN: the message is done; returns its offset. Raises NotInFlight / NotOwner."""
-        return self._take(client, msg_id)[0]
+        off = self._take(client, msg_id)[0]
+        if self.delivery_times:
+            self.delivery_times.pop(off, None)
+        return off
 
     def finish_offsets(self, client: Consumer, offsets: Sequence[int]
                        ) -> list[tuple[int, BrokerError]]:
@@ -404,6 +495,11 @@ class Channel:
         client.in_flight_count -= len(offsets) - len(failed)
         if emptied:
             self._drop_flights(emptied)
+        if self.delivery_times:
+            times = self.delivery_times
+            for off in offsets:
+                if off not in in_flight:
+                    times.pop(off, None)
         return failed
 
     def requeue(self, client: Consumer, msg_id: bytes, delay_ns: int, now_ns: int,
@@ -411,6 +507,8 @@ class Channel:
         """REQ: back to the queue now (delay 0) or after delay_ns."""
         off, f = self._take(client, msg_id)
         self.requeue_count += 1
+        if self.max_attempts:
+            self._note_delivery(off, f.delivery_ns)
         if delay_ns <= 0:
             self.requeued.append((off, f.attempts))
         else:
@@ -457,6 +555,8 @@ class Channel:
             for off in offs:
                 del in_flight[off]
                 self.requeued.append((off, f.attempts))
+                if self.max_attempts:
+                    self._note_delivery(off, f.delivery_ns)
             if f.client is not None:
                 f.client.in_flight_count -= len(offs)
             f.live = 0
@@ -476,6 +576,8 @@ class Channel:
         self.in_flight.clear()
         self.requeued.clear()
         self.deferred.clear()
+        self.dying.clear()
+        self.delivery_times.clear()
         with self.lock:
             self.in_flight_wheel.clear()
             self.deferred_wheel.clear()
@@ -502,6 +604,7 @@ class Channel:
         ``pending`` is finished. pending: [offset, deliveries, due_wall_ns (0 = ready)]."""
         pending: list[list[int]] = [[off, f.attempts, 0] for off, f in self.in_flight.items()]
         pending += [[off, a, 0] for off, a in self.requeued]
+        pending += [[off, a, 0] for off, a in self.dying.items()]    # dead-lettered again if need be
         with self.lock:
             wheel = self.deferred_wheel
             for d in self.deferred.values():
@@ -509,7 +612,14 @@ class Channel:
                 if not due and d.handle is not None:
                     due = wall_ns + max(0, wheel.deadline_of(d.handle) - now_ns)
                 pending.append([d.offset, d.attempts, due])
-        return {"cursor": self.cursor, "pending": pending, "paused": self.paused}
+        state: dict[str, Any] = {"cursor": self.cursor, "pending": pending,
+                                 "paused": self.paused}
+        if self.delivery_times:
+            # first and last delivery (wall ms) of the requeued ones, for the envelope
+            state["deliveries"] = [
+                [off, (wall_ns - (now_ns - a)) // 1_000_000, (wall_ns - (now_ns - b)) // 1_000_000]
+                for off, (a, b) in self.delivery_times.items()]
+        return state
 
     def restore(self, state: dict[str, Any], now_ns: int, wall_ns: int) -> None:
         """Start-up, before clients: take a saved state (in flight becomes requeued)."""
@@ -523,3 +633,7 @@ class Channel:
                 self._defer(Deferred(off, attempts, due), now_ns + (due - wall_ns))
             else:
                 self.requeued.append((off, attempts))
+        for off, first_ms, last_ms in state.get("deliveries", []):
+            if off >= oldest and self.max_attempts:
+                self.delivery_times[off] = (now_ns - (wall_ns - first_ms * 1_000_000),
+                                            now_ns - (wall_ns - last_ms * 1_000_000))

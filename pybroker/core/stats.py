@@ -192,6 +192,10 @@ def producer_stats(conns: Iterable[Any], topic_filter: str = "") -> list[dict[st
 
 
 # -- channels and topics ----------------------------------------------------------------
+# pybroker's keys in a channel's stats, after nsqd's own
+EXTRA_CHANNEL_KEYS = ("cursor", "max_attempts", "dead_letter_topic", "dead_letter_count",
+                      "dead_letter_pending")
+
 def channel_snapshot(ch: Any, include_clients: bool, topic_filter: str,
                      now_ns: int, wall_ns: int) -> tuple[dict[str, Any], list[LatencyPart]]:
     """nsqd's ChannelStats without the latency result, plus the latency samples.
@@ -215,6 +219,10 @@ def channel_snapshot(ch: Any, include_clients: bool, topic_filter: str,
         "clients": [client_stats(c, topic_filter) for c in consumers] if include_clients else None,
         "paused": ch.paused,
         "cursor": ch.cursor,
+        "max_attempts": ch.max_attempts,
+        "dead_letter_topic": ch.dead_letter_topic or "",
+        "dead_letter_count": ch.dead_letter_count,
+        "dead_letter_pending": len(ch.dying),
     }
     return d, parts
 

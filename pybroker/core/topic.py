@@ -77,6 +77,8 @@ class Topic:
         self.message_count = 0
         self.message_bytes = 0
         self.dirty = False   # appended, not yet written (see write)
+        # (max_attempts, dead_letter_topic) for channels with no settings of their own
+        self.dl_defaults: tuple[int, str] = (0, "")
         self._pick_owner = pick_owner
 
     def __repr__(self) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 from pybroker import NSQ_COMPAT_VERSION, _native
 from pybroker.core import stats as core_stats
 from pybroker.errors import ChannelNotFound, Exiting, TopicNotFound
-from pybroker.http import metrics, process, statstext
+from pybroker.http import channelconfig, metrics, process, statstext
 from pybroker.http.collect import Collected, plan_stats
 from pybroker.http.gather import Gather
 from pybroker.http.options import ConfigEndpoint
@@ -409,4 +409,7 @@ def build_router(api: Api) -> Router:
     r.add("PUT", "/config/:opt", api.options.handle, invalid)
     r.add("GET", "/metrics", api.metrics)  # beyond nsqd: Prometheus
     r.add("POST", "/channel/rewind", guarded(api.channel_rewind))  # beyond nsqd: replay
+    # beyond nsqd: a channel's max attempts and dead-letter topic
+    r.add("GET", "/channel/config", guarded(lambda req: channelconfig.get_config(api, req)))
+    r.add("POST", "/channel/config", guarded(lambda req: channelconfig.post_config(api, req)))
     return r

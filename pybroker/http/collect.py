@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from pybroker.core.stats import (
+    EXTRA_CHANNEL_KEYS,
     LatencyPart,
     channel_snapshot,
     e2e_result,
@@ -114,7 +115,8 @@ def plan_stats(runtime: Any, topic_filter: str = "", channel_filter: str = "",
                         entry[0]["clients"] = []
                 d, parts = entry
                 d["e2e_processing_latency"] = e2e_result(percentiles, parts)
-                d["cursor"] = d.pop("cursor")   # pybroker's extra keys after nsqd's
+                for key in EXTRA_CHANNEL_KEYS:   # pybroker's extra keys after nsqd's
+                    d[key] = d.pop(key)
                 topic_parts.extend(parts)
                 ch_dicts.append(d)
             # matches nsqd: a topic's latency merges its channels'; none without channels

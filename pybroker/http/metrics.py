@@ -43,6 +43,8 @@ _CHANNEL = (
      "timeout_count"),
     ("nsq_channel_clients", "gauge", "Consumers subscribed to the channel.", "client_count"),
     ("nsq_channel_paused", "gauge", "1 if the channel is paused.", "paused"),
+    ("pybroker_channel_dead_lettered_total", "counter",
+     "Messages out of attempts published to the dead-letter topic.", "dead_letter_count"),
 )
 
 

@@ -246,6 +246,13 @@ class EventLoop:
     def mark_dirty(self, ch: Channel) -> None:
         self.dirty[ch] = None
 
+    def dead_letter(self, ch: Channel, target: str, offsets: list[int],
+                    bodies: list[bytes]) -> None:
+        """Publish a channel's dead letters (server/deadletter.py)."""
+        from pybroker.server.deadletter import publish_dead_letters
+
+        publish_dead_letters(self, ch, target, offsets, bodies)
+
     def close_channel(self, ch: Channel) -> None:
         """A deleted channel: close its consumers (matches nsqd) and drop its state."""
         for c in list(ch.consumers):

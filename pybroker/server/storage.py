@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from pybroker.core.deadletter import dead_letter_settings
 from pybroker.core.topic import Topic
 from pybroker.storage import MetadataError, StorageError
 from pybroker.storage._fsutil import atomic_write, safe_name
@@ -117,6 +118,9 @@ class StorageManager:
                     saved = chans.get(cm.name)
                     ch = t.new_channel(cm.name, cursor=max(t.orphan_start, t.log.oldest))
                     ch.paused = cm.paused
+                    settings = dead_letter_settings(cm.extra)
+                    if settings:
+                        ch.configure_dead_letters(settings)
                     if saved is not None:
                         ch.restore(saved, now, wall)
 
@@ -270,8 +274,8 @@ class StorageManager:
         for t in broker.all_topics():
             if t.ephemeral or t.deleted:
                 continue
-            chans = [ChannelMeta(c.name, c.paused) for c in list(t.channels.values())
-                     if not c.ephemeral and not c.deleted]
+            chans = [ChannelMeta(c.name, c.paused, dict(c.dl_settings))
+                     for c in list(t.channels.values()) if not c.ephemeral and not c.deleted]
             topics.append(TopicMeta(t.name, t.paused, chans))
         try:
             save_metadata(self.meta_path, BrokerMetadata(topics))

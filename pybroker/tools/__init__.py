@@ -1,4 +1,5 @@
-"""pybroker's command-line tools for NSQ users: tail, to-file, pub, stat.
+"""pybroker's command-line tools for NSQ users: tail, to-file, pub, stat (and
+pybroker's own: rewind, dead-letters).
 
 Each mirrors an NSQ tool (nsq_tail, nsq_to_file, to_nsq, nsq_stat) flag for flag and in
 its output, so scripts written for those keep working. ``register(app)`` adds them as
@@ -14,6 +15,7 @@ from pybroker.tools._common import GoFlagsCommand
 
 def register(app: typer.Typer) -> None:
     """Add ``tail``, ``to-file``, ``pub`` and ``stat`` to ``app``."""
+    from pybroker.tools.dead_letters import app as dead_letters_app
     from pybroker.tools.pub import pub_command
     from pybroker.tools.rewind import rewind_command
     from pybroker.tools.stat import stat_command
@@ -25,6 +27,7 @@ def register(app: typer.Typer) -> None:
     app.command("pub", cls=GoFlagsCommand)(pub_command)
     app.command("stat", cls=GoFlagsCommand)(stat_command)
     app.command("rewind", cls=GoFlagsCommand)(rewind_command)
+    app.add_typer(dead_letters_app, name="dead-letters")
 
 
 def make_app() -> typer.Typer:

@@ -52,7 +52,9 @@ def doc(b: BrokerProcess, query: str = "") -> dict[str, Any]:
 
 # -- shape checks (field names, order, JSON types) ----------------------------------------
 # pybroker's extra keys (its topic log), after nsqd's own, which stay as nsqd has them
-EXTRA_KEYS = {"oldest_offset": int, "newest_offset": int, "cursor": int}
+EXTRA_KEYS = {"oldest_offset": int, "newest_offset": int, "cursor": int,
+              "max_attempts": int, "dead_letter_topic": str, "dead_letter_count": int,
+              "dead_letter_pending": int}
 
 
 def check_typed(obj: dict[str, Any], spec: dict[str, Any], what: str) -> None:
@@ -60,7 +62,7 @@ def check_typed(obj: dict[str, Any], spec: dict[str, Any], what: str) -> None:
     assert keys[:len(spec)] == list(spec), f"{what}: keys {keys}"
     assert set(keys[len(spec):]) <= set(EXTRA_KEYS), f"{what}: keys {keys}"
     for key in keys[len(spec):]:
-        assert isinstance(obj[key], int), f"{what}.{key} = {obj[key]!r}"
+        assert isinstance(obj[key], EXTRA_KEYS[key]), f"{what}.{key} = {obj[key]!r}"
     for key, kind in spec.items():
         value = obj[key]
         assert isinstance(value, kind), f"{what}.{key} = {value!r} is not {kind}"

@@ -1,0 +1,71 @@
+"""``/channel/config``: a channel's dead-letter settings (beyond nsqd).
+
+``GET /channel/config?topic=&channel=`` answers the channel's current values;
+``POST`` with ``max_attempts=`` and/or ``dead_letter_topic=`` sets them for that channel
+(kept in ``nsqd.dat`` across restarts). An empty ``dead_letter_topic`` means the default
+``<topic>.dead``. Errors in nsqd's shape: 400 ``MISSING_ARG_TOPIC``, 404
+``CHANNEL_NOT_FOUND``, 400 ``INVALID_ARG_MAX_ATTEMPTS``, 400
+``INVALID_ARG_DEAD_LETTER_TOPIC``, 400 ``MISSING_ARG_MAX_ATTEMPTS_OR_DEAD_LETTER_TOPIC``.
+The change is made on the channel's owner loop. See docs/dead-letters.md.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pybroker.core.deadletter import MAX_ATTEMPTS, check_dead_letter_topic
+from pybroker.http.gather import Gather
+from pybroker.http.request import Request, first
+from pybroker.http.response import Response, error, ok_json
+
+
+def settings_of(ch: Any) -> dict[str, Any]:
+    """What GET answers (and POST, after the change)."""
+    return {"topic": ch.topic_name, "channel": ch.name, "max_attempts": ch.max_attempts,
+            "dead_letter_topic": ch.dead_letter_topic or "",
+            "dead_letter_count": ch.dead_letter_count,
+            "configured": dict(ch.dl_settings)}
+
+
+def _configure(ch: Any, settings: dict[str, Any]) -> dict[str, Any]:
+    """On ch's owner loop: take the new settings; requeued messages now out of
+    attempts go at the next dispatch."""
+    if not ch.deleted:
+        ch.configure_dead_letters(settings)
+        ch.owner.mark_dirty(ch)
+    return settings_of(ch)
+
+
+def get_config(api: Any, req: Request) -> Response:
+    ch = api._existing_channel(req)
+    return ok_json(settings_of(ch))
+
+
+def post_config(api: Any, req: Request) -> Response | Gather[Response]:
+    ch = api._existing_channel(req)
+    q = api._params(req)
+    raw_max, raw_topic = first(q, b"max_attempts"), first(q, b"dead_letter_topic")
+    if raw_max is None and raw_topic is None:
+        return error(400, "MISSING_ARG_MAX_ATTEMPTS_OR_DEAD_LETTER_TOPIC")
+    settings = dict(ch.dl_settings)
+    if raw_max is not None:
+        if not raw_max.isdigit() or len(raw_max) > 5 or int(raw_max) > MAX_ATTEMPTS:
+            return error(400, "INVALID_ARG_MAX_ATTEMPTS")
+        settings["max_attempts"] = int(raw_max)
+    if raw_topic is not None:
+        try:
+            name = raw_topic.decode("ascii")
+        except UnicodeDecodeError:
+            return error(400, "INVALID_ARG_DEAD_LETTER_TOPIC")
+        settings["dead_letter_topic"] = name
+    max_attempts = settings.get("max_attempts", ch.topic.dl_defaults[0])
+    name = settings.get("dead_letter_topic", ch.topic.dl_defaults[1])
+    if (raw_topic is not None or max_attempts) and \
+            check_dead_letter_topic(ch.topic_name, name) is not None:
+        return error(400, "INVALID_ARG_DEAD_LETTER_TOPIC")
+
+    def done(results: list[Any]) -> Response:
+        api.broker.notify_changed()   # saved in nsqd.dat at once, as a pause is
+        got = results[0] if results and isinstance(results[0], dict) else settings_of(ch)
+        return ok_json(got)
+
+    return Gather([(ch.owner, _configure, (ch, settings))], done)
