@@ -13,7 +13,7 @@ import zlib
 from typing import Any, Callable, Protocol
 
 from pybroker.core.channel import Channel
-from pybroker.core.deadletter import is_dead_letter_topic
+from pybroker.protocol.deadletter import is_dead_letter_topic
 from pybroker.core.topic import Topic
 from pybroker.errors import ChannelNotFound, Exiting, TopicNotFound
 from pybroker.protocol.names import is_ephemeral

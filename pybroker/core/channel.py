@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pybroker.core.timeouts import Handle, TimeoutWheel
-from pybroker.core.deadletter import dead_letter_target, envelope
+from pybroker.protocol.deadletter import dead_letter_target, envelope
 from pybroker.errors import BrokerError, NotInFlight, NotOwner, TooManyConsumers
 
 if TYPE_CHECKING:

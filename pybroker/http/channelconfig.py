@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pybroker.core.deadletter import MAX_ATTEMPTS, check_dead_letter_topic
+from pybroker.protocol.deadletter import MAX_ATTEMPTS, check_dead_letter_topic
 from pybroker.http.gather import Gather
 from pybroker.http.request import Request, first
 from pybroker.http.response import Response, error, ok_json

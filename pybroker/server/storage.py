@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from pybroker.core.deadletter import dead_letter_settings
+from pybroker.protocol.deadletter import dead_letter_settings
 from pybroker.core.topic import Topic
 from pybroker.storage import MetadataError, StorageError
 from pybroker.storage._fsutil import atomic_write, safe_name

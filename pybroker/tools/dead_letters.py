@@ -22,7 +22,7 @@ import typer
 
 from pybroker.client import Config, Consumer, Message, Producer
 from pybroker.client.config import parse_duration
-from pybroker.core.deadletter import DeadLetter, EnvelopeError, parse_envelope
+from pybroker.protocol.deadletter import DeadLetter, EnvelopeError, parse_envelope
 from pybroker.tools._common import GoFlagsCommand, fatal, opt, setup_logging
 
 log = logging.getLogger("pybroker.tools")

@@ -5,6 +5,9 @@ Every ``--interval`` it reads ``/stats?format=json`` from each nsqd holding the 
 up, and prints a row: ingress/egress rates per second, depth (total, memory, disk),
 in-flight, deferred, requeue and timeout counts, messages and clients. The header repeats
 every 25 rows; the first poll only sets the baseline. ``--count N`` stops after N rows.
+A channel with ``max_attempts`` set (or dead letters counted) at the first poll gets one
+more column, ``dead``: its dead-lettered count (pybroker only); otherwise the output is
+nsq_stat's.
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ HEADER = ("%s+%s+%s" % ("------rate------", "----------------depth--------------
           + "%7s %7s | %7s %7s %7s %5s %5s | %7s %7s %12s %7s" % (
               "ingress", "egress", "total", "mem", "disk", "inflt", "def", "req", "t-o",
               "msgs", "clients") + "\n")
+_LINES = HEADER.rstrip("\n").split("\n")
+DEAD_HEADER = _LINES[0] + "-" * 8 + "\n" + _LINES[1] + " %7s" % "dead" + "\n"
 
 
 @dataclass
@@ -43,6 +48,8 @@ class ChannelStats:
     message_count: int = 0
     client_count: int = 0
     paused: bool = False
+    max_attempts: int = 0
+    dead_letter_count: int = 0
 
     @property
     def memory_depth(self) -> int:
@@ -53,16 +60,21 @@ class ChannelStats:
                      "requeue_count", "timeout_count", "message_count", "client_count"):
             setattr(self, name, getattr(self, name) + int(c.get(name) or 0))
         self.paused = self.paused or bool(c.get("paused"))
+        self.max_attempts = max(self.max_attempts, int(c.get("max_attempts") or 0))
+        self.dead_letter_count += int(c.get("dead_letter_count") or 0)
 
 
-def format_row(cur: ChannelStats, old: ChannelStats, interval_s: float) -> str:
-    """nsq_stat's row; rates are per second over the interval, truncated like Go's int64()."""
+def format_row(cur: ChannelStats, old: ChannelStats, interval_s: float,
+               dead: bool = False) -> str:
+    """nsq_stat's row; rates are per second over the interval, truncated like Go's int64().
+    ``dead``: with the dead-lettered count at the end."""
     msgs = cur.message_count - old.message_count
-    return "%7d %7d | %7d %7d %7d %5d %5d | %7d %7d %12d %7d\n" % (
+    row = "%7d %7d | %7d %7d %7d %5d %5d | %7d %7d %12d %7d" % (
         int(msgs / interval_s), int((msgs - (cur.depth - old.depth)) / interval_s),
         cur.depth, cur.memory_depth, cur.backend_depth, cur.in_flight_count,
         cur.deferred_count, cur.requeue_count, cur.timeout_count, cur.message_count,
         cur.client_count)
+    return row + (" %7d\n" % cur.dead_letter_count if dead else "\n")
 
 
 # HTTPS for /stats (nsqadmin's --http-client-tls-* flags); None: plain HTTP
@@ -199,6 +211,7 @@ def _stat_loop(stop: threading.Event, topic: str, channel: str, interval_s: floa
                timeout_s: float) -> None:
     out = sys.stdout
     old: ChannelStats | None = None
+    dead: bool | None = None
     i = 0
     while count is None or count >= i:
         try:
@@ -212,10 +225,12 @@ def _stat_loop(stop: threading.Event, topic: str, channel: str, interval_s: floa
         if cur is None:
             fatal(f"ERROR: failed to find channel({channel}) in stats metadata for "
                   f"topic({topic})")
+        if dead is None:
+            dead = cur.max_attempts > 0 or cur.dead_letter_count > 0
         if i % 25 == 0:
-            out.write(HEADER)
+            out.write(DEAD_HEADER if dead else HEADER)
         if old is not None:
-            out.write(format_row(cur, old, interval_s))
+            out.write(format_row(cur, old, interval_s, dead))
         out.flush()
         old = cur
         i += 1
