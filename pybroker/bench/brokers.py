@@ -137,8 +137,11 @@ class BrokerProcess(Broker):
                                         name=f"{self.kind}-log", daemon=True)
         self._reader.start()
         deadline = time.monotonic() + timeout_s
-        # nsqd logs HTTP after TCP; pybroker may log HTTP first or not listen on HTTP at all
-        while not self.tcp_address or (self.kind == "nsqd" and not self.http_address):
+        # both log "HTTP: listening" unless the extra arguments turn HTTP off (the last
+        # --http-address wins); pybroker may log it before or after TCP
+        http_args = [a for a in self.command() if a.startswith("--http-address=")]
+        want_http = http_args[-1] != "--http-address="
+        while not self.tcp_address or (want_http and not self.http_address):
             if self.proc.poll() is not None:
                 self._reader.join(2)
                 raise RuntimeError(f"{self.kind} exited with {self.proc.returncode}:\n"
@@ -148,7 +151,6 @@ class BrokerProcess(Broker):
                 raise RuntimeError(f"{self.kind} did not listen within {timeout_s}s:\n"
                                    + self.log_text())
             time.sleep(0.01)
-        time.sleep(0.1)     # let a late "HTTP: listening" line arrive
         return self
 
     def _read_log(self, proc: subprocess.Popen[bytes]) -> None:

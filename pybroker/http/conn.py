@@ -13,6 +13,10 @@ close); garbage gets Go's ``400 Bad Request`` and a close. Deadlines (``expired`
 headers within ``header_timeout``, the whole request within ``request_timeout``, a
 response drained within ``request_timeout``, an idle keep-alive connection closed after
 ``idle_timeout``.
+
+Ownership: every HttpConn belongs to the ``http`` thread (HttpServer's SelectorLoop);
+work for the event loops leaves as a Gather and its results come back through the
+HTTP thread's call queue.
 """
 from __future__ import annotations
 
@@ -170,6 +174,10 @@ class HttpConn:
         return not self.queue and not self.busy and not self.out
 
     # -- reading ------------------------------------------------------------------------
+    def on_writable(self) -> None:
+        if not self.closed:
+            self.flush()
+
     def on_readable(self) -> None:
         try:
             data = self.sock.recv(RECV_SIZE)

@@ -25,12 +25,11 @@ import itertools
 import logging
 import selectors
 import socket
-import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from pybroker.config import TLS_REQUIRED, split_hostport
+from pybroker.evloop import SelectorLoop
 from pybroker.http.api import Api, build_router
 from pybroker.http.conn import HttpConn
 from pybroker.http.gather import MISSING, Gather, run_job
@@ -39,16 +38,12 @@ from pybroker.http.request import Request
 from pybroker.http.response import DateCache, Response, error
 from pybroker.http.statstext import go_duration
 from pybroker.server.tls import TlsSocket
-from pybroker.server.waker import CallQueue
 
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
 SWEEP_S = 0.1
 CONN_SWEEP_EVERY = 5  # connection deadlines are checked every 5th sweep
 MAX_CONNECTIONS = 10_000
-_LISTENER = object()
-_HTTPS_LISTENER = object()
-_WAKE = object()
 # matches nsqd: /pub and /mpub are not logged (hot paths); other requests are
 _QUIET = frozenset({"/pub", "/mpub", "/metrics"})
 
@@ -80,8 +75,30 @@ def _bind(address: str) -> socket.socket:
     return sock
 
 
-class HttpServer:
+class _Accepting:
+    """A listening socket in the selector: readable means clients to accept."""
+
+    __slots__ = ("server", "https")
+
+    def __init__(self, server: "HttpServer", https: bool) -> None:
+        self.server = server
+        self.https = https
+
+    def on_readable(self) -> None:
+        self.server._accept(self.https)
+
+    def on_writable(self) -> None:
+        """Never registered for writing."""
+
+    def close(self) -> None:
+        """Listeners are closed by HttpServer._close_all."""
+
+
+class HttpServer(SelectorLoop):
+    """The ``http`` thread's SelectorLoop (pybroker.evloop)."""
+
     def __init__(self, runtime: Any) -> None:
+        super().__init__("http")
         self.runtime = runtime
         o = runtime.options
         self.options = o
@@ -92,7 +109,7 @@ class HttpServer:
         self.api = Api(runtime, self)
         self.router = build_router(self.api)
         self.dates = DateCache()
-        self.selector = selectors.DefaultSelector()
+        self._listening = _Accepting(self, False)
         self.sock: socket.socket | None = None
         self.https_sock: socket.socket | None = None
         self.https_port = 0
@@ -107,9 +124,6 @@ class HttpServer:
         self.to_process: dict[HttpConn, None] = {}  # out of budget last turn
         self._pending: dict[int, _Pending] = {}
         self._tokens = itertools.count(1)
-        self._calls = CallQueue(self.selector, _WAKE)
-        self._running = False
-        self._thread: threading.Thread | None = None
         self.requests: dict[int, int] = {}
         self._sweeps = 0
         self._accept_paused = False
@@ -118,7 +132,7 @@ class HttpServer:
         self.statsd: Any = None
 
     # -- lifecycle ------------------------------------------------------------------------
-    def start(self) -> str:
+    def listen(self) -> str:
         """Bind and start the ``http`` thread; returns "host:port". Raises OSError."""
         self.sock = _bind(self.options.http_address)
         host, port = self.sock.getsockname()[:2]
@@ -128,7 +142,7 @@ class HttpServer:
         if listener is not None:
             self.tcp_port = listener.sock.getsockname()[1]
         GcPauses.install()
-        self.selector.register(self.sock, selectors.EVENT_READ, _LISTENER)
+        self.selector.register(self.sock, selectors.EVENT_READ, self._listening)
         ctx = getattr(self.runtime, "tls_context", None)
         if ctx is not None and self.options.https_address:
             # matches nsqd: HTTPS listens only when TLS is configured
@@ -137,10 +151,10 @@ class HttpServer:
             self.https_port = port
             log.info("HTTPS: listening on %s", f"[{host}]:{port}" if ":" in host else
                      f"{host}:{port}")
-            self.selector.register(self.https_sock, selectors.EVENT_READ, _HTTPS_LISTENER)
-        self._running = True
-        self._thread = threading.Thread(target=self._run, name="http", daemon=True)
-        self._thread.start()
+            self.selector.register(self.https_sock, selectors.EVENT_READ,
+                                   _Accepting(self, True))
+        self.call_later(int(SWEEP_S * 1e9), self._sweep_tick)
+        self.start()
         if self.options.statsd_address:
             from pybroker.http.statsd import StatsdPusher
 
@@ -152,67 +166,44 @@ class HttpServer:
         """Stop accepting, close every HTTP connection, join the thread (any thread)."""
         if self.statsd is not None:
             self.statsd.stop(timeout_s)
-        self.call_soon_threadsafe(self._stop)
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
+        SelectorLoop.stop(self)
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+            if self.thread.is_alive():
                 log.error("HTTP: the http thread did not stop within %.0fs", timeout_s)
                 return
-        self.selector.close()
-        self._calls.close()
+        self.close()
 
-    def _stop(self) -> None:
-        self._running = False
+    # -- the loop (SelectorLoop hooks) -------------------------------------------------
+    def busy(self) -> bool:
+        return bool(self.to_process)
 
-    # -- cross-thread entry point -----------------------------------------------------
-    def call_soon_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._calls.call_soon_threadsafe(fn, *args)
+    def end_of_turn(self) -> None:
+        if self.to_process:
+            again = self.to_process
+            self.to_process = {}
+            for conn in again:
+                if not conn.closed:
+                    conn.process()
+        self._flush()
 
-    # -- the loop -----------------------------------------------------------------------
-    def _run(self) -> None:
-        next_sweep = time.monotonic() + SWEEP_S
+    def on_error(self, obj: Any) -> None:
+        log.exception("%r: unexpected error; closing the connection", obj)
+        obj.close()
+
+    def on_exit(self) -> None:
+        self._close_all()
+
+    def on_crash(self) -> None:
+        log.error("HTTP: the http thread crashed")
+        self.runtime.request_stop()
+        self._close_all()
+
+    def _sweep_tick(self) -> None:
         try:
-            while self._running:
-                timeout = (0.0 if self._calls or self.to_process
-                           else max(0.0, next_sweep - time.monotonic()))
-                for key, mask in self.selector.select(timeout):
-                    self._dispatch(key.data, mask)
-                if self.to_process:
-                    again = self.to_process
-                    self.to_process = {}
-                    for conn in again:
-                        if not conn.closed:
-                            conn.process()
-                self._run_calls()
-                self._flush()
-                if time.monotonic() >= next_sweep:
-                    self._sweep()
-                    next_sweep = time.monotonic() + SWEEP_S
-        except Exception:
-            log.exception("HTTP: the http thread crashed")
-            self.runtime.request_stop()
+            self._sweep()
         finally:
-            self._close_all()
-
-    def _dispatch(self, obj: Any, mask: int) -> None:
-        if obj is _LISTENER:
-            self._accept()
-        elif obj is _HTTPS_LISTENER:
-            self._accept(https=True)
-        elif obj is _WAKE:
-            self._calls.drain_wakeups()
-        else:
-            try:
-                if mask & selectors.EVENT_READ:
-                    obj.on_readable()
-                if mask & selectors.EVENT_WRITE and not obj.closed:
-                    obj.flush()
-            except Exception:
-                log.exception("%r: unexpected error; closing the connection", obj)
-                obj.close()
-
-    def _run_calls(self) -> None:
-        self._calls.run("HTTP")
+            self.call_later(int(SWEEP_S * 1e9), self._sweep_tick)
 
     def _flush(self) -> None:
         while self.to_flush:
@@ -268,7 +259,7 @@ class HttpServer:
         self._sweeps += 1
         if self._accept_paused and self.sock is not None:
             self._accept_paused = False
-            self.selector.register(self.sock, selectors.EVENT_READ, _LISTENER)
+            self.selector.register(self.sock, selectors.EVENT_READ, self._listening)
         if self._sweeps % CONN_SWEEP_EVERY == 0:  # deadlines are seconds: 0.5 s is precise enough
             for conn in list(self.conns):
                 why = conn.expired(now)

@@ -177,6 +177,10 @@ class ClientConn:
         self.decoder.receive(data)
         self.process()
 
+    def on_writable(self) -> None:
+        if not self.closed:
+            self.flush()
+
     def _at_eof(self) -> None:
         """The client closed its side. A command cut short in its body gets nsqd's
         short-read error first (the client may still be reading)."""

@@ -1,4 +1,9 @@
-"""Listener: accepts TCP clients on one loop and hands each to a loop, round-robin."""
+"""Listener: accepts TCP clients on one loop and hands each to a loop, round-robin.
+
+Ownership: the listening socket and its back-off belong to ``loops[0]`` (its selector
+watches it); an accepted socket for another loop is handed over with that loop's
+``call_soon_threadsafe(add_connection, ...)`` and never touched here again.
+"""
 from __future__ import annotations
 
 import logging
@@ -51,6 +56,9 @@ class Listener:
     def _register(self) -> None:
         self.home.selector.register(self.sock, selectors.EVENT_READ, self)
 
+    def on_writable(self) -> None:
+        """Never registered for writing (SelectorLoop's Pollable)."""
+
     def on_readable(self) -> None:
         for _ in range(256):
             try:
@@ -94,7 +102,7 @@ class Listener:
             except (KeyError, ValueError):
                 pass
 
-    def close(self) -> None:
+    def close(self, reason: str = "") -> None:
         """Stop accepting (runs on the home loop)."""
         if self.closed:
             return

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import selectors
 import socket
-import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
@@ -32,8 +31,8 @@ from pybroker.core.channel import Channel
 from pybroker.core.timeouts import TimeoutWheel
 from pybroker.core.topic import Topic
 from pybroker.errors import ClientError, Exiting
+from pybroker.evloop import SelectorLoop
 from pybroker.protocol.encoder import encode_error
-from pybroker.server.waker import CallQueue
 from pybroker.storage import StorageError
 
 if TYPE_CHECKING:
@@ -62,15 +61,16 @@ class _SliceJob:
         self.topic: Topic | None = None
 
 
-class EventLoop:
+class EventLoop(SelectorLoop):
+    """The SelectorLoop (pybroker.evloop) of a loop thread, with the broker's work at the
+    end of each turn; timers in a TimeoutWheel (timers are re-armed at message rates)."""
+
     def __init__(self, index: int, runtime: Any) -> None:
+        super().__init__(f"loop-{index}",
+                         TimeoutWheel[tuple[Callable[..., Any], tuple[Any, ...]]]())
         self.index = index
-        self.name = f"loop-{index}"
         self.runtime = runtime
         self.options = runtime.options
-        self.selector = selectors.DefaultSelector()
-        self._calls = CallQueue(self.selector)
-        self.timers: TimeoutWheel[tuple[Callable[..., Any], tuple[Any, ...]]] = TimeoutWheel()
         self.connections: set[ClientConn] = set()
         self.dirty: dict[Channel, None] = {}
         self.to_flush: dict[ClientConn, None] = {}
@@ -90,24 +90,9 @@ class EventLoop:
         self._handover: list[tuple[ClientConn, EventLoop, Channel]] = []
         # channels of other loops with new records: told once per turn
         self._wake_remote: dict[EventLoop, dict[Channel, None]] = {}
-        self._running = False
-        self.thread: threading.Thread | None = None
-        self.stopped = threading.Event()
 
     def __repr__(self) -> str:
         return f"EventLoop({self.name})"
-
-    # -- cross-thread entry points ----------------------------------------------------
-    def call_soon_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._calls.call_soon_threadsafe(fn, *args)
-
-    def call_later(self, delay_ns: int, fn: Callable[..., Any], *args: Any) -> tuple[int, int]:
-        """Run fn(*args) on this loop after delay_ns (owner thread only)."""
-        return self.timers.add(monotonic_ns() + delay_ns, (fn, args))
-
-    def cancel(self, handle: tuple[int, int] | None) -> None:
-        if handle is not None:
-            self.timers.remove(handle)
 
     # -- publishing ---------------------------------------------------------------
     def published(self, conn: "ClientConn", topic: Topic, failed: type[ClientError],
@@ -331,66 +316,32 @@ class EventLoop:
                 except (KeyError, ValueError):
                     pass
 
-    # -- the loop -----------------------------------------------------------------------
-    def start(self) -> None:
-        self.thread = threading.Thread(target=self.run, name=self.name, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        """Ask the loop to close its connections and exit (any thread)."""
-        self.call_soon_threadsafe(self._stop)
-
+    # -- the loop (SelectorLoop hooks) ---------------------------------------------------
     def _stop(self) -> None:
         for conn in list(self.connections):
             conn.close("broker exiting", flush=True)
         self._running = False
 
     def run(self) -> None:
-        self._running = True
-        share_gil = len(self.runtime.loops) > 1
-        try:
-            while self._running:
-                self._turn()
-                if share_gil:
-                    time.sleep(0)  # hand the GIL to a waiting loop between turns
-            self._flush_all()
-        except Exception:  # a bug: log it loudly, but let the runtime shut down cleanly
-            log.exception("%s: event loop crashed", self.name)
-            self.runtime.request_stop()
-        finally:
-            self.stopped.set()
+        self.yield_gil = len(self.runtime.loops) > 1
+        super().run()
 
-    def _turn(self) -> None:
-        if (self._calls or self.dirty or self.to_flush or self.to_write or self._slices
-                or self._handover):
-            timeout: float | None = 0
-        else:
-            nxt = self.timers.next_deadline()
-            timeout = None if nxt is None else max(0.0, (nxt - monotonic_ns()) / 1e9)
-        for key, mask in self.selector.select(timeout):
-            conn = key.data
-            if conn is None:
-                self._calls.drain_wakeups()
-                continue
-            try:
-                if mask & selectors.EVENT_READ:
-                    conn.on_readable()
-                if mask & selectors.EVENT_WRITE and not conn.closed:
-                    conn.flush()
-            except Exception:
-                log.exception("[%s] unexpected error; closing the connection", conn)
-                conn.close("internal error")
-        self._fire_timers()
-        self._calls.run(self.name)
+    def busy(self) -> bool:
+        return bool(self.dirty or self.to_flush or self.to_write or self._slices
+                    or self._handover)
+
+    def on_error(self, obj: Any) -> None:
+        log.exception("[%s] unexpected error; closing the connection", obj)
+        obj.close("internal error")
+
+    def on_exit(self) -> None:
         self._flush_all()
 
-    def _fire_timers(self) -> None:
-        due = self.timers.pop_expired(monotonic_ns())
-        for fn, args in due:
-            try:
-                fn(*args)
-            except Exception:
-                log.exception("%s: error in timer %r", self.name, fn)
+    def on_crash(self) -> None:
+        self.runtime.request_stop()
+
+    def end_of_turn(self) -> None:
+        self._flush_all()
 
     def _flush_all(self) -> None:
         """Write topics published to (then answer their publishes), dispatch dirty
@@ -424,8 +375,3 @@ class EventLoop:
                     conn.flush()
         if self._handover:
             self._hand_over_all()
-
-    def close(self) -> None:
-        """Release the selector and wake-up pair once the thread has exited."""
-        self.selector.close()
-        self._calls.close()

@@ -140,7 +140,7 @@ class Runtime:
             return None
         self.http = HttpServer(self)
         try:
-            addr = self.http.start()
+            addr = self.http.listen()
         except OSError as e:
             raise StartupError(f"http_address: cannot listen on {self.options.http_address}: "
                                f"{e.strerror}") from None

@@ -37,6 +37,11 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     # the HTTP API acts through the broker and the loops, not the TCP server's internals
     "pybroker.http": ("pybroker.server.connection", "pybroker.server.handlers",
                       "pybroker.client", "pybroker.tools"),
+    # the one event-loop mechanism (server loops, HTTP server, client IOLoop): stdlib only
+    "pybroker.evloop": ("pybroker.core", "pybroker.server", "pybroker.http",
+                        "pybroker.storage", "pybroker.protocol", "pybroker.client",
+                        "pybroker.tools", "pybroker.bench", "pybroker.spark",
+                        "pybroker.config", "pybroker.errors", "pybroker._native"),
     "pybroker.config": ("pybroker.core", "pybroker.server", "pybroker.http",
                         "pybroker.storage", "pybroker.protocol"),
 }
@@ -91,3 +96,28 @@ def test_layer_imports(layer: str) -> None:
                 if name == banned or name.startswith(banned + "."):
                     bad.append(f"{path.relative_to(ROOT.parent)}:{line} imports {name}")
     assert not bad, "\n".join(sorted(set(bad)))
+
+
+def test_evloop_imports_only_the_standard_library() -> None:
+    """pybroker.evloop sits below every layer: the server, HTTP and client loops all
+    build on it, so it may import nothing of pybroker and nothing from PyPI."""
+    import sys
+
+    path = ROOT / "evloop.py"
+    top = {name.split(".")[0] for _, name in _imports(path)}
+    assert top <= set(sys.stdlib_module_names) | {"__future__"}, top
+
+
+def test_one_selector_loop_implementation() -> None:
+    """Only pybroker.evloop creates a selector and runs select(); the server's loops, the
+    HTTP server and the client's IOLoop are its subclasses."""
+    from pybroker.client.loop import IOLoop
+    from pybroker.evloop import SelectorLoop
+    from pybroker.http.server import HttpServer
+    from pybroker.server.loop import EventLoop
+
+    for cls in (IOLoop, HttpServer, EventLoop):
+        assert issubclass(cls, SelectorLoop), cls
+    makers = [str(p.relative_to(ROOT.parent)) for p in _sources()
+              if "DefaultSelector(" in p.read_text() or "socketpair(" in p.read_text()]
+    assert makers == ["pybroker/evloop.py"], makers

@@ -1,0 +1,260 @@
+"""SelectorLoop: the one event-loop mechanism (a thread, a selector, timers, a call queue).
+
+Theory of operation
+-------------------
+A SelectorLoop runs on one thread and owns its selector, every object registered with
+it and its timers; nothing else touches them. Other threads reach it only through
+``call_soon_threadsafe(fn, *args)``: a deque plus one byte written to a wake-up
+socketpair registered with the selector (the ``CallQueue``).
+
+One turn (``run_once``): compute the timeout (0 when calls are queued or the subclass
+says it has work, ``busy()``; else until the next timer); ``select()``; for each ready
+object call ``on_readable()`` and/or ``on_writable()`` (an exception closes that object
+through ``on_error`` and never the loop); fire due timers; run queued calls; then the
+subclass's ``end_of_turn()``. ``stop()`` (any thread) ends the loop after the current
+turn; ``on_exit()`` runs on the loop's thread after the last turn.
+
+Used by the broker's event loops (pybroker.server.loop), the HTTP server
+(pybroker.http.server) and the client library's IOLoop (pybroker.client.loop). Imports
+only the standard library: any layer may use it.
+
+Timers: ``call_later(delay_ns, fn, *args)`` returns a handle for ``cancel(handle)``
+(owner thread only). The structure holding them is pluggable (``Timers``): a heap by
+default; the broker's loops pass pybroker.core.timeouts.TimeoutWheel, whose add and
+remove are dict operations at high rates.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Protocol
+
+log = logging.getLogger("pybroker")
+monotonic_ns = time.monotonic_ns
+Call = tuple[Callable[..., Any], tuple[Any, ...]]
+
+
+class Pollable(Protocol):
+    """What a SelectorLoop needs from an object it watches."""
+
+    def on_readable(self) -> None: ...
+    def on_writable(self) -> None: ...
+
+
+class Timers(Protocol):
+    """A deadline-ordered store of timer entries (owner thread only)."""
+
+    def add(self, deadline_ns: int, item: Call) -> Any: ...
+    def remove(self, handle: Any) -> bool: ...
+    def pop_expired(self, now_ns: int) -> list[Call]: ...
+    def next_deadline(self) -> int | None: ...
+
+
+class HeapTimers:
+    """Timers in a heap; a removed entry is marked dead and skipped when it comes up."""
+
+    __slots__ = ("_heap", "_seq")
+
+    def __init__(self) -> None:
+        self._heap: list[list[Any]] = []   # [deadline_ns, seq, call or None]
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def add(self, deadline_ns: int, item: Call) -> list[Any]:
+        entry = [deadline_ns, next(self._seq), item]
+        heapq.heappush(self._heap, entry)
+        return entry
+
+    def remove(self, handle: list[Any]) -> bool:
+        alive = handle[2] is not None
+        handle[2] = None
+        return alive
+
+    def pop_expired(self, now_ns: int) -> list[Call]:
+        heap = self._heap
+        out = []
+        while heap and heap[0][0] <= now_ns:
+            item = heapq.heappop(heap)[2]
+            if item is not None:
+                out.append(item)
+        return out
+
+    def next_deadline(self) -> int | None:
+        heap = self._heap
+        while heap and heap[0][2] is None:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+
+class CallQueue:
+    """How other threads hand work to a selector loop's thread.
+
+    A deque of calls plus one byte written to a socketpair registered with the loop's
+    selector; the byte is written only when the loop may be asleep (``_pending`` is
+    clear). The owner drains the socket first and clears the flag after: a call queued
+    while the flag was still set sent no byte, but it is run by the drain of the calls
+    that follows in the same turn (clearing first could swallow a fresh byte: a lost
+    wake-up).
+    """
+
+    def __init__(self, selector: selectors.BaseSelector, token: object = None) -> None:
+        self._calls: deque[Call] = deque()
+        self._r, self._w = socket.socketpair()
+        self._r.setblocking(False)
+        self._w.setblocking(False)
+        self._pending = False
+        selector.register(self._r, selectors.EVENT_READ, token)
+
+    def __bool__(self) -> bool:
+        return bool(self._calls)
+
+    def call_soon_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue fn(*args) for the owner's thread (any thread)."""
+        self._calls.append((fn, args))
+        if not self._pending:
+            self._pending = True
+            try:
+                self._w.send(b"\0")
+            except OSError:
+                pass  # already full of wake-ups, or closing
+
+    def drain_wakeups(self) -> None:
+        """The socket was readable (owner thread)."""
+        try:
+            while self._r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            pass   # closed under us at shutdown
+        self._pending = False
+
+    def run(self, owner: str) -> None:
+        """Run every queued call (owner thread); an error is logged, never raised."""
+        calls = self._calls
+        while calls:
+            fn, args = calls.popleft()
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("%s: error in a cross-thread call %r", owner, fn)
+
+    def close(self) -> None:
+        self._r.close()
+        self._w.close()
+
+
+class SelectorLoop:
+    """One thread, one selector; subclasses add their state and the hooks below."""
+
+    # hand the GIL to another loop between turns (several loops in one process)
+    yield_gil = False
+
+    def __init__(self, name: str, timers: Timers | None = None) -> None:
+        self.name = name
+        self.selector = selectors.DefaultSelector()
+        self._calls = CallQueue(self.selector)
+        self.timers: Timers = timers if timers is not None else HeapTimers()
+        self._running = False
+        self.thread: threading.Thread | None = None
+        self.stopped = threading.Event()
+
+    # -- any thread ---------------------------------------------------------------------
+    def call_soon_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run fn(*args) on the loop's thread, soon (any thread)."""
+        self._calls.call_soon_threadsafe(fn, *args)
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self.run, name=self.name, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Ask the loop to end after its current turn (any thread)."""
+        self.call_soon_threadsafe(self._stop)
+
+    def in_loop_thread(self) -> bool:
+        return threading.current_thread() is self.thread
+
+    # -- owner thread -------------------------------------------------------------------
+    def call_later(self, delay_ns: int, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run fn(*args) on this loop after delay_ns; returns a handle for cancel()."""
+        return self.timers.add(monotonic_ns() + delay_ns, (fn, args))
+
+    def cancel(self, handle: Any) -> None:
+        if handle is not None:
+            self.timers.remove(handle)
+
+    def _stop(self) -> None:
+        self._running = False
+
+    def run(self) -> None:
+        self._running = True
+        try:
+            while self._running:
+                self.run_once()
+                if self.yield_gil:
+                    time.sleep(0)
+            self.on_exit()
+        except Exception:  # a bug: log it loudly, let the owner shut down cleanly
+            log.exception("%s: event loop crashed", self.name)
+            self.on_crash()
+        finally:
+            self.stopped.set()
+
+    def run_once(self) -> None:
+        if self._calls or self.busy():
+            timeout: float | None = 0
+        else:
+            nxt = self.timers.next_deadline()
+            timeout = None if nxt is None else max(0.0, (nxt - monotonic_ns()) / 1e9)
+        for key, mask in self.selector.select(timeout):
+            obj = key.data
+            if obj is None:
+                self._calls.drain_wakeups()
+                continue
+            try:
+                if mask & selectors.EVENT_READ:
+                    obj.on_readable()
+                if mask & selectors.EVENT_WRITE:
+                    obj.on_writable()
+            except Exception:
+                self.on_error(obj)
+        due = self.timers.pop_expired(monotonic_ns())
+        for fn, args in due:
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("%s: error in timer %r", self.name, fn)
+        self._calls.run(self.name)
+        self.end_of_turn()
+
+    def close(self) -> None:
+        """Release the selector and the wake-up pair once the thread has exited."""
+        self.selector.close()
+        self._calls.close()
+
+    # -- hooks ----------------------------------------------------------------------------
+    def busy(self) -> bool:
+        """Work is waiting for end_of_turn: do not sleep in select()."""
+        return False
+
+    def end_of_turn(self) -> None:
+        """After the events, timers and calls of a turn."""
+
+    def on_error(self, obj: Any) -> None:
+        """An object's handler raised (a bug): log it; subclasses close the object."""
+        log.exception("%s: unexpected error in %r", self.name, obj)
+
+    def on_exit(self) -> None:
+        """On the loop's thread after its last turn."""
+
+    def on_crash(self) -> None:
+        """The loop died of an exception (already logged)."""
