@@ -3,7 +3,7 @@
 The HTTP request never runs on an event loop: ``AuthClient`` owns a small pool of
 ``auth-N`` threads; each answer is posted back to the client's loop with
 ``call_soon_threadsafe``. While a query is out, that client reads no further commands
-(``ClientConn.held``); other clients go on. A command that found its grant expired waits
+(``Session.upgrading``); other clients go on. A command that found its grant expired waits
 for the re-query and then runs again. Texts and codes are nsqd's.
 """
 from __future__ import annotations
@@ -192,10 +192,10 @@ def _remote_ip(c: "ClientConn") -> str:
 def _ask(c: "ClientConn", then: Callable[[AuthState | None, str], None]) -> None:
     auth = c.loop.runtime.auth
     t = c.transport
-    c.held += 1
+    c.session.hold()
 
     def done(state: AuthState | None, err: str) -> None:
-        c.held -= 1
+        c.session.release()
         if c.closed:
             return
         then(state, err)
@@ -222,6 +222,7 @@ def start_auth(c: "ClientConn", secret: str) -> None:
             _fatal(c, AuthFailed("AUTH failed"))
             return
         c.auth_state = state
+        c.session.authorized = bool(state.authorizations)
         if not state.authorizations:
             _fatal(c, Unauthorized("AUTH no authorizations found"))
             return

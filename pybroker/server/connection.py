@@ -21,6 +21,7 @@ from pybroker.core.channel import Channel
 from pybroker.errors import ClientError, SubFailed, TooManyConsumers
 from pybroker.protocol.decoder import CommandDecoder
 from pybroker.protocol.encoder import HEARTBEAT_FRAME, OK_FRAME, encode_error
+from pybroker.protocol.session import Session
 from pybroker.protocol.wire import MAGIC_V2, ClientState
 from pybroker.server import handlers
 from pybroker.server.transport import Transport, TransportError, handshake_failed
@@ -47,7 +48,6 @@ class ClientConn:
         self.loop = loop
         self.sock = sock
         self.transport = Transport(sock)  # plain until IDENTIFY negotiates TLS/compression
-        self.held = 0  # > 0: read no further commands (TLS handshake, auth request)
         self.auth_secret = ""
         self.auth_state: Any = None  # server.auth.AuthState once AUTH succeeded
         self.remote_address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
@@ -56,7 +56,8 @@ class ClientConn:
         self.decoder = CommandDecoder(opts.max_msg_size, opts.max_body_size)
         self.magic_buf = b""
         self.has_magic = False
-        self.state = ClientState.INIT
+        # the protocol state, and which command may run in it (protocol.session)
+        self.session = Session(bool(opts.tls_required))
         self.closed = False
         self.closing_after_flush = False
         self.moving = False
@@ -71,7 +72,6 @@ class ClientConn:
         self.output_buffer_size = opts.output_buffer_size
         self.output_buffer_timeout_ns = opts.output_buffer_timeout
         self.sample_rate = 0
-        self.identified = False
         # consumer state
         self.channel: Channel | None = None
         self.rdy = 0
@@ -98,6 +98,11 @@ class ClientConn:
 
     def __repr__(self) -> str:
         return f"{self.remote_address}"
+
+    @property
+    def state(self) -> ClientState:
+        """The session's state (for /stats)."""
+        return self.session.state
 
     # -- start and timers -------------------------------------------------------------
     def start(self) -> None:
@@ -186,7 +191,7 @@ class ClientConn:
         short-read error first (the client may still be reading)."""
         err = None
         if (self.has_magic and not self.closing_after_flush and not self.moving
-                and not self.held and not self.awaiting_commit):
+                and not self.session.upgrading and not self.awaiting_commit):
             err = self.decoder.at_eof()
         if err is None:
             self.close("peer closed")
@@ -218,7 +223,7 @@ class ClientConn:
         try:
             while (not self.moving and not self.closed and not self.closing_after_flush
                    and not self.awaiting_commit and self.out_bytes < OUT_CAP
-                   and not self.held):
+                   and not self.session.upgrading):
                 cmd = self.decoder.next_command()
                 if cmd is None:
                     break
@@ -275,7 +280,7 @@ class ClientConn:
 
     def ready_room(self) -> int:
         """Consumer protocol: how many more messages this client may take now."""
-        if self.state != ClientState.SUBSCRIBED or self.out_bytes > HIGH_WATER:
+        if not self.session.consuming or self.out_bytes > HIGH_WATER:
             return 0
         return self.rdy - self.in_flight_count
 
@@ -417,7 +422,7 @@ class ClientConn:
             self.send_frame(encode_error(err.payload()))
             self.close_after_flush()
             return
-        self.state = ClientState.SUBSCRIBED
+        self.session.move("subscribed")
         self.channel = ch
         self.send_ok()
         self.schedule_heartbeat()

@@ -2,9 +2,16 @@
 
 Each handler takes the connection and a parsed Command, and either queues a reply on the
 connection or raises a ClientError (fatal unless it is E_FIN/REQ/TOUCH_FAILED). Domain
-errors from core (BrokerError) are translated here. A command with ``pending=True`` has
-a complete line but no body yet: handlers check the line (state, parameters, names) and
-return; they run again when the body has arrived.
+errors from core (BrokerError) are translated here. Whether a verb may run in the
+connection's state is not the handlers' business: ``dispatch`` asks the session
+(pybroker.protocol.session, one table), and handlers move it (SUB, CLS). A command with
+``pending=True`` has a complete line but no body yet: handlers check the line
+(parameters, names) and return; they run again when the body has arrived.
+
+Ownership: every handler runs on the thread of the loop that owns the connection
+(``c.loop``) and touches only that connection, its session and the channels that loop
+owns; a topic is reached through the broker (``Topic.lock``), other loops and threads
+only through their queues (storage requests, ``call_soon_threadsafe``).
 """
 from __future__ import annotations
 
@@ -24,7 +31,7 @@ from pybroker.protocol.decoder import Command, mpub_error
 from pybroker.protocol.identify import IdentifyDecodeError, decode_identify
 from pybroker.protocol.encoder import CLOSE_WAIT_FRAME, encode_error, encode_response
 from pybroker.protocol.names import is_valid_name
-from pybroker.protocol.wire import MSG_ID_LENGTH, ClientState
+from pybroker.protocol.wire import MSG_ID_LENGTH
 from pybroker.server.loop import SLICE
 from pybroker.server import auth as authd
 from pybroker.server import transport
@@ -70,8 +77,6 @@ def _ms_duration(ms: int) -> int:
 
 
 def _msg_id(c: "ClientConn", params: list[bytes], verb: str, nparams: int) -> bytes:
-    if c.state not in (ClientState.SUBSCRIBED, ClientState.CLOSING):
-        raise Invalid(f"cannot {verb} in current state")
     if len(params) < nparams:
         raise Invalid(f"{verb} insufficient number of params")
     mid = params[1]
@@ -104,8 +109,6 @@ def _topic_name(params: list[bytes], verb: str, nparams: int) -> str:
 
 # -- IDENTIFY ------------------------------------------------------------------------------
 def identify(c: "ClientConn", cmd: Command) -> None:
-    if c.state != ClientState.INIT:
-        raise Invalid("cannot IDENTIFY in current state")
     body = _body(cmd)
     if body is None:
         return
@@ -158,7 +161,7 @@ def identify(c: "ClientConn", cmd: Command) -> None:
     c.output_buffer_size = obs_size
     c.sample_rate = sample
     c.msg_timeout_ns = mt_ns
-    c.identified = True
+    c.session.identify_done()
     c.schedule_heartbeat()
     if not data["feature_negotiation"]:
         c.send_ok()
@@ -193,8 +196,6 @@ def identify(c: "ClientConn", cmd: Command) -> None:
 
 
 def auth(c: "ClientConn", cmd: Command) -> None:
-    if c.state != ClientState.INIT:
-        raise Invalid("cannot AUTH in current state")
     if len(cmd.params) != 1:
         raise Invalid("AUTH invalid number of parameters")
     body = _body(cmd)
@@ -209,8 +210,6 @@ def auth(c: "ClientConn", cmd: Command) -> None:
 
 # -- SUB -------------------------------------------------------------------------------------
 def sub(c: "ClientConn", cmd: Command) -> None:
-    if c.state != ClientState.INIT:
-        raise Invalid("cannot SUB in current state")
     if c.heartbeat_interval_ns <= 0:
         raise Invalid("cannot SUB with heartbeats disabled")
     p = cmd.params
@@ -228,7 +227,7 @@ def sub(c: "ClientConn", cmd: Command) -> None:
         ch = broker.get_channel(topic, p[2].decode())
     except Exiting:
         raise SubFailed("SUB failed exiting") from None
-    c.state = ClientState.CONNECTED  # no more commands until the subscription completes
+    c.session.move("subscribe")  # no more commands until the subscription completes
     c.begin_subscribe(ch)
 
 
@@ -303,10 +302,6 @@ def _publish(c: "ClientConn", name: str, bodies: "list[bytes] | Parts", defer_ns
 
 # -- consuming -------------------------------------------------------------------------------
 def rdy(c: "ClientConn", cmd: Command) -> None:
-    if c.state == ClientState.CLOSING:
-        return  # matches nsqd: RDY after CLS is ignored
-    if c.state != ClientState.SUBSCRIBED:
-        raise Invalid("cannot RDY in current state")
     p = cmd.params
     count = 1
     if len(p) > 1:
@@ -342,8 +337,6 @@ def fin(c: "ClientConn", cmd: Command) -> None:
 def _fin_batch(c: "ClientConn", cmd: Command, offsets: Sequence[int]) -> None:
     """Consecutive well-formed FINs: one pass over their offsets; E_FIN_FAILED for
     each failure, in order."""
-    if c.state not in (ClientState.SUBSCRIBED, ClientState.CLOSING):
-        raise Invalid("cannot FIN in current state")
     ch = c.channel
     assert ch is not None
     failed = ch.finish_offsets(c, offsets)
@@ -397,10 +390,8 @@ def touch(c: "ClientConn", cmd: Command) -> None:
 
 
 def cls(c: "ClientConn", cmd: Command) -> None:
-    if c.state != ClientState.SUBSCRIBED:
-        raise Invalid("cannot CLS in current state")
     c.rdy = 0
-    c.state = ClientState.CLOSING
+    c.session.move("close_wait")
     c.send_frame(CLOSE_WAIT_FRAME)
 
 
@@ -416,11 +407,8 @@ HANDLERS: dict[bytes, Callable[["ClientConn", Command], None]] = {
 
 
 def dispatch(c: "ClientConn", cmd: Command) -> None:
+    """Run cmd if the session's state table allows it (protocol.session.COMMANDS: the
+    state checks and their nsqd texts live there, not in the handlers)."""
     verb = cmd.params[0]
-    if c.opts.tls_required and verb != b"IDENTIFY" and not c.transport.tls:
-        # matches nsqd's enforceTLSPolicy: checked before the verb is even known
-        raise Invalid(f"cannot {verb.decode('utf-8', 'replace')} in current state (TLS required)")
-    handler = HANDLERS.get(verb)
-    if handler is None:
-        raise Invalid(f"invalid command {cmd.params[0].decode('utf-8', 'replace')}")
-    handler(c, cmd)
+    if c.session.check(verb):
+        HANDLERS[verb](c, cmd)

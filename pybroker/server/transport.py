@@ -226,6 +226,7 @@ def upgrade(c: "ClientConn", ctx: ssl.SSLContext | None, snappy: bool, deflate_l
             log.info("[%s] TLS handshake done (%s %s)", c, t.tls_stats.get("tls_version"),
                      t.tls_stats.get("tls_cipher_suite"))
             t.send([OK_FRAME])
+            c.session.tls = True
         if snappy:
             log.info("PROTOCOL(V2): [%s] upgrading connection to snappy", c)
             t.start_snappy()
@@ -235,12 +236,12 @@ def upgrade(c: "ClientConn", ctx: ssl.SSLContext | None, snappy: bool, deflate_l
                      deflate_level)
             t.start_deflate(deflate_level)
             t.send([OK_FRAME])
-        c.held -= 1
+        c.session.release()
         c.loop.to_flush[c] = None
         if not c.closed:
             c.process()
 
-    c.held += 1
+    c.session.hold()
     if ctx is None:
         finish()
         return
