@@ -6,6 +6,10 @@ type): IDENTIFY with this node's ports and addresses, then REGISTER every topic 
 channel; afterwards it sends the difference whenever the broker's topics or channels
 change, and a PING every 15 s. A peer that fails is dropped and reconnected (and fully
 re-registered) on the next pass, after a back-off of 1 s doubling up to 15 s.
+
+Ownership: the ``lookupd`` thread owns its sockets and what it has registered; the
+broker's change callbacks (any thread) only set an Event it waits on, and it reads
+the topic and channel names under ``Broker.lock``.
 """
 from __future__ import annotations
 

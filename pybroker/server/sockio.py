@@ -1,4 +1,7 @@
-"""Non-blocking socket writes shared by the TCP and HTTP connections."""
+"""Non-blocking socket writes shared by the TCP and HTTP connections.
+
+No state of its own: called on the thread that owns the connection being written.
+"""
 from __future__ import annotations
 
 import errno

@@ -53,6 +53,8 @@ class StorageManager:
         self._meta_wanted = threading.Event()
         self._save_soon = threading.Event()
         self._failed_topics: set[str] = set()
+        # shared by the loops (and HTTP) that report writes: the set of failing topics and
+        # runtime.health change together under it (write_ok, failed)
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="storage", daemon=True)
         self.lock = DataPathLock(self.data_path)
@@ -191,17 +193,19 @@ class StorageManager:
         """A write worked: if storage was unhealthy because of this topic, it no longer is."""
         with self._lock:
             self._failed_topics.discard(t.name)
-            healed = not self._failed_topics
-        if healed and (self.runtime.health or "").startswith("failed to write"):
-            log.info("NSQ: storage: writes work again")
+            if self._failed_topics or not (self.runtime.health or "").startswith(
+                    "failed to write"):
+                return
+            # under the lock: a failure on another loop now cannot be overwritten
             self.runtime.health = None
+        log.info("NSQ: storage: writes work again")
 
     def failed(self, err: BaseException, topic: Topic | None = None) -> None:
         """A write failed (any thread): log it; /ping says NOK until a write works again."""
         log.error("NSQ: storage: %s", err)
         with self._lock:
             self._failed_topics.add(topic.name if topic is not None else "")
-        self.runtime.health = f"failed to write to disk - {err}"
+            self.runtime.health = f"failed to write to disk - {err}"
 
     # -- the storage thread -----------------------------------------------------------------
     def _run(self) -> None:

@@ -5,6 +5,8 @@ does pybroker. The lock is ``flock(LOCK_EX | LOCK_NB)`` on ``<data_path>/.pybrok
 held by an open descriptor for the life of the process (the kernel drops it when the
 process exits, however it exits, so a crash never leaves a stale lock). The file holds
 the PID of the holder, for people.
+
+Taken by the main thread at start-up; held, untouched, for the life of the process.
 """
 from __future__ import annotations
 

@@ -13,6 +13,9 @@ Loading: a damaged file is moved aside to ``<file>.bad``, logged, and ``<file>.b
 is used instead; if that is damaged too, the result is empty metadata. An unreadable
 file (permissions, I/O error) raises MetadataError instead: falling back then would
 let the next save overwrite metadata that is still there.
+
+Ownership: saves run on the ``storage`` thread only; loading runs at start-up on the
+main thread, before any other thread exists.
 """
 from __future__ import annotations
 

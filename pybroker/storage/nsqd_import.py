@@ -12,6 +12,8 @@ as nsqd 1.3 itself would (it also salvages bytes past a stale writePos). Damage 
 handled like go-diskqueue (a size outside [26, max_msg_size + 26] or a short read
 skips the rest of that file, with a log line), except that nothing is renamed or
 deleted: the source directory is never modified. stdlib only.
+
+Runs on the main thread at start-up (server/importer.py), before the loops start.
 """
 from __future__ import annotations
 
