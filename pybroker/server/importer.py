@@ -19,7 +19,7 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-from pybroker.storage import DiskQueue, list_queues
+from pybroker.storage.oldqueues import list_queues, pending_records
 from pybroker.storage.nsqd_import import NsqdDataDir
 
 log = logging.getLogger("pybroker")
@@ -130,22 +130,14 @@ def import_nsqd_dir(storage: Any) -> bool:
 # -- pybroker's earlier disk queues -------------------------------------------------------------
 
 
-def _queue_items(root: str, name: str, max_record_bytes: int) -> Iterator[Item]:
-    q = DiskQueue(root, name, max_record_bytes=max_record_bytes)
-    try:
-        while True:
-            recs = q.read_many(10_000)
-            if not recs:
-                return
-            for _, rec in recs:
-                if len(rec) < _RECORD_HEADER:
-                    continue
-                deliver_at = int.from_bytes(rec[0:8], "big", signed=True)
-                ts = int.from_bytes(rec[8:16], "big", signed=True)
-                attempts = int.from_bytes(rec[16:18], "big")
-                yield (ts, attempts, rec[_RECORD_HEADER:], deliver_at)
-    finally:
-        q.close()
+def _queue_items(qdir: str) -> Iterator[Item]:
+    for rec in pending_records(qdir):
+        if len(rec) < _RECORD_HEADER:
+            continue
+        deliver_at = int.from_bytes(rec[0:8], "big", signed=True)
+        ts = int.from_bytes(rec[8:16], "big", signed=True)
+        attempts = int.from_bytes(rec[16:18], "big")
+        yield (ts, attempts, rec[_RECORD_HEADER:], deliver_at)
 
 
 def migrate_queues_dir(storage: Any) -> bool:
@@ -153,16 +145,15 @@ def migrate_queues_dir(storage: Any) -> bool:
     returns whether there were any. Topics and channels come from nsqd.dat as usual
     (already loaded); a queue nsqd.dat does not list is kept with its topic/channel."""
     root = os.path.join(storage.data_path, "queues")
-    names = list_queues(root)
-    if not names:
+    queues = list_queues(root)
+    if not queues:
         return False
     broker = storage.runtime.broker
-    max_rec = storage.options.max_msg_size + 64
     plan: dict[str, TopicPlan] = {}
-    for qname in names:
+    for qname, qdir in queues.items():
         topic, _, channel = qname.partition(":")
         tp = plan.setdefault(topic, TopicPlan())
-        items = _queue_items(root, qname, max_rec)
+        items = _queue_items(qdir)
         if channel:
             tp.channels.append((channel, False, items))
         else:

@@ -40,14 +40,6 @@ class StorageIOError(StorageError):
     """Any other OS error (EIO, ENOTDIR, ENOENT on a data file, ...)."""
 
 
-class UnsupportedFormatError(StorageError):
-    """A file was written by a newer, unknown format version; it is left untouched."""
-
-
-class QueueClosedError(StorageError):
-    """The queue was closed or deleted."""
-
-
 class MetadataError(StorageError):
     """The metadata file could not be read or written."""
 

@@ -287,8 +287,8 @@ def test_queues_of_the_earlier_format_move_into_topic_logs(make_broker: MakeBrok
     """A data_path written by the earlier storage (a disk queue per topic and per
     channel under queues/) is moved into topic logs on start: every queued message is
     delivered to its channel, with its publish time and attempts; nothing twice."""
-    from pybroker.storage import DiskQueue
     from tests.support.nsqd_data import topic_entry, write_metadata
+    from tests.support.old_queues import write_queue
 
     data = tmp_path / "data"
     (data / "queues").mkdir(parents=True)
@@ -296,10 +296,13 @@ def test_queues_of_the_earlier_format_move_into_topic_logs(make_broker: MakeBrok
     queues = {"old:a": [b"a%d" % i for i in range(5)], "old:b": [b"b%d" % i for i in range(3)],
               "lonely": [b"t%d" % i for i in range(4)]}
     for name, msgs in queues.items():
-        q = DiskQueue(data / "queues", name)
-        q.put_many([_old_record(m, ts + i, attempts=1) for i, m in enumerate(msgs)])
-        q.close()
-    write_metadata(data, [topic_entry("old", False, [("a", False), ("b", False)]),
+        recs = [_old_record(m, ts + i, attempts=1) for i, m in enumerate(msgs)]
+        write_queue(data / "queues", name, [recs[:2], recs[2:]])
+    # a queue with a checkpoint: seq 0 still un-acked, 1 acked, 2 and on never read
+    done = [_old_record(b"c%d" % i, ts + i) for i in range(4)]
+    write_queue(data / "queues", "old:c", [done], {"frontier": 2, "unacked": [[0, 1]]})
+    queues["old:c"] = [b"c0", b"c2", b"c3"]
+    write_metadata(data, [topic_entry("old", False, [("a", False), ("b", False), ("c", False)]),
                           topic_entry("lonely", False, [])])
     b = make_broker(data_path=str(data))
     assert any("earlier queue format" in ln for ln in b.stderr_lines), b.stderr_text()
@@ -308,9 +311,10 @@ def test_queues_of_the_earlier_format_move_into_topic_logs(make_broker: MakeBrok
     assert [(r.msg.ts_ns, r.msg.attempts) for r in got_a] == [(ts + i, 2) for i in range(5)]
     assert sorted(bodies(consume(b, "old", "b", expect=3))) == sorted(queues["old:b"])
     assert bodies(consume(b, "lonely", "first", expect=4)) == queues["lonely"]
+    assert bodies(consume(b, "old", "c", expect=3)) == queues["old:c"]
     b.stop()
     b.start()
-    for topic, ch in (("old", "a"), ("old", "b"), ("lonely", "first")):
+    for topic, ch in (("old", "a"), ("old", "b"), ("old", "c"), ("lonely", "first")):
         assert consume(b, topic, ch, idle_s=0.3) == []
     assert not (data / "queues").exists() and (data / "queues-migrated").is_dir()
 
