@@ -205,6 +205,7 @@ class Options:
 
     if TYPE_CHECKING:  # attributes come from SPECS
         def __getattr__(self, name: str) -> Any: ...
+        def __setattr__(self, name: str, value: Any) -> None: ...
 
     @property
     def values(self) -> dict[str, Any]:

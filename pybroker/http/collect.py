@@ -9,7 +9,7 @@ producers form a consistent view. ``Collected`` holds the assembled answer.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pybroker.core.stats import (
     EXTRA_CHANNEL_KEYS,
@@ -20,6 +20,9 @@ from pybroker.core.stats import (
     topic_stats,
 )
 from pybroker.http.gather import MISSING, Gather, Job
+
+if TYPE_CHECKING:
+    from pybroker.server.services import HttpHost
 
 
 class LoopSnapshot:
@@ -59,7 +62,7 @@ class Collected:
         self.loops = loops
 
 
-def plan_stats(runtime: Any, topic_filter: str = "", channel_filter: str = "",
+def plan_stats(runtime: HttpHost, topic_filter: str = "", channel_filter: str = "",
                include_clients: bool = True, every_loop: bool = False) -> Gather[Collected]:
     """A Gather whose answer is the Collected stats (see the module docstring)."""
     broker = runtime.broker

@@ -9,11 +9,15 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pybroker.config import SPEC_BY_KEY
 from pybroker.http.request import Request
 from pybroker.http.response import Response, error, ok_json, ok_text
+
+if TYPE_CHECKING:
+    from pybroker.server.services import HttpHost
+
 
 LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "warning": 3, "error": 4, "fatal": 5}
 _PY_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR,
@@ -27,7 +31,7 @@ _TLS_VERSIONS = {"": 0x0301, "ssl3.0": 0x0300, "tls1.0": 0x0301, "tls1.1": 0x030
 class ConfigEndpoint:
     """Owned by the Api; ``handle`` serves both methods of /config/:opt."""
 
-    def __init__(self, runtime: Any, server: Any) -> None:
+    def __init__(self, runtime: HttpHost, server: Any) -> None:
         self.opts = runtime.options
         self.broker = runtime.broker
         self.server = server

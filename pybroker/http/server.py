@@ -37,6 +37,7 @@ from pybroker.http.process import GcPauses
 from pybroker.http.request import Request
 from pybroker.http.response import DateCache, Response, error
 from pybroker.http.statstext import go_duration
+from pybroker.server.services import HttpHost
 from pybroker.server.tls import TlsSocket
 
 log = logging.getLogger("pybroker")
@@ -97,7 +98,7 @@ class _Accepting:
 class HttpServer(SelectorLoop):
     """The ``http`` thread's SelectorLoop (pybroker.evloop)."""
 
-    def __init__(self, runtime: Any) -> None:
+    def __init__(self, runtime: HttpHost) -> None:
         super().__init__("http")
         self.runtime = runtime
         o = runtime.options
@@ -138,12 +139,12 @@ class HttpServer(SelectorLoop):
         host, port = self.sock.getsockname()[:2]
         self.port = port
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        listener = getattr(self.runtime, "listener", None)
+        listener = self.runtime.listener
         if listener is not None:
             self.tcp_port = listener.sock.getsockname()[1]
         GcPauses.install()
         self.selector.register(self.sock, selectors.EVENT_READ, self._listening)
-        ctx = getattr(self.runtime, "tls_context", None)
+        ctx = self.runtime.tls_context
         if ctx is not None and self.options.https_address:
             # matches nsqd: HTTPS listens only when TLS is configured
             self.https_sock = _bind(self.options.https_address)
@@ -245,7 +246,9 @@ class HttpServer(SelectorLoop):
             except OSError:
                 pass
             if https:
-                tls_sock: Any = TlsSocket(self.runtime.tls_context, sock)
+                ctx = self.runtime.tls_context
+                assert ctx is not None   # HTTPS listens only with a TLS context
+                tls_sock: Any = TlsSocket(ctx, sock)
                 conn = HttpConn(self, tls_sock, addr)
                 conn.tls = True
             else:

@@ -10,12 +10,17 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pybroker.config import split_hostport
 from pybroker.http.collect import plan_stats
 from pybroker.http.gather import run_blocking
 from pybroker.http.process import memory_stats
+
+if TYPE_CHECKING:
+    from pybroker.server.services import HttpHost
+    from pybroker.http.server import HttpServer
+
 
 log = logging.getLogger("pybroker")
 
@@ -101,7 +106,7 @@ def packets(lines: list[str], size: int) -> list[bytes]:
 class StatsdPusher:
     """Owns the ``statsd`` thread and the counters of the previous push."""
 
-    def __init__(self, runtime: Any, server: Any) -> None:
+    def __init__(self, runtime: HttpHost, server: HttpServer) -> None:
         self.runtime = runtime
         self.server = server
         self.options = runtime.options

@@ -18,12 +18,14 @@ import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from pybroker.errors import ClientError
 from pybroker.protocol.encoder import encode_error, encode_response
 
 if TYPE_CHECKING:
+    from pybroker.config import Options
+    from pybroker.server.loop import EventLoop
     from pybroker.protocol.decoder import Command
     from pybroker.server.connection import ClientConn
 
@@ -109,7 +111,7 @@ def parse_state(body: bytes) -> AuthState:
 class AuthClient:
     """Queries the auth servers from its own threads; results go back to the asking loop."""
 
-    def __init__(self, options: Any) -> None:
+    def __init__(self, options: Options) -> None:
         self.addresses: list[str] = list(options.auth_http_addresses)
         self.method = str(options.auth_http_request_method)
         self.connect_timeout_s = options.http_client_connect_timeout / 1e9
@@ -123,7 +125,7 @@ class AuthClient:
     def stop(self, timeout_s: float) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
-    def query(self, loop: Any, remote_ip: str, tls: bool, common_name: str, secret: str,
+    def query(self, loop: EventLoop, remote_ip: str, tls: bool, common_name: str, secret: str,
               done: Callable[[AuthState | None, str], None]) -> None:
         """Ask in the pool; ``done(state, error)`` then runs on ``loop``."""
         def work() -> None:
@@ -191,6 +193,7 @@ def _remote_ip(c: "ClientConn") -> str:
 
 def _ask(c: "ClientConn", then: Callable[[AuthState | None, str], None]) -> None:
     auth = c.loop.runtime.auth
+    assert auth is not None, "AUTH is refused (E_AUTH_DISABLED) without auth servers"
     t = c.transport
     c.session.hold()
 

@@ -27,6 +27,7 @@ from pybroker.server import handlers
 from pybroker.server.transport import Transport, TransportError, handshake_failed
 
 if TYPE_CHECKING:
+    from pybroker.server.auth import AuthState
     from pybroker.server.loop import EventLoop
 
 log = logging.getLogger("pybroker")
@@ -49,7 +50,7 @@ class ClientConn:
         self.sock = sock
         self.transport = Transport(sock)  # plain until IDENTIFY negotiates TLS/compression
         self.auth_secret = ""
-        self.auth_state: Any = None  # server.auth.AuthState once AUTH succeeded
+        self.auth_state: AuthState | None = None  # once AUTH succeeded
         self.remote_address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         opts = loop.options
         self.opts = opts

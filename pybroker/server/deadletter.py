@@ -11,7 +11,7 @@ in the channel's queue. See docs/dead-letters.md.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pybroker.errors import Exiting
 from pybroker.storage import StorageError
@@ -52,7 +52,7 @@ def publish_dead_letters(loop: "EventLoop", ch: "Channel", target: str,
 
 
 def _confirmed(loop: "EventLoop", ch: "Channel", offsets: list[int],
-               err: Any) -> None:
+               err: Exception | None) -> None:
     """On the owner loop: the dead letters are on disk (or their publish failed)."""
     if err is not None:
         log.error("CHANNEL(%s): syncing %d dead letters failed: %s (requeued)",

@@ -17,10 +17,15 @@ import logging
 import os
 import shutil
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from pybroker.storage.oldqueues import list_queues, pending_records
 from pybroker.storage.nsqd_import import NsqdDataDir
+
+if TYPE_CHECKING:
+    from pybroker.core.broker import Broker
+    from pybroker.core.topic import Topic
+    from pybroker.server.storage import StorageManager
 
 log = logging.getLogger("pybroker")
 # (ts_ns, attempts, body, deliver_at_ns)
@@ -35,7 +40,7 @@ class TopicPlan:
     channels: list[tuple[str, bool, Iterable[Item]]] = field(default_factory=list)
 
 
-def _append(t: Any, items: Iterable[Item]) -> range:
+def _append(t: Topic, items: Iterable[Item]) -> range:
     """Append items to t's log, written in batches; returns their offsets."""
     with t.lock:
         start = t.log.head
@@ -55,7 +60,7 @@ def _append(t: Any, items: Iterable[Item]) -> range:
         return range(start, t.log.head)
 
 
-def import_plan(broker: Any, plan: dict[str, TopicPlan]) -> int:
+def import_plan(broker: Broker, plan: dict[str, TopicPlan]) -> int:
     """Append every planned queue to its topic's log; returns how many messages."""
     count = 0
     for name, tp in plan.items():
@@ -88,7 +93,7 @@ def _nsqd_items(queue: Any) -> Iterator[Item]:
         yield (m.ts_ns, m.attempts, m.body, 0)
 
 
-def import_nsqd_dir(storage: Any) -> bool:
+def import_nsqd_dir(storage: StorageManager) -> bool:
     """Import storage.data_path if it holds nsqd's files (once: they are moved away);
     returns whether it did. Queues that nsqd.dat does not list (nsqd keeps them dormant
     until a topic or channel of that name comes back) are imported too, with their
@@ -140,7 +145,7 @@ def _queue_items(qdir: str) -> Iterator[Item]:
         yield (ts, attempts, rec[_RECORD_HEADER:], deliver_at)
 
 
-def migrate_queues_dir(storage: Any) -> bool:
+def migrate_queues_dir(storage: StorageManager) -> bool:
     """Move the queues of pybroker's earlier format (``queues/``) into topic logs, once;
     returns whether there were any. Topics and channels come from nsqd.dat as usual
     (already loaded); a queue nsqd.dat does not list is kept with its topic/channel."""

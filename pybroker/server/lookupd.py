@@ -20,10 +20,13 @@ import socket
 import struct
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pybroker import NSQ_COMPAT_VERSION
 from pybroker.config import split_hostport
+
+if TYPE_CHECKING:
+    from pybroker.server.services import RegistrarHost
 
 log = logging.getLogger("pybroker")
 PING_INTERVAL_S = 15.0
@@ -95,7 +98,7 @@ def _cmd(verb: str, reg: Registration) -> bytes:
 
 
 class LookupdRegistrar:
-    def __init__(self, runtime: Any, tcp_port: int, http_port: int) -> None:
+    def __init__(self, runtime: RegistrarHost, tcp_port: int, http_port: int) -> None:
         self.runtime = runtime
         self.tcp_port = tcp_port
         self.http_port = http_port

@@ -36,6 +36,7 @@ from pybroker.protocol.encoder import encode_error
 from pybroker.storage import StorageError
 
 if TYPE_CHECKING:
+    from pybroker.server.services import LoopServices
     from pybroker.server.connection import ClientConn
 
 log = logging.getLogger("pybroker")
@@ -65,7 +66,7 @@ class EventLoop(SelectorLoop):
     """The SelectorLoop (pybroker.evloop) of a loop thread, with the broker's work at the
     end of each turn; timers in a TimeoutWheel (timers are re-armed at message rates)."""
 
-    def __init__(self, index: int, runtime: Any) -> None:
+    def __init__(self, index: int, runtime: LoopServices) -> None:
         super().__init__(f"loop-{index}",
                          TimeoutWheel[tuple[Callable[..., Any], tuple[Any, ...]]]())
         self.index = index

@@ -14,12 +14,13 @@ import signal
 import ssl
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pybroker import NSQ_COMPAT_VERSION, __version__, _native
 from pybroker.config import Options, split_hostport
 from pybroker.core.broker import Broker
 from pybroker.core.channel import Channel
+from pybroker.core.topic import Topic
 from pybroker.errors import ConfigError
 from pybroker.server.auth import AuthClient
 from pybroker.server.tls import server_context
@@ -30,6 +31,9 @@ from pybroker.server.scanner import QueueScanner
 from pybroker.server.storage import StorageManager
 from pybroker.storage import StorageError
 from pybroker.storage.lock import DataPathLocked
+
+if TYPE_CHECKING:
+    from pybroker.http.server import HttpServer
 
 log = logging.getLogger("pybroker")
 
@@ -46,13 +50,13 @@ class Runtime:
         self.broker = Broker(options, self.loops, self.storage.open_log, self._wake)
         self.scanner = QueueScanner(self.broker, options)
         self.listener: Listener | None = None
-        self.http: Any = None
+        self.http: HttpServer | None = None
         # None while healthy; otherwise why not (e.g. a storage write failure). HTTP /ping
         # answers 500 "NOK - <health>" and /stats reports it, as nsqd's SetHealth does.
         self.health: str | None = None
         self.lookupd: LookupdRegistrar | None = None
         self.tls_context: ssl.SSLContext | None = None  # tls_cert + tls_key (TCP and HTTPS)
-        self.auth: Any = None  # AuthClient when auth_http_addresses is set
+        self.auth: AuthClient | None = None  # when auth_http_addresses is set
         self._stop = threading.Event()
 
     # -- waking channels for publishers that are not loop threads (HTTP, start-up) ------
@@ -77,7 +81,7 @@ class Runtime:
                 pass
 
     # -- lifecycle ------------------------------------------------------------------------
-    def storage_failed(self, err: BaseException, topic: Any = None) -> None:
+    def storage_failed(self, err: BaseException, topic: Topic | None = None) -> None:
         """A write to disk failed: log it and report it through /ping (any thread)."""
         self.storage.failed(err, topic)
 

@@ -16,14 +16,18 @@ import queue
 import random
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pybroker.config import Options
+    from pybroker.core.broker import Broker
 
 log = logging.getLogger("pybroker")
 _STOP = object()
 
 
 class QueueScanner:
-    def __init__(self, broker: Any, options: Any) -> None:
+    def __init__(self, broker: Broker, options: Options) -> None:
         self.broker = broker
         self.opts = options
         self._jobs: queue.Queue[Any] = queue.Queue()

@@ -22,7 +22,7 @@ import secrets
 import shutil
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pybroker.protocol.deadletter import dead_letter_settings
 from pybroker.core.topic import Topic
@@ -33,6 +33,12 @@ from pybroker.storage.metadata import (BrokerMetadata, ChannelMeta, TopicMeta, l
                                        save_metadata)
 from pybroker.storage.topiclog import TopicLog
 
+if TYPE_CHECKING:
+    from pybroker.core.broker import Broker
+    from pybroker.core.channel import Channel
+    from pybroker.server.loop import EventLoop
+    from pybroker.server.services import StorageHost
+
 log = logging.getLogger("pybroker")
 TICK_S = 0.05
 SNAPSHOT_WAIT_S = 2.0
@@ -40,7 +46,7 @@ _STOP = object()
 
 
 class StorageManager:
-    def __init__(self, runtime: Any) -> None:
+    def __init__(self, runtime: StorageHost) -> None:
         self.runtime = runtime
         o = runtime.options
         self.options = o
@@ -405,14 +411,14 @@ class StorageManager:
         return len(got)
 
 
-def _channel_state(ch: Any, wall_ns: int, now_ns: int) -> dict[str, Any]:
+def _channel_state(ch: Channel, wall_ns: int, now_ns: int) -> dict[str, Any]:
     snap: dict[str, Any] = ch.snapshot(wall_ns, now_ns)
     pend = [p[0] for p in snap["pending"]]
     snap["floor"] = min(pend + [snap["cursor"]])
     return snap
 
 
-def _snapshot_on_loop(lp: Any, broker: Any,
+def _snapshot_on_loop(lp: EventLoop, broker: Broker,
                       answers: "queue.Queue[list[tuple[Topic, str, dict[str, Any]]]]") -> None:
     """On loop lp: the states of the channels it owns."""
     now, wall = time.monotonic_ns(), time.time_ns()
