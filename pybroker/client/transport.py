@@ -12,6 +12,7 @@ import ssl
 from typing import Any
 
 from pybroker.client.config import Config
+from pybroker.tlsio import NonBlockingTls
 
 _VERSIONS = {"tls1.0": ssl.TLSVersion.TLSv1, "tls1.1": ssl.TLSVersion.TLSv1_1,
              "tls1.2": ssl.TLSVersion.TLSv1_2, "tls1.3": ssl.TLSVersion.TLSv1_3}
@@ -31,14 +32,9 @@ def tls_context(config: Config) -> ssl.SSLContext:
     return ctx
 
 
-class TlsSocket:
-    """A connected SSLSocket with a plain socket's non-blocking manners."""
-
-    def __init__(self, sock: ssl.SSLSocket) -> None:
-        self.ssl = sock
-
-    def fileno(self) -> int:
-        return self.ssl.fileno()
+class TlsSocket(NonBlockingTls):
+    """A connected SSLSocket with a plain socket's non-blocking manners (pybroker.tlsio),
+    and the blocking calls Conn uses while connecting."""
 
     def setblocking(self, flag: bool) -> None:
         self.ssl.setblocking(flag)
@@ -49,28 +45,5 @@ class TlsSocket:
     def setsockopt(self, *args: Any) -> None:
         self.ssl.setsockopt(*args)
 
-    def recv(self, n: int) -> bytes:
-        try:
-            data = self.ssl.recv(n)
-            while data and self.ssl.pending():
-                data += self.ssl.recv(self.ssl.pending())
-        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-            raise BlockingIOError() from None
-        except ssl.SSLZeroReturnError:
-            return b""
-        return data
-
-    def send(self, data: bytes | bytearray | memoryview) -> int:
-        try:
-            return self.ssl.send(data)
-        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-            raise BlockingIOError() from None
-
     def sendall(self, data: bytes | bytearray | memoryview) -> None:
         self.ssl.sendall(data)
-
-    def shutdown(self, how: int) -> None:
-        self.ssl.shutdown(how)
-
-    def close(self) -> None:
-        self.ssl.close()

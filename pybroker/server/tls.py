@@ -12,6 +12,7 @@ from typing import Any
 
 from pybroker.config import Options
 from pybroker.errors import ConfigError
+from pybroker.tlsio import NonBlockingTls
 
 _MIN_VERSIONS = {"tls1.0": ssl.TLSVersion.TLSv1, "tls1.1": ssl.TLSVersion.TLSv1_1,
                  "tls1.2": ssl.TLSVersion.TLSv1_2, "tls1.3": ssl.TLSVersion.TLSv1_3}
@@ -104,7 +105,7 @@ def peer_common_name(obj: ssl.SSLObject | ssl.SSLSocket) -> str:
     return ""
 
 
-class TlsSocket:
+class TlsSocket(NonBlockingTls):
     """A non-blocking server-side TLS socket with plain-socket manners, for HTTPS.
 
     ``recv``/``send`` raise BlockingIOError where an SSLSocket would want to read or
@@ -115,11 +116,9 @@ class TlsSocket:
     """
 
     def __init__(self, ctx: ssl.SSLContext, sock: Any) -> None:
-        self.ssl = ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        super().__init__(ctx.wrap_socket(sock, server_side=True,
+                                         do_handshake_on_connect=False))
         self.done = False
-
-    def fileno(self) -> int:
-        return self.ssl.fileno()
 
     def _handshake(self) -> None:
         try:
@@ -142,26 +141,9 @@ class TlsSocket:
     def recv(self, n: int) -> bytes:
         if not self.done:
             self._handshake()
-        try:
-            data = self.ssl.recv(n)
-            while data and self.ssl.pending():
-                data += self.ssl.recv(self.ssl.pending())
-        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-            raise BlockingIOError() from None
-        except ssl.SSLZeroReturnError:
-            return b""
-        return data
+        return super().recv(n)
 
-    def send(self, data: bytes) -> int:
+    def send(self, data: bytes | bytearray | memoryview) -> int:
         if not self.done:
             self._handshake()
-        try:
-            return self.ssl.send(data)
-        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-            raise BlockingIOError() from None
-
-    def shutdown(self, how: int) -> None:
-        self.ssl.shutdown(how)
-
-    def close(self) -> None:
-        self.ssl.close()
+        return super().send(data)

@@ -98,13 +98,13 @@ def test_layer_imports(layer: str) -> None:
     assert not bad, "\n".join(sorted(set(bad)))
 
 
-def test_evloop_imports_only_the_standard_library() -> None:
-    """pybroker.evloop sits below every layer: the server, HTTP and client loops all
-    build on it, so it may import nothing of pybroker and nothing from PyPI."""
+@pytest.mark.parametrize("module", ["evloop.py", "tlsio.py"])
+def test_shared_io_modules_import_only_the_standard_library(module: str) -> None:
+    """pybroker.evloop and pybroker.tlsio sit below every layer (the server, HTTP and
+    client all build on them), so they import nothing of pybroker or from PyPI."""
     import sys
 
-    path = ROOT / "evloop.py"
-    top = {name.split(".")[0] for _, name in _imports(path)}
+    top = {name.split(".")[0] for _, name in _imports(ROOT / module)}
     assert top <= set(sys.stdlib_module_names) | {"__future__"}, top
 
 
