@@ -45,6 +45,9 @@ class Broker:
         self.owners = owners
         self.open_log = open_log
         self.wake = wake
+        # shared by every thread that creates, deletes or lists topics (the loops, http,
+        # lookupd, storage): the registry and the exiting flag; re-entrant, since the
+        # on_delete_topic callbacks run under it
         self.lock = threading.RLock()
         self.topics: dict[str, Topic] = {}
         self.start_time = int(time.time())

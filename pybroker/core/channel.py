@@ -108,6 +108,7 @@ class Channel:
         self.name = name
         self.owner = owner
         self.ephemeral = ephemeral
+        # between the owner loop and the scanner workers (expire): the timeout wheels
         self.lock = threading.Lock()
         self.cursor = cursor
         self.start_offset = cursor        # for message_count

@@ -59,6 +59,7 @@ def run_blocking(g: Gather[T], timeout_s: float | None = None) -> T:
     """Post g's jobs and wait (with a deadline) for them; for threads that may block."""
     n = len(g.jobs)
     results: list[Any] = [MISSING] * n
+    # between the loops delivering results and the thread waiting for them
     lock = threading.Lock()
     done = threading.Event()
     remaining = [n]

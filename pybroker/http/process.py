@@ -29,6 +29,7 @@ class GcPauses:
     """Durations of the last 256 garbage collections, in nanoseconds."""
 
     _installed = False
+    # between the thread a collection runs on (gc callbacks) and http reading the ring
     _lock = threading.Lock()
     pauses: ClassVar[deque[int]] = deque(maxlen=256)
     _start = 0
