@@ -8,8 +8,9 @@ change, and a PING every 15 s. A peer that fails is dropped and reconnected (and
 re-registered) on the next pass, after a back-off of 1 s doubling up to 15 s.
 
 Ownership: the ``lookupd`` thread owns its sockets and what it has registered; the
-broker's change callbacks (any thread) only set an Event it waits on, and it reads
-the topic and channel names under ``Broker.lock``.
+broker's change callbacks (any thread) only set an Event it waits on; it copies
+the topic list under ``Broker.lock`` and each topic's channel names (one copy of a
+dict, atomic under the GIL), and changes neither.
 """
 from __future__ import annotations
 
