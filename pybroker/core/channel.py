@@ -590,6 +590,8 @@ class Channel:
         in-flight ones stay in flight (a FIN of either copy finishes it)."""
         self.extra_count += max(0, self.cursor - offset)
         self.requeued = deque(e for e in self.requeued if e[0] < offset)
+        for off in [o for o in self.delivery_times if o >= offset and o not in self.in_flight]:
+            del self.delivery_times[off]     # delivered anew: attempts counted anew
         later = [d for off, d in self.deferred.items() if off >= offset]
         for d in later:
             del self.deferred[d.offset]

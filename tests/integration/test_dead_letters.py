@@ -181,6 +181,17 @@ def test_always_req_ends_on_dead_letter_topic_with_its_envelope(
 
 
 def test_timeouts_count_as_attempts(make_broker: Callable[..., BrokerProcess]) -> None:
+    # nsqd: each timed-out delivery counts, the next delivery carries attempts + 1
+    nsqd = make_broker("--msg-timeout=300ms", kind="nsqd")
+    topic = unique_name("dlt")
+    c = Seen(nsqd.tcp_hostport, topic, "slow", "none")
+    try:
+        publish(nsqd.tcp_hostport, topic, [b"never answered"])
+        green_wait(lambda: len(c.deliveries) >= 3, "3 deliveries on nsqd")
+    finally:
+        c.close()
+    assert c.attempts_of(b"never answered")[:3] == [1, 2, 3]
+    # pybroker with max_attempts 2: the same two deliveries, then the dead-letter topic
     b = make_broker("--msg-timeout=300ms")
     topic = unique_name("dlt")
     http(b, "POST", "/topic/create", topic=topic)
