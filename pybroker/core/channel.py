@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pybroker.core.timeouts import Handle, TimeoutWheel
-from pybroker.protocol.deadletter import dead_letter_target, envelope
 from pybroker.errors import BrokerError, NotInFlight, NotOwner, TooManyConsumers
+from pybroker.protocol.deadletter import dead_letter_target, envelope
 
 if TYPE_CHECKING:
     from pybroker.core.stats import LatencyWindow
@@ -415,14 +415,16 @@ class Channel:
         dead: list[tuple[int, int, Any]] = []
         while self.requeued and sent < room:
             off, attempts = self.requeued.popleft()
-            if off < log.oldest:
-                continue   # dropped from an ephemeral log meanwhile
-            try:
-                batch = log.read(off, 1, READ_BYTES)
-            except ValueError:     # OffsetOutOfRange: gone from the log meanwhile
+            batch = None
+            if off >= log.oldest:   # else dropped from an ephemeral log meanwhile
+                try:
+                    batch = log.read(off, 1, READ_BYTES)
+                except ValueError:     # OffsetOutOfRange: gone from the log meanwhile
+                    pass
+            if batch is None or batch.n == 0 or batch.first != off:
+                if self.delivery_times:   # gone, or damaged and skipped
+                    self.delivery_times.pop(off, None)
                 continue
-            if batch.n == 0 or batch.first != off:
-                continue   # damaged and skipped
             if limit and attempts + 1 + batch.stored_attempts(0) > limit:
                 dead.append((off, attempts, batch))
                 continue
