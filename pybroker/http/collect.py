@@ -22,6 +22,8 @@ from pybroker.core.stats import (
 from pybroker.http.gather import MISSING, Gather, Job
 
 if TYPE_CHECKING:
+    from pybroker.core.channel import Channel
+    from pybroker.server.loop import EventLoop
     from pybroker.server.services import HttpHost
 
 
@@ -39,7 +41,7 @@ class LoopSnapshot:
         self.owned = 0
 
 
-def loop_snapshot(loop: Any, chans: list[Any], include_clients: bool, topic_filter: str,
+def loop_snapshot(loop: EventLoop, chans: list[Channel], include_clients: bool, topic_filter: str,
                   want_producers: bool) -> LoopSnapshot:
     """On ``loop``'s thread: stats of the channels it owns, and of its producers."""
     now = time.monotonic_ns()

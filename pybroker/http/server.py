@@ -26,7 +26,7 @@ import logging
 import selectors
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pybroker.config import TLS_REQUIRED, split_hostport
 from pybroker.evloop import SelectorLoop
@@ -39,6 +39,9 @@ from pybroker.http.response import DateCache, Response, error
 from pybroker.http.statstext import go_duration
 from pybroker.server.services import HttpHost
 from pybroker.server.tls import TlsSocket
+
+if TYPE_CHECKING:
+    from pybroker.http.statsd import StatsdPusher
 
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
@@ -130,7 +133,7 @@ class HttpServer(SelectorLoop):
         self._accept_paused = False
         self._accept_failures = 0
         self._accept_logged = 0.0
-        self.statsd: Any = None
+        self.statsd: StatsdPusher | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
     def listen(self) -> str:

@@ -15,7 +15,7 @@ import itertools
 import logging
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pybroker.core.channel import Channel
 from pybroker.errors import ClientError, SubFailed, TooManyConsumers
@@ -44,7 +44,8 @@ _ids = itertools.count(1)   # next() is atomic under the GIL: any loop may take 
 
 
 class ClientConn:
-    def __init__(self, loop: "EventLoop", sock: socket.socket, addr: Any) -> None:
+    def __init__(self, loop: "EventLoop", sock: socket.socket,
+                 addr: tuple[str, int] | tuple[str, int, int, int] | str) -> None:
         self.id = next(_ids)
         self.loop = loop
         self.sock = sock

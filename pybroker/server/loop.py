@@ -247,7 +247,8 @@ class EventLoop(SelectorLoop):
         self.dirty.pop(ch, None)
 
     # -- connections --------------------------------------------------------------------
-    def add_connection(self, sock: socket.socket, addr: Any) -> None:
+    def add_connection(self, sock: socket.socket,
+                       addr: tuple[str, int] | tuple[str, int, int, int] | str) -> None:
         from pybroker.server.connection import ClientConn
 
         conn = ClientConn(self, sock, addr)
