@@ -17,10 +17,10 @@ import logging
 import os
 import shutil
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from pybroker.storage.oldqueues import list_queues, pending_records
-from pybroker.storage.nsqd_import import NsqdDataDir
+from pybroker.storage.nsqd_import import GoDiskQueue, NsqdDataDir
 
 if TYPE_CHECKING:
     from pybroker.core.broker import Broker
@@ -86,7 +86,7 @@ def import_plan(broker: Broker, plan: dict[str, TopicPlan]) -> int:
 # -- nsqd 1.x ----------------------------------------------------------------------------------
 
 
-def _nsqd_items(queue: Any) -> Iterator[Item]:
+def _nsqd_items(queue: GoDiskQueue | None) -> Iterator[Item]:
     if queue is None:
         return
     for m in queue.messages():
