@@ -32,8 +32,8 @@ def test_headless_run_reports_every_request_type(
                NSQ_TOPIC=topic, NSQ_SIZE="100", NSQ_BATCH="5", NSQ_PUB_WAIT="0.005")
     proc = subprocess.run(
         [sys.executable, "-m", "locust", "-f", LOCUSTFILE, "--headless", "-u", "5", "-r", "5",
-         "-t", "3s", "--csv", str(tmp_path / "nsq"), "--only-summary", "--exit-code-on-error",
-         "1"], env=env, capture_output=True, text=True, timeout=45, cwd=tmp_path,
+         "-t", "8s", "--csv", str(tmp_path / "nsq"), "--only-summary", "--exit-code-on-error",
+         "1"], env=env, capture_output=True, text=True, timeout=50, cwd=tmp_path,
         check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(tmp_path / "nsq_stats.csv", newline="") as f:
