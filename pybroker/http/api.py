@@ -18,7 +18,7 @@ from typing import Any
 from pybroker import NSQ_COMPAT_VERSION, _native
 from pybroker.core import stats as core_stats
 from pybroker.errors import ChannelNotFound, Exiting, TopicNotFound
-from pybroker.http import channelconfig, metrics, process, statstext
+from pybroker.http import channelconfig, logread, metrics, process, statstext
 from pybroker.http.collect import Collected, plan_stats
 from pybroker.http.gather import Gather
 from pybroker.http.options import ConfigEndpoint
@@ -412,4 +412,8 @@ def build_router(api: Api) -> Router:
     # beyond nsqd: a channel's max attempts and dead-letter topic
     r.add("GET", "/channel/config", guarded(lambda req: channelconfig.get_config(api, req)))
     r.add("POST", "/channel/config", guarded(lambda req: channelconfig.post_config(api, req)))
+    # beyond nsqd: the log read by offset (the partitioned Spark source; logread.py)
+    r.add("GET", "/topic/offsets", guarded(lambda req: logread.topic_offsets(api, req)))
+    r.add("GET", "/topic/read", guarded(lambda req: logread.topic_read(api, req)))
+    r.add("POST", "/channel/commit", guarded(lambda req: logread.channel_commit(api, req)))
     return r
