@@ -1,15 +1,18 @@
-"""Bench the PySpark integration: messages/s through the streaming source and the sink.
+"""Bench the PySpark integration: messages/s from a topic into Parquet, and the sink.
 
-    python loadtest/bench_spark.py [--messages 100000] [--size 100] [--master local[2]]
-                                   [--max-in-flight 10000] [--json results.json]
+    python loadtest/bench_spark.py [--messages 1000000] [--size 200] [--master local[2]]
+                                   [--partitions 1,2,4] [--runs 3] [--channel-messages 0]
+                                   [--json results.json]
 
-Starts a pybroker (``--max-rdy-count`` raised to --max-in-flight) and a local Spark.
-After a warm-up run of each, it measures:
+Starts a pybroker and a local Spark, fills one topic with --messages messages of --size
+bytes, then measures (medians of --runs, after one warm-up run):
 
-* source -> noop: a preloaded topic drained by an available-now query into Spark's
-  ``noop`` sink (the source alone: planning, partitions, FIN on commit);
-* source -> parquet: the same into Parquet partitioned by date/hour (the archive
-  pipeline, ``pybroker spark archive --available-now``);
+* log source -> parquet, for each --partitions count: an available-now query of the
+  partitioned source (mode log: offset ranges read by the executors) writing the whole
+  topic into Parquet partitioned by date/hour (``pybroker spark archive``'s pipeline),
+  each run with a new checkpoint and output;
+* channel source -> parquet (only with --channel-messages N): the FIN-after-commit source
+  on N messages, for comparison;
 * sink: a cached DataFrame of --messages rows MPUB'd by ``df.write.format("pybroker")``.
 
 Each figure is messages / wall-clock seconds of the whole query or job, start to end.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -52,31 +56,41 @@ def topic_count(b: BrokerProcess, topic: str) -> int:
     return sum(t["message_count"] for t in stats["topics"] if t["topic_name"] == topic)
 
 
-def run_source(spark: Any, b: BrokerProcess, n: int, size: int, fmt: str,
-               max_in_flight: int, tag: str) -> float:
-    topic = f"bench_{tag}_{fmt}_{int(time.time() * 1000) % 10**8}"
+def run_log_source(spark: Any, b: BrokerProcess, topic: str, n: int,
+                   partitions: int) -> float:
+    with tempfile.TemporaryDirectory(prefix="bench-spark-") as d:
+        job = ArchiveJob(topic=topic, channel=f"bench{partitions}",
+                         output=os.path.join(d, "out"), mode="log",
+                         nsqd_http=b.http_hostport, available_now=True,
+                         num_partitions=partitions)
+        started = time.monotonic()
+        query = start_archive(spark, job)
+        query.awaitTermination()
+        took = time.monotonic() - started
+        if query.exception() is not None:
+            raise RuntimeError(str(query.exception()))
+        rows = sum(int(p["numInputRows"]) for p in query.recentProgress)
+    if rows != n:
+        raise RuntimeError(f"log source bench read {rows} of {n} messages")
+    return n / took
+
+
+def run_channel_source(spark: Any, b: BrokerProcess, n: int, size: int) -> float:
+    topic = f"bench_chan_{int(time.time() * 1000) % 10**8}"
     preload(b.tcp_hostport, topic, n, size)
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as d:
         job = ArchiveJob(topic=topic, channel="bench", output=os.path.join(d, "out"),
-                         nsqd=[b.tcp_hostport], available_now=True,
-                         max_in_flight=max_in_flight, drain_timeout="500ms")
+                         mode="channel", nsqd=[b.tcp_hostport], available_now=True,
+                         max_in_flight=10_000, drain_timeout="500ms")
         started = time.monotonic()
-        if fmt == "noop":
-            df = spark.readStream.format("pybroker")
-            for key, value in job.source_options().items():
-                df = df.option(key, value)
-            query = (df.load().writeStream.format("noop")
-                     .option("checkpointLocation", job.checkpoint_dir)
-                     .trigger(availableNow=True).start())
-        else:
-            query = start_archive(spark, job)
+        query = start_archive(spark, job)
         query.awaitTermination()
         took = time.monotonic() - started
         if query.exception() is not None:
             raise RuntimeError(str(query.exception()))
         rows = sum(int(p["numInputRows"]) for p in query.recentProgress)
     if rows < n:
-        raise RuntimeError(f"source bench read {rows} of {n} messages")
+        raise RuntimeError(f"channel source bench read {rows} of {n} messages")
     return n / took
 
 
@@ -99,34 +113,49 @@ def run_sink(spark: Any, b: BrokerProcess, n: int, size: int, tag: str) -> float
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--messages", type=int, default=100_000)
-    ap.add_argument("--size", type=int, default=100)
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--size", type=int, default=200)
     ap.add_argument("--master", default="local[2]")
-    ap.add_argument("--max-in-flight", type=int, default=10_000)
+    ap.add_argument("--partitions", default="1,2,4")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--channel-messages", type=int, default=0)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
 
-    broker = BrokerProcess("pybroker", [f"--max-rdy-count={args.max_in_flight}",
-                                        "--mem-queue-size=1000000"]).start()
+    broker = BrokerProcess("pybroker", ["--max-rdy-count=10000"]).start()
     spark = spark_session(args.master, "pybroker-bench", {
         "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"})
     spark.sparkContext.setLogLevel("ERROR")
     results: dict[str, Any] = {"messages": args.messages, "size": args.size,
-                               "master": args.master, "max_in_flight": args.max_in_flight,
+                               "master": args.master, "runs": args.runs,
                                "cpus": os.cpu_count()}
     try:
-        warm = min(args.messages, 10_000)
-        for fmt in ("noop", "parquet"):
-            run_source(spark, broker, warm, args.size, fmt, args.max_in_flight, "warm")
-            rate = run_source(spark, broker, args.messages, args.size, fmt,
-                              args.max_in_flight, "run")
-            results[f"source_{fmt}_msgs_s"] = round(rate)
-            print(f"source -> {fmt:8s} {rate:10,.0f} msg/s", flush=True)
-        run_sink(spark, broker, warm, args.size, "warm")
-        rate = run_sink(spark, broker, args.messages, args.size, "run")
+        topic = f"bench_log_{int(time.time() * 1000) % 10**8}"
+        started = time.monotonic()
+        preload(broker.tcp_hostport, topic, args.messages, args.size)
+        print(f"filled {topic} with {args.messages:,} x {args.size} B in "
+              f"{time.monotonic() - started:.1f}s", flush=True)
+        run_log_source(spark, broker, topic, args.messages, 2)     # warm-up
+        for parts in (int(p) for p in args.partitions.split(",")):
+            rates = [run_log_source(spark, broker, topic, args.messages, parts)
+                     for _ in range(args.runs)]
+            rate = statistics.median(rates)
+            results[f"log_source_parquet_{parts}p_msgs_s"] = round(rate)
+            print(f"log source -> parquet, {parts} partition(s): {rate:10,.0f} msg/s "
+                  f"(runs: {', '.join(f'{r:,.0f}' for r in rates)})", flush=True)
+        if args.channel_messages:
+            rate = run_channel_source(spark, broker, args.channel_messages, args.size)
+            results["channel_source_parquet_msgs_s"] = round(rate)
+            print(f"channel source -> parquet ({args.channel_messages:,} msgs): "
+                  f"{rate:10,.0f} msg/s", flush=True)
+        run_sink(spark, broker, min(args.messages, 10_000), args.size, "warm")
+        rates = [run_sink(spark, broker, args.messages, args.size, "run")
+                 for _ in range(args.runs)]
+        rate = statistics.median(rates)
         results["sink_msgs_s"] = round(rate)
-        print(f"sink (MPUB)        {rate:10,.0f} msg/s", flush=True)
+        print(f"sink (df.write MPUB):                  {rate:10,.0f} msg/s "
+              f"(runs: {', '.join(f'{r:,.0f}' for r in rates)})", flush=True)
     finally:
         spark.stop()
         broker.stop()

@@ -63,3 +63,28 @@ def committed_seq(location: str, run: str) -> int | None:
             if isinstance(seq, int) and (best is None or seq > best):
                 best = seq
     return best
+
+
+def committed_offset(location: str, topic: str) -> int | None:
+    """The end offset of ``topic`` (the partitioned source's ``{"topic", "offset"}``) in
+    the newest batch the checkpoint shows committed; None if unknown."""
+    root = local_path(location)
+    if root is None:
+        return None
+    committed = _batch_ids(os.path.join(root, "commits"))
+    if not committed:
+        return None
+    try:
+        with open(os.path.join(root, "offsets", str(committed[-1])), encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines[2:]:
+        try:
+            offset = json.loads(line)
+        except ValueError:
+            continue
+        if (isinstance(offset, dict) and offset.get("topic") == topic
+                and isinstance(offset.get("offset"), int) and "run" not in offset):
+            return int(offset["offset"])
+    return None

@@ -37,9 +37,28 @@ def _conf_pairs(items: list[str]) -> dict[str, str]:
 def archive(
     topic: str = typer.Option(..., "--topic", help="the topic to archive"),
     channel: str = typer.Option("spark_archive", "--channel",
-                                help="the channel to consume (messages are FIN'd once "
-                                     "written)"),
+                                help="mode log: the channel whose cursor follows what is "
+                                     "written (so retention can delete it); mode channel: "
+                                     "the channel to consume (FIN'd once written)"),
     output: str = typer.Option(..., "--output", help="the output directory (or URI)"),
+    mode: str = typer.Option("log", "--mode",
+                             help="log: offset ranges of pybroker's log read in parallel, "
+                                  "exactly once into files (needs --nsqd-http-address); "
+                                  "channel: consume a channel of any nsqd, FIN after "
+                                  "commit (at least once)"),
+    nsqd_http_address: str = typer.Option("", "--nsqd-http-address",
+                                          help="mode log: the broker's HTTP address"),
+    starting_offsets: str = typer.Option("earliest", "--starting-offsets",
+                                         help="mode log, first run only (then the "
+                                              "checkpoint's offsets): earliest, latest, "
+                                              "an offset, {\"ts\": UNIX_MS} or an ISO "
+                                              "8601 time"),
+    max_offsets_per_trigger: int = typer.Option(0, "--max-offsets-per-trigger",
+                                                help="mode log: messages per micro-batch "
+                                                     "at most (0: all available)"),
+    num_partitions: int = typer.Option(2, "--num-partitions",
+                                       help="Spark partitions (parallel reads) per "
+                                            "micro-batch"),
     nsqd_tcp_address: list[str] | None = typer.Option(None, "--nsqd-tcp-address",
                                                help="nsqd TCP address (repeatable)"),
     lookupd_http_address: list[str] | None = typer.Option(None, "--lookupd-http-address",
@@ -59,13 +78,13 @@ def archive(
                                     help="parse JSON bodies into columns with this DDL "
                                          "schema, e.g. 'user string, amount double'"),
     max_in_flight: int = typer.Option(2500, "--max-in-flight",
-                                      help="messages held un-FIN'd at most"),
+                                      help="mode channel: messages held un-FIN'd at most"),
     batch_size: int = typer.Option(0, "--batch-size",
-                                   help="messages per micro-batch at most (default and "
-                                        "maximum: half of --max-in-flight)"),
+                                   help="mode channel: messages per micro-batch at most "
+                                        "(default and maximum: half of --max-in-flight)"),
     drain_timeout: str = typer.Option("2s", "--drain-timeout",
-                                      help="--available-now: idle time that means the "
-                                           "channel is drained"),
+                                      help="mode channel, --available-now: idle time that "
+                                           "means the channel is drained"),
     conf: list[str] | None = typer.Option(None, "--conf", help="Spark setting KEY=VALUE "
                                                        "(repeatable)"),
 ) -> None:
@@ -87,7 +106,10 @@ def archive(
         )
     except MissingSpark as e:
         _fail(str(e), 1)
-    job = ArchiveJob(topic=topic, channel=channel, output=output,
+    job = ArchiveJob(topic=topic, channel=channel, output=output, mode=mode,
+                     nsqd_http=nsqd_http_address, starting_offsets=starting_offsets,
+                     max_offsets_per_trigger=max_offsets_per_trigger,
+                     num_partitions=num_partitions,
                      nsqd=list(nsqd_tcp_address or []),
                      lookupd=list(lookupd_http_address or []), format=fmt, trigger_s=trigger_s,
                      available_now=available_now, checkpoint=checkpoint,
@@ -122,7 +144,9 @@ def _run(spark: Any, job: Any) -> int:
     started = time.monotonic()
     try:
         query = start_archive(spark, job)
-        typer.echo(f"archiving {job.topic}/{job.channel} to {job.output} "
+        source = (f"{job.topic} (log of {job.nsqd_http})" if job.mode == "log"
+                  else f"{job.topic}/{job.channel}")
+        typer.echo(f"archiving {source} to {job.output} "
                    f"(checkpoint {job.checkpoint_dir})", err=True)
         while query.isActive and not stop.is_set():
             query.awaitTermination(0.5)

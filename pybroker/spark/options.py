@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from pybroker.client.config import parse_duration
 from pybroker.client.protocol import is_valid_channel_name, is_valid_topic_name
 
-#: The columns of the live topic and of the archive: one row per message.
-SCHEMA_DDL = "id string, body binary, timestamp timestamp, attempts int, topic string"
-COLUMNS = ("id", "body", "timestamp", "attempts", "topic")
+#: The columns of the live topic and of the archive: one row per message. ``offset`` is
+#: the record's offset in the topic's log (mode log); null from a channel or an archive.
+SCHEMA_DDL = ("id string, body binary, timestamp timestamp, attempts int, topic string, "
+              "offset bigint")
+COLUMNS = ("id", "body", "timestamp", "attempts", "topic", "offset")
 
 #: nsqd's default --max-rdy-count: a larger RDY is refused, so in-flight stops there.
 DEFAULT_MAX_IN_FLIGHT = 2500
@@ -180,4 +182,102 @@ class ArchiveOptions:
             datetime_format=_get(options, "datetime_format", "%Y-%m-%d_%H"),
             utc=_get(options, "utc", "false").lower() in ("1", "true", "yes"),
             batch_rows=_int(options, "batch_rows", 8192, minimum=1),
+        )
+
+
+MODES = ("log", "channel")
+#: bytes per range read (the broker caps a response at 4 MiB)
+DEFAULT_FETCH_BYTES = 4 * 1024 * 1024
+
+
+def source_mode(options: Mapping[str, str]) -> str:
+    """``log`` (the partitioned source, the default) or ``channel`` (FIN after commit)."""
+    mode = _get(options, "mode", "log").lower()
+    if mode not in MODES:
+        raise OptionError(f"option mode: {mode!r} is not one of {', '.join(MODES)}")
+    return mode
+
+
+def parse_starting_offsets(text: str) -> str | int | dict[str, int]:
+    """``earliest``, ``latest``, an offset (integer), ``{"ts": unix_ms}`` or an ISO 8601
+    time (UTC unless it has an offset) -> "earliest" | "latest" | int | {"ts": ms}."""
+    import json
+    from datetime import datetime, timezone
+
+    text = text.strip()
+    low = text.lower()
+    if low in ("", "earliest"):
+        return "earliest"
+    if low == "latest":
+        return "latest"
+    if text.isdigit():
+        return int(text)
+    if text.startswith("{"):
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            doc = None
+        if (isinstance(doc, dict) and set(doc) <= {"ts", "offset"} and len(doc) == 1
+                and isinstance(next(iter(doc.values())), int)
+                and next(iter(doc.values())) >= 0):
+            return {"ts": doc["ts"]} if "ts" in doc else int(doc["offset"])
+        raise OptionError(f"option startingOffsets: {text!r}: want {{\"ts\": unix_ms}} "
+                          "or {\"offset\": n}")
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise OptionError(f"option startingOffsets: {text!r} is not earliest, latest, an "
+                          "offset, {\"ts\": unix_ms} or an ISO 8601 time") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return {"ts": int(when.timestamp() * 1000)}
+
+
+@dataclass(frozen=True)
+class LogSourceOptions:
+    """The partitioned source (mode ``log``): offset ranges read from pybroker's HTTP API.
+
+    ``channel`` names the channel whose cursor follows what Spark committed, so that
+    retention can delete it; it must have no consumers of its own.
+    """
+
+    topic: str
+    nsqd_http: str
+    channel: str = "spark"
+    starting_offsets: str | int | dict[str, int] = "earliest"
+    max_offsets_per_trigger: int = 0        # 0: no limit
+    num_partitions: int = 2
+    fail_on_data_loss: bool = True
+    fetch_bytes: int = DEFAULT_FETCH_BYTES
+    timeout_s: float = 30.0
+    checkpoint: str = ""                # the query's checkpointLocation (local path)
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> LogSourceOptions:
+        """Raises OptionError for a missing or malformed option."""
+        topic = _topic(options)
+        http = _addresses(options, "nsqd_http")
+        if not http:
+            raise OptionError("option nsqd_http (host:port of pybroker's HTTP API) is "
+                              "required by mode log; for a plain nsqd use mode channel")
+        if len(http) > 1:
+            raise OptionError("option nsqd_http: mode log reads one broker's log; give "
+                              "one host:port (run one query per broker)")
+        channel = _get(options, "channel", "spark")
+        if not is_valid_channel_name(channel):
+            raise OptionError(f"option channel: invalid channel name {channel!r}")
+        parts = _int(options, "numPartitions", 0, minimum=1) if _get(
+            options, "numPartitions") else _int(options, "num_partitions", 2, minimum=1)
+        fail = _get(options, "failOnDataLoss", "true").lower()
+        if fail not in ("true", "false", "1", "0", "yes", "no"):
+            raise OptionError(f"option failOnDataLoss: {fail!r} is not true or false")
+        return cls(
+            topic=topic, nsqd_http=http[0], channel=channel,
+            starting_offsets=parse_starting_offsets(_get(options, "startingOffsets")),
+            max_offsets_per_trigger=_int(options, "maxOffsetsPerTrigger", 0),
+            num_partitions=parts,
+            fail_on_data_loss=fail in ("true", "1", "yes"),
+            fetch_bytes=_int(options, "fetch_bytes", DEFAULT_FETCH_BYTES, minimum=1024),
+            timeout_s=_seconds(options, "timeout", 30.0) or 30.0,
+            checkpoint=_get(options, "checkpoint"),
         )

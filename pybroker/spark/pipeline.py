@@ -5,8 +5,9 @@ Streaming query on a SparkSession (``spark_session`` makes one, local unless a m
 URL is given). Rows keep the source's columns, gain ``date`` and ``hour`` (of the
 publish time, in the session time zone, UTC by default) as partition columns and,
 given a DDL schema, the fields parsed from JSON bodies. The checkpoint directory
-(``<output>/_checkpoint`` by default) makes restarts resume without loss; the source
-is told about it so that it can FIN what the commit log proves written.
+(``<output>/_checkpoint`` by default) makes restarts resume without loss: in mode log
+(offset ranges) with a file sink, exactly once; in mode channel the source is told about
+it so that it can FIN what the commit log proves written (at least once).
 """
 from __future__ import annotations
 
@@ -18,7 +19,12 @@ from typing import Any
 
 from pybroker.spark import register, require_pyspark
 from pybroker.spark.checkpoint import local_path
-from pybroker.spark.options import COLUMNS, DEFAULT_MAX_IN_FLIGHT
+from pybroker.spark.options import (
+    COLUMNS,
+    DEFAULT_MAX_IN_FLIGHT,
+    OptionError,
+    parse_starting_offsets,
+)
 
 FORMATS = ("parquet", "orc", "json")
 PARTITION_COLUMNS = ("date", "hour")
@@ -30,11 +36,20 @@ class JobError(ValueError):
 
 @dataclass
 class ArchiveJob:
-    """One archive run: a topic/channel into ``output`` (see the module docstring)."""
+    """One archive run: a topic into ``output`` (see the module docstring).
+
+    mode ``log`` (default) reads offset ranges from ``nsqd_http`` (pybroker) and keeps
+    ``channel``'s cursor at what is stored; mode ``channel`` consumes ``channel`` from
+    ``nsqd``/``lookupd`` (any nsqd) and FINs what is stored.
+    """
 
     topic: str
     channel: str
     output: str
+    mode: str = "log"
+    nsqd_http: str = ""
+    starting_offsets: str = "earliest"
+    max_offsets_per_trigger: int = 0
     nsqd: list[str] = field(default_factory=list)
     lookupd: list[str] = field(default_factory=list)
     format: str = "parquet"
@@ -54,7 +69,15 @@ class ArchiveJob:
         return self.checkpoint or os.path.join(self.output, "_checkpoint")
 
     def source_options(self) -> dict[str, str]:
-        opts = {"topic": self.topic, "channel": self.channel,
+        if self.mode == "log":
+            return {k: v for k, v in {
+                "mode": "log", "topic": self.topic, "channel": self.channel,
+                "nsqd_http": self.nsqd_http, "startingOffsets": self.starting_offsets,
+                "maxOffsetsPerTrigger": str(self.max_offsets_per_trigger or ""),
+                "numPartitions": str(self.num_partitions),
+                "checkpoint": self.checkpoint_dir
+                if local_path(self.checkpoint_dir) is not None else ""}.items() if v}
+        opts = {"mode": "channel", "topic": self.topic, "channel": self.channel,
                 "nsqd": ",".join(self.nsqd), "lookupd": ",".join(self.lookupd),
                 "max_in_flight": str(self.max_in_flight),
                 "num_partitions": str(self.num_partitions),
@@ -70,8 +93,20 @@ class ArchiveJob:
     def validate(self) -> None:
         if self.format not in FORMATS:
             raise JobError(f"--format must be one of {', '.join(FORMATS)}")
-        if not self.nsqd and not self.lookupd:
+        if self.mode not in ("log", "channel"):
+            raise JobError("--mode must be log or channel")
+        if self.mode == "log" and not self.nsqd_http:
+            raise JobError("mode log reads pybroker's log over HTTP: give "
+                           "--nsqd-http-address (for a plain nsqd: --mode channel with "
+                           "--nsqd-tcp-address or --lookupd-http-address)")
+        if self.mode == "channel" and not self.nsqd and not self.lookupd:
             raise JobError("give --nsqd-tcp-address or --lookupd-http-address")
+        if self.mode == "log":
+            try:
+                parse_starting_offsets(self.starting_offsets)
+            except OptionError as e:
+                raise JobError(str(e).replace("option startingOffsets",
+                                              "--starting-offsets")) from None
         if self.trigger_s <= 0 and not self.available_now:
             raise JobError("--trigger must be a positive duration")
 

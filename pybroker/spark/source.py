@@ -1,14 +1,16 @@
 """The ``pybroker`` PySpark data source: live topics, archives, and publishing.
 
 =========================================  ==========================================
-``spark.readStream.format("pybroker")``    a topic/channel, at least once (stream_reader)
+``spark.readStream.format("pybroker")``    a topic's log as offset ranges (log_source), or
+                                           with mode channel a channel, FIN after commit
+                                           (stream_reader)
 ``spark.read.format("pybroker").load(p)``  files written by ``pybroker to-file``
 ``df.write.format("pybroker")``            MPUB each partition from the executors
 ``df.writeStream.format("pybroker")``      the same, per micro-batch
 =========================================  ==========================================
 
 The live topic and the archive share one schema (options.SCHEMA_DDL); archive rows have
-no id or attempts. Spark pickles these classes by reference, so executors need
+no id, attempts or offset, channel rows no offset. Spark pickles these classes by reference, so executors need
 pybroker installed (``pip install 'pybroker[spark]'``).
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceReader,
     DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
     InputPartition,
     WriterCommitMessage,
 )
@@ -33,9 +36,12 @@ from pybroker.spark.archive_files import ArchiveFile, find_archives, read_bodies
 from pybroker.spark.options import (
     SCHEMA_DDL,
     ArchiveOptions,
+    LogSourceOptions,
     SinkOptions,
     SourceOptions,
+    source_mode,
 )
+from pybroker.spark.log_source import LogStreamReader
 from pybroker.spark.publisher import pick_address, publish
 from pybroker.spark.stream_reader import ARROW_SCHEMA, PyBrokerStreamReader
 
@@ -52,8 +58,10 @@ class PyBrokerDataSource(DataSource):
     def schema(self) -> str:
         return SCHEMA_DDL
 
-    def streamReader(self, schema: StructType) -> PyBrokerStreamReader:
-        return PyBrokerStreamReader(SourceOptions.parse(self.options))
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if source_mode(self.options) == "channel":
+            return PyBrokerStreamReader(SourceOptions.parse(self.options))
+        return LogStreamReader(LogSourceOptions.parse(self.options))
 
     def reader(self, schema: StructType) -> ArchiveReader:
         return ArchiveReader(ArchiveOptions.parse(self.options))
@@ -108,6 +116,7 @@ def _archive_batch(bodies: list[bytes], f: ArchiveFile) -> pa.RecordBatch:
         pa.nulls(n, pa.string()), pa.array(bodies, pa.binary()),
         pa.array([f.timestamp_us] * n, pa.timestamp("us", tz="UTC")),
         pa.nulls(n, pa.int32()), pa.array([f.topic] * n, pa.string()),
+        pa.nulls(n, pa.int64()),
     ], schema=ARROW_SCHEMA)
 
 

@@ -36,7 +36,7 @@ log = logging.getLogger("pybroker.spark")
 ARROW_SCHEMA = pa.schema([
     pa.field("id", pa.string()), pa.field("body", pa.binary()),
     pa.field("timestamp", pa.timestamp("us", tz="UTC")), pa.field("attempts", pa.int32()),
-    pa.field("topic", pa.string()),
+    pa.field("topic", pa.string()), pa.field("offset", pa.int64()),
 ])
 
 #: While messages keep arriving, wait up to this long to fill a batch.
@@ -64,6 +64,7 @@ def record_batch(part: MessagePartition) -> pa.RecordBatch:
         pa.array([t // 1000 for t in part.timestamps_ns], pa.timestamp("us", tz="UTC")),
         pa.array(part.attempts, pa.int32()),
         pa.array([part.topic] * n, pa.string()),
+        pa.nulls(n, pa.int64()),
     ], schema=ARROW_SCHEMA)
 
 

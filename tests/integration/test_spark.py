@@ -91,7 +91,7 @@ def consume(b: BrokerProcess, topic: str, want: int, timeout_s: float = 60) -> l
 def job(b: BrokerProcess, topic: str, out: Path, **kw: Any) -> ArchiveJob:
     kw.setdefault("max_in_flight", 10000)
     return ArchiveJob(topic=topic, channel="archive", output=str(out / "lake"),
-                      nsqd=[b.tcp_hostport], **kw)
+                      mode="channel", nsqd=[b.tcp_hostport], **kw)
 
 
 def test_stream_20000_messages_into_parquet(spark: Any, big_broker: BrokerProcess,
@@ -110,13 +110,14 @@ def test_stream_20000_messages_into_parquet(spark: Any, big_broker: BrokerProces
     assert query.exception() is None
     record_property("stream_msgs_per_s", round(N / took))
     lake = spark.read.parquet(str(tmp_path / "lake"))
-    assert set(lake.columns) == {"id", "body", "timestamp", "attempts", "topic", "date",
-                                 "hour"}
-    rows = lake.select("body", "topic", "attempts", "id").collect()
+    assert set(lake.columns) == {"id", "body", "timestamp", "attempts", "topic", "offset",
+                                 "date", "hour"}
+    rows = lake.select("body", "topic", "attempts", "id", "offset").collect()
     assert len(rows) == N
     assert sorted(bytes(r.body) for r in rows) == sent
     assert {r.topic for r in rows} == {topic} and {r.attempts for r in rows} == {1}
     assert len({r.id for r in rows}) == N
+    assert {r.offset for r in rows} == {None}        # a channel has no offsets
     parts = sorted(p.name for p in (tmp_path / "lake").iterdir() if p.name.startswith("date="))
     assert parts and set(parts) <= days, parts
     # every message was FIN'd, the last batch too (through the checkpoint's commit log)
@@ -252,7 +253,8 @@ def test_stream_sink_copies_a_topic(spark: Any, big_broker: BrokerProcess,
     publish(big_broker, src, sent)
     with FakeLookupd() as lookupd:
         lookupd.add_producer(src, big_broker)
-        df = (spark.readStream.format("pybroker").option("lookupd", lookupd.http_hostport)
+        df = (spark.readStream.format("pybroker").option("mode", "channel")
+              .option("lookupd", lookupd.http_hostport)
               .option("topic", src).option("channel", "copy").option("max_in_flight", "4000")
               .option("checkpoint", str(tmp_path / "ck")).load())
         query = (df.select("body").writeStream.format("pybroker")
@@ -274,7 +276,8 @@ def test_archive_reader_reads_to_file_output(spark: Any, broker: BrokerProcess,
     publish(broker, topic, sent[2000:])
     write_archive(broker, topic, tmp_path, 4000)       # a plain file beside the gzip one
     df = spark.read.format("pybroker").option("topic", topic).load(str(tmp_path))
-    live = (spark.readStream.format("pybroker").option("nsqd", broker.tcp_hostport)
+    live = (spark.readStream.format("pybroker").option("mode", "channel")
+            .option("nsqd", broker.tcp_hostport)
             .option("topic", topic).option("channel", "schema").load())
     assert df.schema == live.schema                   # the archive and the live topic
     rows = df.collect()
@@ -295,7 +298,7 @@ def test_archive_command(spark: Any, big_broker: BrokerProcess, tmp_path: Path) 
     publish(big_broker, topic, sent)
     out = tmp_path / "lake"
     result = CliRunner().invoke(make_app(), [
-        "archive", f"--topic={topic}", "--channel=cli", f"--output={out}",
+        "archive", f"--topic={topic}", "--channel=cli", f"--output={out}", "--mode=channel",
         f"--nsqd-tcp-address={big_broker.tcp_hostport}", "--available-now",
         "--max-in-flight=4000", "--json-schema=user string, amount int"])
     assert result.exit_code == 0, result.output
@@ -315,7 +318,14 @@ def test_archive_command_usage_errors(tmp_path: Path) -> None:
     run = [sys.executable, "-m", "pybroker.spark.cli", "archive", "--topic=t",
            f"--output={tmp_path}"]
     proc = subprocess.run(run, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and "--nsqd-http-address" in proc.stderr
+    proc = subprocess.run([*run, "--mode=channel"], capture_output=True, text=True,
+                          timeout=60, check=False)
     assert proc.returncode == 2 and "--nsqd-tcp-address" in proc.stderr
+    proc = subprocess.run([*run, "--nsqd-http-address=127.0.0.1:1",
+                           "--starting-offsets=yesterday"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 2 and "--starting-offsets" in proc.stderr
     proc = subprocess.run([*run, "--nsqd-tcp-address=127.0.0.1:1", "--format=csv"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2 and "--format" in proc.stderr
