@@ -123,7 +123,9 @@ def main() -> None:
     ap.add_argument("--json", default="")
     args = ap.parse_args()
 
-    broker = BrokerProcess("pybroker", ["--max-rdy-count=10000"]).start()
+    # retention keeps the topic after each run's channel has consumed it, for the next run
+    broker = BrokerProcess("pybroker", ["--max-rdy-count=10000",
+                                        "--retention-time=24h"]).start()
     spark = spark_session(args.master, "pybroker-bench", {
         "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"})
     spark.sparkContext.setLogLevel("ERROR")

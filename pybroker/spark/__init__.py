@@ -2,14 +2,17 @@
 
     from pybroker.spark import register
     register(spark)                                   # adds format("pybroker")
-    df = (spark.readStream.format("pybroker")
-          .option("nsqd", "127.0.0.1:4150").option("topic", "events")
-          .option("channel", "archive").load())      # id, body, timestamp, attempts, topic
+    df = (spark.readStream.format("pybroker")       # offset ranges of the topic's log
+          .option("nsqd_http", "127.0.0.1:4151").option("topic", "events")
+          .load())              # id, body, timestamp, attempts, topic, offset
+    nsq = (spark.readStream.format("pybroker").option("mode", "channel")  # any nsqd
+           .option("nsqd", "127.0.0.1:4150").option("topic", "events")
+           .option("channel", "archive").load())
     df.write.format("pybroker").option("nsqd", "127.0.0.1:4150") \\
         .option("topic", "copy").save()              # MPUB from the executors
 
 Importing this package does not import pyspark; ``register`` and the modules that
-define Spark classes (source, stream_reader) do. ``pybroker spark archive`` is the
+define Spark classes (source, log_source, stream_reader) do. ``pybroker spark archive`` is the
 topic-to-Parquet pipeline (cli.py, pipeline.py).
 """
 from __future__ import annotations

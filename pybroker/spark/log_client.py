@@ -142,3 +142,11 @@ class LogClient:
             raise LogError(f"/channel/commit on {self.address}: {status} "
                            f"{self._message(body)}")
         return int(json.loads(body)["offset"])
+
+    def rewind(self, topic: str, channel: str, offset: int) -> None:
+        """Move channel's cursor back to offset (``POST /channel/rewind``)."""
+        status, _, body = self._request("POST", "/channel/rewind", {
+            "topic": topic, "channel": channel, "offset": offset})
+        if status != 200:
+            raise LogError(f"/channel/rewind on {self.address}: {status} "
+                           f"{self._message(body)}")

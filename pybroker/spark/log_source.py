@@ -163,9 +163,20 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return start
 
     def initialOffset(self) -> dict[str, Any]:
+        """Only for a query without a checkpoint: a new start. The channel is pinned
+        there (created, or moved back from an earlier query's commits) so that
+        retention keeps what this query is about to read."""
+        o = self.opts
         start = self._resolve_start()
-        self._commit(start)     # pin the channel there so retention keeps the range
-        return _offset(self.opts.topic, start)
+        self._committed = start
+        try:
+            client = self._broker()
+            if client.commit(o.topic, o.channel, start) > start:
+                client.rewind(o.topic, o.channel, start)
+        except LogError as e:
+            log.warning("could not pin channel %s/%s at %d: %s", o.topic, o.channel,
+                        start, e)
+        return _offset(o.topic, start)
 
     def getDefaultReadLimit(self) -> Any:
         from pyspark.sql.streaming.datasource import ReadAllAvailable

@@ -89,10 +89,11 @@ def test_archive_200000_exactly_once_through_three_kills(
     seed = rng.randrange(1 << 30)
     rng.seed(seed)
     env = dict(os.environ, PYTHONPATH=str(project_root()))
-    cmd = archive_cmd(broker, topic, out, "--trigger=1s", "--max-offsets-per-trigger=8000")
+    cmd = archive_cmd(broker, topic, out, "--trigger=1s")
+    capped = [*cmd, "--max-offsets-per-trigger=8000"]
     for round_ in range(3):
         # a new session each time: the kill takes the JVM (same process group) with it
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        proc = subprocess.Popen(capped, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 env=env, start_new_session=True, text=True)
         try:
             before = committed_batches(ck)
@@ -109,6 +110,7 @@ def test_archive_200000_exactly_once_through_three_kills(
             if proc.stderr:
                 proc.stderr.close()
     assert committed_batches(ck) < n // 8000, f"the kills came too late (seed {seed})"
+    # the batch planned at the last kill runs again as planned, then the rest in one
     done = subprocess.run([*cmd, "--available-now"], capture_output=True, text=True,
                           env=env, timeout=300, check=False, start_new_session=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -205,3 +207,35 @@ def test_bad_options_are_refused(broker: BrokerProcess) -> None:
     with pytest.raises(OptionError, match="mode"):
         source_mode({"mode": "kafka"})
     assert source_mode({}) == "log" and source_mode({"mode": "Channel"}) == "channel"
+
+
+def test_lost_offsets_fail_the_query_unless_told_to_go_on(
+        spark: Any, make_broker: Any, tmp_path: Path) -> None:
+    """Retention deleted part of the range the checkpoint says comes next (the source's
+    channel was deleted, the only other channel is past it all): the restarted query
+    fails naming the lost offsets; with failOnDataLoss=false it reads what is left."""
+    # small segments, deleted as soon as every channel is past them
+    b = make_broker("--max-bytes-per-file=4096", "--sync-timeout=100ms")
+    topic = unique_name("sl_lost")
+    for i in range(0, 300, 20):
+        publish(b, topic, [body(j) + b"y" * 100 for j in range(i, i + 20)])
+    ck = tmp_path / "lost"
+    first = _run_once(spark, b, topic, ck)
+    assert first.count() == 300
+    for i in range(300, 600, 20):
+        publish(b, topic, [body(j) + b"y" * 100 for j in range(i, i + 20)])
+    req = urllib.request.Request(
+        f"http://{b.http_hostport}/channel/delete?topic={topic}&channel=lost",
+        data=b"", method="POST")
+    urllib.request.urlopen(req, timeout=5).close()
+    from pybroker.spark.log_client import LogClient
+
+    with LogClient(b.http_hostport) as c:
+        c.commit(topic, "other", 600)       # a channel that has consumed everything
+        wait_until(lambda: c.offsets(topic).oldest > 300, 15, what="segments deleted")
+        oldest = c.offsets(topic).oldest
+    with pytest.raises(Exception, match=r"no longer in the log"):
+        _run_once(spark, b, topic, ck)
+    rest = _run_once(spark, b, topic, ck, failOnDataLoss="false")
+    got = sorted(r.offset for r in rest.select("offset").collect())
+    assert got == list(range(300)) + list(range(oldest, 600))
