@@ -208,7 +208,7 @@ def test_without_pyspark_the_cli_still_loads_and_says_what_to_install() -> None:
                             timeout=60, check=False, cwd=project_root())
     assert helped.returncode == 0 and "archive" in helped.stdout, helped.stderr
     ran = subprocess.run([*base, "spark", "archive", "--topic=t", "--output=/nonexistent",
-                          "--nsqd-tcp-address=127.0.0.1:1"], capture_output=True, text=True,
+                          "--nsqd-http-address=127.0.0.1:1"], capture_output=True, text=True,
                          timeout=60, check=False, cwd=project_root())
     assert ran.returncode == 1, ran.stderr
     assert "pip install 'pybroker[spark]'" in ran.stderr
