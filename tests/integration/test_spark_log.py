@@ -78,6 +78,7 @@ def archive_cmd(b: BrokerProcess, topic: str, out: Path, *extra: str) -> list[st
             "--conf=spark.sql.shuffle.partitions=2", *extra]
 
 
+@pytest.mark.timeout(600)   # four Spark start-ups: about 3 minutes, more on a busy machine
 def test_archive_200000_exactly_once_through_three_kills(
         spark: Any, broker: BrokerProcess, tmp_path: Path) -> None:
     topic = unique_name("sl_kill")
