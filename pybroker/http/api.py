@@ -13,7 +13,7 @@ import re
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pybroker import NSQ_COMPAT_VERSION, _native
 from pybroker.core import stats as core_stats
@@ -28,6 +28,13 @@ from pybroker.http.routes import Router
 from pybroker.protocol.names import is_valid_name
 from pybroker.storage import StorageError
 
+if TYPE_CHECKING:
+    from pybroker.core.channel import Channel
+    from pybroker.core.topic import Topic
+    from pybroker.http.server import HttpServer
+    from pybroker.server.services import HttpHost
+    from pybroker.server.storage import StorageManager
+
 log = logging.getLogger("pybroker")
 MS = 1_000_000
 OK = ok_text(b"OK")
@@ -35,14 +42,14 @@ _BOOL = {b"true": True, b"1": True, b"false": False, b"0": False}
 _INT = re.compile(rb"[+-]?[0-9]+\Z")
 
 
-def _channel_pause(ch: Any, paused: bool) -> None:
+def _channel_pause(ch: Channel, paused: bool) -> None:
     """On ch's owner loop: stop or resume delivery."""
     ch.paused = paused
     if not paused and not ch.deleted:
         ch.owner.mark_dirty(ch)
 
 
-def _sync_topic(storage: Any, t: Any) -> bool:
+def _sync_topic(storage: StorageManager, t: Topic) -> bool:
     """On the storage thread: fsync t's log; True if it worked (else /ping says why)."""
     try:
         t.log.sync()
@@ -52,7 +59,7 @@ def _sync_topic(storage: Any, t: Any) -> bool:
     return True
 
 
-def _channel_rewind(ch: Any, offset: int) -> bool:
+def _channel_rewind(ch: Channel, offset: int) -> bool:
     """On ch's owner loop: move its cursor back (False if the offset went meanwhile)."""
     if ch.deleted or offset < ch.topic.log.oldest:
         return False
@@ -61,7 +68,7 @@ def _channel_rewind(ch: Any, offset: int) -> bool:
     return True
 
 
-def _channel_empty(ch: Any) -> None:
+def _channel_empty(ch: Channel) -> None:
     """On ch's owner loop: drop queued, in-flight, deferred and on-disk messages."""
     ch.empty()
 
@@ -69,7 +76,7 @@ def _channel_empty(ch: Any) -> None:
 class Api:
     """The endpoints. Owned by the HttpServer; every method runs on the HTTP thread."""
 
-    def __init__(self, runtime: Any, server: Any) -> None:
+    def __init__(self, runtime: HttpHost, server: HttpServer) -> None:
         self.rt = runtime
         self.broker = runtime.broker
         self.opts = runtime.options
@@ -80,7 +87,7 @@ class Api:
     # -- health, info ---------------------------------------------------------------
     def health(self) -> str:
         """nsqd's GetHealth(): "OK" or "NOK - <why>"."""
-        why = getattr(self.rt, "health", None)
+        why = self.rt.health
         if why:
             return f"NOK - {why}"
         if self.broker.exiting:
@@ -108,7 +115,7 @@ class Api:
         })
 
     # -- publishing -----------------------------------------------------------------
-    def _topic_from_query(self, req: Request) -> tuple[dict[bytes, list[bytes]], Any]:
+    def _topic_from_query(self, req: Request) -> tuple[dict[bytes, list[bytes]], Topic]:
         """nsqd's getTopicFromQuery: parse, check, and get-or-create the topic."""
         q, ok = parse_query(req.query)
         if not ok:
@@ -123,7 +130,7 @@ class Api:
         except Exiting:
             raise _Answer(error(503, "EXITING")) from None
 
-    def _publish(self, topic: Any, bodies: list[bytes],
+    def _publish(self, topic: Topic, bodies: list[bytes],
                  defer_ns: int = 0) -> Response | Gather[Response]:
         if self.broker.exiting:
             return error(503, "EXITING")
@@ -220,7 +227,7 @@ class Api:
             raise _Answer(error(400, "INVALID_TOPIC"))
         return name.decode("utf-8", "replace")
 
-    def _existing_topic(self, name: str) -> Any:
+    def _existing_topic(self, name: str) -> Topic:
         try:
             return self.broker.find_topic(name)
         except TopicNotFound:
@@ -257,7 +264,7 @@ class Api:
         return self._topic_pause(req, False)
 
     # -- channels -------------------------------------------------------------------
-    def _topic_channel(self, req: Request) -> tuple[Any, str]:
+    def _topic_channel(self, req: Request) -> tuple[Topic, str]:
         """nsqd's getExistingTopicFromQuery (with GetTopicChannelArgs' error codes)."""
         q = self._params(req)
         topic = first(q, b"topic")
@@ -272,7 +279,7 @@ class Api:
             raise _Answer(error(400, "INVALID_ARG_CHANNEL"))
         return self._existing_topic(topic.decode()), channel.decode()
 
-    def _existing_channel(self, req: Request) -> Any:
+    def _existing_channel(self, req: Request) -> Channel:
         t, name = self._topic_channel(req)
         ch = t.find_channel(name)
         if ch is None:

@@ -10,15 +10,19 @@ The change is made on the channel's owner loop. See docs/dead-letters.md.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pybroker.protocol.deadletter import MAX_ATTEMPTS, check_dead_letter_topic
 from pybroker.http.gather import Gather
 from pybroker.http.request import Request, first
 from pybroker.http.response import Response, error, ok_json
 
+if TYPE_CHECKING:
+    from pybroker.core.channel import Channel
+    from pybroker.http.api import Api
 
-def settings_of(ch: Any) -> dict[str, Any]:
+
+def settings_of(ch: Channel) -> dict[str, Any]:
     """What GET answers (and POST, after the change)."""
     return {"topic": ch.topic_name, "channel": ch.name, "max_attempts": ch.max_attempts,
             "dead_letter_topic": ch.dead_letter_topic or "",
@@ -26,7 +30,7 @@ def settings_of(ch: Any) -> dict[str, Any]:
             "configured": dict(ch.dl_settings)}
 
 
-def _configure(ch: Any, settings: dict[str, Any]) -> dict[str, Any]:
+def _configure(ch: Channel, settings: dict[str, Any]) -> dict[str, Any]:
     """On ch's owner loop: take the new settings; requeued messages now out of
     attempts go at the next dispatch."""
     if not ch.deleted:
@@ -35,12 +39,12 @@ def _configure(ch: Any, settings: dict[str, Any]) -> dict[str, Any]:
     return settings_of(ch)
 
 
-def get_config(api: Any, req: Request) -> Response:
+def get_config(api: Api, req: Request) -> Response:
     ch = api._existing_channel(req)
     return ok_json(settings_of(ch))
 
 
-def post_config(api: Any, req: Request) -> Response | Gather[Response]:
+def post_config(api: Api, req: Request) -> Response | Gather[Response]:
     ch = api._existing_channel(req)
     q = api._params(req)
     raw_max, raw_topic = first(q, b"max_attempts"), first(q, b"dead_letter_topic")

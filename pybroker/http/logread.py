@@ -27,13 +27,18 @@ cursor move is a job on the channel's owner loop.
 from __future__ import annotations
 
 import bisect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pybroker.http.gather import Gather
 from pybroker.http.request import Request, first
 from pybroker.http.response import Response, error, ok_json
 from pybroker.protocol.names import is_valid_name
 from pybroker.storage.topiclog import REC_HEADER, OffsetOutOfRange
+
+if TYPE_CHECKING:
+    from pybroker.core.channel import Channel
+    from pybroker.core.topic import Topic
+    from pybroker.http.api import Api
 
 MS = 1_000_000
 MAX_READ_BYTES = 4 * 1024 * 1024
@@ -56,7 +61,7 @@ def _range_headers(oldest: int, end: int) -> tuple[bytes, ...]:
             b"X-Pybroker-End-Offset: %d\r\n" % end)
 
 
-def _topic(api: Any, q: dict[bytes, list[bytes]]) -> Any:
+def _topic(api: Api, q: dict[bytes, list[bytes]]) -> Topic | Response:
     name = first(q, b"topic")
     if name is None:
         return error(400, "MISSING_ARG_TOPIC")
@@ -65,7 +70,7 @@ def _topic(api: Any, q: dict[bytes, list[bytes]]) -> Any:
     return api._existing_topic(name.decode())
 
 
-def topic_offsets(api: Any, req: Request) -> Response:
+def topic_offsets(api: Api, req: Request) -> Response:
     q = api._params(req)
     t = _topic(api, q)
     if isinstance(t, Response):
@@ -91,7 +96,7 @@ def _records_end(buf: Any, pos: Any, k: int) -> int:
     return p + REC_HEADER + int.from_bytes(buf[p + 4:p + 8], "big")
 
 
-def topic_read(api: Any, req: Request) -> Response:
+def topic_read(api: Api, req: Request) -> Response:
     q = api._params(req)
     t = _topic(api, q)
     if isinstance(t, Response):
@@ -168,7 +173,7 @@ def topic_read(api: Any, req: Request) -> Response:
     return Response(200, body, OCTETS, nsq=False, headers=headers)
 
 
-def _channel_commit(ch: Any, offset: int, created: bool) -> int:
+def _channel_commit(ch: Channel, offset: int, created: bool) -> int:
     """On ch's owner loop: move the cursor forward to offset (a new channel: to it)."""
     if ch.deleted:
         return -1
@@ -180,7 +185,7 @@ def _channel_commit(ch: Any, offset: int, created: bool) -> int:
     return int(ch.cursor)
 
 
-def channel_commit(api: Any, req: Request) -> Response | Gather[Response]:
+def channel_commit(api: Api, req: Request) -> Response | Gather[Response]:
     q = api._params(req)
     t = _topic(api, q)
     if isinstance(t, Response):

@@ -54,13 +54,16 @@ class RegistrarHost(Protocol):
 
 
 class HttpHost(Protocol):
-    """What the HTTP thread uses beside the API's endpoints (http/server.py, collect.py,
-    options.py, statsd.py)."""
+    """What the HTTP thread uses (http/server.py, api.py, collect.py, options.py,
+    statsd.py)."""
 
     options: Options
     broker: Broker
+    storage: StorageManager
+    health: str | None
     loops: list[EventLoop]
     listener: Listener | None
     tls_context: ssl.SSLContext | None
 
     def request_stop(self) -> None: ...
+    def storage_failed(self, err: BaseException, topic: Topic | None = None) -> None: ...
