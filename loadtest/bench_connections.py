@@ -22,7 +22,6 @@ import resource
 import selectors
 import socket
 import statistics
-import struct
 import sys
 import time
 from pathlib import Path
@@ -30,15 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pybroker.bench.brokers import BrokerProcess, proc_status_kb  # noqa: E402
-
-
-def _split(addr: str) -> tuple[str, int]:
-    host, _, port = addr.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def _sized(b: bytes) -> bytes:
-    return struct.pack(">i", len(b)) + b
+from pybroker.bench.wire import identify_cmd, pub_cmd  # noqa: E402
+from pybroker.config import split_hostport as _split  # noqa: E402
 
 
 def main() -> int:
@@ -69,7 +61,7 @@ def main() -> int:
 
 def run(a: argparse.Namespace, addr: tuple[str, int], broker: BrokerProcess | None) -> int:
     sel = selectors.DefaultSelector()
-    identify = b"IDENTIFY\n" + _sized(b'{"client_id":"held","heartbeat_interval":60000}')
+    identify = identify_cmd(client_id="held", heartbeat_interval=60000)
     rss0 = proc_status_kb(broker.pid, "VmRSS") if broker and broker.pid else 0
     t0 = time.monotonic()
     socks = []
@@ -82,7 +74,7 @@ def run(a: argparse.Namespace, addr: tuple[str, int], broker: BrokerProcess | No
             topic, ch = f"held{i % 10}", f"c{(i // 10) % 10}"
             hello = b"  V2" + identify + f"SUB {topic} {ch}\nRDY 1\n".encode()
         else:
-            hello = b"  V2" + identify + b"PUB held_pub\n" + _sized(b"hello")
+            hello = b"  V2" + identify + pub_cmd("held_pub", b"hello")
         socks.append(s)
         sel.register(s, selectors.EVENT_WRITE, [hello, 0])
     answered = 0
@@ -113,12 +105,12 @@ def run(a: argparse.Namespace, addr: tuple[str, int], broker: BrokerProcess | No
     probe.sendall(b"  V2")
     feed = socket.create_connection(addr)
     feed.sendall(b"  V2")
-    pub = b"PUB held_probe\n" + _sized(b"p")
+    pub = pub_cmd("held_probe", b"p")
     rtts = []
     end = time.monotonic() + a.hold
     while time.monotonic() < end:
         for i in range(10):
-            feed.sendall(f"PUB held{i}\n".encode() + _sized(b"m"))
+            feed.sendall(pub_cmd(f"held{i}", b"m"))
         t = time.perf_counter()
         probe.sendall(pub)
         got = b""

@@ -35,15 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pybroker.bench.brokers import BrokerProcess
-
-
-def _split(addr: str) -> tuple[str, int]:
-    host, _, port = addr.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def _sized(b: bytes) -> bytes:
-    return struct.pack(">i", len(b)) + b
+from pybroker.bench.wire import mpub_cmd
+from pybroker.config import split_hostport as _split
 
 
 def publish(addr: str, topic: str, n: int) -> None:
@@ -52,8 +45,7 @@ def publish(addr: str, topic: str, n: int) -> None:
     batch = 1000
     for i in range(0, n, batch):
         bodies = [b"msg-%d" % k for k in range(i, min(n, i + batch))]
-        payload = struct.pack(">i", len(bodies)) + b"".join(_sized(b) for b in bodies)
-        s.sendall(f"MPUB {topic}\n".encode() + _sized(payload))
+        s.sendall(mpub_cmd(topic, bodies))
         got = b""
         while len(got) < 10:
             chunk = s.recv(10 - len(got))

@@ -34,31 +34,41 @@ def _batch_ids(directory: str) -> list[int]:
     return sorted(int(n) for n in names if n.isdigit())
 
 
-def committed_seq(location: str, run: str) -> int | None:
-    """The highest ``seq`` of run ``run`` in a batch the checkpoint shows committed.
-
-    Returns None if the checkpoint is remote, unreadable, or commits nothing of this run.
-    """
+def _committed_offsets(location: str) -> list[dict[str, object]]:
+    """The source offsets (JSON objects) of the newest batch the checkpoint shows
+    committed; [] if the checkpoint is remote, unreadable, or commits nothing."""
     root = local_path(location)
     if root is None:
-        return None
+        return []
     committed = _batch_ids(os.path.join(root, "commits"))
     if not committed:
-        return None
-    # Batches run one after another, and a run's batches follow the previous run's: if
-    # the newest committed batch is not this run's, nothing of this run is committed.
+        return []
     try:
         with open(os.path.join(root, "offsets", str(committed[-1])), encoding="utf-8") as f:
             lines = f.read().splitlines()
     except OSError:
-        return None
-    best: int | None = None
+        return []
+    out = []
     for line in lines[2:]:               # version, metadata, then one line per source
         try:
             offset = json.loads(line)
         except ValueError:
             continue
-        if isinstance(offset, dict) and offset.get("run") == run:
+        if isinstance(offset, dict):
+            out.append(offset)
+    return out
+
+
+def committed_seq(location: str, run: str) -> int | None:
+    """The highest ``seq`` of run ``run`` in a batch the checkpoint shows committed.
+
+    Returns None if the checkpoint is remote, unreadable, or commits nothing of this run.
+    Batches run one after another, and a run's batches follow the previous run's: if the
+    newest committed batch is not this run's, nothing of this run is committed.
+    """
+    best: int | None = None
+    for offset in _committed_offsets(location):
+        if offset.get("run") == run:
             seq = offset.get("seq")
             if isinstance(seq, int) and (best is None or seq > best):
                 best = seq
@@ -68,23 +78,8 @@ def committed_seq(location: str, run: str) -> int | None:
 def committed_offset(location: str, topic: str) -> int | None:
     """The end offset of ``topic`` (the partitioned source's ``{"topic", "offset"}``) in
     the newest batch the checkpoint shows committed; None if unknown."""
-    root = local_path(location)
-    if root is None:
-        return None
-    committed = _batch_ids(os.path.join(root, "commits"))
-    if not committed:
-        return None
-    try:
-        with open(os.path.join(root, "offsets", str(committed[-1])), encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines[2:]:
-        try:
-            offset = json.loads(line)
-        except ValueError:
-            continue
-        if (isinstance(offset, dict) and offset.get("topic") == topic
-                and isinstance(offset.get("offset"), int) and "run" not in offset):
-            return int(offset["offset"])
+    for offset in _committed_offsets(location):
+        value = offset.get("offset")
+        if offset.get("topic") == topic and isinstance(value, int) and "run" not in offset:
+            return value
     return None

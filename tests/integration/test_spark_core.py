@@ -23,7 +23,7 @@ import pytest
 from pybroker.client import Consumer, Producer
 from pybroker.client.errors import ProtocolError
 from pybroker.spark.archive_files import find_archives, parse_name, read_bodies
-from pybroker.spark.checkpoint import committed_seq
+from pybroker.spark.checkpoint import committed_offset, committed_seq
 from pybroker.spark.options import OptionError, SinkOptions, SourceOptions
 from pybroker.spark.subscription import Subscription
 from tests.support.broker import BrokerProcess, project_root, unique_name, wait_until
@@ -328,3 +328,21 @@ def test_archive_reader_skips_an_unsynced_tail(tmp_path: Path) -> None:
     assert {f.topic for f in find_archives([str(tmp_path)])} == {"t"}
     with pytest.raises(FileNotFoundError):
         find_archives([os.path.join(str(tmp_path), "missing")])
+
+
+def test_checkpoint_commit_log_gives_the_log_sources_committed_end(tmp_path: Path) -> None:
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "commits").mkdir()
+    meta = '{"batchWatermarkMs":0,"batchTimestampMs":1}'
+    for batch, end in [(0, 1000), (1, 2500)]:
+        lines = [json.dumps({"topic": "other", "offset": 7}), "not json",
+                 json.dumps({"topic": "t", "offset": end})]
+        (tmp_path / "offsets" / str(batch)).write_text(f"v1\n{meta}\n" + "\n".join(lines))
+    assert committed_offset(str(tmp_path), "t") is None       # nothing committed yet
+    (tmp_path / "commits" / "0").write_text("v1\n{}\n")
+    assert committed_offset(str(tmp_path), "t") == 1000
+    (tmp_path / "commits" / "1").write_text("v1\n{}\n")
+    assert committed_offset(f"file://{tmp_path}", "t") == 2500
+    assert committed_offset(str(tmp_path), "other") == 7
+    assert committed_offset(str(tmp_path), "missing") is None
+    assert committed_offset("hdfs://nn/ck", "t") is None
