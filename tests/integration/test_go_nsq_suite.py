@@ -1,0 +1,86 @@
+"""go-nsq's own test suite against pybroker, as go-nsq's test.sh runs it against nsqd.
+
+go-nsq's tests expect a broker on the default ports (TCP 4150, HTTP 4151) started with the
+certificates in its ``test/`` directory, and nsqlookupd on 4160/4161. So the run happens in
+a private network namespace (``unshare -n``): fixed ports there collide with nothing. The
+namespace holds nsqlookupd, a pybroker started from this checkout and the test binary; all
+three are started and stopped by PID inside it.
+
+Needs the compiled test binary (``go test -c`` in go-nsq, as ``go-nsq.test`` on PATH or
+``$GO_NSQ_TEST``), its source directory for the certificates (``$GO_NSQ_DIR``),
+``nsqlookupd`` on PATH and permission to create a network namespace; skipped otherwise.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.broker import project_root
+
+pytestmark = pytest.mark.timeout(200)
+
+_RUN = r"""
+set -u
+ip link set lo up
+cd "$GO_NSQ_DIR"
+"$NSQLOOKUPD" >"$WORK/lookupd.log" 2>&1 &
+LOOKUPD=$!
+"$PYTHON" -m pybroker serve --data-path="$WORK/data" --tcp-address=127.0.0.1:4150 \
+    --http-address=127.0.0.1:4151 --lookupd-tcp-address=127.0.0.1:4160 \
+    --tls-cert=test/server.pem --tls-key=test/server.key --tls-root-ca-file=test/ca.pem \
+    >"$WORK/pybroker.log" 2>&1 &
+BROKER=$!
+for _ in $(seq 100); do
+    "$PYTHON" -c "import socket; socket.create_connection(('127.0.0.1', 4151), 1).close()" \
+        2>/dev/null && break
+    sleep 0.1
+done
+GOMAXPROCS=2 "$GO_NSQ_TEST" -test.v -test.timeout 150s >"$WORK/go-nsq.log" 2>&1
+STATUS=$?
+kill "$BROKER" "$LOOKUPD"
+wait "$BROKER" "$LOOKUPD"
+exit $STATUS
+"""
+
+
+def _requirements() -> tuple[str, Path, str]:
+    test_bin = os.environ.get("GO_NSQ_TEST") or shutil.which("go-nsq.test")
+    if not test_bin:
+        pytest.skip("go-nsq's test binary not found (go-nsq.test on PATH or $GO_NSQ_TEST)")
+    source = Path(os.environ.get("GO_NSQ_DIR", ""))
+    if not os.environ.get("GO_NSQ_DIR") or not (source / "test" / "ca.pem").is_file():
+        pytest.skip("go-nsq's source directory (its test/ certificates) not given: "
+                    "set $GO_NSQ_DIR")
+    lookupd = os.environ.get("NSQLOOKUPD") or shutil.which("nsqlookupd")
+    if not lookupd:
+        pytest.skip("nsqlookupd not found on PATH")
+    if not shutil.which("unshare") or not shutil.which("ip") or subprocess.run(
+            ["unshare", "-n", "true"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("cannot create a private network namespace (unshare -n)")
+    return test_bin, source, lookupd
+
+
+def test_go_nsq_suite_passes_against_pybroker(tmp_path: Path) -> None:
+    test_bin, source, lookupd = _requirements()
+    env = dict(os.environ, GO_NSQ_TEST=test_bin, GO_NSQ_DIR=str(source), NSQLOOKUPD=lookupd,
+               PYTHON=sys.executable, WORK=str(tmp_path),
+               PYTHONPATH=str(project_root()))
+    run = subprocess.run(["unshare", "-n", "bash", "-c", _RUN], env=env, timeout=190,
+                         capture_output=True, text=True, check=False)
+    out = (tmp_path / "go-nsq.log").read_text(errors="replace")
+    broker_log = (tmp_path / "pybroker.log").read_text(errors="replace")
+    passed = re.findall(r"^--- PASS: (\w+)", out, re.M)
+    failed = re.findall(r"^--- FAIL: (\w+)", out, re.M)
+    assert run.returncode == 0 and not failed, (failed, out[-4000:], run.stderr[-2000:],
+                                                broker_log[-2000:])
+    # the TLS, snappy, deflate and client-certificate consumers are among them
+    for name in ("TestConsumer", "TestConsumerTLS", "TestConsumerSnappy",
+                 "TestConsumerDeflate", "TestConsumerTLSClientCert", "TestProducerPublish"):
+        assert name in passed, (name, passed)
+    assert "Traceback" not in broker_log
