@@ -61,20 +61,22 @@ def _range_headers(oldest: int, end: int) -> tuple[bytes, ...]:
             b"X-Pybroker-End-Offset: %d\r\n" % end)
 
 
-def _topic(api: Api, q: dict[bytes, list[bytes]]) -> Topic | Response:
+def _topic(api: Api, req: Request) -> tuple[dict[bytes, list[bytes]], Topic] | Response:
+    """The request's arguments and its existing topic, or the error that answers it."""
+    q = api._params(req)
     name = first(q, b"topic")
     if name is None:
         return error(400, "MISSING_ARG_TOPIC")
     if not is_valid_name(name):
         return error(400, "INVALID_ARG_TOPIC")
-    return api._existing_topic(name.decode())
+    return q, api._existing_topic(name.decode())
 
 
 def topic_offsets(api: Api, req: Request) -> Response:
-    q = api._params(req)
-    t = _topic(api, q)
-    if isinstance(t, Response):
-        return t
+    found = _topic(api, req)
+    if isinstance(found, Response):
+        return found
+    q, t = found
     try:
         ts = _uint(q, b"ts", None)
     except ValueError:
@@ -97,10 +99,10 @@ def _records_end(buf: Any, pos: Any, k: int) -> int:
 
 
 def topic_read(api: Api, req: Request) -> Response:
-    q = api._params(req)
-    t = _topic(api, q)
-    if isinstance(t, Response):
-        return t
+    found = _topic(api, req)
+    if isinstance(found, Response):
+        return found
+    q, t = found
     try:
         offset = _uint(q, b"offset", None)
     except ValueError:
@@ -186,10 +188,10 @@ def _channel_commit(ch: Channel, offset: int, created: bool) -> int:
 
 
 def channel_commit(api: Api, req: Request) -> Response | Gather[Response]:
-    q = api._params(req)
-    t = _topic(api, q)
-    if isinstance(t, Response):
-        return t
+    found = _topic(api, req)
+    if isinstance(found, Response):
+        return found
+    q, t = found
     name = first(q, b"channel")
     if name is None:
         return error(400, "MISSING_ARG_CHANNEL")
