@@ -46,7 +46,8 @@ def test_an_answer_over_the_program_budget_is_refused() -> None:
 
 
 def test_checks_are_cached_per_grant() -> None:
-    state = parse_state(_state({"topic": "^pub_", "channels": ["^ok"],
+    # as nsqd: a publish checks the channel patterns against "" too
+    state = parse_state(_state({"topic": "^pub_", "channels": ["^ok", "^$"],
                                 "permissions": ["publish", "subscribe"]}))
     assert state.is_allowed("pub_x", "") and not state.is_allowed("sub_x", "")
     assert state.is_allowed("pub_x", "ok1") and not state.is_allowed("pub_x", "no")
