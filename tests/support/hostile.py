@@ -58,7 +58,8 @@ def open_fds(pid: int) -> int:
 class Probe:
     """PUB + wait-for-OK round trips on one plain connection until stopped."""
 
-    def __init__(self, address: tuple[str, int], topic: str, pause_s: float = 0.002) -> None:
+    def __init__(self, address: tuple[str, int], topic: str, pause_s: float = 0.002,
+                 auth_secret: str | None = None) -> None:
         self.address = address
         self.topic = topic
         self.pause_s = pause_s
@@ -68,6 +69,10 @@ class Probe:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._client = WireClient.connect(address)
+        if auth_secret is not None:
+            self._client.identify(feature_negotiation=True)
+            self._client.send(wire.command("AUTH", body=auth_secret.encode()))
+            self._client.expect_response(None)
         self._client.pub(topic, b"warm-up")  # the topic exists before measuring
 
     def start(self) -> "Probe":
@@ -114,9 +119,10 @@ class Probe:
 
 
 @contextmanager
-def probing(address: tuple[str, int], topic: str) -> Iterator[Probe]:
+def probing(address: tuple[str, int], topic: str,
+            auth_secret: str | None = None) -> Iterator[Probe]:
     """A running Probe for the duration of the block (stopped and joined after it)."""
-    p = Probe(address, topic).start()
+    p = Probe(address, topic, auth_secret=auth_secret).start()
     try:
         yield p
     finally:
@@ -313,3 +319,94 @@ def stalled_tls_handshakes(address: tuple[str, int], n: int) -> list[socket.sock
         assert ftype == wire.FRAME_RESPONSE and json.loads(data)["tls_v1"], data
         s.sendall(hello[:len(hello) // 2])
     return socks
+
+
+# -- a scripted auth server ------------------------------------------------------------------
+def _grant(topic: str) -> dict[str, Any]:
+    return {"ttl": 3600, "identity": "hostile", "authorizations": [
+        {"topic": topic, "channels": [".*"], "permissions": ["publish", "subscribe"]}]}
+
+
+class AuthServer:
+    """nsqd's auth protocol on loopback, answering by secret:
+
+    fast / slow (after ``slow_s``): a grant for any topic; trickle: headers, then one
+    body byte a second; backtrack: topic pattern ``^([a-z0-9]+_?)*$``; t3z: ``^t3\\z``;
+    huge: a 2 MiB answer. Requests are handled on threads, one each."""
+
+    def __init__(self, slow_s: float = 1.5) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        import urllib.parse
+
+        self.slow_s = slow_s
+        self.slow_seen = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                q = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
+                secret = q.get("secret", "")
+                if secret == "slow":
+                    with owner._lock:
+                        owner.slow_seen += 1
+                    owner._stop.wait(owner.slow_s)
+                body = {"fast": _grant(".*"), "slow": _grant(".*"), "trickle": _grant(".*"),
+                        "backtrack": _grant("^([a-z0-9]+_?)*$"), "t3z": _grant(r"^t3\z"),
+                        "huge": dict(_grant(".*"), pad="x" * (2 << 20))}.get(secret)
+                if body is None:
+                    self.send_response(403)
+                    self.end_headers()
+                    return
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if secret == "trickle":
+                    for i in range(len(data)):
+                        if owner._stop.wait(1.0):
+                            return
+                        try:
+                            self.wfile.write(data[i:i + 1])
+                            self.wfile.flush()
+                        except OSError:
+                            return
+                    return
+                try:
+                    self.wfile.write(data)
+                except OSError:
+                    pass
+
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 256
+            daemon_threads = True
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="auth-server",
+                                        daemon=True)
+
+    def start(self) -> "AuthServer":
+        self._thread.start()
+        return self
+
+    def wait_slow(self, n: int, timeout_s: float) -> bool:
+        """Until n slow queries are being held (True), or the time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self.slow_seen >= n:
+                    self.slow_seen -= n
+                    return True
+            time.sleep(0.01)
+        return False
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
