@@ -184,10 +184,12 @@ class Listener:
 
 
 def _refuse(sock: socket.socket, payload: bytes) -> None:
-    """One error frame (a new socket's buffer takes it), then close."""
+    """One error frame (a new socket's buffer takes it), then close; what the client
+    already sent (its magic) is read first, so the close is not a reset that loses it."""
     try:
         sock.setblocking(False)
         sock.send(encode_error(payload))
+        sock.recv(4096)
     except OSError:
         pass
     sock.close()
