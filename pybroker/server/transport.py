@@ -71,6 +71,7 @@ class Transport:
         self._plain_pos = 0
         self.slot: Any = None    # the loop's handshake slot it holds (server.upgrade)  # the loop's slot this handshake holds
         self.tls_queued = False  # TLS was negotiated; waiting for a handshake slot
+        self.handshake_deadline_ns = 0
         self.tls_stats: dict[str, Any] = {}
         self.common_name = ""
 

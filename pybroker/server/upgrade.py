@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -55,10 +56,11 @@ def release_slot(c: "ClientConn") -> None:
     if slots is None:
         return
     slots.running -= 1
+    now = time.monotonic_ns()
     while slots.waiting and slots.running < MAX_HANDSHAKES:
         nc, begin = slots.waiting.popleft()
-        if nc.closed:
-            continue
+        if nc.closed or now >= nc.transport.handshake_deadline_ns:
+            continue  # gone, or about to fail at its deadline (this very turn)
         slots.running += 1
         nc.transport.slot = slots
         nc.transport.tls_queued = False
@@ -118,6 +120,7 @@ def upgrade(c: "ClientConn", ctx: ssl.SSLContext | None, snappy: bool, deflate_l
                                                "i/o timeout"))
 
     timer = c.loop.call_later(HANDSHAKE_TIMEOUT_NS, stalled)
+    t.handshake_deadline_ns = time.monotonic_ns() + HANDSHAKE_TIMEOUT_NS
     slots = _slots_of(c.loop)
     if slots.running < MAX_HANDSHAKES:
         slots.running += 1

@@ -22,7 +22,7 @@ import snappy
 from tests.support import wire
 from tests.support.broker import BrokerProcess, unique_name
 from tests.support.hostile import (SNAPPY_STREAM_ID, CompressedConn, deflate_bomb, probing,
-                                   rss_kb, snappy_attack, snappy_chunk)
+                                   rss_kb, snappy_attack)
 
 MEDIAN_MS = 50.0
 WORST_MS = 300.0
