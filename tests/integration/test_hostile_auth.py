@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.support import wire
-from tests.support.broker import BrokerProcess, unique_name
+from tests.support.broker import BrokerProcess, unique_name, wait_until
 from tests.support.hostile import AuthServer, probing
 from tests.support.wire import WireClient
 
@@ -127,7 +127,7 @@ def test_an_oversized_answer_is_refused(make_broker: Callable[..., BrokerProcess
         c.expect_error(b"E_AUTH_FAILED", timeout=10)
     finally:
         c.close()
-    assert "response larger than" in b.stderr_text()
+    wait_until(lambda: "response larger than" in b.stderr_text(), what="the log line")
 
 
 def test_auth_answers_keep_flowing_while_a_server_hangs(

@@ -20,7 +20,7 @@ import pytest
 import snappy
 
 from tests.support import wire
-from tests.support.broker import BrokerProcess, unique_name
+from tests.support.broker import BrokerProcess, unique_name, wait_until
 from tests.support.hostile import (SNAPPY_STREAM_ID, CompressedConn, deflate_bomb, probing,
                                    rss_kb, snappy_attack)
 
@@ -52,7 +52,8 @@ def _assert_refused(b: BrokerProcess, closed: bool, frames: list[tuple[int, byte
         # nsqd closes without a frame and logs "failed to read command - <reason>"
         assert frames and frames[-1] == (
             wire.FRAME_ERROR, f"E_INVALID failed to read command - {reason}".encode()), frames
-        assert f"failed to read command - {reason}" in b.stderr_text()
+        line = f"failed to read command - {reason}"
+        wait_until(lambda: line in b.stderr_text(), what="the log line")
 
 
 def test_deflate_bomb(target: BrokerProcess) -> None:

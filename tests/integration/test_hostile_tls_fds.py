@@ -122,7 +122,8 @@ def test_stalled_handshakes_have_a_deadline_and_a_cap(tls_target: BrokerProcess)
     assert held <= 500 * 1024 // 10  # far below 1 MB each: a tenth of that
     assert not p.errors and p.percentile_ms(0.5) <= MEDIAN_MS, p.summary()
     if tls_target.kind == "pybroker":
-        assert tls_target.stderr_text().count("E_IDENTIFY_FAILED IDENTIFY failed read tcp") == 500
+        wait_until(lambda: tls_target.stderr_text().count(
+            "E_IDENTIFY_FAILED IDENTIFY failed read tcp") == 500, what="500 log lines")
 
 
 def test_a_waiting_handshake_still_completes(make_broker: Callable[..., BrokerProcess],
@@ -197,7 +198,8 @@ def test_descriptor_reserve_keeps_ping_and_clients_working() -> None:
         assert _get(b, "/ping") == (200, b"OK")
         status, body = _get(b, "/metrics")
         assert f'nsq_refused_connections_total{{listener="tcp"}} {refused}'.encode() in body
-        assert b.stderr_text().count("TCP: refusing new connections") == 1
+        wait_until(lambda: "TCP: refusing new connections" in b.stderr_text())
+        assert b.stderr_text().count("TCP: refusing new connections") == 1  # logged once
         for s in socks:
             s.close()
         socks.clear()
@@ -229,7 +231,8 @@ def test_max_connections(make_broker: Callable[..., BrokerProcess]) -> None:
         extra.close()
         stats = json.loads(_get(b, "/stats?format=json")[1])
         assert stats["refused_connections"] == {"tcp": 1, "http": 0}
-        assert "TCP: refusing new connections: max_connections (5) reached" in b.stderr_text()
+        wait_until(lambda: "TCP: refusing new connections: max_connections (5) reached"
+                   in b.stderr_text(), what="the log line")
     finally:
         for c in clients:
             c.close()
