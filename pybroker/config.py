@@ -189,6 +189,10 @@ SPECS: tuple[OptionSpec, ...] = (
                "event loop threads serving clients; channels are hash-partitioned across "
                "them (0: one per CPU). Under the GIL one loop is fastest and keeps publishers "
                "and consumers in balance", 0, 256),
+    OptionSpec("max_connections", "int", 0,
+               "most TCP clients at once; more are answered E_INVALID and closed (redis's "
+               "maxclients; 0: no limit). A reserve of file descriptors is always kept",
+               0, 2**31 - 1),
 )
 
 SPEC_BY_KEY = {s.key: s for s in SPECS}

@@ -14,6 +14,13 @@ through ``on_error`` and never the loop); fire due timers; run queued calls; the
 subclass's ``end_of_turn()``. ``stop()`` (any thread) ends the loop after the current
 turn; ``on_exit()`` runs on the loop's thread after the last turn.
 
+Input the selector cannot see: an object that stopped reading with bytes already in
+hand (its per-turn budget ran out: a decompressed stream, TLS records in a BIO, the
+rest of a large read) asks ``read_again(obj)``; its ``on_readable()`` then runs once in
+the next turn, after the selector's events, as if its socket were readable (and the
+turn does not sleep in ``select``). Owner thread only; ``forget_again(obj)`` drops the
+request (an object handed to another loop).
+
 Used by the broker's event loops (pybroker.server.loop), the HTTP server
 (pybroker.http.server) and the client library's IOLoop (pybroker.client.loop). Imports
 only the standard library: any layer may use it.
@@ -163,6 +170,7 @@ class SelectorLoop:
         self.selector = selectors.DefaultSelector()
         self._calls = CallQueue(self.selector)
         self.timers: Timers = timers if timers is not None else HeapTimers()
+        self._again: dict[Any, None] = {}  # objects to read next turn (read_again)
         self._running = False
         self.thread: threading.Thread | None = None
         self.stopped = threading.Event()
@@ -192,6 +200,13 @@ class SelectorLoop:
         if handle is not None:
             self.timers.remove(handle)
 
+    def read_again(self, obj: Pollable) -> None:
+        """Call obj.on_readable() next turn even if its socket is not readable."""
+        self._again[obj] = None
+
+    def forget_again(self, obj: Pollable) -> None:
+        self._again.pop(obj, None)
+
     def _stop(self) -> None:
         self._running = False
 
@@ -210,7 +225,10 @@ class SelectorLoop:
             self.stopped.set()
 
     def run_once(self) -> None:
-        if self._calls or self.busy():
+        again = self._again
+        if again:
+            self._again = {}
+        if self._calls or again or self.busy():
             timeout: float | None = 0
         else:
             nxt = self.timers.next_deadline()
@@ -222,9 +240,16 @@ class SelectorLoop:
                 continue
             try:
                 if mask & selectors.EVENT_READ:
+                    if again:
+                        again.pop(obj, None)  # one read per turn
                     obj.on_readable()
                 if mask & selectors.EVENT_WRITE:
                     obj.on_writable()
+            except Exception:
+                self.on_error(obj)
+        for obj in again:
+            try:
+                obj.on_readable()
             except Exception:
                 self.on_error(obj)
         due = self.timers.pop_expired(monotonic_ns())

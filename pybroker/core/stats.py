@@ -246,8 +246,11 @@ def topic_stats(t: Any, channels: list[dict[str, Any]],
 
 def document(version: str, health: str, start_time: int, topics: list[dict[str, Any]] | None,
              memory: dict[str, Any] | None,
-             producers: list[dict[str, Any]] | None, codec: str = "") -> dict[str, Any]:
-    """The /stats?format=json body; ``memory`` is left out when None (omitempty)."""
+             producers: list[dict[str, Any]] | None, codec: str = "",
+             refused: dict[str, int] | None = None) -> dict[str, Any]:
+    """The /stats?format=json body; ``memory`` is left out when None (omitempty).
+    ``codec`` and ``refused`` (connections refused by the descriptor reserve or
+    max_connections, per listener) are pybroker additions."""
     doc: dict[str, Any] = {"version": version, "health": health, "start_time": start_time,
                            "topics": topics}
     if memory is not None:
@@ -255,4 +258,6 @@ def document(version: str, health: str, start_time: int, topics: list[dict[str, 
     doc["producers"] = producers
     if codec:
         doc["codec"] = codec
+    if refused is not None:
+        doc["refused_connections"] = refused
     return doc

@@ -368,7 +368,8 @@ class Api:
 
     def stats_document(self, c: Collected, memory: dict[str, Any] | None) -> dict[str, Any]:
         return core_stats.document(NSQ_COMPAT_VERSION, self.health(), self.broker.start_time,
-                                   c.topics, memory, c.producers, _native.BACKEND)
+                                   c.topics, memory, c.producers, _native.BACKEND,
+                                   self.server.figures()["refused"])
 
     def metrics(self, req: Request) -> Gather[Response]:
         def answer(c: Collected) -> Response:

@@ -112,6 +112,9 @@ def render(stats: Collected, health: str, start_time: int, http: dict[str, Any])
              [((), len(stats.producers or ()))])
     o.family("nsq_http_connections", "gauge", "Open HTTP connections.",
              [((), http["connections"])])
+    o.family("nsq_refused_connections_total", "counter",
+             "Connections refused by the descriptor reserve or max_connections, by listener.",
+             [((("listener", k),), n) for k, n in sorted(http.get("refused", {}).items())])
     o.family("nsq_http_requests_total", "counter", "HTTP requests answered, by status code.",
              [((("code", str(code)),), n) for code, n in sorted(http["requests"].items())])
     proc = process_figures()

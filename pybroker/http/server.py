@@ -37,6 +37,7 @@ from pybroker.http.process import GcPauses
 from pybroker.http.request import Request
 from pybroker.http.response import DateCache, Response, error
 from pybroker.http.statstext import go_duration
+from pybroker.server.listener import HTTP_RESERVE, Admission
 from pybroker.server.services import HttpHost
 from pybroker.server.tls import TlsSocket
 
@@ -48,6 +49,8 @@ monotonic_ns = time.monotonic_ns
 SWEEP_S = 0.1
 CONN_SWEEP_EVERY = 5  # connection deadlines are checked every 5th sweep
 MAX_CONNECTIONS = 10_000
+_UNAVAILABLE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+                b"Content-Length: 20\r\nConnection: close\r\n\r\nTOO_MANY_CONNECTIONS")
 # matches nsqd: /pub and /mpub are not logged (hot paths); other requests are
 _QUIET = frozenset({"/pub", "/mpub", "/metrics"})
 
@@ -133,6 +136,9 @@ class HttpServer(SelectorLoop):
         self._accept_paused = False
         self._accept_failures = 0
         self._accept_logged = 0.0
+        # the descriptor reserve (smaller than TCP's, so /ping answers when TCP refuses)
+        # and MAX_CONNECTIONS; see pybroker.server.listener.Admission
+        self.admission = Admission("HTTP", HTTP_RESERVE, MAX_CONNECTIONS)
         self.statsd: StatsdPusher | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -239,8 +245,12 @@ class HttpServer(SelectorLoop):
                     self._accept_paused = True
                     self.selector.unregister(self.sock)
                 return
-            if len(self.conns) >= MAX_CONNECTIONS:
-                log.warning("HTTP: too many connections (%d); refusing %s", len(self.conns), addr)
+            if self.admission.check(sock, len(self.conns)) is not None:
+                try:  # a new socket's buffer takes this at once
+                    sock.setblocking(False)
+                    sock.send(_UNAVAILABLE)
+                except OSError:
+                    pass
                 sock.close()
                 continue
             sock.setblocking(False)
@@ -331,7 +341,10 @@ class HttpServer(SelectorLoop):
                      remote, go_duration(monotonic_ns() - r.begin_ns))
 
     def figures(self) -> dict[str, Any]:
-        return {"connections": len(self.conns), "requests": dict(self.requests)}
+        listener = self.runtime.listener
+        return {"connections": len(self.conns), "requests": dict(self.requests),
+                "refused": {"tcp": listener.refused if listener is not None else 0,
+                            "http": self.admission.refused}}
 
     def submit(self, conn: HttpConn, req: Request, gather: Gather[Response]) -> None:
         """Post gather's jobs to their loops; conn.complete() runs when all answered."""

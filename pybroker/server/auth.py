@@ -1,36 +1,34 @@
 """AUTH against ``auth_http_addresses``, as nsqd's internal/auth and protocol_v2 do it.
 
-The HTTP request never runs on an event loop: ``AuthClient`` owns a small pool of
-``auth-N`` threads; each answer is posted back to the client's loop with
-``call_soon_threadsafe``. While a query is out, that client reads no further commands
-(``Session.upgrading``); other clients go on. A command that found its grant expired waits
-for the re-query and then runs again. Texts and codes are nsqd's.
+The HTTP request never runs on an event loop: ``AuthClient`` (server.authhttp) runs
+every request on its own ``auth`` selector loop, each with one deadline, and posts the
+answer back to the client's loop with ``call_soon_threadsafe``. While a query is out,
+that client reads no further commands (``Session.upgrading``); other clients go on, and
+so do other clients' queries, however slow one server is. A command that found its
+grant expired waits for the re-query and then runs again. Patterns are RE2 (Go's
+regexp syntax, linear time: server.grants); each topic/channel pair is matched once
+per grant. Texts and codes are nsqd's.
 """
 from __future__ import annotations
 
-import http.client
 import json
 import logging
-import random
-import re
-import ssl
 import time
-import urllib.parse
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from pybroker.errors import ClientError
 from pybroker.protocol.encoder import encode_error, encode_response
+from pybroker.server.authhttp import AuthClient
+from pybroker.server.grants import Pattern, check_budget, compile_grant
 
 if TYPE_CHECKING:
-    from pybroker.config import Options
-    from pybroker.server.loop import EventLoop
     from pybroker.protocol.decoder import Command
     from pybroker.server.connection import ClientConn
 
+__all__ = ["AuthClient", "AuthState", "Authorization", "check", "parse_state", "start_auth"]
 log = logging.getLogger("pybroker")
-WORKERS = 32  # queries in flight at once; each waits at most connect + request timeout
+CHECK_CACHE = 4096  # topic/channel pairs whose answer a grant keeps
 
 
 class AuthFailed(ClientError):
@@ -47,8 +45,8 @@ class Unauthorized(ClientError):
 
 @dataclass
 class Authorization:
-    topic: re.Pattern[str]
-    channels: list[re.Pattern[str]]
+    topic: Pattern
+    channels: list[Pattern]
     permissions: list[str]
 
     def allows(self, topic: str, channel: str) -> bool:
@@ -68,9 +66,17 @@ class AuthState:
     identity_url: str = ""
     authorizations: list[Authorization] = field(default_factory=list)
     expires: float = 0.0  # time.monotonic()
+    checked: dict[tuple[str, str], bool] = field(default_factory=dict)
 
     def is_allowed(self, topic: str, channel: str) -> bool:
-        return any(a.allows(topic, channel) for a in self.authorizations)
+        key = (topic, channel)
+        ok = self.checked.get(key)
+        if ok is None:
+            ok = any(a.allows(topic, channel) for a in self.authorizations)
+            if len(self.checked) >= CHECK_CACHE:
+                self.checked.clear()
+            self.checked[key] = ok
+        return ok
 
     def is_expired(self) -> bool:
         return self.expires < time.monotonic()
@@ -85,104 +91,24 @@ def parse_state(body: bytes) -> AuthState:
     if not isinstance(ttl, int) or isinstance(ttl, bool):
         raise ValueError("json: cannot unmarshal ttl into an int")
     auths = []
+    patterns: list[Pattern] = []
     for a in data.get("authorizations") or []:
+        if not isinstance(a, dict):
+            raise ValueError("json: cannot unmarshal into auth.Authorization")
         perms = list(a.get("permissions") or [])
         for p in perms:
             if p not in ("subscribe", "publish"):
                 raise ValueError(f"unknown permission {p}")
-        topic = str(a.get("topic") or "")
-        try:
-            topic_re = re.compile(topic)
-        except re.error as e:
-            raise ValueError(f"unable to compile topic {json.dumps(topic)} {e}") from None
-        channels = []
-        for ch in a.get("channels") or []:
-            try:
-                channels.append(re.compile(str(ch)))
-            except re.error as e:
-                raise ValueError(f"unable to compile channel {json.dumps(ch)} {e}") from None
+        topic_re = compile_grant("topic", str(a.get("topic") or ""))
+        channels = [compile_grant("channel", str(ch)) for ch in a.get("channels") or []]
+        patterns.append(topic_re)
+        patterns.extend(channels)
+        check_budget(patterns)
         auths.append(Authorization(topic_re, channels, perms))
     if ttl <= 0:
         raise ValueError(f"invalid TTL {ttl} (must be >0)")
     return AuthState(ttl, str(data.get("identity") or ""), str(data.get("identity_url") or ""),
                      auths, time.monotonic() + ttl)
-
-
-class AuthClient:
-    """Queries the auth servers from its own threads; results go back to the asking loop."""
-
-    def __init__(self, options: Options) -> None:
-        self.addresses: list[str] = list(options.auth_http_addresses)
-        self.method = str(options.auth_http_request_method)
-        self.connect_timeout_s = options.http_client_connect_timeout / 1e9
-        self.request_timeout_s = options.http_client_request_timeout / 1e9
-        ctx = ssl.create_default_context()
-        if options.tls_root_ca_file:
-            ctx.load_verify_locations(cafile=options.tls_root_ca_file)
-        self.ssl_context = ctx
-        self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="auth")
-
-    def stop(self, timeout_s: float) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
-
-    def query(self, loop: EventLoop, remote_ip: str, tls: bool, common_name: str, secret: str,
-              done: Callable[[AuthState | None, str], None]) -> None:
-        """Ask in the pool; ``done(state, error)`` then runs on ``loop``."""
-        def work() -> None:
-            try:
-                state, err = self.query_any(remote_ip, tls, common_name, secret), ""
-            except Exception as e:  # every failure is "AUTH failed" to the client
-                state, err = None, str(e)
-            loop.call_soon_threadsafe(done, state, err)
-
-        self.pool.submit(work)
-
-    def query_any(self, remote_ip: str, tls: bool, common_name: str, secret: str) -> AuthState:
-        """nsqd's QueryAnyAuthd: each server once, from a random start. Raises ValueError."""
-        errors: list[str] = []
-        n = len(self.addresses)
-        start = random.randrange(n)
-        for i in range(n):
-            addr = self.addresses[(start + i) % n]
-            try:
-                return self._query(addr, remote_ip, tls, common_name, secret)
-            except (OSError, ValueError, http.client.HTTPException) as e:
-                errors.append(f"failed to auth against {addr} - {e}")
-        raise ValueError("; ".join(errors))
-
-    def _query(self, addr: str, remote_ip: str, tls: bool, common_name: str,
-               secret: str) -> AuthState:
-        params = urllib.parse.urlencode(sorted({
-            "remote_ip": remote_ip, "tls": "true" if tls else "false", "secret": secret,
-            "common_name": common_name}.items()))
-        url = addr if "://" in addr else f"http://{addr}/auth"
-        parts = urllib.parse.urlsplit(url)
-        path = parts.path or "/"
-        body = None
-        headers = {"Accept": "application/vnd.nsq; version=1.0"}
-        if self.method == "post":
-            body = params.encode()
-            headers["Content-Type"] = "application/x-www-form-urlencoded"
-        else:
-            path += "?" + (parts.query + "&" if parts.query else "") + params
-        conn: http.client.HTTPConnection
-        if parts.scheme == "https":
-            conn = http.client.HTTPSConnection(parts.netloc, timeout=self.connect_timeout_s,
-                                               context=self.ssl_context)
-        else:
-            conn = http.client.HTTPConnection(parts.netloc, timeout=self.connect_timeout_s)
-        try:
-            conn.connect()
-            assert conn.sock is not None
-            conn.sock.settimeout(self.request_timeout_s)
-            conn.request(self.method.upper(), path, body=body, headers=headers)
-            resp = conn.getresponse()
-            data = resp.read()
-        finally:
-            conn.close()
-        if resp.status != 200:
-            raise ValueError(f"got response {resp.status} {resp.reason} {data!r}")
-        return parse_state(data)
 
 
 # -- the protocol side (runs on the client's loop) --------------------------------------

@@ -24,7 +24,8 @@ from pybroker.protocol.encoder import HEARTBEAT_FRAME, OK_FRAME, encode_error
 from pybroker.protocol.session import Session
 from pybroker.protocol.wire import MAGIC_V2, ClientState
 from pybroker.server import handlers
-from pybroker.server.transport import Transport, TransportError, handshake_failed
+from pybroker.server.transport import CorruptInput, Transport, TransportError
+from pybroker.server.upgrade import handshake_failed, release_slot
 
 if TYPE_CHECKING:
     from pybroker.server.auth import AuthState
@@ -32,7 +33,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
-RECV_SIZE = 256 * 1024
+# one connection's reading per loop turn: pieces of input (transport.PIECE) are decoded
+# and run until this much time has gone, then the rest waits for the next turn
+# (EventLoop.read_again), so one flooding client delays the others by about this much
+TURN_BUDGET_NS = 2_000_000
 # a consumer whose socket is this far behind gets no more messages until it catches up
 HIGH_WATER = 4 * 1024 * 1024
 # a client whose unread replies pass this is not read until they drain below OUT_LOW
@@ -90,6 +94,7 @@ class ClientConn:
         self.pending_bytes = 0
         self.writing = False
         self.reading = True       # False while its unread replies are over OUT_CAP
+        self.input_held = False   # not read at all until release_input (a TLS slot)
         self._log_window_ns = 0
         self._log_count = 0
         self._log_dropped = 0
@@ -151,38 +156,64 @@ class ClientConn:
 
     # -- reading ------------------------------------------------------------------------
     def on_readable(self) -> None:
-        if not self.reading:
+        """Read and run pieces of input until none is left in hand or this turn's budget
+        (TURN_BUDGET_NS) is spent; then the rest waits for the next turn."""
+        if not self.reading or self.closed or self.moving:
             return
-        try:
-            data = self.transport.recv()
-        except (BlockingIOError, InterruptedError):
-            return
-        except TransportError as e:
-            if self.transport.handshaking:
-                handshake_failed(self, e)
-            else:
-                self.close(f"read error: {e}")
-            return
-        except OSError as e:
-            self.close(f"read error: {e.strerror}")
-            return
-        if data is None:  # a partial TLS record or compressed chunk, or the handshake
-            self.last_read_ns = monotonic_ns()
-            if self.transport.waiting:
-                self.loop.to_flush[self] = None
-            return
-        if not data:
-            self._at_eof()
-            return
-        self.last_read_ns = monotonic_ns()
-        if self.closing_after_flush:
-            return
-        if not self.has_magic:
-            data = self._read_magic(data)
-            if not data:
+        t = self.transport
+        deadline = monotonic_ns() + TURN_BUDGET_NS
+        while True:
+            try:
+                data = t.recv()
+            except (BlockingIOError, InterruptedError):
                 return
-        self.decoder.receive(data)
-        self.process()
+            except CorruptInput as e:
+                self._stream_failed(e)
+                return
+            except TransportError as e:
+                if t.handshaking:
+                    handshake_failed(self, e)
+                else:
+                    self.close(f"read error: {e}")
+                return
+            except OSError as e:
+                self.close(f"read error: {e.strerror}")
+                return
+            if data is None:  # a partial TLS record or compressed chunk, or the handshake
+                self.last_read_ns = monotonic_ns()
+                if t.waiting:
+                    self.loop.to_flush[self] = None
+                return
+            if not data:
+                self._at_eof()
+                return
+            now = self.last_read_ns = monotonic_ns()
+            if self.closing_after_flush:
+                return
+            if not self.has_magic:
+                data = self._read_magic(data)
+            if data:
+                self.decoder.receive(data)
+                self._run()
+            if not t.backlog or not self._may_read():
+                return
+            if now >= deadline:
+                self.loop.read_again(self)
+                return
+
+    def _may_read(self) -> bool:
+        """Commands may run and more input may be decoded now (the decoder is drained)."""
+        return (self.reading and not self.moving and not self.closed
+                and not self.closing_after_flush and not self.awaiting_commit
+                and self.out_bytes < OUT_CAP and not self.session.upgrading)
+
+    def _stream_failed(self, e: OSError) -> None:
+        """A corrupt compressed stream: nsqd closes the connection and logs "failed to
+        read command - <Go's error>"; the client also gets that as an E_INVALID frame."""
+        payload = f"E_INVALID failed to read command - {e}".encode()
+        log.error("[%s] - %s", self, payload.decode("utf-8", "replace"))
+        self.send_frame(encode_error(payload))
+        self.close_after_flush()
 
     def on_writable(self) -> None:
         if not self.closed:
@@ -221,6 +252,13 @@ class ClientConn:
         return rest
 
     def process(self) -> None:
+        """Run every parsed command; then, if input is in hand (a backlog the selector
+        cannot see), read it next turn."""
+        self._run()
+        if self.transport.backlog and self._may_read():
+            self.loop.read_again(self)
+
+    def _run(self) -> None:
         """Run every parsed command; stop at a fatal error or when moving loops."""
         try:
             while (not self.moving and not self.closed and not self.closing_after_flush
@@ -327,7 +365,7 @@ class ClientConn:
                 return
             if rest:
                 self.out_bytes = rest
-                if not self.reading and self.out_bytes < OUT_LOW:
+                if not self.reading and self.out_bytes < OUT_LOW and not self.input_held:
                     self._resume_reading()
                 if not self.writing:
                     self.writing = True
@@ -337,7 +375,7 @@ class ClientConn:
             self.out_bytes = 0
             if was_full and self.channel is not None:
                 self.loop.mark_dirty(self.channel)
-        if not self.reading and self.out_bytes < OUT_LOW:
+        if not self.reading and self.out_bytes < OUT_LOW and not self.input_held:
             self._resume_reading()
         if self.writing:
             self.writing = False
@@ -351,6 +389,17 @@ class ClientConn:
         self.reading = False
         self.loop.set_reading(self, False)
         self.loop.to_flush[self] = None
+
+    def hold_input(self) -> None:
+        """Read nothing from the socket until release_input (bytes stay in the kernel)."""
+        self.input_held = True
+        self.reading = False
+        self.loop.set_reading(self, False)
+
+    def release_input(self) -> None:
+        self.input_held = False
+        if self.out_bytes < OUT_CAP:
+            self._resume_reading()
 
     def _resume_reading(self) -> None:
         self.reading = True
@@ -380,6 +429,8 @@ class ClientConn:
                 pass
         self.closed = True
         log.info("PROTOCOL(V2): [%s] exiting ioloop (%s)", self, reason)
+        if self.transport.slot is not None:
+            release_slot(self)
         self.loop.cancel(self.hb_timer)
         self.loop.cancel(self.flush_timer)
         self.hb_timer = self.flush_timer = None
@@ -408,6 +459,7 @@ class ClientConn:
             self.finish_subscribe(ch)
             return
         self.moving = True
+        self.loop.forget_again(self)  # input in hand is read by the new owner
         self.loop.hand_over(self, target, ch)
 
     def finish_subscribe(self, ch: Channel) -> None:

@@ -34,7 +34,7 @@ from pybroker.protocol.names import is_valid_name
 from pybroker.protocol.wire import MSG_ID_LENGTH
 from pybroker.server.loop import SLICE
 from pybroker.server import auth as authd
-from pybroker.server import transport
+from pybroker.server import upgrade
 
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
@@ -192,7 +192,7 @@ def identify(c: "ClientConn", cmd: Command) -> None:
     }
     c.send_frame(encode_response(json.dumps(resp, separators=(",", ":")).encode()))
     if tls_ctx is not None or snappy or deflate:
-        transport.upgrade(c, tls_ctx, snappy, deflate_level if deflate else 0)
+        upgrade.upgrade(c, tls_ctx, snappy, deflate_level if deflate else 0)
 
 
 def auth(c: "ClientConn", cmd: Command) -> None:

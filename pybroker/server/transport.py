@@ -6,7 +6,8 @@ socket. Layers stack as nsqd's negotiation does (client_v2.go UpgradeTLS, Upgrad
 UpgradeDeflate): TLS wraps the socket (``ssl.SSLObject`` over two MemoryBIOs, so the
 handshake is driven by the loop and never blocks), then snappy framing or raw deflate
 wraps TLS. Compression runs once per ``send`` (one flushed buffer, nsqd's per-write
-flush), never per message. Imports no protocol code beyond the OK frame.
+flush), never per message. Imports no protocol code but the codecs. The switch itself
+(IDENTIFY's upgrades, the handshake's deadline and slots) is server.upgrade.
 
 Theory of operation
 -------------------
@@ -15,28 +16,36 @@ socket, and written from there; so frames queued before a switch keep the layers
 were queued under (the IDENTIFY answer goes out in plaintext, nsqd's order). Input is
 decrypted, then decompressed. During the handshake ``recv`` returns None; when it
 completes, ``_on_ready`` queues the ``OK`` frames of the upgrade.
+
+Input budget: bytes in, bounded bytes out. One socket read takes at most ``RECV_SIZE``
+bytes, and TLS decrypts at most ``RECV_SIZE`` of plaintext per read (records beyond wait
+in the BIO). ``recv`` hands out at most ``PIECE`` bytes of plaintext at a time;
+what is left of a read (plaintext, compressed input, TLS records) is the ``backlog``,
+and the socket is not read again until the backlog is gone. So a connection holds at
+most one read plus the codec's bound (protocol.compression) beyond what its command
+decoder holds, and its reader (ClientConn.on_readable) decides how many pieces one loop
+turn takes: a deflate bomb inflates ``PIECE`` bytes at a time, only as fast as the
+connection's commands run, and not at all while its reading is paused.
 """
 from __future__ import annotations
 
-import logging
 import socket
 import ssl
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from pybroker.protocol.compression import CorruptStream, Deflate, Snappy
-from pybroker.protocol.encoder import OK_FRAME, encode_error
 from pybroker.server import tls as tlsinfo
 
-if TYPE_CHECKING:
-    from pybroker.server.connection import ClientConn
-
-log = logging.getLogger("pybroker")
-RECV_SIZE = 256 * 1024
-HANDSHAKE_TIMEOUT_NS = 5_000_000_000  # matches nsqd's 5 s deadline in UpgradeTLS
+RECV_SIZE = 256 * 1024   # bytes of one socket read (and of plaintext per TLS read)
+PIECE = 8 * 1024         # plaintext handed to the command decoder at a time
 
 
 class TransportError(OSError):
     """The pipe broke in a layer (bad TLS record, corrupt compressed stream)."""
+
+
+class CorruptInput(TransportError):
+    """The client's compressed stream is corrupt (its output direction still works)."""
 
 
 class Transport:
@@ -44,7 +53,7 @@ class Transport:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self._raw = b""
+        self._raw = bytearray()
         self.waiting = 0
         self.tls = False
         self.snappy = False
@@ -57,6 +66,12 @@ class Transport:
         self._codec: Snappy | Deflate | None = None
         self._on_ready: Callable[[], None] | None = None
         self._eof = False
+        self._tls_more = False   # the last TLS read filled RECV_SIZE: records may wait
+        self._plain = b""        # plaintext read but not handed out, from _plain_pos
+        self._plain_pos = 0
+        self.slot: Any = None    # the loop's handshake slot it holds (server.upgrade)  # the loop's slot this handshake holds
+        self.tls_queued = False  # TLS was negotiated; waiting for a handshake slot
+        self.handshake_deadline_ns = 0
         self.tls_stats: dict[str, Any] = {}
         self.common_name = ""
 
@@ -64,37 +79,93 @@ class Transport:
     def layered(self) -> bool:
         return self._ssl is not None or self.snappy or self.deflate
 
+    @property
+    def backlog(self) -> bool:
+        """Input already read that ``recv`` has not handed out yet: more plaintext is
+        there without reading the socket (the selector cannot see it)."""
+        return (self._plain_pos < len(self._plain) or self._tls_more
+                or (self._codec is not None and self._codec.backlog))
+
+    def buffered(self) -> int:
+        """Bytes of input held here (plaintext, compressed, decoded)."""
+        n = len(self._plain) - self._plain_pos
+        if self._codec is not None:
+            n += self._codec.buffered()
+        return n
+
     # -- reading ------------------------------------------------------------------------
     def recv(self) -> bytes | None:
-        """Plaintext that arrived: b"" at EOF, None when nothing is complete yet.
+        """At most PIECE bytes of plaintext: b"" at EOF, None when nothing is complete.
 
-        Raises BlockingIOError (no bytes at all), OSError (the socket or a layer broke).
+        Reads the socket only when the backlog is empty. Raises BlockingIOError (no
+        bytes at all), OSError (the socket or a layer broke).
         """
-        data = self.sock.recv(RECV_SIZE)
-        if self._ssl is None:
-            if not data or not (self.snappy or self.deflate):
-                return data
-            return self._decompress(data)
-        assert self._bio_in is not None
+        if self._plain_pos < len(self._plain):
+            return self._take_plain()
+        codec = self._codec
+        if codec is not None and codec.backlog:
+            return self._inflate(codec)
+        data = self._read_lower()
         if not data:
-            self._bio_in.write_eof()
+            return data
+        codec = self._codec  # a handshake that just finished may have switched it on
+        if codec is not None:
+            codec.feed(data)
+            return self._inflate(codec)
+        if len(data) <= PIECE:
+            return data
+        self._plain, self._plain_pos = data, 0
+        return self._take_plain()
+
+    def _take_plain(self) -> bytes:
+        pos = self._plain_pos
+        end = pos + PIECE
+        piece = self._plain[pos:end]
+        if end >= len(self._plain):
+            self._plain, self._plain_pos = b"", 0
         else:
-            self._bio_in.write(data)
-        if self.handshaking:
-            if not self._handshake():
-                return None
-        plain = self._decrypt()
+            self._plain_pos = end
+        return piece
+
+    def _inflate(self, codec: Snappy | Deflate) -> bytes | None:
+        try:
+            out = codec.read(PIECE)
+        except CorruptStream as e:
+            raise CorruptInput(str(e)) from None
+        if out:
+            return out
+        return b"" if isinstance(codec, Deflate) and codec.eof else None
+
+    def _read_lower(self) -> bytes | None:
+        """Bytes from the socket, through TLS when it is on (b"" at EOF, None: a partial
+        record or the handshake)."""
+        if self._ssl is None:
+            return self.sock.recv(RECV_SIZE)
+        assert self._bio_in is not None
+        data = None
+        if not self._tls_more:
+            data = self.sock.recv(RECV_SIZE)
+            if not data:
+                self._bio_in.write_eof()
+            else:
+                self._bio_in.write(data)
+            if self.handshaking:
+                if not self._handshake():
+                    return None
+        plain = self._decrypt(RECV_SIZE)
         self._pull_tls_output()  # post-handshake records (tickets, key updates)
         if not plain:
-            return b"" if self._eof or not data else None
-        return self._decompress(plain) if (self.snappy or self.deflate) else plain
+            return b"" if self._eof or data == b"" else None
+        return plain
 
-    def _decrypt(self) -> bytes:
+    def _decrypt(self, limit: int) -> bytes:
         assert self._ssl is not None
         parts = []
-        while True:
+        got = 0
+        self._tls_more = False
+        while got < limit:
             try:
-                chunk = self._ssl.read(RECV_SIZE)
+                chunk = self._ssl.read(limit - got)
             except ssl.SSLWantReadError:
                 break
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
@@ -106,14 +177,10 @@ class Transport:
                 self._eof = True
                 break
             parts.append(chunk)
-        return b"".join(parts)
-
-    def _decompress(self, data: bytes) -> bytes | None:
-        assert self._codec is not None
-        try:
-            return self._codec.decompress(data) or None
-        except CorruptStream as e:
-            raise TransportError(str(e)) from None
+            got += len(chunk)
+        else:
+            self._tls_more = True
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     # -- writing ------------------------------------------------------------------------
     def send(self, out: list[bytes]) -> int | None:
@@ -123,7 +190,20 @@ class Transport:
             data = out[0] if len(out) == 1 else b"".join(out)
             if self.layered:
                 data = self._encode(data)
-            self._raw = self._raw + data if self._raw else data
+            if self._raw:
+                self._raw += data
+            else:
+                # nothing owed: write the frames as they are (the common case)
+                try:
+                    sent = self.sock.send(data)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                except OSError:
+                    return None
+                if sent < len(data):
+                    self._raw += memoryview(data)[sent:]
+                self.waiting = len(self._raw)
+                return self.waiting
         raw = self._raw
         if not raw:
             self.waiting = 0
@@ -134,8 +214,8 @@ class Transport:
             sent = 0
         except OSError:
             return None
-        self._raw = raw[sent:] if sent < len(raw) else b""
-        self.waiting = len(self._raw)
+        del raw[:sent]  # O(1) at the front of a bytearray: no re-join of what is owed
+        self.waiting = len(raw)
         return self.waiting
 
     def _encode(self, data: bytes) -> bytes:
@@ -164,7 +244,7 @@ class Transport:
         if self._raw:
             self.sock.settimeout(timeout_s)
             self.sock.sendall(self._raw)
-            self._raw = b""
+            self._raw = bytearray()
             self.waiting = 0
 
     # -- upgrades (nsqd's IDENTIFY order: TLS, then snappy or deflate) ---------------------
@@ -173,6 +253,10 @@ class Transport:
         self._ssl = ctx.wrap_bio(self._bio_in, self._bio_out, server_side=True)
         self.handshaking = True
         self._on_ready = on_ready
+        if self._plain_pos < len(self._plain):
+            # bytes read after the IDENTIFY but not handed out belong to the handshake
+            self._bio_in.write(self._plain[self._plain_pos:])
+            self._plain, self._plain_pos = b"", 0
 
     def _handshake(self) -> bool:
         """Drive the handshake with what arrived; True once it is complete."""
@@ -199,87 +283,16 @@ class Transport:
 
     def start_snappy(self) -> None:
         self.snappy = True
-        self._codec = Snappy()
+        self._start_codec(Snappy())
 
     def start_deflate(self, level: int) -> None:
         self.deflate = True
         self.deflate_level = level
-        self._codec = Deflate(level)
+        self._start_codec(Deflate(level))
 
-
-def upgrade(c: "ClientConn", ctx: ssl.SSLContext | None, snappy: bool, deflate_level: int) -> None:
-    """Switch a client's transport after its IDENTIFY answer, as nsqd's IDENTIFY does.
-
-    The answer already queued on ``c`` goes out in plaintext; then the TLS handshake (if
-    ctx) and ``OK`` over TLS; then snappy or deflate (level > 0) and ``OK`` compressed.
-    The client reads no further commands until every upgrade is in place.
-    """
-    t: Transport = c.transport
-    t.send(c.out)
-    c.out = []
-    c.out_bytes = 0
-    c.loop.to_flush[c] = None
-
-    def finish() -> None:
-        if ctx is not None:
-            c.loop.cancel(timer)
-            log.info("[%s] TLS handshake done (%s %s)", c, t.tls_stats.get("tls_version"),
-                     t.tls_stats.get("tls_cipher_suite"))
-            t.send([OK_FRAME])
-            c.session.tls = True
-        if snappy:
-            log.info("PROTOCOL(V2): [%s] upgrading connection to snappy", c)
-            t.start_snappy()
-            t.send([OK_FRAME])
-        elif deflate_level:
-            log.info("PROTOCOL(V2): [%s] upgrading connection to deflate (level %d)", c,
-                     deflate_level)
-            t.start_deflate(deflate_level)
-            t.send([OK_FRAME])
-        c.session.release()
-        c.loop.to_flush[c] = None
-        if not c.closed:
-            c.process()
-
-    c.session.hold()
-    if ctx is None:
-        finish()
-        return
-    log.info("PROTOCOL(V2): [%s] upgrading connection to TLS", c)
-
-    def stalled() -> None:
-        if t.handshaking and not c.closed:
-            try:
-                local = "%s:%s" % c.sock.getsockname()[:2]
-            except OSError:
-                local = "?"
-            handshake_failed(c, TransportError(f"read tcp {local}->{c.remote_address}: "
-                                               "i/o timeout"))
-
-    timer = c.loop.call_later(HANDSHAKE_TIMEOUT_NS, stalled)
-    t.start_tls(ctx, finish)
-
-
-# OpenSSL's reasons for common handshake failures, in the words of Go's crypto/tls
-_GO_TLS_ERRORS = {
-    "PEER_DID_NOT_RETURN_A_CERTIFICATE": "tls: client didn't provide a certificate",
-    "CERTIFICATE_VERIFY_FAILED":
-        "tls: failed to verify certificate: x509: certificate signed by unknown authority",
-    "WRONG_VERSION_NUMBER": "tls: first record does not look like a TLS handshake",
-    "HTTP_REQUEST": "tls: first record does not look like a TLS handshake",
-    "UNSUPPORTED_PROTOCOL": "tls: client offered only unsupported versions",
-}
-
-
-def handshake_failed(c: "ClientConn", err: OSError) -> None:
-    """nsqd answers a failed handshake with a plaintext E_IDENTIFY_FAILED, then closes."""
-    t: Transport = c.transport
-    text = str(err)
-    reason = text[5:] if text.startswith("tls: ") else text
-    text = _GO_TLS_ERRORS.get(reason, text)
-    payload = f"E_IDENTIFY_FAILED IDENTIFY failed {text}".encode()
-    log.error("[%s] - %s", c, payload.decode())
-    t._ssl = None  # the frame goes out as nsqd's does: on the raw socket, after the alert
-    t.handshaking = False
-    t.send([encode_error(payload)])
-    c.close("TLS handshake failed")
+    def _start_codec(self, codec: Snappy | Deflate) -> None:
+        self._codec = codec
+        if self._plain_pos < len(self._plain):
+            # bytes read after the upgrade point but not handed out are compressed
+            codec.feed(self._plain[self._plain_pos:])
+            self._plain, self._plain_pos = b"", 0
