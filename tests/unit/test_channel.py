@@ -197,6 +197,8 @@ def test_dpub_is_not_delivered_early_and_counts_as_deferred() -> None:
 
 
 def test_disconnect_requeues_in_flight_at_once_in_offset_order() -> None:
+    """Requeued at once (not at their timeout), in offset order, behind the messages
+    queued when the consumer went away (nsqd's requeue order)."""
     t, ch = make()
     a, b = Client(rdy=3), Client(rdy=0)
     ch.add_consumer(a, 0)
@@ -206,8 +208,8 @@ def test_disconnect_requeues_in_flight_at_once_in_offset_order() -> None:
     assert ch.remove_consumer(a) == 3
     b.rdy = 10
     ch.dispatch(1, WALL)
-    assert [m.body for m in b.got] == [b"body%d" % i for i in range(5)]
-    assert [m.attempts for m in b.got] == [2, 2, 2, 1, 1]
+    assert [m.body for m in b.got] == [b"body%d" % i for i in (3, 4, 0, 1, 2)]
+    assert [m.attempts for m in b.got] == [1, 1, 2, 2, 2]
 
 
 def test_max_consumers() -> None:

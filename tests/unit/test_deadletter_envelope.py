@@ -42,7 +42,9 @@ def test_envelope_round_trips_any_body(body: bytes) -> None:
     assert rest == body                       # the body unchanged after the first newline
     header = json.loads(header_line)
     assert list(header) == ["v", "topic", "channel", "id", "attempts", "first_delivery_ms",
-                            "last_delivery_ms", "dead_at_ms", "published_ms", "body_len"]
+                            "last_delivery_ms", "dead_at_ms", "published_ms", "from", "hops",
+                            "body_len"]
+    assert header["from"] == ["orders"] and header["hops"] == []
     assert header["id"] == "000000000000002a" and header["body_len"] == len(body)
     d = parse_envelope(raw)
     assert (d.topic, d.channel, d.id, d.attempts, d.body) == \
@@ -137,7 +139,7 @@ def test_third_requeue_goes_to_dead_letters_not_to_the_consumer() -> None:
     assert ch.floor() == 1 and ch.dead_letter_count == 1 and 0 not in ch.delivery_times
     # a failed publish puts it back as it was: it is tried again at the next dispatch
     assert ch.dead_lettered([1], False) == 0
-    assert list(ch.requeued) == [(1, 3)]
+    assert [e[:2] for e in ch.requeued] == [(1, 3)]
     ch.dispatch(11 * S, WALL + 11 * S)
     assert owner.published[-1][1] == [1] and len(c.got) == 6
 
