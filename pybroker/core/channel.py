@@ -307,7 +307,7 @@ class Channel(Lifecycle):
         dead letters wait for the next turn)."""
         log = self.topic.log
         sent = popped = 0
-        frames = []
+        frames: list[bytes] = []
         deadline = now_ns + c.msg_timeout_ns
         target = self.dead_letter_topic
         limit = self.max_attempts if target is not None else 0

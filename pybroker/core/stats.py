@@ -223,6 +223,7 @@ def channel_snapshot(ch: Any, include_clients: bool, topic_filter: str,
         "dead_letter_topic": ch.dead_letter_topic or "",
         "dead_letter_count": ch.dead_letter_count,
         "dead_letter_pending": len(ch.dying),
+        "dead_letter_cycles": ch.dead_letter_cycles,
     }
     return d, parts
 

@@ -170,6 +170,7 @@ class HttpServer(SelectorLoop):
         """Stop accepting, close every HTTP connection, join the thread (any thread)."""
         if self.statsd is not None:
             self.statsd.stop(timeout_s)
+        self.api.reader.stop(timeout_s)
         SelectorLoop.stop(self)
         if self.thread is not None:
             self.thread.join(timeout_s)
