@@ -23,7 +23,8 @@ import logging
 import random
 from typing import TYPE_CHECKING, Any
 
-from pybroker.core.lifecycle import Consumer, Deferred, Flight, Lifecycle, offset_of
+from pybroker.core.flight import Consumer, Deferred, Flight, offset_of
+from pybroker.core.lifecycle import Lifecycle
 from pybroker.errors import TooManyConsumers
 from pybroker.protocol.deadletter import KEEP_CHANNEL, dead_letter_target, wrap
 
