@@ -56,6 +56,8 @@ class LogReader:
             if item is _STOP:
                 return
             fn, args = item
+            if self._stopped:
+                continue        # shutting down: nobody waits for the answer
             try:
                 fn(*args)
             except Exception:

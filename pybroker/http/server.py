@@ -170,13 +170,13 @@ class HttpServer(SelectorLoop):
         """Stop accepting, close every HTTP connection, join the thread (any thread)."""
         if self.statsd is not None:
             self.statsd.stop(timeout_s)
-        self.api.reader.stop(timeout_s)
         SelectorLoop.stop(self)
         if self.thread is not None:
             self.thread.join(timeout_s)
             if self.thread.is_alive():
                 log.error("HTTP: the http thread did not stop within %.0fs", timeout_s)
                 return
+        self.api.reader.stop(timeout_s)   # after the http thread: nothing submits now
         self.close()
 
     # -- the loop (SelectorLoop hooks) -------------------------------------------------
