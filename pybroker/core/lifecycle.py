@@ -412,6 +412,7 @@ class Lifecycle:
         self.start_offset = self.cursor
         skip = sorted({int(o) for o in state.get("skip", []) if int(o) >= self.cursor})
         self.skip = deque(skip)
+        self.extra_count = -len(skip)      # message_count: what is left to read
         ahead = set(skip)
         for off, attempts, due in sorted(state.get("pending", [])):
             if off < oldest or off >= self.cursor and off not in ahead:

@@ -435,8 +435,7 @@ class ChannelModel(RuleBasedStateMachine):
             self.deferred[off] = (a, due, self.seq)
         self.requeues = self.timeouts = self.dead = 0
         # counters start again (as nsqd's): message_count = what is left to read
-        assert self.ch.message_count >= len(self.queued)
-        self.msg_base = self.ch.message_count
+        self.msg_base = len(self.queued)
 
     # -- after every step ----------------------------------------------------------------
     @invariant()
