@@ -114,10 +114,11 @@ class Channel(Lifecycle):
                     published_ms=batch.ts_ns(i) // 1_000_000,
                     body=batch.payload(i)[34:], target=target)
 
-    def _cycle(self, off: int, attempts: int, first_time: bool) -> bool:
+    def _cycle(self, off: int, first_time: bool) -> bool:
         """A message out of attempts whose dead-letter topic it already left: finished
-        here when this topic's dead-letters channel keeps it (True); else it stays
-        queued, delivered as nsqd would (False). Counted and logged once."""
+        here when this topic's dead-letters channel keeps it (True); else it stays,
+        delivered as nsqd would (False). Counted and logged once (``first_time``: it
+        has just run out of attempts)."""
         kept = self.name != KEEP_CHANNEL and KEEP_CHANNEL in self.topic.channels
         if kept or first_time:
             log.warning("CHANNEL(%s/%s): message %016x is out of attempts but was already "
@@ -125,12 +126,8 @@ class Channel(Lifecycle):
                         self.name, off, self.dead_letter_topic,
                         "kept by this topic's dead-letters channel" if kept
                         else "delivered again")
-        if kept:
-            self._not_moved(off)
-            return True
-        if first_time:
-            self.dead_letter_cycles += 1
-        return False
+            self._not_moved(off, kept)
+        return kept
 
     # -- counts (owner thread; also read for stats) ---------------------------------
     @property
@@ -337,7 +334,7 @@ class Channel(Lifecycle):
                 assert target is not None
                 env = self._envelope(off, attempts, batch, i, target, now_ns, wall_ns)
                 if env is None:
-                    if not self._cycle(off, attempts, attempts + 1 + stored == limit + 1):
+                    if not self._cycle(off, attempts + 1 + stored == limit + 1):
                         self._fly_requeued(c, batch, i, off, attempts, now_ns, deadline,
                                            frames)
                         sent += 1

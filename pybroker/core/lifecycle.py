@@ -2,9 +2,10 @@
 life on a channel"), its counters, and nothing else.
 
 Every change of a message's state on a channel, and every counter /stats shows for
-it, happens in a method of ``Lifecycle`` (one per event of the table; the Channel
-subclass reads records and talks to consumers, and calls these). The states of an
-offset on one channel:
+it, happens in a method of ``Lifecycle`` (one per event of the table). The Channel
+subclass reads records and talks to consumers, and calls these; the one thing it does
+itself is move the cursor over the records it read (each slice handed to ``_fly`` or
+``_defer``). The states of an offset on one channel:
 
 - **queued**: at or after ``cursor``, not in ``skip``: not yet read by this channel;
 - **in flight**: ``in_flight[off]`` is the Flight it went out in (client, attempts,
@@ -324,10 +325,12 @@ class Lifecycle:
         self.dead_letter_count += done
         return done
 
-    def _not_moved(self, off: int) -> None:
+    def _not_moved(self, off: int, finished: bool) -> None:
         """A message out of attempts that would re-enter a topic it was dead-lettered
-        from: finished here (its topic's dead-letters channel keeps it)."""
-        self.delivery_times.pop(off, None)
+        from, first met: finished here (its topic's dead-letters channel keeps it), or
+        (nothing keeps it) delivered on by the caller."""
+        if finished:
+            self.delivery_times.pop(off, None)
         self.dead_letter_cycles += 1
 
     # -- admin: empty, rewind, commit ----------------------------------------------------
