@@ -194,7 +194,7 @@ def producer_stats(conns: Iterable[Any], topic_filter: str = "") -> list[dict[st
 # -- channels and topics ----------------------------------------------------------------
 # pybroker's keys in a channel's stats, after nsqd's own
 EXTRA_CHANNEL_KEYS = ("cursor", "max_attempts", "dead_letter_topic", "dead_letter_count",
-                      "dead_letter_pending")
+                      "dead_letter_pending", "dead_letter_cycles")
 
 def channel_snapshot(ch: Any, include_clients: bool, topic_filter: str,
                      now_ns: int, wall_ns: int) -> tuple[dict[str, Any], list[LatencyPart]]:
@@ -223,6 +223,7 @@ def channel_snapshot(ch: Any, include_clients: bool, topic_filter: str,
         "dead_letter_topic": ch.dead_letter_topic or "",
         "dead_letter_count": ch.dead_letter_count,
         "dead_letter_pending": len(ch.dying),
+        "dead_letter_cycles": ch.dead_letter_cycles,
     }
     return d, parts
 

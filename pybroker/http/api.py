@@ -22,6 +22,7 @@ from pybroker.http import channelconfig, logread, metrics, process, statstext
 from pybroker.http.collect import Collected, plan_stats
 from pybroker.http.gather import Gather
 from pybroker.http.options import ConfigEndpoint
+from pybroker.http.reader import LogReader, then
 from pybroker.http.request import Request, first, parse_query
 from pybroker.http.response import TEXT, Response, empty, error, ok_json, ok_text
 from pybroker.http.routes import Router
@@ -59,13 +60,16 @@ def _sync_topic(storage: StorageManager, t: Topic) -> bool:
     return True
 
 
-def _channel_rewind(ch: Channel, offset: int) -> bool:
-    """On ch's owner loop: move its cursor back (False if the offset went meanwhile)."""
+def _channel_rewind(ch: Channel, offset: int) -> int:
+    """On ch's owner loop: move its cursor to offset (at most ``released``: a lookup
+    by time may land past it while the topic is paused); -1 if the offset went
+    meanwhile (or the channel did)."""
+    offset = min(offset, ch.topic.released)
     if ch.deleted or offset < ch.topic.log.oldest:
-        return False
+        return -1
     ch.rewind(offset)
     ch.owner.mark_dirty(ch)
-    return True
+    return offset
 
 
 def _channel_empty(ch: Channel) -> None:
@@ -83,6 +87,7 @@ class Api:
         self.server = server
         self.hostname = socket.gethostname()
         self.options = ConfigEndpoint(runtime, server)
+        self.reader = LogReader()   # log reads and lookups by time, off this thread
 
     # -- health, info ---------------------------------------------------------------
     def health(self) -> str:
@@ -314,7 +319,8 @@ class Api:
 
     def channel_rewind(self, req: Request) -> Gather[Response] | Response:
         """Beyond nsqd: deliver a channel's messages again from a retained offset, or
-        from the first message published at or after a time (``ts``, Unix ms)."""
+        from the first message published at or after a time (``ts``, Unix ms: looked
+        up on the log reader thread, then the rewind on the channel's owner loop)."""
         ch = self._existing_channel(req)
         q = self._params(req)
         off_arg, ts_arg = first(q, b"offset"), first(q, b"ts")
@@ -325,20 +331,26 @@ class Api:
         if not arg.isdigit() or len(arg) > 19:
             return error(400, "INVALID_ARG_OFFSET" if off_arg is not None else "INVALID_ARG_TS")
         lg = ch.topic.log
-        if off_arg is not None:
-            offset = int(arg)
-        else:
-            offset = lg.offset_for_time(int(arg) * MS)
-        if not lg.oldest <= offset <= ch.topic.released:
-            return error(400, "OFFSET_OUT_OF_RANGE")
 
         def rewound(results: list[Any]) -> Response:
-            if results and results[0] is False:
+            got = results[0] if results else None
+            if not isinstance(got, int):
+                return error(500, "INTERNAL_ERROR")
+            if got < 0:
                 return error(400, "OFFSET_OUT_OF_RANGE")
-            return ok_json({"offset": offset, "oldest_offset": lg.oldest,
+            return ok_json({"offset": got, "oldest_offset": lg.oldest,
                             "newest_offset": ch.topic.released - 1})
 
-        return Gather([(ch.owner, _channel_rewind, (ch, offset))], rewound)
+        if off_arg is not None:
+            offset = int(arg)
+            if not lg.oldest <= offset <= ch.topic.released:
+                return error(400, "OFFSET_OUT_OF_RANGE")
+            return Gather([(ch.owner, _channel_rewind, (ch, offset))], rewound)
+        if self.reader.busy():
+            return error(503, "TOO_MANY_READS")
+        job = then(self.reader, lg.offset_for_time, (int(arg) * MS,), ch.owner,
+                   lambda offset: _channel_rewind(ch, offset))
+        return Gather([job], rewound, timeout_s=10.0)
 
     def channel_pause(self, req: Request) -> Gather[Response]:
         return self._channel_pause(req, True)

@@ -5,14 +5,17 @@
 (kept in ``nsqd.dat`` across restarts). An empty ``dead_letter_topic`` means the default
 ``<topic>.dead``. Errors in nsqd's shape: 400 ``MISSING_ARG_TOPIC``, 404
 ``CHANNEL_NOT_FOUND``, 400 ``INVALID_ARG_MAX_ATTEMPTS``, 400
-``INVALID_ARG_DEAD_LETTER_TOPIC``, 400 ``MISSING_ARG_MAX_ATTEMPTS_OR_DEAD_LETTER_TOPIC``.
-The change is made on the channel's owner loop. See docs/dead-letters.md.
+``INVALID_ARG_DEAD_LETTER_TOPIC``, 400 ``MISSING_ARG_MAX_ATTEMPTS_OR_DEAD_LETTER_TOPIC``,
+400 ``DEAD_LETTER_CYCLE`` (the dead letters would come back to this topic through the
+dead-letter settings of the channels as they are now). The change is made on the
+channel's owner loop. See docs/dead-letters.md.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pybroker.protocol.deadletter import MAX_ATTEMPTS, check_dead_letter_topic
+from pybroker.protocol.deadletter import (MAX_ATTEMPTS, check_dead_letter_topic, closes_cycle,
+                                          dead_letter_target)
 from pybroker.http.gather import Gather
 from pybroker.http.request import Request, first
 from pybroker.http.response import Response, error, ok_json
@@ -37,6 +40,17 @@ def _configure(ch: Channel, settings: dict[str, Any]) -> dict[str, Any]:
         ch.configure_dead_letters(settings)
         ch.owner.mark_dirty(ch)
     return settings_of(ch)
+
+
+def _targets_of(api: Api, topic: str) -> list[str]:
+    """Where the channels of ``topic`` dead-letter to (those with max_attempts), as
+    they are now (read from the HTTP thread: a setting changing meanwhile is seen
+    before or after, either is a fair answer)."""
+    t = api.broker.topics.get(topic)
+    if t is None:
+        return []
+    return [c.dead_letter_topic for c in list(t.channels.values())
+            if c.max_attempts and c.dead_letter_topic is not None]
 
 
 def get_config(api: Api, req: Request) -> Response:
@@ -66,6 +80,10 @@ def post_config(api: Api, req: Request) -> Response | Gather[Response]:
     if (raw_topic is not None or max_attempts) and \
             check_dead_letter_topic(ch.topic_name, name) is not None:
         return error(400, "INVALID_ARG_DEAD_LETTER_TOPIC")
+    target = dead_letter_target(ch.topic_name, name)
+    if max_attempts and target is not None and \
+            closes_cycle(ch.topic_name, target, lambda t: _targets_of(api, t)):
+        return error(400, "DEAD_LETTER_CYCLE")
 
     def done(results: list[Any]) -> Response:
         api.broker.notify_changed()   # saved in nsqd.dat at once, as a pause is

@@ -19,10 +19,11 @@
     is below is finished for it, so retention may delete it. Never moves a cursor back
     (that is ``/channel/rewind``). ``{"offset": cursor}``.
 
-All three run on the HTTP thread: the log takes its own lock for a moment per read, a
-read is bounded (4 MiB, read from the memory tail or pread from the segment files in
-256 KiB chunks), so one request holds the thread for a few milliseconds at most. The
-cursor move is a job on the channel's owner loop.
+The arguments are checked on the HTTP thread; the reads (a log read: at most 4 MiB,
+from the memory tail or pread from the segment files in 256 KiB chunks; a lookup by
+time: a bisect and one read of at most 64 KiB plus a record, storage/timeindex.py) run
+on the log reader thread (http/reader.py), so no request holds the HTTP thread while
+the disk answers. The cursor move is a job on the channel's owner loop.
 """
 from __future__ import annotations
 
@@ -72,7 +73,16 @@ def _topic(api: Api, req: Request) -> tuple[dict[bytes, list[bytes]], Topic] | R
     return q, api._existing_topic(name.decode())
 
 
-def topic_offsets(api: Api, req: Request) -> Response:
+def _busy(api: Api) -> Response | None:
+    return error(503, "TOO_MANY_READS") if api.reader.busy() else None
+
+
+def _answer(results: list[Any]) -> Response:
+    got = results[0] if results else None
+    return got if isinstance(got, Response) else error(500, "INTERNAL_ERROR")
+
+
+def topic_offsets(api: Api, req: Request) -> Response | Gather[Response]:
     found = _topic(api, req)
     if isinstance(found, Response):
         return found
@@ -81,6 +91,13 @@ def topic_offsets(api: Api, req: Request) -> Response:
         ts = _uint(q, b"ts", None)
     except ValueError:
         return error(400, "INVALID_ARG_TS")
+    if ts is None:
+        return _offsets(t, None)
+    return _busy(api) or Gather([(api.reader, _offsets, (t, ts))], _answer, timeout_s=10.0)
+
+
+def _offsets(t: Topic, ts: int | None) -> Response:
+    """The topic's range and, with ts, the lookup by time (on the reader thread)."""
     lg = t.log
     end = t.released
     doc = {"topic": t.name, "oldest_offset": lg.oldest, "end_offset": end,
@@ -98,7 +115,7 @@ def _records_end(buf: Any, pos: Any, k: int) -> int:
     return p + REC_HEADER + int.from_bytes(buf[p + 4:p + 8], "big")
 
 
-def topic_read(api: Api, req: Request) -> Response:
+def topic_read(api: Api, req: Request) -> Response | Gather[Response]:
     found = _topic(api, req)
     if isinstance(found, Response):
         return found
@@ -126,6 +143,14 @@ def topic_read(api: Api, req: Request) -> Response:
         r = error(400, "OFFSET_OUT_OF_RANGE")
         r.headers = _range_headers(lg.oldest, end)
         return r
+    return _busy(api) or Gather([(api.reader, _read, (t, offset, max_messages, max_bytes))],
+                                _answer, timeout_s=10.0)
+
+
+def _read(t: Topic, offset: int, max_messages: int, max_bytes: int) -> Response:
+    """On the reader thread: the records from offset on, as /topic/read answers them."""
+    lg = t.log
+    end = t.released
     limit = min(end, offset + max_messages)
     parts: list[Any] = []
     size = 0
@@ -182,9 +207,8 @@ def _channel_commit(ch: Channel, offset: int, created: bool) -> int:
     if created:
         ch.cursor = offset
         ch.start_offset = offset
-    elif offset > ch.cursor:
-        ch.cursor = offset
-    return int(ch.cursor)
+        return offset
+    return ch.commit(offset)
 
 
 def channel_commit(api: Api, req: Request) -> Response | Gather[Response]:

@@ -182,6 +182,7 @@ class HttpServer(SelectorLoop):
             if self.thread.is_alive():
                 log.error("HTTP: the http thread did not stop within %.0fs", timeout_s)
                 return
+        self.api.reader.stop(timeout_s)   # after the http thread: nothing submits now
         self.close()
 
     # -- the loop (SelectorLoop hooks) -------------------------------------------------

@@ -5,14 +5,20 @@ of JSON, then ``\\n``, then the original body byte for byte (docs/dead-letters.m
 
     {"v":1,"topic":"orders","channel":"billing","id":"000000000000002a","attempts":5,
      "first_delivery_ms":...,"last_delivery_ms":...,"dead_at_ms":...,"published_ms":...,
-     "body_len":11}\\n<the original body>
+     "from":["orders"],"hops":[],"body_len":11}\\n<the original body>
 
 The header is ASCII (json.dumps escapes everything else) and never holds a newline, so
-the first ``\\n`` always ends it, whatever bytes the body holds. Pure functions, no I/O.
+the first ``\\n`` always ends it, whatever bytes the body holds.
+
+A dead letter that is dead-lettered again is not wrapped again: ``wrap`` extends its
+header (the newest hop on top, the earlier ones in ``hops``, every topic it left in
+``from``) around the same original body, and refuses (None) a move into a topic it
+already left, which ends dead-letter cycles. Pure functions, no I/O.
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +28,14 @@ ENVELOPE_VERSION = 1
 DEFAULT_SUFFIX = ".dead"
 MAX_ATTEMPTS = 65535     # the wire's attempts field is 16 bits
 HEADER_KEYS = ("v", "topic", "channel", "id", "attempts", "first_delivery_ms",
-               "last_delivery_ms", "dead_at_ms", "published_ms", "body_len")
+               "last_delivery_ms", "dead_at_ms", "published_ms", "from", "hops", "body_len")
+# the fields of one hop (the top of the header, and each entry of "hops")
+HOP_KEYS = ("topic", "channel", "id", "attempts", "first_delivery_ms", "last_delivery_ms",
+            "dead_at_ms", "published_ms")
+# the channel kept on every dead-letter topic, so dead letters wait for a human
+KEEP_CHANNEL = "dead-letters"
+# a header line longer than this is not taken for an envelope's (wrap reads it in full)
+MAX_HEADER = 64 * 1024
 
 
 def default_dead_letter_topic(topic: str) -> str:
@@ -74,15 +87,47 @@ def is_dead_letter_topic(name: str, configured_default: str) -> bool:
                                              and name == configured_default)
 
 
+def _hop(topic: str, channel: str, offset: int, attempts: int, first_delivery_ms: int,
+         last_delivery_ms: int, dead_at_ms: int, published_ms: int) -> dict[str, Any]:
+    return {"topic": topic, "channel": channel, "id": f"{offset:016x}", "attempts": attempts,
+            "first_delivery_ms": first_delivery_ms, "last_delivery_ms": last_delivery_ms,
+            "dead_at_ms": dead_at_ms, "published_ms": published_ms}
+
+
+def _build(hop: dict[str, Any], from_: list[str], hops: list[dict[str, Any]],
+           body: bytes) -> bytes:
+    header = {"v": ENVELOPE_VERSION, **hop, "from": from_, "hops": hops,
+              "body_len": len(body)}
+    return json.dumps(header, separators=(",", ":")).encode("ascii") + b"\n" + body
+
+
 def envelope(*, topic: str, channel: str, offset: int, attempts: int,
              first_delivery_ms: int, last_delivery_ms: int, dead_at_ms: int,
              published_ms: int, body: bytes) -> bytes:
-    """The dead-letter message body for one message."""
-    header = {"v": ENVELOPE_VERSION, "topic": topic, "channel": channel,
-              "id": f"{offset:016x}", "attempts": attempts,
-              "first_delivery_ms": first_delivery_ms, "last_delivery_ms": last_delivery_ms,
-              "dead_at_ms": dead_at_ms, "published_ms": published_ms, "body_len": len(body)}
-    return json.dumps(header, separators=(",", ":")).encode("ascii") + b"\n" + body
+    """The dead-letter message body for one message (its first hop)."""
+    hop = _hop(topic, channel, offset, attempts, first_delivery_ms, last_delivery_ms,
+               dead_at_ms, published_ms)
+    return _build(hop, [topic], [], body)
+
+
+def wrap(*, topic: str, channel: str, offset: int, attempts: int, first_delivery_ms: int,
+         last_delivery_ms: int, dead_at_ms: int, published_ms: int, body: bytes,
+         target: str) -> bytes | None:
+    """The dead letter of a message given up on in topic/channel, going to ``target``.
+    A body that is itself a dead letter keeps its original body: its header gets this
+    hop on top and the earlier top in ``hops``. None when the message was already
+    dead-lettered from ``target`` (moving it would close a cycle)."""
+    hop = _hop(topic, channel, offset, attempts, first_delivery_ms, last_delivery_ms,
+               dead_at_ms, published_ms)
+    try:
+        prior = parse_envelope(body, MAX_HEADER)
+    except EnvelopeError:
+        return None if target == topic else _build(hop, [topic], [], body)
+    from_ = list(prior.from_topics) + [topic]
+    if target in from_:
+        return None
+    hops = list(prior.hops) + [{k: prior.header[k] for k in HOP_KEYS}]
+    return _build(hop, from_, hops, prior.body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,20 +144,23 @@ class DeadLetter:
     published_ms: int
     body: bytes
     header: dict[str, Any]
+    from_topics: tuple[str, ...] = ()     # every topic it was dead-lettered from
+    hops: tuple[dict[str, Any], ...] = ()  # the hops before the newest, oldest first
 
 
 class EnvelopeError(ValueError):
     """A message that is not a dead-letter envelope this version can read."""
 
 
-def parse_envelope(data: bytes) -> DeadLetter:
-    """Split a dead-letter message into header and body; raises EnvelopeError."""
-    nl = data.find(b"\n")
+def parse_envelope(data: bytes, max_header: int = -1) -> DeadLetter:
+    """Split a dead-letter message into header and body; raises EnvelopeError (also
+    when the header line is longer than max_header, if given)."""
+    nl = data.find(b"\n", 0, None if max_header < 0 else max_header + 1)
     if nl < 0:
         raise EnvelopeError("no header line")
     try:
         header = json.loads(data[:nl])
-    except (UnicodeDecodeError, ValueError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:   # deep nesting: RecursionError
         raise EnvelopeError(f"header is not JSON: {e}") from None
     if not isinstance(header, dict):
         raise EnvelopeError("header is not a JSON object")
@@ -130,7 +178,33 @@ def parse_envelope(data: bytes) -> DeadLetter:
         raise EnvelopeError("header field of the wrong type")
     if ints["body_len"] != len(body):
         raise EnvelopeError(f"body is {len(body)} bytes, header says {ints['body_len']}")
+    # "from" and "hops" came later: an envelope without them left only its "topic"
+    from_ = header.get("from", [strs["topic"]])
+    hops = header.get("hops", [])
+    if not isinstance(from_, list) or not all(isinstance(t, str) for t in from_) or \
+            not isinstance(hops, list) or not all(
+                isinstance(h, dict) and all(k in h for k in HOP_KEYS) for h in hops):
+        raise EnvelopeError("header field of the wrong type")
     return DeadLetter(topic=strs["topic"], channel=strs["channel"], id=strs["id"],
                       attempts=ints["attempts"], first_delivery_ms=ints["first_delivery_ms"],
                       last_delivery_ms=ints["last_delivery_ms"], dead_at_ms=ints["dead_at_ms"],
-                      published_ms=ints["published_ms"], body=body, header=header)
+                      published_ms=ints["published_ms"], body=body, header=header,
+                      from_topics=tuple(from_), hops=tuple(hops))
+
+
+def closes_cycle(topic: str, target: str, targets_of: Callable[[str], list[str]],
+                 limit: int = 10_000) -> bool:
+    """Whether dead letters of ``topic`` going to ``target`` could come back to
+    ``topic``: following, from ``target``, the dead-letter topics of each topic's
+    channels (``targets_of``; those with max_attempts set) reaches ``topic``. At most
+    ``limit`` topics are visited (the walk is bounded whatever the configuration)."""
+    seen = {target}
+    todo = [target]
+    while todo and len(seen) <= limit:
+        for nxt in targets_of(todo.pop()):
+            if nxt == topic:
+                return True
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return False

@@ -78,8 +78,8 @@ def import_plan(broker: Broker, plan: dict[str, TopicPlan]) -> int:
                 ch = t.channels.get(ch_name) or t.new_channel(ch_name, cursor=t.log.head)
             ch.paused = ch.paused or ch_paused
             ch.cursor = ch.start_offset = t.log.head
-            ch.requeued.extend((off, 0) for off in buffered)
-            ch.requeued.extend((off, 0) for off in block)
+            ch.requeue_imported(buffered)
+            ch.requeue_imported(block)
     return count
 
 

@@ -48,6 +48,7 @@ from typing import Any, Sequence
 
 from pybroker import _native
 
+from . import timeindex
 from .errors import StorageError, from_oserror
 
 log = logging.getLogger("pybroker.storage.topiclog")
@@ -141,7 +142,7 @@ class _Block:
 
 
 class _Segment:
-    __slots__ = ("path", "base", "end", "size", "max_ts", "index", "damaged")
+    __slots__ = ("path", "base", "end", "size", "max_ts", "index", "damaged", "times")
 
     def __init__(self, path: str, base: int) -> None:
         self.path = path
@@ -151,6 +152,7 @@ class _Segment:
         self.max_ts = 0
         self.index: list[tuple[int, int]] = [(base, SEG_HEADER_SIZE)]  # (offset, file pos)
         self.damaged = False
+        self.times = timeindex.TimeIndex()     # built as records are written or scanned
 
 
 class TopicLog:
@@ -233,6 +235,7 @@ class TopicLog:
                     if starts:
                         if seg.index[-1][1] != pos:
                             seg.index.append((off, pos))
+                        seg.times.add(buf, starts, off, pos, seg.max_ts, self.max_payload)
                         seg.max_ts = max(seg.max_ts, max_ts)
                     if deferred:    # DPUBs: the topic counts them as deferred until due
                         batch = RecordBatch(off, buf, starts, deferred)
@@ -402,6 +405,8 @@ class TopicLog:
         # index points inside a big block too, so a read near its end does not scan it all
         for k in range(INDEX_EVERY, n, INDEX_EVERY):
             seg.index.append((first + k, seg.size + pos[k]))
+        # before write_pending updates seg.max_ts with this write's times
+        seg.times.add(data, pos, first, seg.size, seg.max_ts, self.max_payload)
         seg.size += len(data)
         seg.end = first + n
 
@@ -548,25 +553,9 @@ class TopicLog:
         return out
 
     def offset_for_time(self, ts_ns: int) -> int:
-        """The first offset whose publish time is >= ts_ns (``written`` if none)."""
-        with self.lock:
-            segs = [(s.base, s.end, s.max_ts) for s in self._segs]
-            lo = self.oldest
-        for base, end, max_ts in segs:
-            if end > lo and max_ts >= ts_ns:
-                lo = max(lo, base)
-                break
-        else:
-            if segs:
-                lo = max(lo, segs[-1][1])
-        off = lo
-        while off < self.written:
-            b = self.read(off, 4096, 1 << 20)
-            for i in range(b.n):
-                if b.ts_ns(i) >= ts_ns:
-                    return b.first + i
-            off = b.first + max(b.n, 1)
-        return self.written
+        """The first offset whose publish time is >= ts_ns (``written`` if none): a
+        bisect of a segment's time index and one small read (storage/timeindex.py)."""
+        return timeindex.offset_for_time(self, ts_ns)
 
     # -- segments, retention, durability (storage thread) -----------------------------
     def segments(self) -> list[SegmentInfo]:

@@ -54,7 +54,7 @@ def doc(b: BrokerProcess, query: str = "") -> dict[str, Any]:
 # pybroker's extra keys (its topic log), after nsqd's own, which stay as nsqd has them
 EXTRA_KEYS = {"oldest_offset": int, "newest_offset": int, "cursor": int,
               "max_attempts": int, "dead_letter_topic": str, "dead_letter_count": int,
-              "dead_letter_pending": int}
+              "dead_letter_pending": int, "dead_letter_cycles": int}
 
 
 def check_typed(obj: dict[str, Any], spec: dict[str, Any], what: str) -> None:

@@ -7,6 +7,7 @@ with the tests' own codec (tests/support/wire.py).
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -197,6 +198,8 @@ def test_dpub_is_not_delivered_early_and_counts_as_deferred() -> None:
 
 
 def test_disconnect_requeues_in_flight_at_once_in_offset_order() -> None:
+    """Requeued at once (not at their timeout), in offset order, behind the messages
+    queued when the consumer went away (nsqd's requeue order)."""
     t, ch = make()
     a, b = Client(rdy=3), Client(rdy=0)
     ch.add_consumer(a, 0)
@@ -206,8 +209,8 @@ def test_disconnect_requeues_in_flight_at_once_in_offset_order() -> None:
     assert ch.remove_consumer(a) == 3
     b.rdy = 10
     ch.dispatch(1, WALL)
-    assert [m.body for m in b.got] == [b"body%d" % i for i in range(5)]
-    assert [m.attempts for m in b.got] == [2, 2, 2, 1, 1]
+    assert [m.body for m in b.got] == [b"body%d" % i for i in (3, 4, 0, 1, 2)]
+    assert [m.attempts for m in b.got] == [1, 1, 2, 2, 2]
 
 
 def test_max_consumers() -> None:
@@ -293,3 +296,135 @@ def test_snapshot_restores_pending_state() -> None:
     assert [(m.body, m.attempts) for m in c2.got] == \
         [(b"body0", 2), (b"body3", 1), (b"body4", 1), (b"body5", 1)]
     assert again.deferred_count(WALL + S) == 1
+
+
+# -- nsqd's requeue order ---------------------------------------------------------------
+def test_timed_out_message_goes_behind_the_queued_ones() -> None:
+    """nsqd: PUB A, PUB B; a RDY 1 consumer lets A time out -> B, then A (attempts 2)."""
+    t, ch = make()
+    c = Client(rdy=1, msg_timeout_ns=S)
+    ch.add_consumer(c, 0)
+    publish(t, 2)
+    ch.dispatch(0, WALL)
+    assert [(m.body, m.attempts) for m in c.got] == [(b"body0", 1)]
+    ch.requeue_expired(*ch.expire(S))
+    ch.dispatch(S, WALL + S)
+    ch.finish(c, c.got[-1].id)
+    ch.dispatch(S, WALL + S)
+    assert [(m.body, m.attempts) for m in c.got] == \
+        [(b"body0", 1), (b"body1", 1), (b"body0", 2)]
+
+
+def test_req_waits_behind_at_most_mem_queue_size_messages(tmp_path: Path) -> None:
+    """With more queued than mem_queue_size (what nsqd would hold on disk), a REQ'd
+    message waits behind mem_queue_size of them, not the whole backlog."""
+    log = TopicLog(str(tmp_path), max_bytes_per_file=1 << 20, mem_records=3,
+                   max_record_bytes=4096)
+    owner = Owner()
+    t = Topic("t", log, 3, lambda _t, _c: owner)
+    ch, _ = t.get_channel("c")
+    c = Client(rdy=1)
+    ch.add_consumer(c, 0)
+    publish(t, 10)
+    ch.dispatch(0, WALL)
+    ch.requeue(c, c.got[0].id, 0, 0, WALL)
+    for _ in range(5):
+        ch.dispatch(0, WALL)
+        ch.finish(c, c.got[-1].id)
+    assert [m.body for m in c.got] == [b"body0", b"body1", b"body2", b"body3", b"body0",
+                                       b"body4"]
+
+
+def test_due_deferred_message_goes_behind_the_queued_ones() -> None:
+    t, ch = make()
+    c = Client(rdy=1)
+    ch.add_consumer(c, 0)
+    publish(t, 1)
+    ch.dispatch(0, WALL)
+    ch.requeue(c, c.got[0].id, S, 0, WALL)
+    publish(t, 2, prefix=b"new")
+    ch.requeue_expired(*ch.expire(S))       # due: behind new0 and new1
+    for _ in range(3):
+        ch.dispatch(S, WALL + S)
+        ch.finish(c, c.got[-1].id)
+    assert [m.body for m in c.got] == [b"body0", b"new0", b"new1", b"body0"]
+
+
+# -- rewind while messages are held -----------------------------------------------------
+def test_rewind_keeps_in_flight_in_flight_and_replays_it_after_fin() -> None:
+    """The wedge of issue 22: the FIN works, in_flight_count drops to 0, and the RDY 1
+    consumer gets the message again (anew), then the rest."""
+    t, ch = make()
+    c = Client(rdy=1)
+    ch.add_consumer(c, 0)
+    publish(t, 3)
+    ch.dispatch(0, WALL)
+    ch.rewind(0)
+    ch.dispatch(0, WALL)
+    assert len(c.got) == 1 and len(ch.in_flight) == 1     # not sent again meanwhile
+    assert ch.depth(WALL) == 2 and ch.message_count == 3
+    ch.finish(c, c.got[0].id)
+    assert c.in_flight_count == 0 and not ch.in_flight
+    assert ch.depth(WALL) == 3 and ch.message_count == 4  # the replay is a new put
+    for _ in range(3):
+        ch.dispatch(0, WALL)
+        ch.finish(c, c.got[-1].id)
+    assert [(m.body, m.attempts) for m in c.got] == \
+        [(b"body0", 1), (b"body0", 1), (b"body1", 1), (b"body2", 1)]
+    assert ch.depth(WALL) == 0 and not ch.in_flight and not ch.skip and not ch.replay
+
+
+def test_rewind_over_requeued_and_deferred_keeps_their_attempts() -> None:
+    t, ch = make()
+    c = Client(rdy=3)
+    ch.add_consumer(c, 0)
+    publish(t, 3)
+    ch.dispatch(0, WALL)
+    ch.requeue(c, c.got[0].id, 0, 0, WALL)
+    ch.requeue(c, c.got[1].id, 5 * S, 0, WALL)
+    ch.rewind(0)
+    assert ch.deferred_count(WALL) == 1 and ch.depth(WALL) == 1   # body0 requeued only
+    c.rdy = 10
+    ch.dispatch(0, WALL)
+    # body0 (requeued, ready at once), then the re-read skips 0 and 1 and 2 is in flight
+    assert [(m.body, m.attempts) for m in c.got[3:]] == [(b"body0", 2)]
+    ch.finish(c, c.got[2].id)           # body2: in flight when rewound -> once more
+    ch.dispatch(0, WALL)
+    assert [(m.body, m.attempts) for m in c.got[3:]] == [(b"body0", 2), (b"body2", 1)]
+    ch.requeue_expired(*ch.expire(5 * S))
+    ch.dispatch(5 * S, WALL + 5 * S)
+    assert (c.got[-1].body, c.got[-1].attempts) == (b"body1", 2)
+
+
+def test_a_rewind_is_saved_and_restored_with_what_it_skips() -> None:
+    t, ch = make()
+    c = Client(rdy=2)
+    ch.add_consumer(c, 0)
+    publish(t, 4)
+    ch.dispatch(0, WALL)                # 0, 1 in flight
+    ch.rewind(0)
+    snap = ch.snapshot(WALL, 0)
+    assert snap["cursor"] == 0 and snap["skip"] == [0, 1]
+    again = Topic("t", t.log, 100, lambda a, b: Owner()).new_channel("c", cursor=0)
+    again.restore(snap, 0, WALL)
+    c2 = Client(rdy=10)
+    again.add_consumer(c2, 0)
+    again.dispatch(0, WALL)
+    # in flight -> requeued (attempts kept, first); the re-read skips them
+    assert [(m.body, m.attempts) for m in c2.got] == \
+        [(b"body0", 2), (b"body1", 2), (b"body2", 1), (b"body3", 1)]
+
+
+def test_commit_forward_passes_what_a_rewind_skips() -> None:
+    t, ch = make()
+    c = Client(rdy=1)
+    ch.add_consumer(c, 0)
+    publish(t, 5)
+    ch.dispatch(0, WALL)
+    ch.rewind(0)
+    assert list(ch.skip) == [0]
+    assert ch.commit(3) == 3 and not ch.skip and ch.commit(1) == 3
+    ch.finish(c, c.got[0].id)
+    c.rdy = 10
+    ch.dispatch(0, WALL)
+    assert [m.body for m in c.got] == [b"body0", b"body0", b"body3", b"body4"]

@@ -1,0 +1,68 @@
+"""What a channel keeps per delivery: the Consumer it needs from a client, a Flight (a
+slice of messages sent together), a Deferred message, and message id <-> log offset.
+The states these take part in are core/lifecycle.py's.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from pybroker.core.timeouts import Handle
+
+
+class Consumer(Protocol):
+    """What a channel needs from a subscribed client (implemented by the server)."""
+
+    msg_timeout_ns: int
+    sample_rate: int
+    in_flight_count: int
+
+    def ready_room(self) -> int:
+        """How many more messages the client may take now (RDY minus in flight)."""
+
+    def send_frames(self, frames: bytes, n: int) -> None:
+        """Queue n encoded message frames for this client (already in flight)."""
+
+
+class Flight:
+    """One slice of messages sent to one client together: the offsets that still map to
+    it in ``in_flight`` are in flight. ``attempts`` counts this channel's deliveries of
+    each of them in their current life (a record's stored attempts come on top)."""
+
+    __slots__ = ("client", "first", "n", "live", "attempts", "delivery_ns", "handle")
+
+    def __init__(self, client: Consumer | None, first: int, n: int, attempts: int,
+                 delivery_ns: int) -> None:
+        self.client = client
+        self.first = first
+        self.n = n
+        self.live = n
+        self.attempts = attempts
+        self.delivery_ns = delivery_ns
+        self.handle: Handle | None = None
+
+    def offsets(self) -> range:
+        return range(self.first, self.first + self.n)
+
+
+class Deferred:
+    """A message waiting for its time: a REQ with a delay (``due_wall_ns`` kept so a
+    restart keeps it) or a DPUB read at the cursor before it was due."""
+
+    __slots__ = ("offset", "attempts", "due_wall_ns", "handle")
+
+    def __init__(self, offset: int, attempts: int, due_wall_ns: int) -> None:
+        self.offset = offset
+        self.attempts = attempts
+        self.due_wall_ns = due_wall_ns
+        self.handle: Handle | None = None
+
+
+def offset_of(msg_id: bytes) -> int:
+    """The log offset a message id names (16 lowercase hex digits); -1 otherwise."""
+    if len(msg_id) != 16 or not _HEX_LOWER.issuperset(msg_id):
+        return -1
+    off = int(msg_id, 16)
+    return off if off < 1 << 63 else -1
+
+
+_HEX_LOWER = frozenset(b"0123456789abcdef")

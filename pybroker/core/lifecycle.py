@@ -1,0 +1,430 @@
+"""A message's life on a channel: the state machine of docs/storage.md ("A message's
+life on a channel"), its counters, and nothing else.
+
+Every change of a message's state on a channel, and every counter /stats shows for
+it, happens in a method of ``Lifecycle`` (one per event of the table). The Channel
+subclass reads records and talks to consumers, and calls these; the one thing it does
+itself is move the cursor over the records it read (each slice handed to ``_fly`` or
+``_defer``). The states of an offset on one channel:
+
+- **queued**: at or after ``cursor``, not in ``skip``: not yet read by this channel;
+- **in flight**: ``in_flight[off]`` is the Flight it went out in (client, attempts,
+  deadline in ``in_flight_wheel``);
+- **requeued**: an entry ``(off, attempts, mark)`` of the FIFO ``requeued``; it may go
+  once the cursor has reached ``mark`` (nsqd's order: behind what was queued ahead of
+  it, see ``_tail_mark``) or nothing is left at the cursor;
+- **deferred**: ``deferred[off]`` (due time in ``deferred_wheel``);
+- **dying**: ``dying[off]`` = attempts: its dead-letter publish is not yet confirmed;
+- **finished**: none of the above and below the cursor: nothing is kept.
+
+A rewind moves the cursor back; the offsets the channel still holds at or after it go
+to ``skip`` (the cursor passes over them: each is delivered through its own state, so
+no message is ever delivered while another delivery of it is in flight), and those in
+flight or dying go to ``replay``: when that life ends by FIN or dead-lettering, the
+message is requeued once more with its attempts counted anew (the rewind's promise:
+everything from the offset on is delivered again after it).
+
+Ownership: the channel's owner loop calls everything here except ``expire`` (the queue
+scanners). ``lock`` guards the two timeout wheels only.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from pybroker.core.flight import Consumer, Deferred, Flight, offset_of
+from pybroker.core.timeouts import TimeoutWheel
+from pybroker.errors import BrokerError, NotInFlight, NotOwner
+
+if TYPE_CHECKING:
+    from pybroker.core.topic import Topic
+
+
+class Lifecycle:
+    """The per-message state of one channel and the transitions between states."""
+
+    topic: "Topic"
+    max_attempts: int
+
+    def __init__(self, cursor: int) -> None:
+        # between the owner loop and the scanner workers (expire): the timeout wheels
+        self.lock = threading.Lock()
+        self.cursor = cursor
+        self.start_offset = cursor        # for message_count
+        self.in_flight: dict[int, Flight] = {}
+        self.in_flight_wheel: TimeoutWheel[Flight] = TimeoutWheel()
+        self.requeued: deque[tuple[int, int, int]] = deque()   # (offset, attempts, mark)
+        self.deferred: dict[int, Deferred] = {}
+        self.deferred_wheel: TimeoutWheel[Deferred] = TimeoutWheel()
+        self.dying: dict[int, int] = {}    # dead-letter publish not yet confirmed
+        self.skip: deque[int] = deque()    # held offsets at or after the cursor, sorted
+        self.replay: set[int] = set()      # in flight / dying when rewound over
+        # only with max_attempts: offset -> (first, last) delivery (monotonic ns) of the
+        # messages requeued at least once
+        self.delivery_times: dict[int, tuple[int, int]] = {}
+        self.extra_count = 0               # message_count beyond what the cursor saw
+        self.requeue_count = 0
+        self.timeout_count = 0
+        self.dropped_count = 0             # ephemeral overflow, sampled out
+        self.dead_letter_count = 0
+        self.dead_letter_cycles = 0        # not moved: they would re-enter a topic
+
+    # -- where a requeued message goes (nsqd's order) ---------------------------------
+    def _tail_mark(self) -> int:
+        """The cursor position a message requeued now waits for: the messages queued
+        ahead of it (nsqd puts it at the tail of the channel's memory queue), at most
+        mem_queue_size of them (what nsqd's memory queue holds; a deeper backlog is on
+        nsqd's disk, read in no fixed order with the memory queue)."""
+        released = self.topic.released
+        depth = self.topic.mem_queue_size
+        return released if depth <= 0 else min(released, self.cursor + depth)
+
+    def _requeue(self, off: int, attempts: int, mark: int) -> None:
+        self.requeued.append((off, attempts, mark))
+
+    def head_ready(self) -> bool:
+        """The first requeued message may go now."""
+        mark = self.requeued[0][2]
+        return mark <= self.cursor or self.cursor >= self.topic.released
+
+    def requeue_imported(self, offsets: Sequence[int]) -> None:
+        """Import (nsqd data): these offsets are queued for this channel, ready now."""
+        self.requeued.extend((off, 0, 0) for off in offsets)
+
+    # -- deliver: queued / requeued -> in flight ---------------------------------------
+    def _fly(self, c: Consumer, first: int, n: int, attempts: int, now_ns: int,
+             deadline_ns: int) -> Flight:
+        f = Flight(c, first, n, attempts, now_ns)
+        with self.lock:
+            f.handle = self.in_flight_wheel.add(deadline_ns, f)
+        if n == 1:
+            self.in_flight[first] = f
+        else:
+            self.in_flight.update(dict.fromkeys(range(first, first + n), f))
+        c.in_flight_count += n
+        return f
+
+    def _pass_skipped(self) -> None:
+        """The cursor moves over held offsets a rewind left at it (delivered through
+        their own states)."""
+        skip = self.skip
+        while skip and skip[0] <= self.cursor:
+            if skip.popleft() == self.cursor:
+                self.cursor += 1
+
+    def _advance(self, to: int) -> None:
+        """The cursor jumps forward to ``to`` (messages between are dropped or gone)."""
+        if to > self.cursor:
+            self.cursor = to
+            while self.skip and self.skip[0] < to:
+                self.skip.popleft()
+
+    # -- FIN: in flight -> finished ------------------------------------------------------
+    def _held(self, client: Consumer, msg_id: bytes) -> tuple[int, Flight]:
+        """The offset and flight of a message client holds; raises NotInFlight/NotOwner."""
+        off = offset_of(msg_id)
+        f = self.in_flight.get(off)
+        if f is None:
+            raise NotInFlight()
+        if f.client is not client:
+            raise NotOwner()
+        return off, f
+
+    def _take(self, client: Consumer, msg_id: bytes) -> tuple[int, Flight]:
+        off, f = self._held(client, msg_id)
+        del self.in_flight[off]
+        f.live -= 1
+        client.in_flight_count -= 1
+        if f.live == 0:
+            self._drop_flights([f])
+        return off, f
+
+    def _drop_flights(self, flights: list[Flight]) -> None:
+        if not flights:
+            return
+        with self.lock:
+            remove = self.in_flight_wheel.remove
+            for f in flights:
+                if f.handle is not None:
+                    remove(f.handle)
+                    f.handle = None
+
+    def _replayed(self, off: int) -> None:
+        """A rewound-over message's life ended (FIN, dead-lettered): once more, anew."""
+        self.replay.discard(off)
+        self.delivery_times.pop(off, None)
+        self._requeue(off, 0, 0)
+        self.extra_count += 1
+
+    def finish(self, client: Consumer, msg_id: bytes) -> int:
+        """FIN: the message is done; returns its offset. Raises NotInFlight / NotOwner."""
+        off = self._take(client, msg_id)[0]
+        if self.delivery_times:
+            self.delivery_times.pop(off, None)
+        if self.replay and off in self.replay:
+            self._replayed(off)
+        return off
+
+    def finish_offsets(self, client: Consumer, offsets: Sequence[int]
+                       ) -> list[tuple[int, BrokerError]]:
+        """FIN a batch (offsets from the ids; -1 for an id that names none), in order;
+        returns the failures as (index in offsets, error)."""
+        failed: list[tuple[int, BrokerError]] = []
+        in_flight = self.in_flight
+        emptied: list[Flight] = []
+        replay = self.replay
+        times = self.delivery_times
+        i = 0
+        for off in offsets:
+            f = in_flight.get(off)
+            if f is None or f.client is not client:
+                failed.append((i, NotInFlight() if f is None else NotOwner()))
+            else:
+                del in_flight[off]
+                f.live -= 1
+                if f.live == 0:
+                    emptied.append(f)
+                if times:
+                    times.pop(off, None)
+                if replay and off in replay:
+                    self._replayed(off)
+            i += 1
+        client.in_flight_count -= len(offsets) - len(failed)
+        if emptied:
+            self._drop_flights(emptied)
+        return failed
+
+    # -- REQ: in flight -> requeued (no delay) / deferred --------------------------------
+    def requeue(self, client: Consumer, msg_id: bytes, delay_ns: int, now_ns: int,
+                wall_ns: int) -> None:
+        """REQ: to the tail of the queue now (delay 0) or after delay_ns."""
+        off, f = self._take(client, msg_id)
+        self.requeue_count += 1
+        self.replay.discard(off)
+        if self.max_attempts:
+            self._note_delivery(off, f.delivery_ns)
+        if delay_ns <= 0:
+            self._requeue(off, f.attempts, self._tail_mark())
+        else:
+            self._defer(Deferred(off, f.attempts, wall_ns + delay_ns), now_ns + delay_ns)
+
+    def _defer(self, d: Deferred, deadline_ns: int) -> None:
+        with self.lock:
+            d.handle = self.deferred_wheel.add(deadline_ns, d)
+        self.deferred[d.offset] = d
+
+    def _note_delivery(self, off: int, delivery_ns: int) -> None:
+        """Remember when a message about to be requeued was first and last delivered."""
+        seen = self.delivery_times.get(off)
+        self.delivery_times[off] = (delivery_ns if seen is None else seen[0], delivery_ns)
+
+    # -- TOUCH: in flight, new deadline --------------------------------------------------
+    def touch(self, client: Consumer, msg_id: bytes, now_ns: int, max_msg_timeout_ns: int) -> None:
+        """TOUCH: push the deadline to now + the client's msg_timeout, capped at
+        delivery + max_msg_timeout (matches nsqd)."""
+        off, f = self._held(client, msg_id)
+        deadline = min(now_ns + client.msg_timeout_ns, f.delivery_ns + max_msg_timeout_ns)
+        if f.live > 1:
+            # the others of its flight keep their deadline: this one gets a flight alone
+            f.live -= 1
+            single = Flight(client, off, 1, f.attempts, f.delivery_ns)
+            self.in_flight[off] = single
+            with self.lock:
+                single.handle = self.in_flight_wheel.add(deadline, single)
+            return
+        with self.lock:
+            if f.handle is not None:
+                self.in_flight_wheel.remove(f.handle)
+            f.handle = self.in_flight_wheel.add(deadline, f)
+
+    # -- timeout: in flight -> requeued; deferred due -> requeued ------------------------
+    def expire(self, now_ns: int) -> tuple[list[Flight], list[Deferred]]:
+        """Pop timed-out flights and due deferred messages (called by a scanner).
+
+        The caller hands both lists to the owner loop's ``requeue_expired``.
+        """
+        with self.lock:
+            timed_out = self.in_flight_wheel.pop_expired(now_ns)
+            for f in timed_out:
+                f.handle = None
+            due = self.deferred_wheel.pop_expired(now_ns)
+            for d in due:
+                d.handle = None
+        return timed_out, due
+
+    def requeue_expired(self, timed_out: list[Flight], due: list[Deferred]) -> None:
+        """Owner side of expiry: release the clients' in-flight slots and requeue at
+        the tail (nsqd: a timed-out or due message is put behind the queued ones)."""
+        in_flight = self.in_flight
+        mark = self._tail_mark()
+        for f in timed_out:
+            offs = [off for off in f.offsets() if in_flight.get(off) is f]
+            for off in offs:
+                del in_flight[off]
+                self.replay.discard(off)
+                self._requeue(off, f.attempts, mark)
+                if self.max_attempts:
+                    self._note_delivery(off, f.delivery_ns)
+            if f.client is not None:
+                f.client.in_flight_count -= len(offs)
+            f.live = 0
+            self.timeout_count += len(offs)
+        for d in due:
+            if self.deferred.get(d.offset) is d:
+                del self.deferred[d.offset]
+                self._requeue(d.offset, d.attempts, mark)
+
+    # -- client disconnect: its in flight -> requeued -------------------------------------
+    def _requeue_client(self, c: Consumer) -> int:
+        """c went away: requeue its in-flight messages at once (beyond nsqd, which waits
+        for their timeout: nsq #137), at the tail; returns how many."""
+        mine = sorted(off for off, f in self.in_flight.items() if f.client is c)
+        if not mine:
+            return 0
+        in_flight = self.in_flight
+        emptied = []
+        mark = self._tail_mark()
+        for off in mine:
+            f = in_flight.pop(off)
+            f.live -= 1
+            if f.client is not None:
+                f.client.in_flight_count -= 1
+            if f.live == 0:
+                emptied.append(f)
+            self.replay.discard(off)
+            self._requeue(off, f.attempts, mark)
+            if self.max_attempts:
+                self._note_delivery(off, f.delivery_ns)
+        self._drop_flights(emptied)
+        self.requeue_count += len(mine)
+        return len(mine)
+
+    # -- max attempts: requeued -> dying -> finished (or requeued) -----------------------
+    def _dying(self, off: int, attempts: int) -> None:
+        self.dying[off] = attempts
+
+    def dead_lettered(self, offsets: list[int], ok: bool) -> int:
+        """Owner: the dead-letter publish of these offsets was confirmed (written, and
+        synced in fsync mode): they are finished. If it failed they are requeued as
+        they were. Returns how many were finished."""
+        done = 0
+        for off in offsets:
+            attempts = self.dying.pop(off, None)
+            if attempts is None:
+                continue     # emptied meanwhile
+            if ok:
+                self.delivery_times.pop(off, None)
+                done += 1
+                if off in self.replay:
+                    self._replayed(off)
+            else:
+                self.replay.discard(off)
+                self._requeue(off, attempts, 0)
+        self.dead_letter_count += done
+        return done
+
+    def _not_moved(self, off: int, finished: bool) -> None:
+        """A message out of attempts that would re-enter a topic it was dead-lettered
+        from, first met: finished here (its topic's dead-letters channel keeps it), or
+        (nothing keeps it) delivered on by the caller."""
+        if finished:
+            self.delivery_times.pop(off, None)
+        self.dead_letter_cycles += 1
+
+    # -- admin: empty, rewind, commit ----------------------------------------------------
+    def empty(self) -> None:
+        """Drop every queued, in-flight, requeued, deferred and dying message
+        (HTTP /channel/empty, channel delete)."""
+        for f in set(self.in_flight.values()):
+            if f.client is not None:
+                f.client.in_flight_count -= sum(1 for off in f.offsets()
+                                                if self.in_flight.get(off) is f)
+        self.in_flight.clear()
+        self.requeued.clear()
+        self.deferred.clear()
+        self.dying.clear()
+        self.delivery_times.clear()
+        self.skip.clear()
+        self.replay.clear()
+        with self.lock:
+            self.in_flight_wheel.clear()
+            self.deferred_wheel.clear()
+        self.cursor = max(self.cursor, self.topic.released)
+
+    def _to_read(self) -> int:
+        """Offsets the cursor has yet to hand out (queued), gaps and DPUBs included."""
+        return max(0, self.topic.released - self.cursor - len(self.skip))
+
+    def rewind(self, offset: int) -> None:
+        """Deliver again from offset (within what the log holds; checked by the caller).
+        Messages the channel holds at or after it keep their state (in flight ones
+        stay in flight and are owed one more delivery once FIN'd); requeued ones are
+        ready at once, ahead of the replayed range. See the module docstring."""
+        before = self._to_read()
+        held = [off for off in self.in_flight if off >= offset]
+        self.replay.update(held)
+        dying = [off for off in self.dying if off >= offset]
+        self.replay.update(dying)
+        held += dying
+        held += [off for off in self.deferred if off >= offset]
+        if self.requeued:
+            held += [e[0] for e in self.requeued if e[0] >= offset]
+            self.requeued = deque((off, a, 0) for off, a, _ in self.requeued)
+        self.skip = deque(sorted(set(held)))
+        self.cursor = offset
+        self.extra_count += max(0, self._to_read() - before)
+
+    def commit(self, offset: int) -> int:
+        """/channel/commit: what is below offset is finished for this channel (never
+        moves the cursor back); returns the cursor."""
+        self._advance(offset)
+        return self.cursor
+
+    # -- persistence (owner thread builds it; the storage thread writes it) -------------
+    def snapshot(self, wall_ns: int, now_ns: int) -> dict[str, Any]:
+        """The channel's saved state: everything below ``cursor`` not listed in
+        ``pending`` is finished, and so is everything in ``skip`` not pending.
+        pending: [offset, deliveries, due_wall_ns (0 = ready)]."""
+        pending: list[list[int]] = [[off, f.attempts, 0] for off, f in self.in_flight.items()]
+        pending += [[off, a, 0] for off, a, _ in self.requeued]
+        pending += [[off, a, 0] for off, a in self.dying.items()]    # dead-lettered again if need be
+        with self.lock:
+            wheel = self.deferred_wheel
+            for d in self.deferred.values():
+                due = d.due_wall_ns
+                if not due and d.handle is not None:
+                    due = wall_ns + max(0, wheel.deadline_of(d.handle) - now_ns)
+                pending.append([d.offset, d.attempts, due])
+        state: dict[str, Any] = {"cursor": self.cursor, "pending": pending}
+        if self.skip:
+            state["skip"] = list(self.skip)
+        if self.delivery_times:
+            # first and last delivery (wall ms) of the requeued ones, for the envelope
+            state["deliveries"] = [
+                [off, (wall_ns - (now_ns - a)) // 1_000_000, (wall_ns - (now_ns - b)) // 1_000_000]
+                for off, (a, b) in self.delivery_times.items()]
+        return state
+
+    def restore(self, state: dict[str, Any], now_ns: int, wall_ns: int) -> None:
+        """Start-up, before clients: take a saved state (in flight and dying become
+        requeued, ready at once, in offset order)."""
+        oldest = self.topic.log.oldest
+        self.cursor = max(int(state.get("cursor", oldest)), oldest)
+        self.start_offset = self.cursor
+        skip = sorted({int(o) for o in state.get("skip", []) if int(o) >= self.cursor})
+        self.skip = deque(skip)
+        self.extra_count = -len(skip)      # message_count: what is left to read
+        ahead = set(skip)
+        for off, attempts, due in sorted(state.get("pending", [])):
+            if off < oldest or off >= self.cursor and off not in ahead:
+                continue
+            if due > wall_ns:
+                self._defer(Deferred(off, attempts, due), now_ns + (due - wall_ns))
+            else:
+                self._requeue(off, attempts, 0)
+        for off, first_ms, last_ms in state.get("deliveries", []):
+            if off >= oldest and self.max_attempts:
+                self.delivery_times[off] = (now_ns - (wall_ns - first_ms * 1_000_000),
+                                            now_ns - (wall_ns - last_ms * 1_000_000))
