@@ -7,8 +7,14 @@ channel; afterwards it sends the difference whenever the broker's topics or chan
 change, and a PING every 15 s. A peer that fails is dropped and reconnected (and fully
 re-registered) on the next pass, after a back-off of 1 s doubling up to 15 s.
 
+Registration at once: the thread waits in ``select()`` on its peers' sockets and on a
+wake-up socketpair; the broker's change callback (``notify``, any thread: a publish over
+TCP or HTTP creating a topic, a SUB creating a channel, a delete) writes one byte to it,
+so the difference reaches every nsqlookupd within a millisecond or so however long the
+wait for the next PING is, as nsqd's lookupLoop sends a REGISTER when notified.
+
 Ownership: the ``lookupd`` thread owns its sockets and what it has registered; the
-broker's change callbacks (any thread) only set an Event it waits on; it copies
+broker's change callbacks (any thread) only write to the wake-up socket; it copies
 the topic list under ``Broker.lock`` and each topic's channel names (one copy of a
 dict, atomic under the GIL), and changes neither.
 """
@@ -104,20 +110,54 @@ class LookupdRegistrar:
         self.tcp_port = tcp_port
         self.http_port = http_port
         self._peers: dict[str, _Peer] = {}
-        self._wake = threading.Event()
+        # the wake-up socketpair: notify() writes a byte (once per pass), the thread's
+        # select() sees it at once
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._woken = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lookupd", daemon=True)
 
     def start(self) -> None:
-        self.runtime.broker.on_change.append(self._wake.set)
+        self.runtime.broker.on_change.append(self.notify)
         self._thread.start()
+
+    def notify(self) -> None:
+        """Topics or channels changed (any thread): wake the registrar now."""
+        if self._woken:
+            return  # a byte is already waiting; the next pass sees every change
+        self._woken = True
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:  # full (a wake-up is pending anyway) or closed at shutdown
+            pass
 
     def stop(self, timeout_s: float) -> None:
         self._stop.set()
-        self._wake.set()
+        self._woken = False
+        self.notify()
         self._thread.join(timeout_s)
         for p in self._peers.values():
             p.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _drain(self) -> None:
+        """Take the pending wake-ups; changes after this send a new byte. The flag goes
+        down before the read, so a change racing with it is seen by this pass or wakes
+        the next one."""
+        self._woken = False
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except OSError:  # BlockingIOError: drained
+            pass
+
+    def _wait(self, timeout_s: float, socks: list[socket.socket]) -> list[socket.socket]:
+        """Wait up to timeout_s for a wake-up or a readable peer; the readable peers."""
+        readable, _, _ = select.select([self._wake_r, *socks], [], [], max(0.0, timeout_s))
+        return [r for r in readable if r is not self._wake_r]
 
     def _identity(self) -> dict[str, Any]:
         o = self.runtime.options
@@ -140,6 +180,7 @@ class LookupdRegistrar:
         next_ping = 0.0
         retry_s = RETRY_S
         while not self._stop.is_set():
+            self._drain()
             addresses = list(self.runtime.options.nsqlookupd_tcp_addresses)
             for addr in list(self._peers):
                 if addr not in addresses:
@@ -155,24 +196,19 @@ class LookupdRegistrar:
                 retry_s = RETRY_S
                 self._idle(next_ping)
             else:  # back off, up to the ping interval, while a peer keeps failing
-                self._wake.wait(retry_s)
+                self._wait(retry_s, [])
                 retry_s = min(retry_s * 2, PING_INTERVAL_S)
-            self._wake.clear()
 
     def _idle(self, until: float) -> None:
-        """Wait for a change or the next ping, noticing at once a peer that hung up."""
-        while not self._wake.is_set() and time.monotonic() < until:
-            socks = [p.sock for p in self._peers.values() if p.sock is not None]
-            if not socks:
-                self._wake.wait(until - time.monotonic())
-                return
-            readable, _, _ = select.select(socks, [], [], min(1.0, until - time.monotonic()))
-            if readable:  # lookupd never speaks first: this is a close (or garbage)
-                for p in self._peers.values():
-                    if p.sock in readable:
-                        log.info("LOOKUPD(%s): connection closed by peer", p.address)
-                        p.close()
-                return
+        """Wait for a change (the wake-up socket) or the next ping, noticing at once a
+        peer that hung up."""
+        socks = [p.sock for p in self._peers.values() if p.sock is not None]
+        readable = self._wait(until - time.monotonic(), socks)
+        if readable:  # lookupd never speaks first: this is a close (or garbage)
+            for p in self._peers.values():
+                if p.sock in readable:
+                    log.info("LOOKUPD(%s): connection closed by peer", p.address)
+                    p.close()
 
     def _sync(self, peer: _Peer, want: set[Registration], ping: bool) -> bool:
         """Bring one peer up to date; False if it failed (it will be retried)."""
