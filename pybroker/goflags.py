@@ -156,13 +156,15 @@ def _set(flag: Flag, raw: str, actual: dict[str, Any]) -> None:
     elif kind == STRING:
         value = raw
     elif kind == LIST:
-        value = [*actual.get(flag.name, []), raw]
+        actual.setdefault(flag.name, []).append(raw)  # in place: linear in repeats
+        return
     elif kind == FLOATS:
         try:
             floats = [parse_float(p) for p in raw.split(",")]
         except ValueError:
             raise ValueError(f"could not parse {_quote(raw)} as floats") from None
-        value = sorted([*actual.get(flag.name, []), *floats], reverse=True)
+        actual.setdefault(flag.name, []).extend(floats)  # sorted once parsing is done
+        return
     else:
         assert flag.parse is not None
         value = flag.parse(raw)
@@ -174,18 +176,18 @@ def parse(flags: dict[str, Flag], argv: list[str]) -> tuple[dict[str, Any], list
     arguments after the flags). Raises FlagError or HelpRequested."""
     actual: dict[str, Any] = {}
     args = list(argv)
-    while args:
-        s = args[0]
+    i = 0
+    while i < len(args):
+        s = args[i]
         if len(s) < 2 or s[0] != "-":
             break
         dashes = 2 if s[1] == "-" else 1
+        i += 1
         if s == "--":
-            args.pop(0)
             break
         name = s[dashes:]
         if not name or name[0] in "-=":
             raise FlagError(f"bad flag syntax: {s}")
-        args.pop(0)
         name, eq, value = name.partition("=")
         flag = flags.get(name)
         if flag is None:
@@ -204,13 +206,17 @@ def parse(flags: dict[str, Flag], argv: list[str]) -> tuple[dict[str, Any], list
                     _set(flag, "true", actual)
                 continue
             if not eq:
-                if not args:
+                if i == len(args):
                     raise FlagError(f"flag needs an argument: -{name}")
-                value = args.pop(0)
+                value = args[i]
+                i += 1
             _set(flag, value, actual)
         except ValueError as e:
             raise FlagError(f"invalid value {_quote(value)} for flag -{name}: {e}") from None
-    return actual, args
+    for name, value in actual.items():
+        if flags[name].kind == FLOATS:
+            value.sort(reverse=True)  # matches nsqd's FloatArray: largest first
+    return actual, args[i:]
 
 
 def usage(prog: str, flags: dict[str, Flag]) -> str:
