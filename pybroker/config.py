@@ -100,10 +100,13 @@ class OptionSpec:
 
 
 def _default_node_id() -> int:
-    # matches nsqd: the default node id is crc32(md5(hostname)) mod 1024
-    import hashlib
-
-    return zlib.crc32(hashlib.md5(socket.gethostname().encode()).digest()) % 1024
+    # matches nsqd: the default node id is crc32(md5(hostname)) mod 1024; the builtin
+    # _md5 spares hashlib's OpenSSL load at every start
+    try:
+        from _md5 import md5  # type: ignore[import-not-found]
+    except ImportError:  # an interpreter built without it
+        from hashlib import md5
+    return zlib.crc32(md5(socket.gethostname().encode()).digest()) % 1024
 
 
 SPECS: tuple[OptionSpec, ...] = (
