@@ -10,6 +10,8 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pybroker.goflags import (BOOL, BOOLVALUE, DURATION, FLOATS, INT, LIST, STRING, Flag,
                               FlagError, HelpRequested, parse, parse_bool, parse_duration,
@@ -180,3 +182,34 @@ def test_serve_starts_without_typer_only_for_plain_options() -> None:
     for argv in (["--help"], ["--version"], ["--nope=1"], ["--tcp-address"], ["x"],
                  ["--tcp-address", "-x"], ["-cf.toml"], ["--", "--snappy=true"]):
         assert plain_serve_args(argv) is None, argv
+
+
+# -- property: any command line written in Go's spellings parses back to its values -------
+_INTS = st.integers(-(2**63), 2**63 - 1)
+_WORDS = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FFF), max_size=12)
+
+
+def _int_text(n: int, style: int) -> str:
+    sign, v = ("-" if n < 0 else ""), abs(n)
+    return sign + (str(v), hex(v), oct(v), "0" + oct(v)[2:], bin(v))[style]
+
+
+@given(st.lists(st.tuples(st.sampled_from(["n", "addr", "lookupd", "snappy"]),
+                          st.integers(0, 3), _INTS, _WORDS, st.booleans(), st.integers(0, 4)),
+                max_size=12))
+def test_go_spellings_round_trip(items: list[tuple[str, int, int, str, bool, int]]) -> None:
+    argv: list[str] = []
+    want: dict[str, Any] = {}
+    for name, form, n, word, flag, style in items:
+        dash = "--" if form % 2 else "-"
+        if name == "snappy":
+            argv.append(f"{dash}snappy" if flag else f"{dash}snappy={'tfTF01'[style]}")
+            want["snappy"] = True if flag else "tfTF01"[style] in "tT1"
+            continue
+        text = _int_text(n, style) if name == "n" else word
+        argv += [f"{dash}{name}={text}"] if form < 2 else [f"{dash}{name}", text]
+        if name == "lookupd":
+            want.setdefault("lookupd", []).append(text)
+        else:
+            want[name] = n if name == "n" else text
+    assert parse(TABLE, argv) == (want, [])
