@@ -234,6 +234,8 @@ SPECS: tuple[OptionSpec, ...] = (
 )
 
 SPEC_BY_KEY = {s.key: s for s in SPECS}
+# log_level's words (pybroker.logfmt maps them to logging's levels)
+LOG_LEVEL_NAMES = frozenset(("debug", "info", "warn", "warning", "error", "fatal"))
 
 
 class Options:

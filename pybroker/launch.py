@@ -110,26 +110,27 @@ def plain_serve_args(args: list[str]) -> tuple[str | None, dict[str, Any]] | Non
 def serve(config: str | None, flags: dict[str, Any]) -> int:
     """Resolve the options, bind every listener, then import the server and run it;
     returns the exit status (2 for a bad configuration, with one line naming the key)."""
-    from pybroker.config import load_toml, resolve
+    from pybroker.config import LOG_LEVEL_NAMES, load_toml, resolve
     from pybroker.errors import ConfigError
-    from pybroker.logfmt import LEVELS, setup_logging
 
     try:
         file_values = load_toml(config) if config else {}
         options = resolve(file_values, flags)
-        if options.log_level.lower() not in LEVELS:
+        if options.log_level.lower() not in LOG_LEVEL_NAMES:
             raise ConfigError(f"log_level: unknown level {options.log_level!r}")
     except ConfigError as e:
         print(f"pybroker: bad configuration: {e}", file=sys.stderr)
         return 2
-    setup_logging(options.log_level, options.log_prefix)
     from pybroker.server.sockets import StartupError, bind_listeners
 
     try:
-        bound = bind_listeners(options)  # every listener, before the server is imported
+        bound = bind_listeners(options)  # every listener first: nothing slow before
     except StartupError as e:
         print(f"pybroker: {e}", file=sys.stderr)
         return 2
+    from pybroker.logfmt import setup_logging
+
+    setup_logging(options.log_level, options.log_prefix)
     from pybroker.server.runtime import run
 
     return run(options, bound)

@@ -31,10 +31,12 @@ class NsqFormatter(logging.Formatter):
         return text
 
 
-def setup_logging(level: str, prefix: str = "[pybroker] ") -> None:
+def setup_logging(level: str, prefix: str = "[pybroker] ") -> logging.Logger:
+    """The ``pybroker`` logger, writing nsqd's lines to stderr at ``level``."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(NsqFormatter(prefix))
     root = logging.getLogger("pybroker")
     root.handlers[:] = [handler]
     root.setLevel(LEVELS.get(level.lower(), logging.INFO))
     root.propagate = False
+    return root

@@ -179,12 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"{PROG}: bad configuration: {e}", file=sys.stderr)
         return 2
+    from pybroker.server.sockets import StartupError, bind_listeners
+
+    try:
+        bound = bind_listeners(options)  # first, as nsqd.New: nothing slow before
+    except StartupError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
     from pybroker.logfmt import setup_logging
 
-    setup_logging(options.log_level, options.log_prefix)
-    import logging
-
-    log = logging.getLogger("pybroker")
+    log = setup_logging(options.log_level, options.log_prefix)
     for key in ignored:
         log.warning("config key %r is not an nsqd option: ignored (as nsqd does)", key)
     if rest:
@@ -192,13 +196,6 @@ def main(argv: list[str] | None = None) -> int:
         # never reads the rest; said here rather than silently
         log.warning("ignoring the arguments after the flags, as nsqd does: %s",
                     " ".join(rest))
-    from pybroker.server.sockets import StartupError, bind_listeners
-
-    try:
-        bound = bind_listeners(options)
-    except StartupError as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
-        return 2
     from pybroker.server.runtime import run
 
     return run(options, bound, banner=DROPIN_VERSION, prog=PROG)
