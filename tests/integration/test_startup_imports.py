@@ -28,8 +28,8 @@ FORBIDDEN = {
     "pybroker.cli", "pybroker.tools", "pybroker.bench", "pybroker.spark", "pybroker.client",
     "pybroker.testing", "typer", "click", "pyspark", "locust", "prometheus_client",
     # TLS, compression, AUTH, Prometheus, statsd, the nsqd importer: when configured or used
-    # (pybroker.server.auth's protocol side is imported; its HTTP client is not)
-    "ssl", "_ssl", "pybroker.tlsio", "pybroker.server.tls", "pybroker.protocol.compression", "cramjam", "http.client", "urllib.request",
+    # (pybroker.server.auth's protocol side is imported; its HTTP client and RE2 are not)
+    "pybroker.server.authhttp", "pybroker.server.grants", "re2", "ssl", "_ssl", "pybroker.tlsio", "pybroker.server.tls", "pybroker.protocol.compression", "cramjam", "http.client", "urllib.request",
     "concurrent.futures", "pybroker.http.metrics", "pybroker.http.statsd",
     "pybroker.server.importer", "pybroker.storage.nsqd_import", "pybroker.storage.oldqueues",
     # slow stdlib modules the serving path does not need
