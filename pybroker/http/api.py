@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pybroker import NSQ_COMPAT_VERSION, _native
 from pybroker.core import stats as core_stats
 from pybroker.errors import ChannelNotFound, Exiting, TopicNotFound
-from pybroker.http import channelconfig, logread, metrics, process, statstext
+from pybroker.http import channelconfig, logread, process, statstext
 from pybroker.http.collect import Collected, plan_stats
 from pybroker.http.gather import Gather
 from pybroker.http.options import ConfigEndpoint
@@ -384,6 +384,8 @@ class Api:
                                    self.server.figures()["refused"])
 
     def metrics(self, req: Request) -> Gather[Response]:
+        from pybroker.http import metrics  # Prometheus' format: loaded when first asked for
+
         def answer(c: Collected) -> Response:
             body = metrics.render(c, self.health(), self.broker.start_time,
                                   self.server.figures())

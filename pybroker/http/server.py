@@ -39,7 +39,6 @@ from pybroker.http.response import DateCache, Response, error
 from pybroker.http.statstext import go_duration
 from pybroker.server.listener import HTTP_RESERVE, Admission
 from pybroker.server.services import HttpHost
-from pybroker.server.tls import TlsSocket
 
 if TYPE_CHECKING:
     from pybroker.http.statsd import StatsdPusher
@@ -142,9 +141,11 @@ class HttpServer(SelectorLoop):
         self.statsd: StatsdPusher | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
-    def listen(self) -> str:
-        """Bind and start the ``http`` thread; returns "host:port". Raises OSError."""
-        self.sock = _bind(self.options.http_address)
+    def listen(self, sock: socket.socket | None = None,
+               https_sock: socket.socket | None = None) -> str:
+        """Serve the listening sockets (bound here when not given) and start the ``http``
+        thread; returns "host:port". Raises OSError."""
+        self.sock = sock if sock is not None else _bind(self.options.http_address)
         host, port = self.sock.getsockname()[:2]
         self.port = port
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -156,7 +157,8 @@ class HttpServer(SelectorLoop):
         ctx = self.runtime.tls_context
         if ctx is not None and self.options.https_address:
             # matches nsqd: HTTPS listens only when TLS is configured
-            self.https_sock = _bind(self.options.https_address)
+            self.https_sock = (https_sock if https_sock is not None
+                               else _bind(self.options.https_address))
             host, port = self.https_sock.getsockname()[:2]
             self.https_port = port
             log.info("HTTPS: listening on %s", f"[{host}]:{port}" if ":" in host else
@@ -262,6 +264,8 @@ class HttpServer(SelectorLoop):
             if https:
                 ctx = self.runtime.tls_context
                 assert ctx is not None   # HTTPS listens only with a TLS context
+                from pybroker.server.tls import TlsSocket  # with tls_cert only (ssl)
+
                 tls_sock: Any = TlsSocket(ctx, sock)
                 conn = HttpConn(self, tls_sock, addr)
                 conn.tls = True
@@ -387,6 +391,8 @@ class HttpServer(SelectorLoop):
         prefix = str(self.options.statsd_prefix)
         if not prefix:
             return ""
-        host_key = f"{self.options.broadcast_address}:{self.port}".replace(".", "_")
+        # matches nsqd: the host key's port is broadcast_http_port when set
+        port = getattr(self.options, "broadcast_http_port", 0) or self.port
+        host_key = f"{self.options.broadcast_address}:{port}".replace(".", "_")
         prefix = prefix.replace("%s", host_key.replace(":", "_"))
         return prefix if prefix.endswith(".") else prefix + "."

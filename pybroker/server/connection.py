@@ -56,7 +56,8 @@ class ClientConn:
         self.transport = Transport(sock)  # plain until IDENTIFY negotiates TLS/compression
         self.auth_secret = ""
         self.auth_state: AuthState | None = None  # once AUTH succeeded
-        self.remote_address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+        host = str(addr[0]) if isinstance(addr, tuple) else ""
+        self.remote_address = f"{host}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         opts = loop.options
         self.opts = opts
         self.decoder = CommandDecoder(opts.max_msg_size, opts.max_body_size)
@@ -69,9 +70,10 @@ class ClientConn:
         self.moving = False
         self.awaiting_commit = 0  # durable publishes not yet answered (see loop.published)
         self.unconfirmed = 0      # OKs in self.out whose topic write has not yet happened
-        # identity and negotiated settings (IDENTIFY)
-        self.client_id = ""
-        self.hostname = ""
+        # identity and negotiated settings (IDENTIFY); matches nsqd: client_id and hostname
+        # are the remote host until IDENTIFY sets them
+        self.client_id = host
+        self.hostname = host
         self.user_agent = ""
         self.heartbeat_interval_ns = 30 * 1_000_000_000
         self.msg_timeout_ns = opts.msg_timeout

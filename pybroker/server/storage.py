@@ -18,8 +18,6 @@ import json
 import logging
 import os
 import queue
-import secrets
-import shutil
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -75,6 +73,8 @@ class StorageManager:
         os.makedirs(self.state_root, exist_ok=True)
         for name in os.listdir(self.log_root):
             if name.startswith(".deleted-"):   # a delete that a crash interrupted
+                import shutil  # not at start-up (it loads bz2 and lzma)
+
                 shutil.rmtree(os.path.join(self.log_root, name), ignore_errors=True)
         probe = os.path.join(self.data_path, ".pybroker-write-test")
         with open(probe, "wb") as f:
@@ -92,6 +92,15 @@ class StorageManager:
     def restore(self) -> None:
         """Recreate topics and channels from nsqd.dat (importing an nsqd data dir first
         if there is one), with their saved channel states."""
+        try:
+            names = os.listdir(self.data_path)
+        except OSError:
+            names = []
+        if "queues" not in names and not any(n.endswith(".diskqueue.meta.dat") for n in names):
+            self._load()  # nothing to import or migrate: the importer is not even loaded
+            self._thread.start()
+            self.save_metadata()
+            return
         from pybroker.server.importer import import_nsqd_dir, migrate_queues_dir
 
         if import_nsqd_dir(self):
@@ -178,7 +187,7 @@ class StorageManager:
         the storage thread removes the old files."""
         gone = None
         if t.log.directory is not None:
-            gone = os.path.join(self.log_root, f".deleted-{secrets.token_hex(8)}")
+            gone = os.path.join(self.log_root, f".deleted-{os.urandom(8).hex()}")
             try:
                 os.rename(t.log.directory, gone)
             except FileNotFoundError:
@@ -276,6 +285,8 @@ class StorageManager:
         except Exception as e:
             log.error("NSQ: storage: closing the log of deleted topic %s: %s", t.name, e)
         if gone is not None:
+            import shutil
+
             shutil.rmtree(gone, ignore_errors=True)
 
     def _write_metadata(self) -> None:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import shutil
 import struct
 import threading
 import zlib
@@ -298,6 +297,8 @@ class TopicLog:
             return
         seg.damaged = True
         try:
+            import shutil  # a damaged segment only
+
             shutil.copyfile(seg.path, seg.path + ".bad")
         except OSError as e:
             log.error("%s: could not copy %s aside: %s", self, seg.path, e)
@@ -630,6 +631,8 @@ class TopicLog:
         """Close and remove the log's directory."""
         self.close()
         if self.directory is not None:
+            import shutil  # not at start-up (it loads bz2 and lzma)
+
             shutil.rmtree(self.directory, ignore_errors=True)
 
 

@@ -142,6 +142,17 @@ def test_install_with_a_compiler_runs_the_c_codec(with_compiler: Path, tmp_path:
     assert WARNING not in text and "INFO: codec: c" in text
 
 
+def test_the_install_has_the_pybroker_nsqd_script(with_compiler: Path, tmp_path: Path) -> None:
+    """pip installs the drop-in nsqd beside pybroker: nsqd's version format, its flags."""
+    script = with_compiler.parent / "pybroker-nsqd"
+    r = subprocess.run([str(script), "-version"], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("nsqd v1.3.0-compat (built w/pybroker-")
+    r = subprocess.run([str(script), "-no-such-flag"], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (2, "flag provided but not defined: -no-such-flag\n")
+
+
 def test_python_m_pybroker_from_the_checkout_after_install(with_compiler: Path,
                                                             checkout: Path,
                                                             tmp_path: Path) -> None:
