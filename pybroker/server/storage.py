@@ -5,12 +5,19 @@ flags), ``topics/<topic>/`` (one TopicLog per topic), ``state/<topic>.json`` (th
 cursors and pending offsets of the topic's channels).
 
 Ownership: the ``storage`` thread owns every fsync, metadata save, channel-state save and
-segment deletion. Event loops append and write (``write()`` hands records to the kernel)
-and post the rest here: ``sync_topics`` (group commit for fsync durability: the
-completion is posted back to the asking loop), ``save_metadata``, ``delete_topic``.
-Channel states are snapshotted on their owner loops (``Channel.snapshot``) at the
-storage thread's request and written here. A storage error never kills a thread: it is
-logged, reported by /ping, and cleared by the next write that works.
+segment deletion. The topics' owner loops append and write (their Publishers: ``write()``
+hands records to the kernel) and post the rest here: ``sync_topics`` (group commit for
+fsync durability: one fsync per topic per pass, each result (topic, epoch, error) posted
+back to the asking loop), ``save_metadata``, ``delete_topic``. In fsync mode a failed
+fsync of a checkpoint is posted to the topic's owner too, so that no publish it covered
+is answered OK. Channel states are snapshotted on their owner loops
+(``Channel.snapshot``) at the storage thread's request and written here. A storage
+error never kills a thread: it is logged and reported by /ping until the same kind of
+operation works again for the same topic (a write of real records, an fsync, a state
+or metadata save).
+
+The topic logs' file operations go through ``fileops`` (pybroker.storage.fileops): the
+real ones, or the fault plan of ``PYBROKER_FAULTS`` (a test facility, logged at start).
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ from pybroker.protocol.deadletter import dead_letter_settings
 from pybroker.core.topic import Topic
 from pybroker.storage import MetadataError, StorageError
 from pybroker.storage._fsutil import atomic_write, safe_name
+from pybroker.storage.fileops import REAL, FileOps, FaultyFileOps, from_environment
 from pybroker.storage.lock import DataPathLock
 from pybroker.storage.metadata import (BrokerMetadata, ChannelMeta, TopicMeta, load_metadata,
                                        save_metadata)
@@ -37,6 +45,7 @@ if TYPE_CHECKING:
     from pybroker.core.broker import Broker
     from pybroker.core.channel import Channel
     from pybroker.server.loop import EventLoop
+    from pybroker.server.publish import SyncResult
     from pybroker.server.services import StorageHost
 
 log = logging.getLogger("pybroker")
@@ -58,10 +67,12 @@ class StorageManager:
         self._requests: queue.Queue[Any] = queue.Queue()
         self._meta_wanted = threading.Event()
         self._save_soon = threading.Event()
-        self._failed_topics: set[str] = set()
+        # (topic name or "", kind) of what failed and has not worked since
+        self._failed_topics: set[tuple[str, str]] = set()
         # shared by the loops (and HTTP) that report writes: the set of failing topics and
         # runtime.health change together under it (write_ok, failed)
         self._lock = threading.Lock()
+        self.fileops: FileOps = REAL
         self._thread = threading.Thread(target=self._run, name="storage", daemon=True)
         self.lock = DataPathLock(self.data_path)
 
@@ -69,6 +80,10 @@ class StorageManager:
     def prepare(self) -> None:
         """Create the data directories and lock the data_path (one broker per data_path,
         as nsqd); raise StorageError/OSError (DataPathLocked) if they cannot be used."""
+        self.fileops = from_environment()
+        if isinstance(self.fileops, FaultyFileOps):
+            log.warning("NSQ: storage: TEST FAULT PLAN ARMED (PYBROKER_FAULTS): %s",
+                        self.fileops.describe())
         os.makedirs(self.data_path, exist_ok=True)
         self.lock.acquire()
         os.makedirs(self.log_root, exist_ok=True)
@@ -87,7 +102,7 @@ class StorageManager:
         directory = None if ephemeral else os.path.join(self.log_root, safe_name(name))
         return TopicLog(directory, max_bytes_per_file=o.max_bytes_per_file,
                         mem_records=o.mem_queue_size,
-                        max_record_bytes=o.max_msg_size + 64)
+                        max_record_bytes=o.max_msg_size + 64, fileops=self.fileops)
 
     def restore(self) -> None:
         """Recreate topics and channels from nsqd.dat (importing an nsqd data dir first
@@ -150,10 +165,13 @@ class StorageManager:
             return {}
 
     # -- requests from other threads --------------------------------------------------------
-    def sync_topics(self, topics: list[Topic], done: Callable[[Exception | None], None]) -> None:
-        """fsync these topics' logs on the storage thread, then call done(error) there
-        (the caller's done posts back to its loop). Requests that queue up meanwhile
-        share the next round of fsyncs (group commit)."""
+    def sync_topics(self, topics: list[Topic], done: Callable[[list[SyncResult]], None]
+                    ) -> None:
+        """fsync these topics' logs on the storage thread, then call done(results) there
+        with (topic, epoch, error) per topic: no error, every epoch up to ``epoch`` is
+        durable; an error, every one up to it not made durable is lost. The caller's done
+        posts back to its loop. Requests that queue up meanwhile share the next round of
+        fsyncs (group commit)."""
         self._requests.put((topics, done))
 
     def save_metadata(self) -> None:
@@ -195,10 +213,15 @@ class StorageManager:
             log.error("NSQ: storage: removing state of %s: %s", t.name, e)
         self._requests.put(("delete", t, gone))
 
-    def write_ok(self, t: Topic) -> None:
-        """A write worked: if storage was unhealthy because of this topic, it no longer is."""
+    def write_ok(self, t: Topic | None, kind: str = "write") -> None:
+        """An operation of this kind worked for t (a write of real records, an fsync, a
+        state save; None: the metadata): if storage was unhealthy because of it, it no
+        longer is; once nothing failing is left, /ping says OK again."""
+        key = (t.name if t is not None else "", kind)
         with self._lock:
-            self._failed_topics.discard(t.name)
+            if key not in self._failed_topics:
+                return
+            self._failed_topics.discard(key)
             if self._failed_topics or not (self.runtime.health or "").startswith(
                     "failed to write"):
                 return
@@ -206,11 +229,13 @@ class StorageManager:
             self.runtime.health = None
         log.info("NSQ: storage: writes work again")
 
-    def failed(self, err: BaseException, topic: Topic | None = None) -> None:
-        """A write failed (any thread): log it; /ping says NOK until a write works again."""
+    def failed(self, err: BaseException, topic: Topic | None = None,
+               kind: str = "write") -> None:
+        """An operation failed (any thread): log it; /ping says NOK until the same kind
+        of operation works again for the same topic (``write_ok``)."""
         log.error("NSQ: storage: %s", err)
         with self._lock:
-            self._failed_topics.add(topic.name if topic is not None else "")
+            self._failed_topics.add((topic.name if topic is not None else "", kind))
             self.runtime.health = f"failed to write to disk - {err}"
 
     # -- the storage thread -----------------------------------------------------------------
@@ -229,7 +254,7 @@ class StorageManager:
                     batch.append(self._requests.get_nowait())
                 except queue.Empty:
                     break
-            syncs: list[tuple[list[Topic], Callable[[Exception | None], None]]] = []
+            syncs: list[tuple[list[Topic], Callable[[list[SyncResult]], None]]] = []
             for req in batch:
                 if req is _STOP:
                     stop = True
@@ -252,23 +277,27 @@ class StorageManager:
                 next_save = time.monotonic() + o.sync_timeout / 1e9
                 self.checkpoint()
 
-    def _group_sync(self, syncs: list[tuple[list[Topic], Callable[[Exception | None], None]]]
+    def _group_sync(self, syncs: list[tuple[list[Topic], Callable[[list[SyncResult]], None]]]
                     ) -> None:
         """One fsync per topic for every publish that asked since the last round."""
-        topics = {t: None for ts, _ in syncs for t in ts}
-        errors: dict[Topic, Exception] = {}
-        for t in topics:
-            try:
-                t.log.sync()
-            except Exception as e:  # StorageError: the publishes get E_PUB_FAILED
-                errors[t] = e
-                self.failed(e, t)
+        results = {t: self._sync_log(t) for ts, _ in syncs for t in ts}
         for ts, done in syncs:
-            err = next((errors[t] for t in ts if t in errors), None)
             try:
-                done(err)
+                done([(t, *results[t]) for t in ts])
             except Exception:
                 log.exception("NSQ: storage: completion failed")
+
+    def _sync_log(self, t: Topic) -> tuple[int, Exception | None]:
+        """fsync t's log: (the epoch now durable, None), or (the newest epoch the
+        failed fsync leaves unknown, the error)."""
+        try:
+            t.log.sync()
+        except Exception as e:  # StorageError: the publishes it covered fail
+            self.failed(e, t, "sync")
+            return getattr(e, "epoch", 0) or t.log.epoch - 1, e
+        if self.runtime.health is not None:
+            self.write_ok(t, "sync")
+        return t.log.durable_epoch, None
 
     def _remove_topic(self, t: Topic, gone: str | None) -> None:
         try:
@@ -290,7 +319,10 @@ class StorageManager:
         try:
             save_metadata(self.meta_path, BrokerMetadata(topics))
         except (MetadataError, OSError) as e:
-            self.failed(e)
+            self.failed(e, None, "metadata")
+            return
+        if self.runtime.health is not None:
+            self.write_ok(None, "metadata")
 
     # -- checkpoints: fsync, channel states, segment deletion -------------------------------
     def checkpoint(self, snapshots: dict[Topic, dict[str, Any]] | None = None) -> None:
@@ -305,16 +337,20 @@ class StorageManager:
         for t, snap in snapshots.items():
             if t.deleted or t.ephemeral:
                 continue
-            try:
-                t.log.sync()
-            except Exception as e:
-                self.failed(e, t)
+            epoch, err = self._sync_log(t)
+            if err is not None:
+                owner = t.owner
+                if self.durable and owner is not None:
+                    # publishes waiting for an fsync that covered these epochs fail
+                    owner.call_soon_threadsafe(owner.publisher.synced, [(t, epoch, err)])
                 continue
             try:
                 atomic_write(self._state_path(t.name), json.dumps(snap).encode())
             except OSError as e:
-                self.failed(e, t)
+                self.failed(e, t, "state")
                 continue
+            if self.runtime.health is not None:
+                self.write_ok(t, "state")
             floor = snap["floor"]
             t.prune_dpubs(snap["min_cursor"])
             t.prune_gaps(snap["min_cursor"])
