@@ -23,11 +23,13 @@ Write epochs: an append is stamped with the epoch of the write that will carry i
 epoch. At the end of the turn the topic is written once (group commit); the write
 returns the epoch it carried, or fails naming it, and settles the batch whose epoch it
 is. In memory mode a written batch is answered OK. In fsync mode it waits for the
-storage thread, which fsyncs each topic once per pass and posts back (epoch, error):
-every waiting batch with an epoch up to that one is answered, OK or failed. So a failed
-write or fsync fails exactly the publishes whose records it carried, whichever
-connection, HTTP request or channel they came from, and nothing else; nothing decides
-an OK but the comparison of a batch's epoch with the epoch a write or fsync covered.
+storage thread, which fsyncs each topic once per pass and posts back; the log then says
+of each waiting batch's epoch whether it is durable (``durable_epoch``) or was lost by a
+failed fsync (``lost_by``: every epoch written and not yet durable when an fsync failed,
+whoever asked for that fsync). So a failed write or fsync fails exactly the publishes
+whose records it carried, whichever connection, HTTP request or channel they came from,
+and nothing else; nothing decides an OK but comparing a batch's epoch with the epochs a
+write or fsync covered.
 """
 from __future__ import annotations
 
@@ -54,7 +56,6 @@ Parts = tuple[bytes, Sequence[int], Sequence[int]]   # an MPUB body, offsets, le
 Payload = Union[list[bytes], Parts]
 Done = Callable[[Union[Exception, None]], None]      # called with None (OK) or the error
 Request = tuple[str, Payload, int, Done]             # (topic, payload, defer_ns, done)
-SyncResult = tuple["Topic", int, Union[Exception, None]]
 # (ts_ns, attempts, body, deliver_at_ns): a record that keeps its own fields (imports)
 Record = tuple[int, int, bytes, int]
 
@@ -306,19 +307,23 @@ class Publisher:
         if to_sync:
             rt.storage.sync_topics(to_sync, self._post_synced)
 
-    def _post_synced(self, results: list[SyncResult]) -> None:
+    def _post_synced(self, topics: list[Topic]) -> None:
         # on the storage thread
-        self.loop.call_soon_threadsafe(self.synced, results)
+        self.loop.call_soon_threadsafe(self.synced, topics)
 
-    def synced(self, results: list[SyncResult]) -> None:
-        """The storage thread's fsyncs: (topic, epoch, error). With no error, every
-        batch of the topic up to that epoch is durable; with one, every batch up to it
-        failed (the files' tail is unknown: docs/storage.md)."""
-        for topic, epoch, err in results:
+    def synced(self, topics: list[Topic]) -> None:
+        """The storage thread fsynced these topics (or tried): settle every waiting
+        batch whose epoch the log now says is durable, or lost by a failed fsync."""
+        for topic in topics:
             waiting = self._syncing.get(topic)
             if not waiting:
                 continue
-            while waiting and waiting[0].epoch <= epoch:
+            log = topic.log
+            while waiting:
+                epoch = waiting[0].epoch
+                err = log.lost_by(epoch)
+                if err is None and epoch > log.durable_epoch:
+                    break                       # a later fsync will cover it
                 self._settle(waiting.popleft(), err)
             if not waiting:
                 del self._syncing[topic]

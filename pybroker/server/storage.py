@@ -7,10 +7,10 @@ cursors and pending offsets of the topic's channels).
 Ownership: the ``storage`` thread owns every fsync, metadata save, channel-state save and
 segment deletion. The topics' owner loops append and write (their Publishers: ``write()``
 hands records to the kernel) and post the rest here: ``sync_topics`` (group commit for
-fsync durability: one fsync per topic per pass, each result (topic, epoch, error) posted
-back to the asking loop), ``save_metadata``, ``delete_topic``. In fsync mode a failed
-fsync of a checkpoint is posted to the topic's owner too, so that no publish it covered
-is answered OK. Channel states are snapshotted on their owner loops
+fsync durability: one fsync per topic per pass, the completion posted back to the
+asking loop, whose Publisher asks each log which epochs are durable or were lost by a
+failed fsync, whichever fsync that was), ``save_metadata``, ``delete_topic``. Channel
+states are snapshotted on their owner loops
 (``Channel.snapshot``) at the storage thread's request and written here. A storage
 error never kills a thread: it is logged and reported by /ping until the same kind of
 operation works again for the same topic (a write of real records, an fsync, a state
@@ -45,11 +45,11 @@ if TYPE_CHECKING:
     from pybroker.core.broker import Broker
     from pybroker.core.channel import Channel
     from pybroker.server.loop import EventLoop
-    from pybroker.server.publish import SyncResult
     from pybroker.server.services import StorageHost
 
 log = logging.getLogger("pybroker")
 TICK_S = 0.05
+META_RETRY_S = 1.0    # a failed nsqd.dat save is tried again after this
 SNAPSHOT_WAIT_S = 2.0
 _STOP = object()
 
@@ -66,6 +66,7 @@ class StorageManager:
         self.durable = o.durability == "fsync"
         self._requests: queue.Queue[Any] = queue.Queue()
         self._meta_wanted = threading.Event()
+        self._meta_retry_at = 0.0   # a failed metadata save is tried again from then on
         self._save_soon = threading.Event()
         # (topic name or "", kind) of what failed and has not worked since
         self._failed_topics: set[tuple[str, str]] = set()
@@ -165,13 +166,12 @@ class StorageManager:
             return {}
 
     # -- requests from other threads --------------------------------------------------------
-    def sync_topics(self, topics: list[Topic], done: Callable[[list[SyncResult]], None]
+    def sync_topics(self, topics: list[Topic], done: Callable[[list[Topic]], None]
                     ) -> None:
-        """fsync these topics' logs on the storage thread, then call done(results) there
-        with (topic, epoch, error) per topic: no error, every epoch up to ``epoch`` is
-        durable; an error, every one up to it not made durable is lost. The caller's done
-        posts back to its loop. Requests that queue up meanwhile share the next round of
-        fsyncs (group commit)."""
+        """fsync these topics' logs on the storage thread, then call done(topics) there
+        (the caller's done posts back to its loop; each log then says which epochs are
+        durable, ``durable_epoch``, and which a failed fsync lost, ``lost_by``). Requests
+        that queue up meanwhile share the next round of fsyncs (group commit)."""
         self._requests.put((topics, done))
 
     def save_metadata(self) -> None:
@@ -248,27 +248,10 @@ class StorageManager:
                 first = self._requests.get(timeout=TICK_S)
             except queue.Empty:
                 first = None
-            batch = [first] if first is not None else []
-            while True:
-                try:
-                    batch.append(self._requests.get_nowait())
-                except queue.Empty:
-                    break
-            syncs: list[tuple[list[Topic], Callable[[list[SyncResult]], None]]] = []
-            for req in batch:
-                if req is _STOP:
-                    stop = True
-                elif isinstance(req, tuple) and req and req[0] == "delete":
-                    self._remove_topic(req[1], req[2])
-                elif isinstance(req, tuple) and req and req[0] == "call":
-                    try:
-                        req[1](*req[2])
-                    except Exception:
-                        log.exception("NSQ: storage: a posted call failed")
-                elif isinstance(req, tuple):
-                    syncs.append(req)
-            if syncs:
-                self._group_sync(syncs)
+            stop = self._serve([first] if first is not None else [])
+            if self._meta_retry_at and time.monotonic() >= self._meta_retry_at:
+                self._meta_retry_at = 0.0
+                self._meta_wanted.set()
             if self._meta_wanted.is_set():
                 self._meta_wanted.clear()
                 self._write_metadata()
@@ -277,27 +260,65 @@ class StorageManager:
                 next_save = time.monotonic() + o.sync_timeout / 1e9
                 self.checkpoint()
 
-    def _group_sync(self, syncs: list[tuple[list[Topic], Callable[[list[SyncResult]], None]]]
+    def run_pending(self) -> None:
+        """Serve every request queued now on the calling thread, as one pass of the
+        storage thread would (for tests that drive the loops and storage by hand)."""
+        self._serve([])
+
+    def _serve(self, batch: list[Any]) -> bool:
+        """One pass: the requests in batch and every one queued behind them (all the
+        fsyncs they ask for in one round); True when asked to stop."""
+        while True:
+            try:
+                batch.append(self._requests.get_nowait())
+            except queue.Empty:
+                break
+        stop = False
+        syncs: list[tuple[list[Topic], Callable[[list[Topic]], None]]] = []
+        for req in batch:
+            if req is _STOP:
+                stop = True
+            elif isinstance(req, tuple) and req and req[0] == "delete":
+                self._remove_topic(req[1], req[2])
+            elif isinstance(req, tuple) and req and req[0] == "call":
+                try:
+                    req[1](*req[2])
+                except Exception:
+                    log.exception("NSQ: storage: a posted call failed")
+            elif isinstance(req, tuple):
+                syncs.append(req)
+        if syncs:
+            self._group_sync(syncs)
+        return stop
+
+    def _group_sync(self, syncs: list[tuple[list[Topic], Callable[[list[Topic]], None]]]
                     ) -> None:
         """One fsync per topic for every publish that asked since the last round."""
-        results = {t: self._sync_log(t) for ts, _ in syncs for t in ts}
+        for t in {t: None for ts, _ in syncs for t in ts}:    # each topic once
+            self._sync_log(t)
         for ts, done in syncs:
             try:
-                done([(t, *results[t]) for t in ts])
+                done(ts)
             except Exception:
                 log.exception("NSQ: storage: completion failed")
 
-    def _sync_log(self, t: Topic) -> tuple[int, Exception | None]:
-        """fsync t's log: (the epoch now durable, None), or (the newest epoch the
-        failed fsync leaves unknown, the error)."""
+    def _sync_log(self, t: Topic) -> bool:
+        """fsync t's log; False if it failed (the log then counts every epoch not yet
+        durable as lost, so the publishes waiting for them fail)."""
         try:
             t.log.sync()
-        except Exception as e:  # StorageError: the publishes it covered fail
+        except StorageError as e:
             self.failed(e, t, "sync")
-            return getattr(e, "epoch", 0) or t.log.epoch - 1, e
+            return False
+        except Exception as e:     # a bug: nothing may count as durable meanwhile
+            log.exception("NSQ: storage: syncing %s failed", t.name)
+            failure = StorageError(f"sync {t.name}: {e}")
+            t.log.lose_unsynced(failure)
+            self.failed(failure, t, "sync")
+            return False
         if self.runtime.health is not None:
             self.write_ok(t, "sync")
-        return t.log.durable_epoch, None
+        return True
 
     def _remove_topic(self, t: Topic, gone: str | None) -> None:
         try:
@@ -320,6 +341,7 @@ class StorageManager:
             save_metadata(self.meta_path, BrokerMetadata(topics))
         except (MetadataError, OSError) as e:
             self.failed(e, None, "metadata")
+            self._meta_retry_at = time.monotonic() + META_RETRY_S
             return
         if self.runtime.health is not None:
             self.write_ok(None, "metadata")
@@ -337,12 +359,7 @@ class StorageManager:
         for t, snap in snapshots.items():
             if t.deleted or t.ephemeral:
                 continue
-            epoch, err = self._sync_log(t)
-            if err is not None:
-                owner = t.owner
-                if self.durable and owner is not None:
-                    # publishes waiting for an fsync that covered these epochs fail
-                    owner.call_soon_threadsafe(owner.publisher.synced, [(t, epoch, err)])
+            if not self._sync_log(t):
                 continue
             try:
                 atomic_write(self._state_path(t.name), json.dumps(snap).encode())

@@ -14,6 +14,7 @@ every failure path of the publish path without filling a disk:
 A rule matches calls of one operation, optionally only on files whose path contains a
 string, optionally only while a file exists; of the calls it matches, it fails the
 ``nth`` (1-based) and the ``count - 1`` after it (``count=0``: all from the nth on).
+Every rule counts every call it matches; when several fail one call, the first wins.
 
 Tests in this process build plans directly (``FaultyFileOps([Fault(...)])``). A broker
 process arms a plan from the environment at start-up (``from_environment``): the
@@ -156,10 +157,11 @@ class FaultyFileOps(FileOps):
             where = path if path is not None else self._paths.get(fd or -1, "")
             if self.record:
                 self.calls.append((op, where))
-            for f in self.faults:
-                if f.op == op and f.hit(where):
-                    return f.kind
-        return None
+            kind = None
+            for f in self.faults:       # every rule counts the calls it matches
+                if f.op == op and f.hit(where) and kind is None:
+                    kind = f.kind
+        return kind
 
     @staticmethod
     def _raise(kind: str, op: str) -> None:

@@ -23,9 +23,9 @@ disk for ``tail_start`` and /stats). A log without a directory
 Write epochs: each ``write_pending`` carries the records appended since the one before
 and is numbered (``epoch``: the number the pending records will be written with). It
 returns that number, or raises a StorageError naming it; ``sync`` moves
-``durable_epoch`` or raises naming the newest epoch it could not make durable. A
-publisher compares the epoch its records were appended in with these (docs/storage.md,
-"When a write fails"). Every file operation of the write side goes through
+``durable_epoch``, or fails and declares every written epoch not yet durable lost
+(``lost_by``). A publisher compares the epoch its records were appended in with these
+(docs/storage.md, "When a write fails"). Every file operation of the write side goes through
 ``fileops`` (pybroker.storage.fileops: the fault seam for tests).
 
 Concurrency: ``lock`` guards everything here. Callers hold it around ``append`` /
@@ -76,6 +76,7 @@ RESYNC_LIMIT = 4 * 1024 * 1024
 # many bytes; older records are read back from the segment files (the page cache)
 TAIL_MAX_BYTES = 32 * 1024 * 1024
 INDEX_EVERY = 1024          # records between sparse index points within one write
+MAX_LOST = 64               # ranges of lost epochs kept (older ones are merged)
 _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
 
@@ -196,6 +197,8 @@ class TopicLog:
         self.durable_epoch = 0          # epochs up to this were covered by an fsync
         self._durable_offset = 0        # offsets below were covered by an fsync
         self._must_roll = False         # an fsync failed: the active segment takes no more
+        # (first, last, error) of the epochs a failed fsync left unknown, oldest first
+        self._lost: list[tuple[int, int, StorageError]] = []
         self._cut_back: int | None = None   # a failed write could not be cut back to this
         # (offset, deliver_at_ns) of the DPUB records found by recovery
         self.recovered_dpubs: list[tuple[int, int]] = []
@@ -675,11 +678,12 @@ class TopicLog:
         a new segment); returns the offset below which everything is on disk and moves
         ``durable_epoch`` to the newest epoch this fsync covered.
 
-        A failed fsync raises a StorageError whose ``.epoch`` is the newest epoch written
-        to the files it covered. Their tail is now unknown (the kernel may have dropped
-        the dirty pages and would report the next fsync as a success): none of them is
-        fsynced again, the active segment takes no more writes (the next write rolls to
-        a new one), and the epochs not yet durable up to ``.epoch`` are lost."""
+        A failed fsync raises a StorageError whose ``.epoch`` is the newest epoch
+        written to the files it covered. Their tail is now unknown (the kernel may have
+        dropped the dirty pages and would report the next fsync as a success): every
+        written epoch not yet durable is lost (``lost_by``), none of those files is
+        fsynced again, and the active segment takes no more writes (the next write
+        rolls to a new one)."""
         ops = self.fileops
         with self.lock:
             if self.directory is None:
@@ -693,7 +697,9 @@ class TopicLog:
                 active = ops.dup(self._fd) if self._fd is not None else None
             except OSError as e:
                 self._to_sync = fds + self._to_sync
-                raise from_oserror("sync", self.directory, e) from None
+                failure = from_oserror("sync", self.directory, e)
+                self._lose_unsynced(failure)
+                raise failure from None
             dir_dirty, self._dir_dirty = self._dir_dirty, False
         err: OSError | None = None
         for fd in fds + ([active] if active is not None else []):
@@ -716,24 +722,55 @@ class TopicLog:
             except OSError as e:
                 err = e
         if err is not None:
-            with self.lock:
-                lost = self.last_written_epoch
-                if self._fd is not None:
-                    self._must_roll = True
-                for fd in self._to_sync:       # rolled meanwhile: as unknown as the rest
-                    try:
-                        ops.close(fd)
-                    except OSError:
-                        pass
-                self._to_sync = []
-                self._dir_dirty = True
             failure = from_oserror("sync", self.directory, err)
-            failure.epoch = lost
+            with self.lock:
+                self._lose_unsynced(failure)
             raise failure
         with self.lock:
             self.durable_epoch = max(self.durable_epoch, upto_epoch)
             self._durable_offset = max(self._durable_offset, upto)
             return self._durable_offset
+
+    def lose_unsynced(self, err: StorageError) -> None:
+        """Declare every written epoch not yet durable lost, as a failed fsync does (for
+        a caller whose sync failed in a way the log did not see)."""
+        with self.lock:
+            self._lose_unsynced(err)
+
+    def _lose_unsynced(self, err: StorageError) -> None:
+        # caller holds the lock
+        err.epoch = self.last_written_epoch
+        lo, hi = self.durable_epoch + 1, self.last_written_epoch
+        if hi >= lo:
+            lost = self._lost
+            if lost and lost[-1][1] >= lo - 1:
+                lost[-1] = (lost[-1][0], hi, err)    # no success in between: one range
+            else:
+                lost.append((lo, hi, err))
+            if len(lost) > MAX_LOST:
+                # bounded: the two oldest ranges become one (the epochs between them
+                # now count as lost too: a publish may fail that was stored, never the
+                # other way round)
+                (lo0, _, _), (_, hi1, err1) = lost[0], lost[1]
+                lost[0:2] = [(lo0, hi1, err1)]
+        if self._fd is not None:
+            self._must_roll = True
+        for fd in self._to_sync:               # rolled meanwhile: as unknown as the rest
+            try:
+                self.fileops.close(fd)
+            except OSError:
+                pass
+        self._to_sync = []
+        self._dir_dirty = True
+
+    def lost_by(self, epoch: int) -> StorageError | None:
+        """The error of the failed fsync that lost this epoch's records, or None."""
+        with self.lock:
+            lost = self._lost
+            i = bisect.bisect_left(lost, epoch, key=lambda r: r[1])
+            if i < len(lost) and lost[i][0] <= epoch:
+                return lost[i][2]
+            return None
 
     def close(self) -> None:
         with self.lock:
