@@ -305,6 +305,7 @@ class StorageManager:
     def _sync_log(self, t: Topic) -> bool:
         """fsync t's log; False if it failed (the log then counts every epoch not yet
         durable as lost, so the publishes waiting for them fail)."""
+        before = t.log.durable_epoch
         try:
             t.log.sync()
         except StorageError as e:
@@ -316,8 +317,8 @@ class StorageManager:
             t.log.lose_unsynced(failure)
             self.failed(failure, t, "sync")
             return False
-        if self.runtime.health is not None:
-            self.write_ok(t, "sync")
+        if self.runtime.health is not None and t.log.durable_epoch > before:
+            self.write_ok(t, "sync")        # an fsync of real records worked
         return True
 
     def _remove_topic(self, t: Topic, gone: str | None) -> None:
