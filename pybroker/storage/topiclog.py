@@ -774,6 +774,11 @@ class TopicLog:
 
     def close(self) -> None:
         with self.lock:
+            if self._cut_back is not None and self._segs:
+                try:            # the bytes of a failed write: not to be found on reopening
+                    self._retry_cut_back(self._segs[-1])
+                except StorageError as e:
+                    log.error("%s: %s", self, e)
             fds = self._to_sync + ([self._fd] if self._fd is not None else [])
             self._to_sync = []
             self._fd = None

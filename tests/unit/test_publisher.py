@@ -280,3 +280,26 @@ def test_deleted_topic_takes_no_publish(memory: Harness) -> None:
     assert h.topic_bodies(t) == [b"after-0"]
     with pytest.raises(Exiting):
         old.publish([b"x"], 1)
+
+
+def test_http_job_result_comes_when_the_loop_resolves_it() -> None:
+    """A Gather job may answer later (an HTTP publish: when its write is settled)."""
+    from pybroker.http.gather import MISSING, Later, run_job
+
+    got: list[Any] = []
+    later = Later()
+    run_job(lambda: later, (), got.append)
+    assert got == []
+    later.resolve(None)
+    later.resolve(ValueError("twice"))     # settled once only
+    assert got == [None]
+    early = Later()
+    early.resolve("done")
+    run_job(lambda: early, (), got.append)  # resolved before anyone waited
+    assert got == [None, "done"]
+
+    def broken() -> Any:
+        raise RuntimeError("a bug")
+
+    run_job(broken, (), got.append)
+    assert got[-1] is MISSING
