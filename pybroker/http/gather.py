@@ -90,6 +90,13 @@ def run_job(fn: Callable[..., Any], args: tuple[Any, ...],
         deliver(result)
 
 
+def run_jobs(jobs: list[tuple[Callable[..., Any], tuple[Any, ...],
+                              Callable[[Any], None]]]) -> None:
+    """On the loop thread: the jobs one turn of the HTTP server posted to this loop."""
+    for fn, args, deliver in jobs:
+        run_job(fn, args, deliver)
+
+
 def run_blocking(g: Gather[T], timeout_s: float | None = None) -> T:
     """Post g's jobs and wait (with a deadline) for them; for threads that may block."""
     n = len(g.jobs)
