@@ -330,8 +330,12 @@ class Publisher:
 
     # -- settling -----------------------------------------------------------------------
     def _settle(self, batch: _Batch, err: Exception | None) -> None:
+        to_flush = self.loop.to_flush
         for conn, idx, failed, verb in batch.slots:
             conn.unconfirmed -= 1
+            # its OK was queued in an earlier turn than this write when the command ran
+            # after the end-of-turn writes (a connection resumed by an answer)
+            to_flush[conn] = None
             if err is not None and not conn.closed:
                 e = failed(f"{verb} failed {err}")
                 conn.out[idx] = encode_error(e.payload())
