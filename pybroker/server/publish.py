@@ -189,6 +189,10 @@ class Publisher:
         except Exiting as e:
             self._settle_one(done, origin, e)
             return
+        except Exception as e:     # a bug: this publish fails, the others go on
+            log.exception("%s: publishing to %s failed", self.loop.name, name)
+            self._settle_one(done, origin, e)
+            return
         if origin is None:
             batch.calls.append(done)
         else:
@@ -248,7 +252,9 @@ class Publisher:
             try:
                 batch = self._append(job.name, (body, offs[i:j], lens[i:j]), 0,
                                      ts_ns=job.ts_ns)
-            except Exiting as e:
+            except Exception as e:     # Exiting, or a bug: the MPUB fails
+                if not isinstance(e, Exiting):
+                    log.exception("%s: publishing to %s failed", self.loop.name, job.name)
                 job.error = e
             else:
                 job.next = j
