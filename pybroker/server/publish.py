@@ -327,6 +327,11 @@ class Publisher:
             log = topic.log
             while waiting:
                 epoch = waiting[0].epoch
+                if topic.deleted:
+                    # published before the delete: answered, then gone with the topic
+                    # (nsqd); its files were moved aside, so their fsync may have failed
+                    self._settle(waiting.popleft(), None)
+                    continue
                 err = log.lost_by(epoch)
                 if err is None and epoch > log.durable_epoch:
                     break                       # a later fsync will cover it

@@ -309,6 +309,8 @@ class StorageManager:
         try:
             t.log.sync()
         except StorageError as e:
+            if t.deleted:
+                return False     # its files were moved aside: nothing is kept anyway
             self.failed(e, t, "sync")
             return False
         except Exception as e:     # a bug: nothing may count as durable meanwhile

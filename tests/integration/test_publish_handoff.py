@@ -10,11 +10,15 @@ answered OK and the failing one gets nsqd's error, in order, then the connection
 """
 from __future__ import annotations
 
+import socket
+import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.support.broker import BrokerProcess, unique_name
+import pytest
+
+from tests.support.broker import BrokerProcess, rss_kb, unique_name
 from tests.support.durability import bodies, consume, create_channel
 from tests.support.wire import (
     FRAME_ERROR,
@@ -125,3 +129,43 @@ def test_a_failing_topic_fails_only_its_publish_in_a_pipeline(make_broker: MakeB
         c.pub(bad, b"works again")
     got = bodies(consume(b, good, "ch", expect=6))
     assert got == [b"g1", b"g2", b"g3"] * 2
+
+
+@pytest.mark.parametrize("mode", ["memory", "fsync"])
+def test_flood_of_handed_over_publishes_is_bounded(make_broker: MakeBroker,
+                                                   mode: str) -> None:
+    """A client streams PUBs to topics of both loops and never reads an answer: while a
+    publish of it waits (handed over, or for its fsync), the broker stops reading it
+    once commands wait behind it, so what it holds stays bounded; others are served."""
+    b = make_broker("--loop-threads=2", f"--durability={mode}")
+    assert b.proc is not None and b.tcp_address is not None
+    prefix = unique_name("flood")
+    topics = [owned_by(0, prefix + "a"), owned_by(1, prefix + "b")]
+    chunk = b"".join(pub(topics[i % 2], b"spam") for i in range(5000))
+    flood = socket.create_connection(b.tcp_address)
+    flood.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    flood.sendall(b"  V2")
+    flood.setblocking(False)
+    rss0 = rss_kb(b.proc.pid)
+    sent, rtts = 0, []
+    left = memoryview(b"")
+    deadline = time.monotonic() + 4
+    with WireClient.connect(b.tcp_address) as probe:
+        while time.monotonic() < deadline:
+            if not left:
+                left = memoryview(chunk)
+            try:
+                n = flood.send(left)
+                sent += n
+                left = left[n:]
+            except BlockingIOError:
+                pass
+            t0 = time.perf_counter()
+            probe.pub(prefix + "probe", b"p")
+            rtts.append(time.perf_counter() - t0)
+    grew = rss_kb(b.proc.pid) - rss0
+    flood.close()
+    print(f"{mode}: sent {sent / 1e6:.1f} MB unread; RSS grew {grew / 1024:.1f} MiB; "
+          f"probe max {max(rtts) * 1e3:.0f} ms")
+    assert grew < 60 * 1024, f"RSS grew by {grew / 1024:.0f} MiB"
+    assert max(rtts) < 1.0

@@ -303,3 +303,19 @@ def test_http_job_result_comes_when_the_loop_resolves_it() -> None:
 
     run_job(broken, (), got.append)
     assert got[-1] is MISSING
+
+
+def test_fsync_of_a_topic_deleted_meanwhile(fsync: Harness) -> None:
+    """A publish written just before its topic is deleted is answered OK (nsqd: it won
+    the race, then went with its topic) though the fsync of the moved files fails, and
+    that failure is not the broker's health."""
+    h = fsync
+    h.rt.broker.on_delete_topic.append(h.rt.storage.delete_topic)
+    t = h.name_owned_by(h.a, "t")
+    h.rt.broker.get_topic(t)
+    h.publish(h.a, t, "raced")
+    h.turn(h.a)                          # written; waiting for its fsync
+    h.rt.broker.delete_topic(t)          # the directory is moved aside at once
+    h.settle()
+    assert h.results["raced"] == ("ok", "loop-0")
+    assert h.rt.health is None
