@@ -185,6 +185,10 @@ class EventLoop(SelectorLoop):
 
     # -- the loop (SelectorLoop hooks) ---------------------------------------------------
     def _stop(self) -> None:
+        # this turn's publishes are written first: an OK queued for one is sent only
+        # once its write worked (a failed one is sent as its error)
+        if self.publisher.busy():
+            self.publisher.end_of_turn()
         for conn in list(self.connections):
             conn.close("broker exiting", flush=True)
         self._running = False
