@@ -245,7 +245,7 @@ class ClientConn:
         if self.closed:
             return
         if self.reading:
-            if self.out_bytes >= OUT_CAP or self._input_waits():
+            if self.out_bytes >= OUT_CAP or (self.awaiting_commit and self.decoder.ready()):
                 self._pause_reading()
         elif (self.out_bytes < OUT_LOW and not self._input_waits() and not self.moving
               and not self.closing_after_flush):

@@ -135,12 +135,25 @@ class Publisher:
         except Exiting as e:
             raise failed(f"{verb} failed {e}") from None
         owner = topic.owner
-        big = isinstance(payload, tuple) and len(payload[2]) > SLICE
-        if owner is loop and not big:
+        whole = isinstance(payload, list)
+        if owner is loop and (whole or len(payload[2]) <= SLICE):
+            # the common case, inline (it runs per message in the PUB flows)
             try:
-                batch = self._append(name, payload, defer_ns, topic)
-            except Exiting as e:
-                raise failed(f"{verb} failed {e}") from None
+                if isinstance(payload, list):
+                    topic.publish(payload, time.time_ns(), defer_ns)
+                else:
+                    topic.publish_parts(payload[0], payload[1], payload[2], time.time_ns())
+                epoch = topic.log.epoch
+                found = self._turn.get(topic)
+                if found is None:
+                    found = self._turn[topic] = _Batch(epoch)
+                assert found.epoch == epoch, f"{topic} was written outside its Publisher"
+                batch = found
+            except Exiting:
+                try:      # deleted meanwhile: the next topic of that name takes it
+                    batch = self._append(name, payload, defer_ns)
+                except Exiting as e:
+                    raise failed(f"{verb} failed {e}") from None
             if self.durable:
                 conn.awaiting_commit += 1
                 batch.calls.append(functools.partial(answer, conn, failed, verb))
