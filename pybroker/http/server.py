@@ -32,7 +32,7 @@ from pybroker.config import TLS_REQUIRED, split_hostport
 from pybroker.evloop import SelectorLoop
 from pybroker.http.api import Api, build_router
 from pybroker.http.conn import HttpConn
-from pybroker.http.gather import MISSING, Gather, run_job
+from pybroker.http.gather import MISSING, Gather, run_jobs
 from pybroker.http.process import GcPauses
 from pybroker.http.request import Request
 from pybroker.http.response import DateCache, Response, error
@@ -129,6 +129,8 @@ class HttpServer(SelectorLoop):
         self.to_flush: dict[HttpConn, None] = {}
         self.to_process: dict[HttpConn, None] = {}  # out of budget last turn
         self._pending: dict[int, _Pending] = {}
+        # this turn's Gather jobs, posted at its end: one call per loop per turn
+        self._outbox: dict[Any, list[tuple[Any, tuple[Any, ...], Any]]] = {}
         self._tokens = itertools.count(1)
         self.requests: dict[int, int] = {}
         self._sweeps = 0
@@ -199,6 +201,10 @@ class HttpServer(SelectorLoop):
                 if not conn.closed:
                     conn.process()
         self._flush()
+        if self._outbox:
+            outbox, self._outbox = self._outbox, {}
+            for loop, jobs in outbox.items():
+                loop.call_soon_threadsafe(run_jobs, jobs)
 
     def on_error(self, obj: Any) -> None:
         log.exception("%r: unexpected error; closing the connection", obj)
@@ -352,7 +358,9 @@ class HttpServer(SelectorLoop):
                             "http": self.admission.refused}}
 
     def submit(self, conn: HttpConn, req: Request, gather: Gather[Response]) -> None:
-        """Post gather's jobs to their loops; conn.complete() runs when all answered."""
+        """Queue gather's jobs for their loops (posted at the end of this turn, one call
+        per loop for all of the turn's requests); conn.complete() runs when all
+        answered."""
         token = next(self._tokens)
         self._pending[token] = _Pending(conn, req, gather)
         if not gather.jobs:
@@ -360,7 +368,7 @@ class HttpServer(SelectorLoop):
             return
         for i, (loop, fn, args) in enumerate(gather.jobs):
             deliver = functools.partial(self._deliver, token, i)
-            loop.call_soon_threadsafe(run_job, fn, args, deliver)
+            self._outbox.setdefault(loop, []).append((fn, args, deliver))
 
     def _deliver(self, token: int, index: int, value: Any) -> None:
         # on a loop thread: hand the result to the http thread

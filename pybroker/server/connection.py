@@ -282,9 +282,20 @@ class ClientConn:
             log.error("[%s] - %s", self, err.payload().decode("utf-8", "replace"))
             self.send_frame(encode_error(err.payload()))
             self.close_after_flush()
-        if self.out_bytes >= OUT_CAP and self.reading and not self.closed:
-            self._pause_reading()
+        if self.closed:
+            return
+        if self.reading:
+            if self.out_bytes >= OUT_CAP or (self.awaiting_commit and self.decoder.ready()):
+                self._pause_reading()
+        elif (self.out_bytes < OUT_LOW and not self._input_waits() and not self.moving
+              and not self.closing_after_flush):
+            self._resume_reading()
 
+    def _input_waits(self) -> bool:
+        """Input must wait: its reading is held (a TLS handshake slot), or commands are
+        parsed that cannot run until a publish is answered (read no more meanwhile: what
+        a connection holds unprocessed stays within one read)."""
+        return self.input_held or (bool(self.awaiting_commit) and self.decoder.ready() > 0)
 
     def log_nonfatal(self, err: ClientError) -> None:
         """Log an E_FIN/REQ/TOUCH_FAILED, at most LOG_BURST a second per client (a client
@@ -367,7 +378,7 @@ class ClientConn:
                 return
             if rest:
                 self.out_bytes = rest
-                if not self.reading and self.out_bytes < OUT_LOW and not self.input_held:
+                if not self.reading and self.out_bytes < OUT_LOW and not self._input_waits():
                     self._resume_reading()
                 if not self.writing:
                     self.writing = True
@@ -377,7 +388,7 @@ class ClientConn:
             self.out_bytes = 0
             if was_full and self.channel is not None:
                 self.loop.mark_dirty(self.channel)
-        if not self.reading and self.out_bytes < OUT_LOW and not self.input_held:
+        if not self.reading and self.out_bytes < OUT_LOW and not self._input_waits():
             self._resume_reading()
         if self.writing:
             self.writing = False
