@@ -6,7 +6,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-from tests.support.broker import BrokerProcess, find_nsqd
+from tests.support.broker import BrokerProcess
+from tests.support.programs import require_nsqd
 from tests.support.wire import WireClient
 
 # pytest's own plugin for testing plugins: the tests of pybroker.testing (the pytest plugin
@@ -37,10 +38,7 @@ def make_broker() -> Iterator[Callable[..., BrokerProcess]]:
 
     def make(*args: str, kind: str = "pybroker", **kw: object) -> BrokerProcess:
         if kind == "nsqd":
-            path = find_nsqd()
-            if path is None:
-                pytest.skip("no nsqd binary on PATH (or $NSQD) to compare against")
-            kw.setdefault("nsqd_path", path)
+            kw.setdefault("nsqd_path", require_nsqd())
         b = BrokerProcess(kind, list(args), **kw).start()  # type: ignore[arg-type]
         started.append(b)
         return b
@@ -55,10 +53,7 @@ def make_broker() -> Iterator[Callable[..., BrokerProcess]]:
 
 @pytest.fixture(scope="session")
 def nsqd_path() -> str:
-    path = find_nsqd()
-    if path is None:
-        pytest.skip("no nsqd binary on PATH (or $NSQD) to compare against")
-    return path
+    return require_nsqd()
 
 
 @pytest.fixture(scope="session")
@@ -103,10 +98,7 @@ def make_module_broker() -> Iterator[Callable[..., BrokerProcess]]:
         if key not in started:
             kw: dict[str, object] = {}
             if kind == "nsqd":
-                path = find_nsqd()
-                if path is None:
-                    pytest.skip("no nsqd binary on PATH (or $NSQD) to compare against")
-                kw["nsqd_path"] = path
+                kw["nsqd_path"] = require_nsqd()
             started[key] = BrokerProcess(kind, list(args), **kw).start()  # type: ignore[arg-type]
         return started[key]
 

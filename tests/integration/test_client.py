@@ -216,8 +216,7 @@ def test_heartbeats_answered(make_broker: Any, broker_kind: str) -> None:
 
 
 def test_identify_fields_visible_in_stats(any_broker: BrokerProcess) -> None:
-    if any_broker.http_address is None:
-        pytest.skip("this server has no HTTP API to show client stats")
+    assert any_broker.http_address is not None, "both brokers serve HTTP (client stats)"
     topic = unique_name("cli_ident")
     c = Consumer(topic, "ch", lambda m: None, client_id="cid-42", user_agent="ua-test/1.0",
                  max_in_flight=7)

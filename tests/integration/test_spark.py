@@ -26,13 +26,12 @@ from pybroker.client import Consumer
 from tests.integration.test_spark_core import channel_stats, publish, write_archive
 from tests.support.broker import BrokerProcess, unique_name, wait_until
 from tests.support.lookupd import FakeLookupd
+from tests.support.programs import missing, require_module
 
-pytest.importorskip("pyspark", reason="pyspark is not installed (pip install "
-                                      "'pybroker[spark]')")
-pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install "
-                                      "'pybroker[spark]')")
+require_module("pyspark", "pip install 'pybroker[spark]'")
+require_module("pyarrow", "pip install 'pybroker[spark]'")
 
-from pybroker.spark.pipeline import (
+from pybroker.spark.pipeline import (  # noqa: E402 (needs pyspark)
     ArchiveJob,
     batch_rows,
     find_java,
@@ -41,8 +40,7 @@ from pybroker.spark.pipeline import (
 )
 
 if find_java() is None:
-    pytest.skip("no Java runtime for Spark (apt-get install openjdk-17-jre-headless)",
-                allow_module_level=True)
+    missing("no Java runtime for Spark (apt-get install openjdk-17-jre-headless)")
 
 pytestmark = pytest.mark.timeout(240)
 

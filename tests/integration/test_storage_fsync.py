@@ -9,7 +9,6 @@ of system calls is the evidence. Skipped when strace is missing or cannot attach
 from __future__ import annotations
 
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -22,6 +21,7 @@ import pytest
 from tests.support.broker import BrokerProcess, unique_name, wait_until
 from tests.support.durability import create_channel, http
 from tests.support.wire import WireClient
+from tests.support.programs import require_program
 
 MakeBroker = Callable[..., BrokerProcess]
 SYSCALLS = "fsync,fdatasync,pwrite64,pwritev,pwritev2,write,writev,sendto,sendmsg,recvfrom,read"
@@ -99,10 +99,7 @@ def _publish(b: BrokerProcess, verb: str, topic: str, marker: bytes) -> str:
 
 @pytest.fixture
 def strace_path() -> str:
-    path = shutil.which("strace")
-    if path is None:
-        pytest.skip("strace is not installed")
-    return path
+    return require_program("strace", "(Debian package strace) to trace the fsync calls")
 
 
 @pytest.mark.parametrize("verb", ["PUB", "MPUB", "DPUB", "HTTP"])

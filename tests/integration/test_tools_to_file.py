@@ -5,7 +5,6 @@ Where nsq_to_file is installed, both tools write the same topic and must agree.
 """
 from __future__ import annotations
 
-import shutil
 import signal
 import socket
 import subprocess
@@ -19,6 +18,7 @@ from pybroker.client import Consumer, Producer
 from tests.support.broker import BrokerProcess, project_root, unique_name, wait_until
 from tests.support.lookupd import FakeLookupd
 from tests.support.tools import TOOL, reap_tools, run_tool, spawn, start_tool  # noqa: F401
+from tests.support.programs import require_program
 
 pytestmark = pytest.mark.timeout(60)
 HOST = socket.gethostname().split(".")[0]
@@ -231,9 +231,7 @@ def test_argument_errors(tmp_path: Path) -> None:
 @pytest.mark.parametrize("gzip", [False, True], ids=["plain", "gzip"])
 def test_same_files_as_nsq_to_file(any_broker: BrokerProcess, tmp_path: Path,
                                    gzip: bool) -> None:
-    go_tool = shutil.which("nsq_to_file")
-    if go_tool is None:
-        pytest.skip("no nsq_to_file on PATH to compare against")
+    go_tool = require_program("nsq_to_file")
     topic = unique_name("tf_cmp")
     for ch in ("go", "py"):                 # both channels exist before publishing
         c = Consumer(topic, ch, lambda m: None, max_in_flight=0)

@@ -15,7 +15,8 @@ from pybroker.storage.nsqd_import import (
     decode_message,
     parse_diskqueue_meta,
 )
-from tests.support.broker import BrokerProcess, find_nsqd, wait_until
+from tests.support.broker import BrokerProcess, wait_until
+from tests.support.programs import require_program
 from tests.support.nsqd_data import (
     FakeGoDiskQueue,
     corrupt_size,
@@ -180,9 +181,7 @@ def _http(b: BrokerProcess, path: str, body: bytes | None = None) -> bytes:
 
 
 def test_import_data_written_by_a_real_nsqd(tmp_path: Path) -> None:
-    nsqd_path = find_nsqd()
-    if nsqd_path is None:
-        pytest.skip("no nsqd binary on PATH (or $NSQD): cannot write a real nsqd data dir")
+    nsqd_path = require_program("nsqd", "to write a real nsqd data directory")
     b = BrokerProcess("nsqd", ["--mem-queue-size=0", "--max-bytes-per-file=2048"],
                       data_path=str(tmp_path), nsqd_path=nsqd_path).start()
     try:
