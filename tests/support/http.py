@@ -2,7 +2,8 @@
 
 ``http_json`` returns (status, body) with the body decoded from JSON when it is JSON, else
 as text; HTTP error statuses are returned, not raised. ``broker_json`` is the same against
-a broker's HTTP API, with the query string built from keyword arguments.
+a broker's HTTP API, with the query string built from keyword arguments;
+``channel_stats`` and ``wait_all_finished`` read a channel from /stats (pybroker or nsqd).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from pybroker.testing import BrokerProcess
+from pybroker.testing import BrokerProcess, wait_until
 
 
 def http_json(method: str, url: str, body: Any = None,
@@ -58,3 +59,28 @@ def get_json(url: str, timeout_s: float = 10.0) -> Any:
     status, doc = http_json("GET", url, timeout_s=timeout_s)
     assert status == 200, (url, status, doc)
     return doc
+
+
+def channel_stats(b: BrokerProcess, topic: str, channel: str) -> dict[str, Any] | None:
+    """One channel's entry in the broker's /stats (pybroker or nsqd); None when absent."""
+    status, doc = broker_json(b, "GET", "/stats", format="json", topic=topic)
+    assert status == 200, doc
+    for t in doc.get("topics") or []:
+        if t["topic_name"] == topic:
+            for c in t.get("channels") or []:
+                if c["channel_name"] == channel:
+                    return c  # type: ignore[no-any-return]
+    return None
+
+
+def wait_all_finished(b: BrokerProcess, topic: str, channel: str,
+                      timeout_s: float = 10.0) -> None:
+    """Wait until the channel holds nothing: no message queued, deferred or in flight,
+    i.e. every FIN reached the server (an un-FIN'd message stays in flight, then queued
+    again after its timeout, and never satisfies this)."""
+    def settled() -> bool:
+        c = channel_stats(b, topic, channel)
+        assert c is not None, f"no channel {topic}/{channel}"
+        return bool(c["depth"] == 0 and c["in_flight_count"] == 0 and c["deferred_count"] == 0)
+
+    wait_until(settled, timeout_s, what=f"every message of {topic}/{channel} finished")
