@@ -9,7 +9,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -272,7 +271,7 @@ def write_archive(b: BrokerProcess, topic: str, out: Path, count: int, *args: st
                   tool: str = "pybroker") -> None:
     """Run pybroker to-file (or nsq_to_file) until ``count`` lines are on disk."""
     argv = ([*to_file_prefix(), "to-file"] if tool == "pybroker"
-            else [shutil.which("nsq_to_file") or "nsq_to_file"])
+            else [require_program("nsq_to_file", "to write reference archives")])
     proc = subprocess.Popen([*argv, f"--nsqd-tcp-address={b.tcp_hostport}",
                              f"--topic={topic}", f"--output-dir={out}", "--channel=archive",
                              "--sync-interval=200ms", *args],
