@@ -42,7 +42,9 @@ def missing(reason: str, *, required_in_ci: bool = True) -> NoReturn:
     if required_in_ci and strict():
         pytest.fail(f"{reason} [{STRICT_VAR} is set: a comparison that cannot run is a "
                     "failure]", pytrace=False)
-    pytest.skip(reason, allow_module_level=True)
+    # reported at the test that needed the program, not at this line (pytest.skip raised
+    # from a helper is reported where it was raised)
+    raise pytest.skip.Exception(reason, allow_module_level=True, _use_item_location=True)
 
 
 def env_name(name: str) -> str:
