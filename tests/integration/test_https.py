@@ -19,7 +19,6 @@ from tests.support.layers import client_context
 from tests.support.programs import require_program
 
 
-
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> CertSet:
     return make_certs(Path(tmp_path_factory.mktemp("certs")))

@@ -11,7 +11,6 @@ import struct
 import threading
 from typing import Callable
 
-
 from tests.support import wire
 from tests.support.broker import BrokerProcess, unique_name, wait_until
 from tests.support.http import http_json

@@ -23,8 +23,8 @@ import pytest
 
 from tests.support.broker import BrokerProcess, unique_name, wait_until
 from tests.support.durability import create_channel, http
-from tests.support.wire import WireClient
 from tests.support.programs import missing, require_program
+from tests.support.wire import WireClient
 
 MakeBroker = Callable[..., BrokerProcess]
 SYSCALLS = "fsync,fdatasync,pwrite64,pwritev,pwritev2,write,writev,sendto,sendmsg,recvfrom,read"

@@ -18,8 +18,8 @@ from pybroker.client import Consumer, Producer
 from tests.support.broker import BrokerProcess, project_root, unique_name, wait_until
 from tests.support.http import wait_all_finished
 from tests.support.lookupd import FakeLookupd
-from tests.support.tools import TOOL, reap_tools, run_tool, spawn, start_tool  # noqa: F401
 from tests.support.programs import require_program
+from tests.support.tools import TOOL, reap_tools, run_tool, spawn, start_tool  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
 HOST = socket.gethostname().split(".")[0]

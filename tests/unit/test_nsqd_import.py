@@ -16,7 +16,6 @@ from pybroker.storage.nsqd_import import (
     parse_diskqueue_meta,
 )
 from tests.support.broker import BrokerProcess, wait_until
-from tests.support.programs import require_program
 from tests.support.nsqd_data import (
     FakeGoDiskQueue,
     corrupt_size,
@@ -26,6 +25,7 @@ from tests.support.nsqd_data import (
     truncate_by,
     write_metadata,
 )
+from tests.support.programs import require_program
 
 TS = 1_700_000_000_123_456_789
 
