@@ -66,8 +66,11 @@ def nsqd(nsqd_path: str) -> Iterator[BrokerProcess]:
 
 @pytest.fixture(params=["pybroker", "nsqd"])
 def any_broker(request: pytest.FixtureRequest) -> BrokerProcess:
-    """The same test against pybroker and, when one is found, a real nsqd."""
-    return request.getfixturevalue("broker" if request.param == "pybroker" else "nsqd")
+    """The same test against pybroker and a real nsqd (tests/support/programs.py: a skip
+    without one, or a failure in strict mode)."""
+    b: BrokerProcess = request.getfixturevalue("broker" if request.param == "pybroker"
+                                               else "nsqd")
+    return b
 
 
 @pytest.fixture(params=["pybroker", "nsqd"])
