@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.broker import BrokerProcess, project_root, unique_name
+from tests.support.programs import missing, require_program
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -26,9 +27,10 @@ DOC_KEYS = ["version", "health", "start_time", "topics", "memory", "producers"]
 def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the files git tracks: what a fresh clone holds (no build outputs)."""
     root = project_root()
-    if shutil.which("git") is None or not (root / ".git").exists():
-        pytest.skip("not a git checkout: cannot tell tracked files from build outputs")
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=root, check=True,
+    git = require_program("git", "to tell tracked files from build outputs")
+    if not (root / ".git").exists():
+        missing("not a git checkout: cannot tell tracked files from build outputs")
+    files = subprocess.run([git, "ls-files", "-z"], cwd=root, check=True,
                            capture_output=True).stdout.decode().split("\0")
     dest = tmp_path_factory.mktemp("clone")
     for name in filter(None, files):
@@ -68,8 +70,7 @@ def no_compiler(tmp_path_factory: pytest.TempPathFactory, checkout: Path) -> Pat
 @pytest.fixture(scope="module")
 def with_compiler(tmp_path_factory: pytest.TempPathFactory, checkout: Path) -> Path:
     """A virtualenv where pybroker was installed with a C compiler."""
-    if shutil.which(os.environ.get("CC", "cc")) is None:
-        pytest.skip("no C compiler")
+    require_program(os.environ.get("CC", "cc"), "(a C compiler) to build the C codec with")
     env = {k: v for k, v in os.environ.items() if k != "PYBROKER_STRICT_CFLAGS"}
     return _venv(tmp_path_factory.mktemp("venv-cc"), checkout, env)
 
