@@ -44,6 +44,9 @@ _CHANNEL = (
     ("nsq_channel_paused", "gauge", "1 if the channel is paused.", "paused"),
     ("pybroker_channel_dead_lettered_total", "counter",
      "Messages out of attempts published to the dead-letter topic.", "dead_letter_count"),
+    ("pybroker_channel_dead_letter_cycles_total", "counter",
+     "Messages out of attempts kept back: their dead-letter topic is one they came from.",
+     "dead_letter_cycles"),
 )
 
 

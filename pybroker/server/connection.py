@@ -148,6 +148,14 @@ class ClientConn:
         interval = self.heartbeat_interval_ns
         now = monotonic_ns()
         deadline = self.last_read_ns + 2 * interval
+        if now >= deadline and self.reading and self.transport.input_ready():
+            # the loop was late (a stall) and the peer's bytes wait unread: read them
+            # before judging it silent (nsqd's deadline is on its own read call)
+            self.on_readable()
+            if self.closed or self.moving:
+                return
+            now = monotonic_ns()
+            deadline = max(deadline, self.last_read_ns + 2 * interval)
         if now >= deadline:
             # matches nsqd: the read deadline is two heartbeat intervals
             log.info("[%s] closing: no data for two heartbeat intervals", self)

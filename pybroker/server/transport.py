@@ -31,6 +31,7 @@ connection's commands run, and not at all while its reading is paused.
 """
 from __future__ import annotations
 
+import select
 import socket
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -140,6 +141,18 @@ class Transport:
         if out:
             return out
         return b"" if isinstance(codec, Deflate) and codec.eof else None
+
+    def input_ready(self) -> bool:
+        """Bytes wait to be read (already decrypted or decoded, or in the socket): asked
+        only at a read deadline, so a peer is never judged silent on input not yet read."""
+        if self._tls_more or len(self._plain) > self._plain_pos:
+            return True
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN)
+        try:
+            return bool(poller.poll(0))
+        except OSError:
+            return False
 
     def _read_lower(self) -> bytes | None:
         """Bytes from the socket, through TLS when it is on (b"" at EOF, None: a partial

@@ -8,8 +8,10 @@ module fast. Durations are measured with time.monotonic().
 """
 from __future__ import annotations
 
+import os
 import re
 import resource
+import signal
 import select
 import socket
 import time
@@ -313,6 +315,26 @@ def test_silent_client_closed_after_two_heartbeats(any_broker: BrokerProcess,
     assert len(silent.heartbeats) >= 1, "no heartbeat was sent before the close"
     assert len(alive.heartbeats) >= 3
     alive.assert_alive()
+
+
+def test_client_that_kept_talking_survives_a_broker_stall(make_broker: Callable[..., BrokerProcess],
+                                                         connect: Connect) -> None:
+    """The broker is stopped for longer than two heartbeat intervals while the client
+    keeps sending NOPs: its bytes wait in the socket, so it is not a silent peer."""
+    b = make_broker()
+    assert b.proc is not None
+    c = connect(b, answer_heartbeats=False)
+    c.identify(heartbeat_interval=1000)
+    os.kill(b.proc.pid, signal.SIGSTOP)
+    try:
+        until = time.monotonic() + 3.0
+        while time.monotonic() < until:
+            c.send(b"NOP\n")
+            time.sleep(0.2)   # the pace of a talking client, not a wait for a condition
+    finally:
+        os.kill(b.proc.pid, signal.SIGCONT)
+    c.pub(unique_name(), b"still here")   # answered OK: the connection was kept
+    c.assert_alive()
 
 
 def test_oversized_pub_is_bad_message(any_broker: BrokerProcess, connect: Connect) -> None:

@@ -120,6 +120,10 @@ def test_a_dead_letter_cycle_ends(make_broker: Callable[..., BrokerProcess],
     assert (st["depth"], st["in_flight_count"], st["dead_letter_count"]) == (0, 0, 0)
     assert topic_stats(b, a)["message_count"] == 1
     assert topic_stats(b, dead)["message_count"] == 1
+    with urllib.request.urlopen(f"http://{b.http_hostport}/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    assert f'pybroker_channel_dead_letter_cycles_total{{topic="{dead}",channel="c"}} 1' \
+        in metrics
     # kept once, for a person, in a.dead's dead-letters channel: one envelope, one hop
     keep = subscribe(connect(b), dead, "dead-letters", rdy=5)
     m = keep.read_message()
