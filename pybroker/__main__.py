@@ -1,5 +1,5 @@
 """`python -m pybroker` runs the same command line as `pybroker`."""
-from pybroker.cli import main
+from pybroker.launch import main
 
 if __name__ == "__main__":
     main()

@@ -2,69 +2,40 @@
 
 ``pybroker serve`` takes every nsqd option as a flag with nsqd's name (``--mem-queue-size``)
 and a TOML file with nsqd's config names (``-c conf/prod.toml``); flags override the file.
-A bad configuration stops start-up with one line naming the key, and exit status 2.
+Go's flag spellings are accepted too where they do not clash with serve's own
+(``-tcp-address=...``, a bare ``--snappy``, nsqd's no-op ``--verbose``; see
+launch.go_style_args). A bad configuration stops start-up with one line naming the key,
+and exit status 2. The entry point is launch.py: a ``serve`` command line of plain options
+starts the broker there without importing this module (typer); everything else comes
+here. ``serve`` imports neither the other commands nor their packages (tools, bench,
+spark); ``pybroker-nsqd`` (nsqd_cli.py) is the same broker under nsqd's command line.
 """
 from __future__ import annotations
 
 import inspect
-import logging
-import sys
-import time
 from typing import Any, List, Optional
 
 import typer
 
 from pybroker import NSQ_COMPAT_VERSION, __version__
-from pybroker.config import SPECS, format_duration, load_toml, resolve
-from pybroker.errors import ConfigError
+from pybroker.config import SPECS, format_duration
+from pybroker.logfmt import setup_logging
+
+__all__ = ["app", "full_app", "main", "run_typer", "setup_logging"]
 
 # click's plain help layout: every flag name whole and help wrapped beside it at any width
 # (rich's table cuts long flag names with an ellipsis at 80 columns)
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="pybroker: a message broker that speaks NSQ's protocols.")
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
-           "warning": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL}
-
-
-class _NsqFormatter(logging.Formatter):
-    """nsqd's log line: ``[pybroker] 2006/01/02 15:04:05.000000 INFO: message``."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        t = time.localtime(record.created)
-        stamp = time.strftime("%Y/%m/%d %H:%M:%S", t) + f".{int((record.created % 1) * 1e6):06d}"
-        level = {"WARNING": "WARN", "CRITICAL": "FATAL"}.get(record.levelname, record.levelname)
-        text = f"[pybroker] {stamp} {level}: {record.getMessage()}"
-        if record.exc_info:
-            text += "\n" + self.formatException(record.exc_info)
-        return text
-
-
-def setup_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_NsqFormatter())
-    root = logging.getLogger("pybroker")
-    root.handlers[:] = [handler]
-    root.setLevel(_LEVELS.get(level.lower(), logging.INFO))
-    root.propagate = False
-
 
 def _serve(config: Optional[str], version: bool, **flags: Any) -> None:
     if version:
         typer.echo(f"pybroker v{__version__} (nsqd protocol v{NSQ_COMPAT_VERSION})")
         raise typer.Exit(0)
-    try:
-        file_values = load_toml(config) if config else {}
-        options = resolve(file_values, flags)
-        if options.log_level.lower() not in _LEVELS:
-            raise ConfigError(f"log_level: unknown level {options.log_level!r}")
-    except ConfigError as e:
-        typer.echo(f"pybroker: bad configuration: {e}", err=True)
-        raise typer.Exit(2) from None
-    setup_logging(options.log_level)
-    from pybroker.server.runtime import run
+    from pybroker.launch import serve
 
-    raise typer.Exit(run(options))
+    raise typer.Exit(serve(config, flags))
 
 
 _METAVARS = {"int": "INT", "float": "FLOAT", "bool": "true|false", "duration": "DURATION",
@@ -75,7 +46,9 @@ SERVE_EPILOG = (
     "DURATION values are Go-style: 250ms, 60s, 15m, 1h30m (units ns, us, ms, s, m, h). "
     "In a TOML file a bare number is milliseconds, as in nsqd (msg_timeout = 60000 "
     "is 60s); on the command line the unit is required. Flags given more than once "
-    "(--lookupd-tcp-address) add to the list.")
+    "(--lookupd-tcp-address) add to the list. Go's spellings work too: -tcp-address=ADDR, "
+    "a bare --snappy or -deflate (true), and nsqd's no-op --verbose and --worker-id; "
+    "pybroker-nsqd takes nsqd's whole command line.")
 
 
 def metavar(key: str, kind: str) -> str:
@@ -138,9 +111,22 @@ app.command("serve", help="Run the broker until SIGTERM or SIGINT.",
             epilog=SERVE_EPILOG)(_build_serve())
 
 
+_registered = False
+
+
+def full_app() -> typer.Typer:
+    """The command line with every command (serve alone needs none of the others)."""
+    _register_subcommands()
+    return app
+
+
 def _register_subcommands() -> None:
     """The tools (tail, to-file, pub, stat), bench and spark: each package adds its own
     commands; spark imports pyspark only when its command runs."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
     from pybroker.bench.cli import register as register_bench
     from pybroker.spark.cli import register as register_spark
     from pybroker.tools import register as register_tools
@@ -149,8 +135,14 @@ def _register_subcommands() -> None:
         register(app)
 
 
-_register_subcommands()
+def run_typer(args: list[str]) -> None:
+    """The whole command line (launch.py hands over what it does not start itself)."""
+    if args[:1] != ["serve"]:
+        _register_subcommands()
+    app(args=args, prog_name="pybroker")
 
 
 def main() -> None:
-    app()
+    from pybroker.launch import main as launch
+
+    launch()

@@ -3,16 +3,16 @@
 TOML keys are nsqd's config names (``mem_queue_size``, ``msg_timeout``), command-line flags
 are nsqd's flag names (``--mem-queue-size``), and durations are Go-style strings ("60s",
 "1h30m", "250ms"), so an nsqd config file carries over; as in nsqd, a bare number for a
-duration in TOML is milliseconds, while a flag needs its unit. Imports only the stdlib.
+duration in TOML is milliseconds, while a flag needs its unit. Imports only the stdlib, and
+at import time only what every start needs (tomllib when a file is read): the start-up
+path of ``pybroker serve`` and ``pybroker-nsqd`` imports this module.
 """
 from __future__ import annotations
 
 import os
 import re
 import socket
-import tomllib
 import zlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from pybroker.errors import ConfigError
@@ -21,26 +21,41 @@ NS = 1
 MS = 1_000_000
 S = 1_000_000_000
 
-_DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
 _TOPIC_RE = re.compile(r"[.a-zA-Z0-9_-]+")
-_UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": MS, "s": S, "m": 60 * S, "h": 3600 * S}
+# Go accepts both micro signs: U+00B5 (µ) and U+03BC (μ)
+_UNIT_NS = {"ns": 1, "us": 1_000, "\u00b5s": 1_000, "\u03bcs": 1_000, "ms": MS, "s": S,
+            "m": 60 * S, "h": 3600 * S}
+MAX_DURATION_NS = 2**63 - 1  # Go's time.Duration
 
 
 def parse_duration(text: str) -> int:
-    """Parse a Go duration string ("1h30m", "250ms", "0") into nanoseconds."""
+    """Parse a Go duration string ("1h30m", "250ms", "1.5µs", "0") into nanoseconds.
+
+    Exact in integers, as Go's time.ParseDuration (a fraction is truncated to whole
+    nanoseconds); negative durations are refused (no option takes one).
+    """
     t = text.strip()
-    if t in ("0", "+0"):
+    if t.startswith("+"):
+        t = t[1:]
+    if t == "0":
         return 0
-    pos, total = 0, 0.0
+    pos, total = 0, 0
     if not t:
         raise ValueError("empty duration")
     while pos < len(t):
         m = _DURATION_RE.match(t, pos)
         if not m:
             raise ValueError(f"invalid duration {text!r} (use e.g. \"60s\", \"250ms\", \"1h\")")
-        total += float(m.group(1)) * _UNIT_NS[m.group(2)]
+        whole, _, frac = m.group(1).partition(".")
+        unit = _UNIT_NS[m.group(2)]
+        total += int(whole or 0) * unit
+        if frac:
+            total += int(frac) * unit // 10 ** len(frac)
         pos = m.end()
-    return int(total)
+    if total > MAX_DURATION_NS:
+        raise ValueError(f"invalid duration {text!r} (longer than Go's 2562047h)")
+    return total
 
 
 def format_duration(ns: int) -> str:
@@ -57,17 +72,27 @@ def format_duration(ns: int) -> str:
     return f"{ns}ns"
 
 
-@dataclass(frozen=True)
 class OptionSpec:
-    """One option: its TOML key, kind, default, allowed range and help text."""
+    """One option: its TOML key, kind, default, allowed range and help text.
 
-    key: str
-    kind: str  # "str", "int", "float", "bool", "duration", "list"
-    default: Any
-    help: str
-    low: float | None = None
-    high: float | None = None
-    flag: str | None = None  # nsqd's flag name when it differs from the key
+    A plain class rather than a dataclass: importing dataclasses (and inspect) costs
+    milliseconds of every start."""
+
+    __slots__ = ("key", "kind", "default", "help", "low", "high", "flag")
+
+    def __init__(self, key: str, kind: str, default: Any, help: str,
+                 low: float | None = None, high: float | None = None,
+                 flag: str | None = None) -> None:
+        self.key = key
+        self.kind = kind  # "str", "int", "float", "bool", "duration", "list", "tls_required"
+        self.default = default
+        self.help = help
+        self.low = low
+        self.high = high
+        self.flag = flag  # nsqd's flag name when it differs from the key
+
+    def __repr__(self) -> str:
+        return f"OptionSpec({self.key!r}, {self.kind!r}, {self.default!r})"
 
     @property
     def flag_name(self) -> str:
@@ -75,14 +100,21 @@ class OptionSpec:
 
 
 def _default_node_id() -> int:
-    # matches nsqd: the default node id is a hash of the hostname, mod 1024
-    return zlib.crc32(socket.gethostname().encode()) % 1024
+    # matches nsqd: the default node id is crc32(md5(hostname)) mod 1024; the builtin
+    # _md5 spares hashlib's OpenSSL load at every start
+    try:
+        from _md5 import md5  # type: ignore[import-not-found]
+    except ImportError:  # an interpreter built without it
+        from hashlib import md5
+    return zlib.crc32(md5(socket.gethostname().encode()).digest()) % 1024
 
 
 SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("id", "int", None, "unique part of message ids, 0..1023 (default: from hostname)",
                0, 1023, flag="node-id"),
     OptionSpec("log_level", "str", "info", "log level: debug, info, warn, error, fatal"),
+    OptionSpec("log_prefix", "str", "[pybroker] ",
+               "log message prefix (pybroker-nsqd: nsqd's \"[nsqd] \")"),
     OptionSpec("tcp_address", "str", "127.0.0.1:4150", "address to listen on for TCP clients"),
     OptionSpec("http_address", "str", "127.0.0.1:4151",
                "address to listen on for HTTP clients (empty: no HTTP)"),
@@ -90,6 +122,10 @@ SPECS: tuple[OptionSpec, ...] = (
                "address to listen on for HTTPS clients (only with tls_cert and tls_key)"),
     OptionSpec("broadcast_address", "str", "",
                "address registered with nsqlookupd (default: this host's name)"),
+    OptionSpec("broadcast_tcp_port", "int", 0,
+               "TCP port registered with nsqlookupd (0: the port TCP listens on)", 0, 65535),
+    OptionSpec("broadcast_http_port", "int", 0,
+               "HTTP port registered with nsqlookupd (0: the port HTTP listens on)", 0, 65535),
     OptionSpec("nsqlookupd_tcp_addresses", "list", [],
                "nsqlookupd TCP addresses to register with", flag="lookupd-tcp-address"),
     OptionSpec("data_path", "str", "", "directory for on-disk state (default: current directory)"),
@@ -140,6 +176,8 @@ SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("statsd_interval", "duration", 60 * S, "time between statsd pushes", 1 * MS, 3600 * S),
     OptionSpec("statsd_mem_stats", "bool", True, "push memory figures to statsd"),
     OptionSpec("statsd_udp_packet_size", "int", 508, "largest statsd UDP packet", 64, 65507),
+    OptionSpec("statsd_exclude_ephemeral", "bool", False,
+               "skip ephemeral topics and channels in statsd pushes"),
     OptionSpec("e2e_processing_latency_window_time", "duration", 10 * 60 * S,
                "window of the end-to-end latency percentiles", 1 * S, 24 * 3600 * S),
     OptionSpec("e2e_processing_latency_percentiles", "list", [],
@@ -196,6 +234,8 @@ SPECS: tuple[OptionSpec, ...] = (
 )
 
 SPEC_BY_KEY = {s.key: s for s in SPECS}
+# log_level's words (pybroker.logfmt maps them to logging's levels)
+LOG_LEVEL_NAMES = frozenset(("debug", "info", "warn", "warning", "error", "fatal"))
 
 
 class Options:
@@ -279,6 +319,8 @@ def _coerce(spec: OptionSpec, value: Any, where: str) -> Any:
 
 def load_toml(path: str) -> dict[str, Any]:
     """Read a TOML config file into a dict of raw values."""
+    import tomllib
+
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
@@ -336,7 +378,7 @@ def _check(v: dict[str, Any]) -> None:
             try:
                 split_hostport(v[key])
             except ValueError as e:
-                raise ConfigError(f"{key}: {e}") from None
+                raise ConfigError(f"{key}: {e}{_unix_hint(v[key])}") from None
     # matches nsqd: the flag may repeat and each value may be a comma-separated list
     percentiles: list[float] = []
     for raw in v["e2e_processing_latency_percentiles"]:
@@ -397,11 +439,16 @@ def _check_tls(v: dict[str, Any]) -> None:
         try:
             split_hostport(v["https_address"])
         except ValueError as e:
-            raise ConfigError(f"https_address: {e}") from None
+            raise ConfigError(f"https_address: {e}{_unix_hint(v['https_address'])}") from None
     method = str(v["auth_http_request_method"]).lower()
     if method not in ("get", "post"):
         raise ConfigError("auth_http_request_method: must be post or get")
     v["auth_http_request_method"] = method
+
+
+def _unix_hint(addr: str) -> str:
+    """nsqd takes a path without a colon as a unix socket; pybroker listens on TCP only."""
+    return " (a unix socket path: pybroker listens on TCP only)" if ":" not in addr else ""
 
 
 def split_hostport(addr: str) -> tuple[str, int]:

@@ -2,7 +2,9 @@
 
 Any thread may call these methods. Work on a channel's state is forwarded to the
 channel's owner loop through ``owner.call_soon_threadsafe``; ``wake`` (injected by the
-server) tells owner loops that their channels have new records to read.
+server) tells owner loops that their channels have new records to read. Publishing is
+not here: a topic is appended to and written only by its owner loop's Publisher
+(``topic_owner``; pybroker.server.publish).
 """
 from __future__ import annotations
 
@@ -65,6 +67,13 @@ class Broker:
         """The loop that owns a channel: a stable hash of its full name."""
         return self.owners[zlib.crc32(f"{topic}:{channel}".encode()) % len(self.owners)]
 
+    def topic_owner(self, topic: str) -> Any:
+        """The loop that owns a topic's publishing: a stable hash of its name."""
+        owners = self.owners
+        if len(owners) == 1:
+            return owners[0]
+        return owners[zlib.crc32(topic.encode()) % len(owners)]
+
     # -- topics ---------------------------------------------------------------------
     def get_topic(self, name: str) -> Topic:
         """Find or create a topic (names are validated by the caller)."""
@@ -78,6 +87,7 @@ class Broker:
             if t is None:
                 log = self.open_log(name, is_ephemeral(name))
                 t = Topic(name, log, self.options.mem_queue_size, self.pick_owner)
+                t.owner = self.topic_owner(name)
                 t.dl_defaults = dead_letter_defaults(self.options, name)
                 self.topics[name] = t
                 created = True
@@ -145,28 +155,6 @@ class Broker:
             except TopicNotFound:
                 pass
         self._changed()
-
-    # -- publishing (threads that are not event loops: HTTP) ------------------------
-    def publish(self, topic_name: str, bodies: list[bytes], defer_ns: int = 0) -> Topic:
-        """Append and write at once; returns the topic (to sync in durable mode).
-
-        A topic deleted between lookup and append is looked up again: the publish goes
-        to the new topic of that name, as nsqd's next GetTopic would. Raises Exiting
-        when the broker stops, or a storage error when the write failed.
-        """
-        for _ in range(3):
-            t = self.get_topic(topic_name)
-            try:
-                t.publish(bodies, time.time_ns(), defer_ns)
-            except Exiting:
-                if self.exiting:
-                    raise
-                continue
-            chans = t.write()
-            if chans:
-                self.wake(chans)
-            return t
-        raise Exiting()
 
     def notify_changed(self) -> None:
         """Tell observers that persistent state changed (e.g. a topic or channel was

@@ -1,11 +1,19 @@
 """Topic: one append-only log, its channels (cursors over it), pause and the exit flag.
 
-Thread-safety: any thread may publish. ``lock`` (the log's lock) guards the log's
-append side, ``released``, the channel map, ``paused`` and ``deleted``: a publish racing
-a delete either lands before the delete or gets ``Exiting`` (nsqd's exit flag checked
-under the topic's lock), never a half-deleted log. Publishing appends records to the
-log's pending buffer; ``write`` (once per loop turn per topic, by whoever published)
-hands them to the kernel in one write and releases them to the channels.
+Publishing: a topic has one owner loop (``owner``, set by the Broker: its name hashed
+over the loops), and only that loop's Publisher (pybroker.server.publish) appends to the
+log and writes it, so every record appended is carried by the next ``write`` of the one
+thread that appended it. ``publish*`` append records for the write of epoch
+``log.epoch``; ``write`` (once per loop turn per topic published to) hands them to the
+kernel in one write, releases them to the channels and returns the epoch it carried;
+on a storage error the records of that epoch are discarded and the error, naming the
+epoch, is raised. At start-up, before any loop runs, the start-up thread is the owner.
+
+Thread-safety: ``lock`` (the log's lock) guards the log, ``released``, the channel map,
+``paused`` and ``deleted`` against the other threads that read them (channels' owner
+loops, HTTP, storage) and against a delete: a publish racing a delete either lands
+before the delete or gets ``Exiting`` (nsqd's exit flag checked under the topic's
+lock), never a half-deleted log.
 """
 from __future__ import annotations
 
@@ -35,6 +43,8 @@ class Log(Protocol):
     directory: str | None
     head: int
     written: int
+    epoch: int
+    durable_epoch: int
     oldest: int
     tail_start: int
 
@@ -51,6 +61,8 @@ class Log(Protocol):
     def size_bytes(self) -> int: ...
     def drop_before(self, offset: int) -> int: ...
     def sync(self) -> int: ...
+    def lost_by(self, epoch: int) -> Any: ...
+    def lose_unsynced(self, err: Any) -> None: ...
     def close(self) -> None: ...
     def delete(self) -> None: ...
 
@@ -77,7 +89,8 @@ class Topic:
         self.dpubs: SortedDict = SortedDict(getattr(log, "recovered_dpubs", ()))
         self.message_count = 0
         self.message_bytes = 0
-        self.dirty = False   # appended, not yet written (see write)
+        # the loop whose Publisher appends to and writes this topic (Broker.topic_owner)
+        self.owner: Any = None
         # (max_attempts, dead_letter_topic) for channels with no settings of their own
         self.dl_defaults: tuple[int, str] = (0, "")
         self._pick_owner = pick_owner
@@ -85,10 +98,10 @@ class Topic:
     def __repr__(self) -> str:
         return f"Topic({self.name})"
 
-    # -- publishing (any thread) ----------------------------------------------------
+    # -- publishing (the owner loop) -------------------------------------------------
     def publish(self, bodies: list[bytes], ts_ns: int, defer_ns: int = 0) -> int:
-        """Append messages (not yet written: see ``write``); returns the first offset.
-        Raises Exiting once the topic is being deleted."""
+        """Append messages for the write of epoch ``log.epoch`` (see ``write``); returns
+        the first offset. Raises Exiting once the topic is being deleted."""
         with self.lock:
             if self.deleted:
                 raise Exiting()
@@ -99,7 +112,6 @@ class Topic:
                     self.dpubs[first + i] = deliver_at
             self.message_count += len(bodies)
             self.message_bytes += sum(map(len, bodies))
-            self.dirty = True
             return first
 
     def publish_parts(self, src: bytes, offs: Any, lens: Any, ts_ns: int) -> int:
@@ -111,31 +123,49 @@ class Topic:
             first = self.log.append_parts(src, offs, lens, ts_ns)
             self.message_count += len(lens)
             self.message_bytes += sum(lens)
-            self.dirty = True
             return first
 
-    def write(self) -> list[Channel]:
-        """Hand appended records to the kernel (one write) and release them to the
-        channels; returns the channels to wake. On a storage error the appended records
-        are discarded (their publishers get an error) and the error is raised."""
+    def publish_records(self, items: list[tuple[int, int, bytes, int]]) -> int:
+        """Append records that keep their own (ts_ns, attempts, body, deliver_at_ns):
+        imported queues."""
         with self.lock:
-            if not self.dirty:
-                return []
-            self.dirty = False
+            if self.deleted:
+                raise Exiting()
+            first = self.log.append_records(items)
+            for i, (_, _, body, deliver_at) in enumerate(items):
+                if deliver_at:
+                    self.dpubs[first + i] = deliver_at
+                self.message_bytes += len(body)
+            self.message_count += len(items)
+            return first
+
+    def write(self) -> tuple[int, int, list[Channel]]:
+        """Hand the appended records to the kernel (one write) and release them to the
+        channels: returns (the epoch this write carried, how many records it wrote, the
+        channels to wake); (0, 0, []) when nothing was appended. On a storage error the
+        records are discarded (the publishes of that epoch failed) and the error, its
+        ``epoch`` set, is raised."""
+        with self.lock:
+            log = self.log
+            n = log.head - log.written
+            if not n:
+                return 0, 0, []
             if self.deleted:
                 # appended before the delete: the messages go with the topic (nsqd: a
                 # publish that won the race is answered, then emptied with its topic)
+                epoch = log.epoch
+                log.epoch += 1
                 self._discard()
-                return []
+                return epoch, 0, []
             try:
-                self.log.write_pending()
+                epoch = log.write_pending()
             except Exception:
                 self._discard()
                 raise
-            if self.paused or self.deleted:
-                return []
-            self.released = self.log.written
-            return list(self.channels.values())
+            if self.paused:
+                return epoch, n, []
+            self.released = log.written
+            return epoch, n, list(self.channels.values())
 
     def _discard(self) -> None:
         # caller holds the lock: forget appended, unwritten records

@@ -1,8 +1,10 @@
 """nsqd's HTTP endpoints (nsqd/http.go): parameters, checks in nsqd's order, status codes
 and ``{"message":"CODE"}`` bodies; plus /metrics.
 
-Runs on the HTTP thread. Publishing goes through the topic (thread-safe) and the server's
-per-turn outbox to the channels' owner loops; anything that touches a channel's state
+Runs on the HTTP thread, which never appends to or writes a topic: /pub and /mpub are a
+Gather job on the topic's owner loop, whose Publisher (pybroker.server.publish) appends
+them with that turn's other publishes and settles the job when the write (and in fsync
+mode the fsync) that carried them is settled. Anything that touches a channel's state
 (pause, empty) or needs a consistent view of it (stats) is a Gather of jobs on the owner
 loops. The endpoint table is at the bottom (``build_router``).
 """
@@ -18,29 +20,30 @@ from typing import TYPE_CHECKING, Any
 from pybroker import NSQ_COMPAT_VERSION, _native
 from pybroker.core import stats as core_stats
 from pybroker.errors import ChannelNotFound, Exiting, TopicNotFound
-from pybroker.http import channelconfig, logread, metrics, process, statstext
+from pybroker.http import channelconfig, logread, process, statstext
 from pybroker.http.collect import Collected, plan_stats
-from pybroker.http.gather import Gather
+from pybroker.http.gather import MISSING, Gather, Later
 from pybroker.http.options import ConfigEndpoint
 from pybroker.http.reader import LogReader, then
 from pybroker.http.request import Request, first, parse_query
 from pybroker.http.response import TEXT, Response, empty, error, ok_json, ok_text
 from pybroker.http.routes import Router
 from pybroker.protocol.names import is_valid_name
-from pybroker.storage import StorageError
 
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
     from pybroker.core.topic import Topic
     from pybroker.http.server import HttpServer
+    from pybroker.server.loop import EventLoop
     from pybroker.server.services import HttpHost
-    from pybroker.server.storage import StorageManager
 
 log = logging.getLogger("pybroker")
 MS = 1_000_000
 OK = ok_text(b"OK")
 _BOOL = {b"true": True, b"1": True, b"false": False, b"0": False}
 _INT = re.compile(rb"[+-]?[0-9]+\Z")
+# how long an HTTP publish may wait for its owner loop (and, in fsync mode, the fsync)
+PUBLISH_TIMEOUT_S = 30.0
 
 
 def _channel_pause(ch: Channel, paused: bool) -> None:
@@ -50,14 +53,13 @@ def _channel_pause(ch: Channel, paused: bool) -> None:
         ch.owner.mark_dirty(ch)
 
 
-def _sync_topic(storage: StorageManager, t: Topic) -> bool:
-    """On the storage thread: fsync t's log; True if it worked (else /ping says why)."""
-    try:
-        t.log.sync()
-    except Exception as e:
-        storage.failed(e, t)
-        return False
-    return True
+def _publish_on_owner(loop: EventLoop, name: str, bodies: list[bytes],
+                      defer_ns: int) -> Later:
+    """On the topic's owner loop: hand the publish to its Publisher; the result (None,
+    or the error) comes when the write that carried it is settled."""
+    later = Later()
+    loop.publisher.submit(name, bodies, defer_ns, later.resolve)
+    return later
 
 
 def _channel_rewind(ch: Channel, offset: int) -> int:
@@ -135,27 +137,31 @@ class Api:
         except Exiting:
             raise _Answer(error(503, "EXITING")) from None
 
-    def _publish(self, topic: Topic, bodies: list[bytes],
-                 defer_ns: int = 0) -> Response | Gather[Response]:
+    def _publish(self, topic: Topic, bodies: list[bytes], defer_ns: int = 0,
+                 failed: str = "PUB_FAILED") -> Response | Gather[Response]:
+        """Hand the publish to the topic's owner loop and answer when it is settled: OK
+        once the write (in fsync mode the fsync) carrying it worked, 500 ``failed`` if
+        it failed (or the loop did not answer in time), 503 EXITING when exiting. The
+        HTTP thread serves other requests meanwhile."""
         if self.broker.exiting:
             return error(503, "EXITING")
-        if bodies:
-            try:
-                t = self.broker.publish(topic.name, bodies, defer_ns)
-            except Exiting:
+        if not bodies:
+            return OK
+
+        def answer(results: list[Any]) -> Response:
+            result = results[0]
+            if result is None:
+                return OK
+            if isinstance(result, Exiting):
                 return error(503, "EXITING")
-            except StorageError as e:
-                self.rt.storage_failed(e, topic)
-                return error(500, "PUB_FAILED")
-            if self.rt.health is not None:
-                self.rt.storage.write_ok(t)
-            if self.rt.storage.durable:
-                # fsync durability: answered once the storage thread has synced the
-                # topic; the HTTP thread serves other requests meanwhile
-                return Gather([(self.rt.storage, _sync_topic, (self.rt.storage, t))],
-                              lambda results: OK if results[0] is True
-                              else error(500, "PUB_FAILED"), timeout_s=30.0)
-        return OK
+            if result is MISSING:
+                log.error("HTTP: a publish to %s was not settled within %.0fs",
+                          topic.name, PUBLISH_TIMEOUT_S)
+            return error(500, failed)
+
+        owner = topic.owner
+        return Gather([(owner, _publish_on_owner, (owner, topic.name, bodies, defer_ns))],
+                      answer, timeout_s=PUBLISH_TIMEOUT_S)
 
     def pub(self, req: Request) -> Response | Gather[Response]:
         o = self.opts
@@ -203,7 +209,7 @@ class Api:
                 parts = [p for p in parts if p]
             if len(body) > o.max_msg_size and any(len(p) > o.max_msg_size for p in parts):
                 return error(413, "MSG_TOO_BIG")
-        return self._publish(topic, parts)
+        return self._publish(topic, parts, failed="MPUB_FAILED")
 
     def _split_binary(self, body: bytes) -> list[bytes]:
         o = self.opts
@@ -384,6 +390,8 @@ class Api:
                                    self.server.figures()["refused"])
 
     def metrics(self, req: Request) -> Gather[Response]:
+        from pybroker.http import metrics  # Prometheus' format: loaded when first asked for
+
         def answer(c: Collected) -> Response:
             body = metrics.render(c, self.health(), self.broker.start_time,
                                   self.server.figures())

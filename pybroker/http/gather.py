@@ -7,6 +7,10 @@ the owning loops with ``call_soon_threadsafe``. A Gather lists those jobs and a
 Gather without blocking (HttpServer.submit); other threads, such as the statsd pusher,
 wait for one with a deadline (``run_blocking``). A job that did not answer in time, or
 failed, yields ``MISSING``.
+
+A job whose result is known only later on its loop (a publish: when the write, and in
+fsync mode the fsync, that carried it is settled) returns a ``Later``; its result is
+delivered when the loop resolves it, and the HTTP thread waits for it like for any job.
 """
 from __future__ import annotations
 
@@ -44,15 +48,53 @@ class Gather(Generic[T]):
         return Gather(self.jobs, lambda results: fn(inner(results)), self.timeout_s)
 
 
+class Later:
+    """A job's result that its loop gives later (loop thread only): ``resolve(value)``
+    hands it to whoever waits (once; later calls are ignored)."""
+
+    __slots__ = ("_deliver", "_value", "_done")
+
+    def __init__(self) -> None:
+        self._deliver: Callable[[Any], None] | None = None
+        self._value: Any = MISSING
+        self._done = False
+
+    def resolve(self, value: Any) -> None:
+        if self._done:
+            return
+        self._done = True
+        if self._deliver is not None:
+            self._deliver(value)
+        else:
+            self._value = value
+
+    def then(self, deliver: Callable[[Any], None]) -> None:
+        if self._done:
+            deliver(self._value)
+        else:
+            self._deliver = deliver
+
+
 def run_job(fn: Callable[..., Any], args: tuple[Any, ...],
             deliver: Callable[[Any], None]) -> None:
-    """On the loop thread: run one job and hand its result (or MISSING) to deliver."""
+    """On the loop thread: run one job and hand its result (or MISSING) to deliver;
+    a Later's result when the loop resolves it."""
     try:
         result = fn(*args)
     except Exception:
         log.exception("HTTP: a job on the event loop failed")
         result = MISSING
-    deliver(result)
+    if isinstance(result, Later):
+        result.then(deliver)
+    else:
+        deliver(result)
+
+
+def run_jobs(jobs: list[tuple[Callable[..., Any], tuple[Any, ...],
+                              Callable[[Any], None]]]) -> None:
+    """On the loop thread: the jobs one turn of the HTTP server posted to this loop."""
+    for fn, args, deliver in jobs:
+        run_job(fn, args, deliver)
 
 
 def run_blocking(g: Gather[T], timeout_s: float | None = None) -> T:
@@ -74,7 +116,7 @@ def run_blocking(g: Gather[T], timeout_s: float | None = None) -> T:
                 done.set()
 
     for i, (loop, fn, args) in enumerate(g.jobs):
-        loop.call_soon_threadsafe(run_job, fn, args, lambda v, i=i: deliver(i, v))
+        loop.call_soon_threadsafe(run_jobs, [(fn, args, lambda v, i=i: deliver(i, v))])
     done.wait(g.timeout_s if timeout_s is None else timeout_s)
     with lock:
         snapshot = list(results)

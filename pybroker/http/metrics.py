@@ -8,7 +8,6 @@ connections and owned channels; the HTTP server; and the process (``process_*``,
 from __future__ import annotations
 
 import gc
-import platform
 from collections.abc import Iterable
 from typing import Any
 
@@ -137,6 +136,8 @@ def render(stats: Collected, health: str, start_time: int, http: dict[str, Any])
     o.family("python_gc_objects_collected_total", "counter",
              "Objects collected by the garbage collector, by generation.",
              [((("generation", str(i)),), s.get("collected", 0)) for i, s in enumerate(gstats)])
+    import platform  # here, not at start-up: only /metrics uses it
+
     o.family("python_info", "gauge", "Python platform information.",
              [((("implementation", platform.python_implementation()),
                 ("version", platform.python_version())), 1)])

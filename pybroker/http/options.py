@@ -50,6 +50,9 @@ class ConfigEndpoint:
             return True, _TLS_VERSIONS.get(str(value).lower(), 0x0301)
         if key == "statsd_prefix":
             return True, self.server.statsd_prefix()
+        if key in ("broadcast_tcp_port", "broadcast_http_port") and not value:
+            # matches nsqd: an unset broadcast port reads as the port listened on
+            return True, self.server.tcp_port if key == "broadcast_tcp_port" else self.server.port
         return True, value
 
     def handle(self, req: Request) -> Response:

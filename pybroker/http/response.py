@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-from email.utils import formatdate
 from typing import Any
 
 NSQ_HEADER = b"X-Nsq-Content-Type: nsq; version=1.0\r\n"
@@ -94,6 +93,18 @@ def plain_error(status: int, detail: str = "") -> Response:
     return Response(status, close=True, raw=raw)
 
 
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def http_date(now: float) -> str:
+    """RFC 1123 in GMT ("Mon, 20 Nov 1995 19:12:08 GMT"), as email.utils.formatdate(now,
+    usegmt=True) writes it, without importing the email package at start-up."""
+    t = time.gmtime(now)
+    return (f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year:04d} "
+            f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT")
+
+
 class DateCache:
     """The RFC 1123 Date header value, recomputed at most once a second."""
 
@@ -105,7 +116,7 @@ class DateCache:
         now = int(time.time())
         if now != self._second:
             self._second = now
-            self.value = formatdate(now, usegmt=True).encode()
+            self.value = http_date(now).encode()
         return self.value
 
 

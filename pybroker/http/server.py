@@ -32,14 +32,13 @@ from pybroker.config import TLS_REQUIRED, split_hostport
 from pybroker.evloop import SelectorLoop
 from pybroker.http.api import Api, build_router
 from pybroker.http.conn import HttpConn
-from pybroker.http.gather import MISSING, Gather, run_job
+from pybroker.http.gather import MISSING, Gather, run_jobs
 from pybroker.http.process import GcPauses
 from pybroker.http.request import Request
 from pybroker.http.response import DateCache, Response, error
 from pybroker.http.statstext import go_duration
 from pybroker.server.listener import HTTP_RESERVE, Admission
 from pybroker.server.services import HttpHost
-from pybroker.server.tls import TlsSocket
 
 if TYPE_CHECKING:
     from pybroker.http.statsd import StatsdPusher
@@ -130,6 +129,8 @@ class HttpServer(SelectorLoop):
         self.to_flush: dict[HttpConn, None] = {}
         self.to_process: dict[HttpConn, None] = {}  # out of budget last turn
         self._pending: dict[int, _Pending] = {}
+        # this turn's Gather jobs, posted at its end: one call per loop per turn
+        self._outbox: dict[Any, list[tuple[Any, tuple[Any, ...], Any]]] = {}
         self._tokens = itertools.count(1)
         self.requests: dict[int, int] = {}
         self._sweeps = 0
@@ -142,9 +143,11 @@ class HttpServer(SelectorLoop):
         self.statsd: StatsdPusher | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
-    def listen(self) -> str:
-        """Bind and start the ``http`` thread; returns "host:port". Raises OSError."""
-        self.sock = _bind(self.options.http_address)
+    def listen(self, sock: socket.socket | None = None,
+               https_sock: socket.socket | None = None) -> str:
+        """Serve the listening sockets (bound here when not given) and start the ``http``
+        thread; returns "host:port". Raises OSError."""
+        self.sock = sock if sock is not None else _bind(self.options.http_address)
         host, port = self.sock.getsockname()[:2]
         self.port = port
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -156,7 +159,8 @@ class HttpServer(SelectorLoop):
         ctx = self.runtime.tls_context
         if ctx is not None and self.options.https_address:
             # matches nsqd: HTTPS listens only when TLS is configured
-            self.https_sock = _bind(self.options.https_address)
+            self.https_sock = (https_sock if https_sock is not None
+                               else _bind(self.options.https_address))
             host, port = self.https_sock.getsockname()[:2]
             self.https_port = port
             log.info("HTTPS: listening on %s", f"[{host}]:{port}" if ":" in host else
@@ -197,6 +201,10 @@ class HttpServer(SelectorLoop):
                 if not conn.closed:
                     conn.process()
         self._flush()
+        if self._outbox:
+            outbox, self._outbox = self._outbox, {}
+            for loop, jobs in outbox.items():
+                loop.call_soon_threadsafe(run_jobs, jobs)
 
     def on_error(self, obj: Any) -> None:
         log.exception("%r: unexpected error; closing the connection", obj)
@@ -262,6 +270,8 @@ class HttpServer(SelectorLoop):
             if https:
                 ctx = self.runtime.tls_context
                 assert ctx is not None   # HTTPS listens only with a TLS context
+                from pybroker.server.tls import TlsSocket  # with tls_cert only (ssl)
+
                 tls_sock: Any = TlsSocket(ctx, sock)
                 conn = HttpConn(self, tls_sock, addr)
                 conn.tls = True
@@ -348,7 +358,9 @@ class HttpServer(SelectorLoop):
                             "http": self.admission.refused}}
 
     def submit(self, conn: HttpConn, req: Request, gather: Gather[Response]) -> None:
-        """Post gather's jobs to their loops; conn.complete() runs when all answered."""
+        """Queue gather's jobs for their loops (posted at the end of this turn, one call
+        per loop for all of the turn's requests); conn.complete() runs when all
+        answered."""
         token = next(self._tokens)
         self._pending[token] = _Pending(conn, req, gather)
         if not gather.jobs:
@@ -356,7 +368,7 @@ class HttpServer(SelectorLoop):
             return
         for i, (loop, fn, args) in enumerate(gather.jobs):
             deliver = functools.partial(self._deliver, token, i)
-            loop.call_soon_threadsafe(run_job, fn, args, deliver)
+            self._outbox.setdefault(loop, []).append((fn, args, deliver))
 
     def _deliver(self, token: int, index: int, value: Any) -> None:
         # on a loop thread: hand the result to the http thread
@@ -387,6 +399,8 @@ class HttpServer(SelectorLoop):
         prefix = str(self.options.statsd_prefix)
         if not prefix:
             return ""
-        host_key = f"{self.options.broadcast_address}:{self.port}".replace(".", "_")
+        # matches nsqd: the host key's port is broadcast_http_port when set
+        port = getattr(self.options, "broadcast_http_port", 0) or self.port
+        host_key = f"{self.options.broadcast_address}:{port}".replace(".", "_")
         prefix = prefix.replace("%s", host_key.replace(":", "_"))
         return prefix if prefix.endswith(".") else prefix + "."

@@ -2,7 +2,6 @@
 value formats it uses (time.Duration strings, RFC 3339 times, NanoSecondToHuman)."""
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 from pybroker import NSQ_COMPAT_VERSION, __version__
@@ -38,6 +37,8 @@ def go_duration(ns: int) -> str:
 
 def rfc3339(ts: float) -> str:
     """A local time as Go's time.RFC3339 prints it ("Z" for UTC)."""
+    import datetime  # the text /stats only: not loaded at start-up
+
     t = datetime.datetime.fromtimestamp(int(ts)).astimezone()
     text = t.isoformat(timespec="seconds")
     return text[:-6] + "Z" if text.endswith("+00:00") else text

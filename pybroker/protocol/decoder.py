@@ -250,3 +250,7 @@ class CommandDecoder:
 
     def buffered(self) -> int:
         return len(self._buf) + self._held
+
+    def ready(self) -> int:
+        """Commands parsed and not yet taken by next_command."""
+        return len(self._ready)

@@ -7,7 +7,9 @@ that client reads no further commands (``Session.upgrading``); other clients go 
 so do other clients' queries, however slow one server is. A command that found its
 grant expired waits for the re-query and then runs again. Patterns are RE2 (Go's
 regexp syntax, linear time: server.grants); each topic/channel pair is matched once
-per grant. Texts and codes are nsqd's.
+per grant. Texts and codes are nsqd's. The HTTP client (server.authhttp: ssl, a thread
+pool) and the RE2 patterns are imported when AUTH is configured and used: a broker
+without ``auth_http_addresses`` never loads them.
 """
 from __future__ import annotations
 
@@ -19,14 +21,22 @@ from typing import TYPE_CHECKING, Callable
 
 from pybroker.errors import ClientError
 from pybroker.protocol.encoder import encode_error, encode_response
-from pybroker.server.authhttp import AuthClient
-from pybroker.server.grants import Pattern, check_budget, compile_grant
-
 if TYPE_CHECKING:
+    from pybroker.server.authhttp import AuthClient
+    from pybroker.server.grants import Pattern
     from pybroker.protocol.decoder import Command
     from pybroker.server.connection import ClientConn
 
 __all__ = ["AuthClient", "AuthState", "Authorization", "check", "parse_state", "start_auth"]
+
+
+def __getattr__(name: str) -> type[AuthClient]:
+    """``AuthClient`` is server.authhttp's, imported when first asked for."""
+    if name == "AuthClient":
+        from pybroker.server.authhttp import AuthClient
+
+        return AuthClient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 log = logging.getLogger("pybroker")
 CHECK_CACHE = 4096  # topic/channel pairs whose answer a grant keeps
 
@@ -84,6 +94,8 @@ class AuthState:
 
 def parse_state(body: bytes) -> AuthState:
     """The auth server's JSON answer, checked as nsqd checks it. Raises ValueError."""
+    from pybroker.server.grants import check_budget, compile_grant
+
     data = json.loads(body)
     if not isinstance(data, dict):
         raise ValueError("json: cannot unmarshal into auth.State")

@@ -56,7 +56,8 @@ class ClientConn:
         self.transport = Transport(sock)  # plain until IDENTIFY negotiates TLS/compression
         self.auth_secret = ""
         self.auth_state: AuthState | None = None  # once AUTH succeeded
-        self.remote_address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+        host = str(addr[0]) if isinstance(addr, tuple) else ""
+        self.remote_address = f"{host}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         opts = loop.options
         self.opts = opts
         self.decoder = CommandDecoder(opts.max_msg_size, opts.max_body_size)
@@ -69,9 +70,10 @@ class ClientConn:
         self.moving = False
         self.awaiting_commit = 0  # durable publishes not yet answered (see loop.published)
         self.unconfirmed = 0      # OKs in self.out whose topic write has not yet happened
-        # identity and negotiated settings (IDENTIFY)
-        self.client_id = ""
-        self.hostname = ""
+        # identity and negotiated settings (IDENTIFY); matches nsqd: client_id and hostname
+        # are the remote host until IDENTIFY sets them
+        self.client_id = host
+        self.hostname = host
         self.user_agent = ""
         self.heartbeat_interval_ns = 30 * 1_000_000_000
         self.msg_timeout_ns = opts.msg_timeout
@@ -280,9 +282,20 @@ class ClientConn:
             log.error("[%s] - %s", self, err.payload().decode("utf-8", "replace"))
             self.send_frame(encode_error(err.payload()))
             self.close_after_flush()
-        if self.out_bytes >= OUT_CAP and self.reading and not self.closed:
-            self._pause_reading()
+        if self.closed:
+            return
+        if self.reading:
+            if self.out_bytes >= OUT_CAP or (self.awaiting_commit and self.decoder.ready()):
+                self._pause_reading()
+        elif (self.out_bytes < OUT_LOW and not self._input_waits() and not self.moving
+              and not self.closing_after_flush):
+            self._resume_reading()
 
+    def _input_waits(self) -> bool:
+        """Input must wait: its reading is held (a TLS handshake slot), or commands are
+        parsed that cannot run until a publish is answered (read no more meanwhile: what
+        a connection holds unprocessed stays within one read)."""
+        return self.input_held or (bool(self.awaiting_commit) and self.decoder.ready() > 0)
 
     def log_nonfatal(self, err: ClientError) -> None:
         """Log an E_FIN/REQ/TOUCH_FAILED, at most LOG_BURST a second per client (a client
@@ -365,7 +378,7 @@ class ClientConn:
                 return
             if rest:
                 self.out_bytes = rest
-                if not self.reading and self.out_bytes < OUT_LOW and not self.input_held:
+                if not self.reading and self.out_bytes < OUT_LOW and not self._input_waits():
                     self._resume_reading()
                 if not self.writing:
                     self.writing = True
@@ -375,7 +388,7 @@ class ClientConn:
             self.out_bytes = 0
             if was_full and self.channel is not None:
                 self.loop.mark_dirty(self.channel)
-        if not self.reading and self.out_bytes < OUT_LOW and not self.input_held:
+        if not self.reading and self.out_bytes < OUT_LOW and not self._input_waits():
             self._resume_reading()
         if self.writing:
             self.writing = False

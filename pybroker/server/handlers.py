@@ -32,7 +32,7 @@ from pybroker.protocol.identify import IdentifyDecodeError, decode_identify
 from pybroker.protocol.encoder import CLOSE_WAIT_FRAME, encode_error, encode_response
 from pybroker.protocol.names import is_valid_name
 from pybroker.protocol.wire import MSG_ID_LENGTH
-from pybroker.server.loop import SLICE
+from pybroker.server.publish import Parts
 from pybroker.server import auth as authd
 from pybroker.server import upgrade
 
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pybroker")
 MS = 1_000_000
-Parts = tuple[bytes, Sequence[int], Sequence[int]]   # an MPUB body, offsets, lengths
 monotonic_ns = time.monotonic_ns
 
 
@@ -268,36 +267,19 @@ def mpub(c: "ClientConn", cmd: Command) -> None:
         offs, lens = _native.mpub_parts(body, o.max_msg_size, (o.max_body_size - 4) // 5)
     except _native.ScanError as e:
         raise mpub_error(e, o.max_msg_size) from None
-    if len(lens) > SLICE:
-        # many messages: appended a slice per loop turn, so other clients wait for none
-        c.pub_counts[name] = c.pub_counts.get(name, 0) + len(lens)
-        c.loop.publish_slices(c, name, (body, offs, lens), MpubFailed, "MPUB")
-        return
+    # more than SLICE messages are appended a slice per loop turn (server/publish.py),
+    # so other clients wait for none
     _publish(c, name, (body, offs, lens), 0, MpubFailed, "MPUB")
 
 
 def _publish(c: "ClientConn", name: str, bodies: "list[bytes] | Parts", defer_ns: int,
              failed: type[ClientError], verb: str) -> None:
-    """Append to the topic's log; the loop writes the topic at the end of this turn and
-    answers (see EventLoop.published). A topic deleted meanwhile is looked up again.
+    """Hand the publish to the loop's Publisher: appended by the topic's owner loop,
+    answered once the write (and in fsync mode the fsync) that carried it worked.
     bodies: the messages, or an MPUB body with its parts' offsets and lengths."""
-    broker = c.loop.runtime.broker
-    for _ in range(3):
-        try:
-            topic = broker.get_topic(name)
-            if isinstance(bodies, tuple):
-                topic.publish_parts(*bodies, time.time_ns())
-            else:
-                topic.publish(bodies, time.time_ns(), defer_ns)
-            break
-        except Exiting as e:
-            if broker.exiting:
-                raise failed(f"{verb} failed {e}") from None
-    else:
-        raise failed(f"{verb} failed exiting")
+    c.loop.publisher.publish_conn(c, name, bodies, defer_ns, failed, verb)
     n = len(bodies[2]) if isinstance(bodies, tuple) else len(bodies)
     c.pub_counts[name] = c.pub_counts.get(name, 0) + n
-    c.loop.published(c, topic, failed, verb)
 
 
 # -- consuming -------------------------------------------------------------------------------

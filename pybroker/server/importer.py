@@ -9,7 +9,9 @@ with its own block and the topic's buffer as requeued offsets, so the other chan
 blocks count as finished for it. A topic with no channel leaves everything to its first
 channel. Publish times, attempts and DPUB due times are kept; message ids become log
 offsets. The source files then move aside (``nsqd-imported/``, ``queues-migrated/``).
-Runs at start-up, before the loops.
+Runs at start-up, before the loops: the records go in through the synchronous
+Publisher (``publish_now``), written in batches; a failed write stops the start-up
+before the source files are moved.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import shutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Iterator
 
+from pybroker.server.publish import publish_now
 from pybroker.storage.oldqueues import list_queues, pending_records
 from pybroker.storage.nsqd_import import GoDiskQueue, NsqdDataDir
 
@@ -41,23 +44,17 @@ class TopicPlan:
 
 
 def _append(t: Topic, items: Iterable[Item]) -> range:
-    """Append items to t's log, written in batches; returns their offsets."""
-    with t.lock:
-        start = t.log.head
-        batch: list[Item] = []
-        for item in items:
-            batch.append(item)
-            if len(batch) >= 10_000:
-                t.log.append_records(batch)
-                t.log.write_pending()
-                batch = []
-        if batch:
-            t.log.append_records(batch)
-        t.log.write_pending()
-        if not t.paused:
-            t.released = t.log.written
-        t.message_count += t.log.head - start
-        return range(start, t.log.head)
+    """Append items to t's log, written in batches of 10,000; returns their offsets."""
+    start = t.log.written
+    batch: list[Item] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= 10_000:
+            publish_now(t, batch)
+            batch = []
+    if batch:
+        publish_now(t, batch)
+    return range(start, t.log.written)
 
 
 def import_plan(broker: Broker, plan: dict[str, TopicPlan]) -> int:

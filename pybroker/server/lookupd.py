@@ -1,30 +1,37 @@
 """Registration with nsqlookupd, as nsqd does it, so pybroker nodes join an NSQ cluster.
 
-One ``lookupd`` thread talks to every address in ``nsqlookupd_tcp_addresses`` over the
-lookupd TCP protocol (magic ``"  V1"``; replies are ``[int32 size][data]`` with no frame
-type): IDENTIFY with this node's ports and addresses, then REGISTER every topic and
-channel; afterwards it sends the difference whenever the broker's topics or channels
-change, and a PING every 15 s. A peer that fails is dropped and reconnected (and fully
-re-registered) on the next pass, after a back-off of 1 s doubling up to 15 s.
+The ``lookupd`` thread (a SelectorLoop, pybroker.evloop) talks to every address in
+``nsqlookupd_tcp_addresses`` over the lookupd TCP protocol (magic ``"  V1"``; replies are
+``[int32 size][data]`` with no frame type): IDENTIFY with this node's ports and addresses,
+then REGISTER every topic and channel; afterwards it sends the difference whenever the
+broker's topics or channels change, and a PING every 15 s. A peer that fails is dropped
+and reconnected (and fully re-registered) on the next pass, after a back-off of 1 s
+doubling up to 15 s; a peer that hangs up is noticed at once (its socket is watched).
 
-Ownership: the ``lookupd`` thread owns its sockets and what it has registered; the
-broker's change callbacks (any thread) only set an Event it waits on; it copies
-the topic list under ``Broker.lock`` and each topic's channel names (one copy of a
-dict, atomic under the GIL), and changes neither.
+Registration at once: the broker's change callback (``notify``, any thread: a publish
+over TCP or HTTP creating a topic, a SUB creating a channel, a delete) queues a pass with
+the loop's ``call_soon_threadsafe``, whose wake-up byte ends the loop's ``select()`` at
+once, so the difference reaches every nsqlookupd within a millisecond or so however long
+the wait for the next PING is, as nsqd's lookupLoop sends a REGISTER when notified.
+
+Ownership: the ``lookupd`` thread owns its peers' sockets (blocking, with a 5 s timeout
+per exchange: the thread is its own and nothing else waits on it) and what it has
+registered; it copies the topic list under ``Broker.lock`` and each topic's channel names
+(one copy of a dict, atomic under the GIL), and changes neither.
 """
 from __future__ import annotations
 
 import json
 import logging
-import select
+import selectors
 import socket
 import struct
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from pybroker import NSQ_COMPAT_VERSION
 from pybroker.config import split_hostport
+from pybroker.evloop import SelectorLoop
 
 if TYPE_CHECKING:
     from pybroker.server.services import RegistrarHost
@@ -98,26 +105,70 @@ def _cmd(verb: str, reg: Registration) -> bytes:
     return f"{verb} {topic} {channel}\n".encode() if channel else f"{verb} {topic}\n".encode()
 
 
-class LookupdRegistrar:
+class _Watch:
+    """A connected peer's socket in the selector: lookupd never speaks first, so a
+    readable socket is a hang-up (or garbage)."""
+
+    __slots__ = ("registrar", "peer")
+
+    def __init__(self, registrar: "LookupdRegistrar", peer: _Peer) -> None:
+        self.registrar = registrar
+        self.peer = peer
+
+    def on_readable(self) -> None:
+        log.info("LOOKUPD(%s): connection closed by peer", self.peer.address)
+        self.registrar.drop(self.peer)
+        self.registrar.notify()
+
+    def on_writable(self) -> None:
+        """Never registered for writing."""
+
+
+class LookupdRegistrar(SelectorLoop):
     def __init__(self, runtime: RegistrarHost, tcp_port: int, http_port: int) -> None:
+        super().__init__("lookupd")
         self.runtime = runtime
         self.tcp_port = tcp_port
         self.http_port = http_port
         self._peers: dict[str, _Peer] = {}
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lookupd", daemon=True)
+        self._queued = False  # a pass is queued (set by any thread, cleared by the pass)
+        self._next_ping = 0.0
+        self._retry_s = RETRY_S
+        self._timer: Any = None  # the next PING, or the retry after a failure
 
     def start(self) -> None:
-        self.runtime.broker.on_change.append(self._wake.set)
-        self._thread.start()
+        self.runtime.broker.on_change.append(self.notify)
+        super().start()
+        self.notify()
 
-    def stop(self, timeout_s: float) -> None:
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout_s)
-        for p in self._peers.values():
-            p.close()
+    def notify(self) -> None:
+        """Topics or channels changed (any thread): a pass, now."""
+        if not self._queued:
+            self._queued = True
+            self.call_soon_threadsafe(self._pass)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the thread (any thread) and close every peer."""
+        SelectorLoop.stop(self)
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+            if self.thread.is_alive():
+                log.error("LOOKUPD: the lookupd thread did not stop within %.0fs", timeout_s)
+                return
+        self.close()
+
+    def on_exit(self) -> None:
+        for p in list(self._peers.values()):
+            self.drop(p)
+
+    def drop(self, peer: _Peer) -> None:
+        """Close a peer's connection (it is reconnected on the next pass)."""
+        if peer.sock is not None:
+            try:
+                self.selector.unregister(peer.sock)
+            except (KeyError, ValueError):
+                pass
+        peer.close()
 
     def _identity(self) -> dict[str, Any]:
         o = self.runtime.options
@@ -136,43 +187,29 @@ class LookupdRegistrar:
                 want.add((t.name, name))
         return want
 
-    def _run(self) -> None:
-        next_ping = 0.0
-        retry_s = RETRY_S
-        while not self._stop.is_set():
-            addresses = list(self.runtime.options.nsqlookupd_tcp_addresses)
-            for addr in list(self._peers):
-                if addr not in addresses:
-                    self._peers.pop(addr).close()
-            for addr in addresses:
-                self._peers.setdefault(addr, _Peer(addr))
-            want = self._desired()
-            ping = time.monotonic() >= next_ping
-            if ping:
-                next_ping = time.monotonic() + PING_INTERVAL_S
-            results = [self._sync(p, want, ping) for p in self._peers.values()]
-            if all(results):
-                retry_s = RETRY_S
-                self._idle(next_ping)
-            else:  # back off, up to the ping interval, while a peer keeps failing
-                self._wake.wait(retry_s)
-                retry_s = min(retry_s * 2, PING_INTERVAL_S)
-            self._wake.clear()
-
-    def _idle(self, until: float) -> None:
-        """Wait for a change or the next ping, noticing at once a peer that hung up."""
-        while not self._wake.is_set() and time.monotonic() < until:
-            socks = [p.sock for p in self._peers.values() if p.sock is not None]
-            if not socks:
-                self._wake.wait(until - time.monotonic())
-                return
-            readable, _, _ = select.select(socks, [], [], min(1.0, until - time.monotonic()))
-            if readable:  # lookupd never speaks first: this is a close (or garbage)
-                for p in self._peers.values():
-                    if p.sock in readable:
-                        log.info("LOOKUPD(%s): connection closed by peer", p.address)
-                        p.close()
-                return
+    def _pass(self) -> None:
+        """Bring every peer up to date (PING when due), then wait for the next change,
+        PING or retry."""
+        self._queued = False
+        addresses = list(self.runtime.options.nsqlookupd_tcp_addresses)
+        for addr in list(self._peers):
+            if addr not in addresses:
+                self.drop(self._peers.pop(addr))
+        for addr in addresses:
+            self._peers.setdefault(addr, _Peer(addr))
+        want = self._desired()
+        ping = time.monotonic() >= self._next_ping
+        if ping:
+            self._next_ping = time.monotonic() + PING_INTERVAL_S
+        results = [self._sync(p, want, ping) for p in self._peers.values()]
+        self.cancel(self._timer)
+        if all(results):
+            self._retry_s = RETRY_S
+            delay_s = max(0.0, self._next_ping - time.monotonic())
+        else:  # back off, up to the ping interval, while a peer keeps failing
+            delay_s = self._retry_s
+            self._retry_s = min(self._retry_s * 2, PING_INTERVAL_S)
+        self._timer = self.call_later(int(delay_s * 1e9), self._pass)
 
     def _sync(self, peer: _Peer, want: set[Registration], ping: bool) -> bool:
         """Bring one peer up to date; False if it failed (it will be retried)."""
@@ -180,6 +217,8 @@ class LookupdRegistrar:
             if peer.sock is None:
                 log.info("LOOKUP(%s): adding peer", peer.address)
                 peer.connect(self._identity())
+                assert peer.sock is not None
+                self.selector.register(peer.sock, selectors.EVENT_READ, _Watch(self, peer))
                 ping = False
             # channels go before their topic on the way out, topics first on the way in
             for reg in sorted(peer.registered - want, key=lambda r: r[1] == ""):
@@ -195,5 +234,5 @@ class LookupdRegistrar:
             return True
         except (OSError, LookupdError, struct.error) as e:
             log.error("LOOKUPD(%s): %s", peer.address, e)
-            peer.close()
+            self.drop(peer)
             return False

@@ -4,6 +4,11 @@ Threads: the main thread (waits for SIGTERM/SIGINT), ``loop-N`` event loops (cli
 the channels they own), ``scanner`` and ``scanner-N`` (queue timeouts). The main thread
 hands work to no one but the loops' ``call_soon_threadsafe``; shutdown goes through the
 loops' wake-up sockets, and every thread is joined with a deadline.
+
+Start-up follows nsqd: the listeners are bound first (server/sockets.py, usually before
+this module is even imported), then the data path is locked and restored, then every
+listener serves. Modules only some configurations use (TLS, AUTH, the nsqd data importer,
+statsd) are imported when configured, so a plain start imports what serving needs.
 """
 from __future__ import annotations
 
@@ -11,40 +16,42 @@ import gc
 import logging
 import resource
 import signal
-import ssl
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
 from pybroker import NSQ_COMPAT_VERSION, __version__, _native
-from pybroker.config import Options, split_hostport
+from pybroker.config import Options
 from pybroker.core.broker import Broker
 from pybroker.core.channel import Channel
 from pybroker.core.topic import Topic
 from pybroker.errors import ConfigError
-from pybroker.server.auth import AuthClient
-from pybroker.server.tls import server_context
-from pybroker.server.listener import Listener, bind, format_addr
+from pybroker.server.listener import Listener, format_addr
 from pybroker.server.lookupd import LookupdRegistrar
 from pybroker.server.loop import EventLoop
 from pybroker.server.scanner import QueueScanner
+from pybroker.server.sockets import Bound, StartupError, bind_listeners
 from pybroker.server.storage import StorageManager
 from pybroker.storage import StorageError
 from pybroker.storage.lock import DataPathLocked
 
 if TYPE_CHECKING:
-    from pybroker.http.server import HttpServer
+    import ssl
 
+    from pybroker.http.server import HttpServer
+    from pybroker.server.auth import AuthClient
+
+__all__ = ["Runtime", "StartupError", "run"]
 log = logging.getLogger("pybroker")
 
 
-class StartupError(Exception):
-    """Start-up cannot go on (e.g. an address in use); the message says why."""
-
-
 class Runtime:
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: Options, bound: Bound | None = None,
+                 banner: str | None = None) -> None:
         self.options = options
+        # listeners bound before start-up (server/sockets.py); start() binds them if None
+        self.bound = bound
+        self.banner = banner or f"pybroker v{__version__} (nsqd protocol v{NSQ_COMPAT_VERSION})"
         self.loops = [EventLoop(i, self) for i in range(options.loop_threads)]
         self.storage = StorageManager(self)
         self.broker = Broker(options, self.loops, self.storage.open_log, self._wake)
@@ -87,19 +94,28 @@ class Runtime:
 
     def start(self) -> None:
         o = self.options
-        log.info("pybroker v%s (nsqd protocol v%s)", __version__, NSQ_COMPAT_VERSION)
+        log.info("%s", self.banner)
         raise_fd_limit()
         # the fallback's one warning line was logged when the codec was imported
         log.info("codec: %s%s", _native.BACKEND,
                  " (the C codec is not built)" if _native.FALLBACK_REASON else "")
         log.info("ID: %d", o.id)
         log.info("NSQ: durability %s, data in %s", o.durability, self.storage.data_path)
-        try:
-            self.tls_context = server_context(o)
-        except ConfigError as e:
-            raise StartupError(str(e)) from None
+        if o.tls_cert or o.tls_key:
+            from pybroker.server.tls import server_context
+
+            try:
+                self.tls_context = server_context(o)
+            except ConfigError as e:
+                raise StartupError(str(e)) from None
         if o.auth_http_addresses:
+            from pybroker.server.auth import AuthClient
+
             self.auth = AuthClient(o)
+        if self.bound is None:
+            self.bound = bind_listeners(o)
+        # imported before the data path is read, so every listener starts serving at once
+        http_class = self._http_class() if self.bound.http is not None else None
         try:
             self.storage.prepare()
         except DataPathLocked as e:
@@ -114,27 +130,28 @@ class Runtime:
         self.broker.on_delete_topic.append(self.storage.delete_topic)
         for ch in self.broker.all_channels():  # read restored backlogs once consumers come
             ch.owner.call_soon_threadsafe(ch.owner.mark_dirty, ch)
-        host, port = split_hostport(o.tcp_address)
-        try:
-            sock = bind(host, port)
-        except OSError as e:
-            raise StartupError(f"tcp_address: cannot listen on {o.tcp_address}: {e.strerror}") from None
+        sock = self.bound.tcp
         for loop in self.loops:
             loop.start()
         self.listener = Listener(sock, self.loops)
         self.listener.start()
         log.info("TCP: listening on %s", format_addr(sock))
         http_port = 0
-        if o.http_address:
-            http_addr = self._start_http()
-            http_port = split_hostport(http_addr)[1] if http_addr else 0
+        if http_class is not None:
+            self.http = http_class(self)
+            log.info("HTTP: listening on %s", self.http.listen(self.bound.http, self.bound.https))
+            http_port = self.http.port
         self.scanner.start()
         # nsqd registers with nsqlookupd even when the list starts empty (PUT /config can
         # add addresses later), so the registrar always runs; it idles with no addresses.
-        self.lookupd = LookupdRegistrar(self, sock.getsockname()[1], http_port)
+        # matches nsqd: broadcast_tcp_port/broadcast_http_port, when set, are registered
+        # instead of the ports listened on
+        self.lookupd = LookupdRegistrar(self, o.broadcast_tcp_port or sock.getsockname()[1],
+                                        o.broadcast_http_port or http_port)
         self.lookupd.start()
 
-    def _start_http(self) -> str | None:
+    @staticmethod
+    def _http_class() -> type[HttpServer] | None:
         try:
             from pybroker.http.server import HttpServer
         except ModuleNotFoundError as e:
@@ -142,14 +159,7 @@ class Runtime:
                 raise
             log.warning("HTTP: the HTTP API is not available in this build")
             return None
-        self.http = HttpServer(self)
-        try:
-            addr = self.http.listen()
-        except OSError as e:
-            raise StartupError(f"http_address: cannot listen on {self.options.http_address}: "
-                               f"{e.strerror}") from None
-        log.info("HTTP: listening on %s", addr)
-        return str(addr)
+        return HttpServer
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -206,19 +216,23 @@ def raise_fd_limit() -> None:
         log.warning("fd limit not raised: %s", e)
 
 
-def run(options: Options) -> int:
-    """Run the broker until a signal; returns the process exit status."""
+def run(options: Options, bound: Bound | None = None, banner: str | None = None,
+        prog: str = "pybroker") -> int:
+    """Run the broker until a signal; returns the process exit status. ``bound``: the
+    listeners bound before start-up (bound here when None); ``banner``: the first log
+    line (the version)."""
     # In-flight bookkeeping allocates many small objects and creates few cycles: collect
     # young objects less often than the default 700 allocations.
     gc.set_threshold(100_000, 50, 100)
-    rt = Runtime(options)
+    rt = Runtime(options, bound, banner)
     rt.install_signal_handlers()
     try:
         rt.start()
     except StartupError as e:
-        print(f"pybroker: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 2
     gc.freeze()  # start-up objects (modules, options, restored state) are never garbage
+    gc.enable()  # the command lines disable it while importing (nothing to collect yet)
     rt.wait()
     rt.shutdown()
     return 0

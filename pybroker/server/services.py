@@ -6,10 +6,11 @@ checks every use and the dependencies are written down. Typing only: no behaviou
 """
 from __future__ import annotations
 
-import ssl
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    import ssl
+
     from pybroker.config import Options
     from pybroker.core.broker import Broker
     from pybroker.core.channel import Channel

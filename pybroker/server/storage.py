@@ -5,12 +5,19 @@ flags), ``topics/<topic>/`` (one TopicLog per topic), ``state/<topic>.json`` (th
 cursors and pending offsets of the topic's channels).
 
 Ownership: the ``storage`` thread owns every fsync, metadata save, channel-state save and
-segment deletion. Event loops append and write (``write()`` hands records to the kernel)
-and post the rest here: ``sync_topics`` (group commit for fsync durability: the
-completion is posted back to the asking loop), ``save_metadata``, ``delete_topic``.
-Channel states are snapshotted on their owner loops (``Channel.snapshot``) at the
-storage thread's request and written here. A storage error never kills a thread: it is
-logged, reported by /ping, and cleared by the next write that works.
+segment deletion. The topics' owner loops append and write (their Publishers: ``write()``
+hands records to the kernel) and post the rest here: ``sync_topics`` (group commit for
+fsync durability: one fsync per topic per pass, the completion posted back to the
+asking loop, whose Publisher asks each log which epochs are durable or were lost by a
+failed fsync, whichever fsync that was), ``save_metadata``, ``delete_topic``. Channel
+states are snapshotted on their owner loops
+(``Channel.snapshot``) at the storage thread's request and written here. A storage
+error never kills a thread: it is logged and reported by /ping until the same kind of
+operation works again for the same topic (a write of real records, an fsync, a state
+or metadata save).
+
+The topic logs' file operations go through ``fileops`` (pybroker.storage.fileops): the
+real ones, or the fault plan of ``PYBROKER_FAULTS`` (a test facility, logged at start).
 """
 from __future__ import annotations
 
@@ -18,8 +25,6 @@ import json
 import logging
 import os
 import queue
-import secrets
-import shutil
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -28,6 +33,7 @@ from pybroker.protocol.deadletter import dead_letter_settings
 from pybroker.core.topic import Topic
 from pybroker.storage import MetadataError, StorageError
 from pybroker.storage._fsutil import atomic_write, safe_name
+from pybroker.storage.fileops import REAL, FileOps, FaultyFileOps, from_environment
 from pybroker.storage.lock import DataPathLock
 from pybroker.storage.metadata import (BrokerMetadata, ChannelMeta, TopicMeta, load_metadata,
                                        save_metadata)
@@ -41,6 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pybroker")
 TICK_S = 0.05
+META_RETRY_S = 1.0    # a failed nsqd.dat save is tried again after this
 SNAPSHOT_WAIT_S = 2.0
 _STOP = object()
 
@@ -57,11 +64,14 @@ class StorageManager:
         self.durable = o.durability == "fsync"
         self._requests: queue.Queue[Any] = queue.Queue()
         self._meta_wanted = threading.Event()
+        self._meta_retry_at = 0.0   # a failed metadata save is tried again from then on
         self._save_soon = threading.Event()
-        self._failed_topics: set[str] = set()
+        # (topic name or "", kind) of what failed and has not worked since
+        self._failed_topics: set[tuple[str, str]] = set()
         # shared by the loops (and HTTP) that report writes: the set of failing topics and
         # runtime.health change together under it (write_ok, failed)
         self._lock = threading.Lock()
+        self.fileops: FileOps = REAL
         self._thread = threading.Thread(target=self._run, name="storage", daemon=True)
         self.lock = DataPathLock(self.data_path)
 
@@ -69,12 +79,18 @@ class StorageManager:
     def prepare(self) -> None:
         """Create the data directories and lock the data_path (one broker per data_path,
         as nsqd); raise StorageError/OSError (DataPathLocked) if they cannot be used."""
+        self.fileops = from_environment()
+        if isinstance(self.fileops, FaultyFileOps):
+            log.warning("NSQ: storage: TEST FAULT PLAN ARMED (PYBROKER_FAULTS): %s",
+                        self.fileops.describe())
         os.makedirs(self.data_path, exist_ok=True)
         self.lock.acquire()
         os.makedirs(self.log_root, exist_ok=True)
         os.makedirs(self.state_root, exist_ok=True)
         for name in os.listdir(self.log_root):
             if name.startswith(".deleted-"):   # a delete that a crash interrupted
+                import shutil  # not at start-up (it loads bz2 and lzma)
+
                 shutil.rmtree(os.path.join(self.log_root, name), ignore_errors=True)
         probe = os.path.join(self.data_path, ".pybroker-write-test")
         with open(probe, "wb") as f:
@@ -87,11 +103,20 @@ class StorageManager:
         directory = None if ephemeral else os.path.join(self.log_root, safe_name(name))
         return TopicLog(directory, max_bytes_per_file=o.max_bytes_per_file,
                         mem_records=o.mem_queue_size,
-                        max_record_bytes=o.max_msg_size + 64)
+                        max_record_bytes=o.max_msg_size + 64, fileops=self.fileops)
 
     def restore(self) -> None:
         """Recreate topics and channels from nsqd.dat (importing an nsqd data dir first
         if there is one), with their saved channel states."""
+        try:
+            names = os.listdir(self.data_path)
+        except OSError:
+            names = []
+        if "queues" not in names and not any(n.endswith(".diskqueue.meta.dat") for n in names):
+            self._load()  # nothing to import or migrate: the importer is not even loaded
+            self._thread.start()
+            self.save_metadata()
+            return
         from pybroker.server.importer import import_nsqd_dir, migrate_queues_dir
 
         if import_nsqd_dir(self):
@@ -150,10 +175,12 @@ class StorageManager:
             return {}
 
     # -- requests from other threads --------------------------------------------------------
-    def sync_topics(self, topics: list[Topic], done: Callable[[Exception | None], None]) -> None:
-        """fsync these topics' logs on the storage thread, then call done(error) there
-        (the caller's done posts back to its loop). Requests that queue up meanwhile
-        share the next round of fsyncs (group commit)."""
+    def sync_topics(self, topics: list[Topic], done: Callable[[list[Topic]], None]
+                    ) -> None:
+        """fsync these topics' logs on the storage thread, then call done(topics) there
+        (the caller's done posts back to its loop; each log then says which epochs are
+        durable, ``durable_epoch``, and which a failed fsync lost, ``lost_by``). Requests
+        that queue up meanwhile share the next round of fsyncs (group commit)."""
         self._requests.put((topics, done))
 
     def save_metadata(self) -> None:
@@ -178,7 +205,7 @@ class StorageManager:
         the storage thread removes the old files."""
         gone = None
         if t.log.directory is not None:
-            gone = os.path.join(self.log_root, f".deleted-{secrets.token_hex(8)}")
+            gone = os.path.join(self.log_root, f".deleted-{os.urandom(8).hex()}")
             try:
                 os.rename(t.log.directory, gone)
             except FileNotFoundError:
@@ -195,10 +222,15 @@ class StorageManager:
             log.error("NSQ: storage: removing state of %s: %s", t.name, e)
         self._requests.put(("delete", t, gone))
 
-    def write_ok(self, t: Topic) -> None:
-        """A write worked: if storage was unhealthy because of this topic, it no longer is."""
+    def write_ok(self, t: Topic | None, kind: str = "write") -> None:
+        """An operation of this kind worked for t (a write of real records, an fsync, a
+        state save; None: the metadata): if storage was unhealthy because of it, it no
+        longer is; once nothing failing is left, /ping says OK again."""
+        key = (t.name if t is not None else "", kind)
         with self._lock:
-            self._failed_topics.discard(t.name)
+            if key not in self._failed_topics:
+                return
+            self._failed_topics.discard(key)
             if self._failed_topics or not (self.runtime.health or "").startswith(
                     "failed to write"):
                 return
@@ -206,11 +238,13 @@ class StorageManager:
             self.runtime.health = None
         log.info("NSQ: storage: writes work again")
 
-    def failed(self, err: BaseException, topic: Topic | None = None) -> None:
-        """A write failed (any thread): log it; /ping says NOK until a write works again."""
+    def failed(self, err: BaseException, topic: Topic | None = None,
+               kind: str = "write") -> None:
+        """An operation failed (any thread): log it; /ping says NOK until the same kind
+        of operation works again for the same topic (``write_ok``)."""
         log.error("NSQ: storage: %s", err)
         with self._lock:
-            self._failed_topics.add(topic.name if topic is not None else "")
+            self._failed_topics.add((topic.name if topic is not None else "", kind))
             self.runtime.health = f"failed to write to disk - {err}"
 
     # -- the storage thread -----------------------------------------------------------------
@@ -223,27 +257,10 @@ class StorageManager:
                 first = self._requests.get(timeout=TICK_S)
             except queue.Empty:
                 first = None
-            batch = [first] if first is not None else []
-            while True:
-                try:
-                    batch.append(self._requests.get_nowait())
-                except queue.Empty:
-                    break
-            syncs: list[tuple[list[Topic], Callable[[Exception | None], None]]] = []
-            for req in batch:
-                if req is _STOP:
-                    stop = True
-                elif isinstance(req, tuple) and req and req[0] == "delete":
-                    self._remove_topic(req[1], req[2])
-                elif isinstance(req, tuple) and req and req[0] == "call":
-                    try:
-                        req[1](*req[2])
-                    except Exception:
-                        log.exception("NSQ: storage: a posted call failed")
-                elif isinstance(req, tuple):
-                    syncs.append(req)
-            if syncs:
-                self._group_sync(syncs)
+            stop = self._serve([first] if first is not None else [])
+            if self._meta_retry_at and time.monotonic() >= self._meta_retry_at:
+                self._meta_retry_at = 0.0
+                self._meta_wanted.set()
             if self._meta_wanted.is_set():
                 self._meta_wanted.clear()
                 self._write_metadata()
@@ -252,23 +269,68 @@ class StorageManager:
                 next_save = time.monotonic() + o.sync_timeout / 1e9
                 self.checkpoint()
 
-    def _group_sync(self, syncs: list[tuple[list[Topic], Callable[[Exception | None], None]]]
+    def run_pending(self) -> None:
+        """Serve every request queued now on the calling thread, as one pass of the
+        storage thread would (for tests that drive the loops and storage by hand)."""
+        self._serve([])
+
+    def _serve(self, batch: list[Any]) -> bool:
+        """One pass: the requests in batch and every one queued behind them (all the
+        fsyncs they ask for in one round); True when asked to stop."""
+        while True:
+            try:
+                batch.append(self._requests.get_nowait())
+            except queue.Empty:
+                break
+        stop = False
+        syncs: list[tuple[list[Topic], Callable[[list[Topic]], None]]] = []
+        for req in batch:
+            if req is _STOP:
+                stop = True
+            elif isinstance(req, tuple) and req and req[0] == "delete":
+                self._remove_topic(req[1], req[2])
+            elif isinstance(req, tuple) and req and req[0] == "call":
+                try:
+                    req[1](*req[2])
+                except Exception:
+                    log.exception("NSQ: storage: a posted call failed")
+            elif isinstance(req, tuple):
+                syncs.append(req)
+        if syncs:
+            self._group_sync(syncs)
+        return stop
+
+    def _group_sync(self, syncs: list[tuple[list[Topic], Callable[[list[Topic]], None]]]
                     ) -> None:
         """One fsync per topic for every publish that asked since the last round."""
-        topics = {t: None for ts, _ in syncs for t in ts}
-        errors: dict[Topic, Exception] = {}
-        for t in topics:
-            try:
-                t.log.sync()
-            except Exception as e:  # StorageError: the publishes get E_PUB_FAILED
-                errors[t] = e
-                self.failed(e, t)
+        for t in {t: None for ts, _ in syncs for t in ts}:    # each topic once
+            self._sync_log(t)
         for ts, done in syncs:
-            err = next((errors[t] for t in ts if t in errors), None)
             try:
-                done(err)
+                done(ts)
             except Exception:
                 log.exception("NSQ: storage: completion failed")
+
+    def _sync_log(self, t: Topic) -> bool:
+        """fsync t's log; False if it failed (the log then counts every epoch not yet
+        durable as lost, so the publishes waiting for them fail)."""
+        before = t.log.durable_epoch
+        try:
+            t.log.sync()
+        except StorageError as e:
+            if t.deleted:
+                return False     # its files were moved aside: nothing is kept anyway
+            self.failed(e, t, "sync")
+            return False
+        except Exception as e:     # a bug: nothing may count as durable meanwhile
+            log.exception("NSQ: storage: syncing %s failed", t.name)
+            failure = StorageError(f"sync {t.name}: {e}")
+            t.log.lose_unsynced(failure)
+            self.failed(failure, t, "sync")
+            return False
+        if self.runtime.health is not None and t.log.durable_epoch > before:
+            self.write_ok(t, "sync")        # an fsync of real records worked
+        return True
 
     def _remove_topic(self, t: Topic, gone: str | None) -> None:
         try:
@@ -276,6 +338,8 @@ class StorageManager:
         except Exception as e:
             log.error("NSQ: storage: closing the log of deleted topic %s: %s", t.name, e)
         if gone is not None:
+            import shutil
+
             shutil.rmtree(gone, ignore_errors=True)
 
     def _write_metadata(self) -> None:
@@ -290,7 +354,11 @@ class StorageManager:
         try:
             save_metadata(self.meta_path, BrokerMetadata(topics))
         except (MetadataError, OSError) as e:
-            self.failed(e)
+            self.failed(e, None, "metadata")
+            self._meta_retry_at = time.monotonic() + META_RETRY_S
+            return
+        if self.runtime.health is not None:
+            self.write_ok(None, "metadata")
 
     # -- checkpoints: fsync, channel states, segment deletion -------------------------------
     def checkpoint(self, snapshots: dict[Topic, dict[str, Any]] | None = None) -> None:
@@ -305,16 +373,15 @@ class StorageManager:
         for t, snap in snapshots.items():
             if t.deleted or t.ephemeral:
                 continue
-            try:
-                t.log.sync()
-            except Exception as e:
-                self.failed(e, t)
+            if not self._sync_log(t):
                 continue
             try:
                 atomic_write(self._state_path(t.name), json.dumps(snap).encode())
             except OSError as e:
-                self.failed(e, t)
+                self.failed(e, t, "state")
                 continue
+            if self.runtime.health is not None:
+                self.write_ok(t, "state")
             floor = snap["floor"]
             t.prune_dpubs(snap["min_cursor"])
             t.prune_gaps(snap["min_cursor"])

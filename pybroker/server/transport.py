@@ -6,8 +6,10 @@ socket. Layers stack as nsqd's negotiation does (client_v2.go UpgradeTLS, Upgrad
 UpgradeDeflate): TLS wraps the socket (``ssl.SSLObject`` over two MemoryBIOs, so the
 handshake is driven by the loop and never blocks), then snappy framing or raw deflate
 wraps TLS. Compression runs once per ``send`` (one flushed buffer, nsqd's per-write
-flush), never per message. Imports no protocol code but the codecs. The switch itself
-(IDENTIFY's upgrades, the handshake's deadline and slots) is server.upgrade.
+flush), never per message. Imports no protocol code but the codecs, and those (with
+``ssl``) only when the first client asks for them: a broker whose clients use neither
+TLS nor compression never loads them. The switch itself (IDENTIFY's upgrades, the
+handshake's deadline and slots) is server.upgrade.
 
 Theory of operation
 -------------------
@@ -38,12 +40,13 @@ an mremap and a munmap per call, ~12 us more per small read than ``recv_into``
 from __future__ import annotations
 
 import socket
-import ssl
 import threading
-from typing import Any, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
-from pybroker.protocol.compression import CorruptStream, Deflate, Snappy
-from pybroker.server import tls as tlsinfo
+if TYPE_CHECKING:
+    import ssl
+
+    from pybroker.protocol.compression import Deflate, Snappy
 
 RECV_SIZE = 256 * 1024   # bytes of one socket read (and of plaintext per TLS read)
 PIECE = 8 * 1024         # plaintext handed to the command decoder at a time
@@ -147,6 +150,8 @@ class Transport:
         return piece
 
     def _inflate(self, codec: Snappy | Deflate) -> bytes | None:
+        from pybroker.protocol.compression import CorruptStream, Deflate  # loaded already
+
         try:
             out = codec.read(PIECE)
         except CorruptStream as e:
@@ -182,6 +187,8 @@ class Transport:
 
     def _decrypt(self, buf: memoryview) -> int:
         """Decrypt at most len(buf) bytes of plaintext into buf; returns how many."""
+        import ssl  # imported by start_tls already: a dict lookup
+
         assert self._ssl is not None
         limit = len(buf)
         got = 0
@@ -272,6 +279,8 @@ class Transport:
 
     # -- upgrades (nsqd's IDENTIFY order: TLS, then snappy or deflate) ---------------------
     def start_tls(self, ctx: ssl.SSLContext, on_ready: Callable[[], None]) -> None:
+        import ssl
+
         self._bio_in, self._bio_out = ssl.MemoryBIO(), ssl.MemoryBIO()
         self._ssl = ctx.wrap_bio(self._bio_in, self._bio_out, server_side=True)
         self.handshaking = True
@@ -283,6 +292,10 @@ class Transport:
 
     def _handshake(self) -> bool:
         """Drive the handshake with what arrived; True once it is complete."""
+        import ssl
+
+        from pybroker.server import tls as tlsinfo
+
         assert self._ssl is not None
         try:
             self._ssl.do_handshake()
@@ -305,10 +318,14 @@ class Transport:
         return True
 
     def start_snappy(self) -> None:
+        from pybroker.protocol.compression import Snappy
+
         self.snappy = True
         self._start_codec(Snappy())
 
     def start_deflate(self, level: int) -> None:
+        from pybroker.protocol.compression import Deflate
+
         self.deflate = True
         self.deflate_level = level
         self._start_codec(Deflate(level))

@@ -13,7 +13,6 @@ object with its buffers. Owned by the client's loop thread.
 from __future__ import annotations
 
 import logging
-import ssl
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
@@ -22,6 +21,8 @@ from pybroker.protocol.encoder import OK_FRAME, encode_error
 from pybroker.server.transport import Transport, TransportError
 
 if TYPE_CHECKING:
+    import ssl
+
     from pybroker.server.connection import ClientConn
 
 log = logging.getLogger("pybroker")

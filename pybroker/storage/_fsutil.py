@@ -3,9 +3,7 @@ file-name-safe queue names. stdlib only.
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import secrets
 import urllib.parse
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.")
@@ -31,6 +29,8 @@ def safe_name(name: str) -> str:
             out.append(f"%{b:02X}")
     safe = "".join(out)
     if len(safe) > _MAX_SAFE_LEN:
+        import hashlib  # long names only: not loaded at start-up
+
         digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:24]
         safe = safe[:_MAX_SAFE_LEN - 26] + "%~" + digest
     return safe
@@ -54,7 +54,7 @@ def fsync_dir(path: str) -> None:
 
 def tmp_path(path: str) -> str:
     """A unique temporary path next to ``path`` (same directory, so rename is atomic)."""
-    return f"{path}.{secrets.token_hex(6)}.tmp"
+    return f"{path}.{os.urandom(6).hex()}.tmp"
 
 
 def atomic_write(path: str, data: bytes, *, sync_dir: bool = True) -> None:

@@ -19,6 +19,8 @@ class StorageError(Exception):
     Attributes:
         path: the file or directory involved, if known.
         errno: the OS error number, if the cause was an OSError.
+        epoch: for a topic log's write or sync, the write epoch whose records it
+            failed (0 otherwise).
     """
 
     def __init__(self, message: str, *, path: str | None = None,
@@ -26,6 +28,7 @@ class StorageError(Exception):
         super().__init__(message)
         self.path = path
         self.errno = errno
+        self.epoch = 0
 
 
 class DiskFullError(StorageError):

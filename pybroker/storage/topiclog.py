@@ -3,7 +3,8 @@ C record codec in pybroker._native).
 
 Theory of operation
 -------------------
-Every record gets an *offset* (0, 1, 2, ... per log; never reused while the log exists).
+Every record gets an *offset* (0, 1, 2, ... per log; never reused once written: the
+offsets of records whose write failed are given to the next ones).
 ``append`` builds the records of a publish in one C call (``nsqf_log_build``) into a
 pending list; ``write_pending`` hands everything pending to the kernel in one ``write``
 (rolling to a new segment file first when the active one would pass
@@ -21,6 +22,14 @@ The tail keeps about ``mem_records`` of the newest records, and at most about
 ``TAIL_MAX_BYTES`` for a log on disk (whole blocks; records beyond that count as on
 disk for ``tail_start`` and /stats). A log without a directory
 (``#ephemeral`` topics) is only its tail: older records are dropped (``oldest`` moves).
+
+Write epochs: each ``write_pending`` carries the records appended since the one before
+and is numbered (``epoch``: the number the pending records will be written with). It
+returns that number, or raises a StorageError naming it; ``sync`` moves
+``durable_epoch``, or fails and declares every written epoch not yet durable lost
+(``lost_by``). A publisher compares the epoch its records were appended in with these
+(docs/storage.md, "When a write fails"). Every file operation of the write side goes through
+``fileops`` (pybroker.storage.fileops: the fault seam for tests).
 
 Concurrency: ``lock`` guards everything here. Callers hold it around ``append`` /
 ``write_pending`` / ``discard_pending`` (the Topic does); ``read`` and the other methods
@@ -40,9 +49,9 @@ intact record, so a damaged record costs only itself.
 from __future__ import annotations
 
 import bisect
+import errno
 import logging
 import os
-import shutil
 import struct
 import threading
 import zlib
@@ -53,6 +62,7 @@ from pybroker import _native
 
 from . import timeindex
 from .errors import StorageError, from_oserror
+from .fileops import REAL, FileOps
 
 log = logging.getLogger("pybroker.storage.topiclog")
 SEG_MAGIC = b"PBTLOG"
@@ -69,6 +79,7 @@ RESYNC_LIMIT = 4 * 1024 * 1024
 # many bytes; older records are read back from the segment files (the page cache)
 TAIL_MAX_BYTES = 32 * 1024 * 1024
 INDEX_EVERY = 1024          # records between sparse index points within one write
+MAX_LOST = 64               # ranges of lost epochs kept (older ones are merged)
 _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
 
@@ -160,8 +171,9 @@ class _Segment:
 
 class TopicLog:
     def __init__(self, directory: str | None, *, max_bytes_per_file: int, mem_records: int,
-                 max_record_bytes: int) -> None:
+                 max_record_bytes: int, fileops: FileOps = REAL) -> None:
         self.directory = directory
+        self.fileops = fileops
         self.max_bytes_per_file = max_bytes_per_file
         self.mem_records = max(0, mem_records)
         self.max_payload = max_record_bytes + PAYLOAD_HEAD
@@ -183,6 +195,16 @@ class TopicLog:
         self._dir_dirty = False
         self.writes = 0
         self.bytes_read = 0    # read from the segment files since start (count_read)
+        # write epochs (docs/storage.md, "When a write fails"): the pending records will
+        # be carried by the write of ``epoch``; every write, failed or not, uses one up
+        self.epoch = 1
+        self.last_written_epoch = 0     # the newest epoch whose write succeeded
+        self.durable_epoch = 0          # epochs up to this were covered by an fsync
+        self._durable_offset = 0        # offsets below were covered by an fsync
+        self._must_roll = False         # an fsync failed: the active segment takes no more
+        # (first, last, error) of the epochs a failed fsync left unknown, oldest first
+        self._lost: list[tuple[int, int, StorageError]] = []
+        self._cut_back: int | None = None   # a failed write could not be cut back to this
         # (offset, deliver_at_ns) of the DPUB records found by recovery
         self.recovered_dpubs: list[tuple[int, int]] = []
         if directory is not None:
@@ -210,7 +232,7 @@ class TopicLog:
             self.oldest = self._segs[0].base
             self.head = self.written = self.tail_start = self._segs[-1].end
             try:
-                self._fd = os.open(self._segs[-1].path, os.O_WRONLY)
+                self._fd = self.fileops.open(self._segs[-1].path, os.O_WRONLY)
             except OSError as e:
                 raise from_oserror("open", self._segs[-1].path, e) from None
 
@@ -302,6 +324,8 @@ class TopicLog:
             return
         seg.damaged = True
         try:
+            import shutil  # a damaged segment only
+
             shutil.copyfile(seg.path, seg.path + ".bad")
         except OSError as e:
             log.error("%s: could not copy %s aside: %s", self, seg.path, e)
@@ -363,17 +387,26 @@ class TopicLog:
         self.head = self.written
 
     def write_pending(self) -> int:
-        """One write of everything appended; returns ``written``. On an OS error the
-        file is cut back, the records stay pending, and a StorageError is raised."""
+        """One write of everything appended; returns the epoch that write carried (0
+        when nothing was pending) and moves ``epoch`` on. On an OS error the file is
+        cut back, the records stay pending (the caller discards them: their publishes
+        failed), ``epoch`` still moves on, and a StorageError naming the failed epoch
+        (``.epoch``) is raised."""
         if not self._pending:
-            return self.written
+            return 0
+        epoch = self.epoch
+        self.epoch += 1
         data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
         first = self.written
         n = self.head - first
         pos, _, (_, deferred, max_ts) = _native.log_scan(data, first, False,
                                                          self.max_payload, n)
         if self.directory is not None:
-            self._write_file(data, first, n, pos)
+            try:
+                self._write_file(data, first, n, pos)
+            except StorageError as e:
+                e.epoch = epoch
+                raise
         self._pending = []
         self._pending_deferred = 0
         if self._segs:
@@ -386,23 +419,41 @@ class TopicLog:
         self.written = self.head
         self._trim_tail()
         self.writes += 1
-        return self.written
+        self.last_written_epoch = epoch
+        if self.directory is None:
+            self.durable_epoch = epoch     # memory only: nothing to sync
+        return epoch
 
     def _write_file(self, data: bytes | bytearray, first: int, n: int,
                     pos: Sequence[int]) -> None:
+        ops = self.fileops
         seg = self._segs[-1] if self._segs else None
-        if seg is None or (seg.end > seg.base and seg.size + len(data) > self.max_bytes_per_file):
+        if seg is not None and self._cut_back is not None:
+            self._retry_cut_back(seg)
+        if (seg is None or self._must_roll
+                or seg.end > seg.base and seg.size + len(data) > self.max_bytes_per_file):
             seg = self._roll(first)
         assert self._fd is not None
         try:
-            done = os.pwrite(self._fd, data, seg.size)
+            done = 0
             while done < len(data):
-                done += os.pwrite(self._fd, data[done:], seg.size + done)
+                # a short write (a disk filling up) goes on where it stopped; a write of
+                # nothing at all is an error, not a reason to spin
+                k = ops.pwrite(self._fd, memoryview(data)[done:] if done else data,
+                               seg.size + done)
+                if k <= 0:
+                    raise OSError(errno.EIO, "short write: the kernel took no bytes")
+                done += k
         except OSError as e:
             try:
-                os.ftruncate(self._fd, seg.size)
-            except OSError:
-                pass
+                ops.ftruncate(self._fd, seg.size)
+            except OSError as e2:
+                # bytes of the failed records may remain past seg.size: the next write
+                # cuts them off first (it fails while it cannot), so that no record of
+                # a failed publish is ever followed by a good one in the file
+                self._cut_back = seg.size
+                log.error("%s: cutting %s back to %d after a failed write failed: %s",
+                          self, os.path.basename(seg.path), seg.size, e2)
             raise from_oserror("write", seg.path, e) from None
         if seg.index[-1][1] != seg.size:
             seg.index.append((first, seg.size))
@@ -414,22 +465,51 @@ class TopicLog:
         seg.size += len(data)
         seg.end = first + n
 
-    def _roll(self, base: int) -> _Segment:
-        assert self.directory is not None
-        path = os.path.join(self.directory, "%020d.log" % base)
+    def _retry_cut_back(self, seg: _Segment) -> None:
+        assert self._fd is not None and self._cut_back is not None
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.pwrite(fd, SEG_HEADER.pack(SEG_MAGIC, SEG_VERSION, base), 0)
+            self.fileops.ftruncate(self._fd, self._cut_back)
         except OSError as e:
+            raise from_oserror("write", seg.path, e) from None
+        self._cut_back = None
+
+    def _roll(self, base: int) -> _Segment:
+        """A new active segment starting at offset base (after a full one, or after a
+        failed fsync: the old one is closed without another fsync)."""
+        assert self.directory is not None
+        ops = self.fileops
+        path = os.path.join(self.directory, "%020d.log" % base)
+        fd = -1
+        try:
+            fd = ops.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            header = SEG_HEADER.pack(SEG_MAGIC, SEG_VERSION, base)
+            if ops.pwrite(fd, header, 0) != len(header):
+                raise OSError(errno.ENOSPC, "short write of a segment header")
+        except OSError as e:
+            if fd >= 0:
+                ops.close(fd)
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
             raise from_oserror("write", path, e) from None
         if self._fd is not None:
-            self._to_sync.append(self._fd)   # fsynced (and closed) by the next sync
+            if self._must_roll:
+                # an fsync of it failed: its tail is unknown and a second fsync could
+                # report success for pages the kernel dropped; never sync it again
+                ops.close(self._fd)
+            else:
+                self._to_sync.append(self._fd)   # fsynced (and closed) by the next sync
+        self._must_roll = False
         self._fd = fd
         self._dir_dirty = True
         seg = _Segment(path, base)
-        if not self._segs:
+        if self._segs and self._segs[-1].base == base:
+            self._segs[-1] = seg      # the same file again: it held no record
+        else:
+            self._segs.append(seg)
+        if len(self._segs) == 1:
             self.oldest = base
-        self._segs.append(seg)
         return seg
 
     def _trim_tail(self) -> None:
@@ -553,44 +633,116 @@ class TopicLog:
 
     def sync(self) -> int:
         """fsync what is written (rolled segments, the active one, the directory after
-        a new segment); returns the offset below which everything is on disk."""
+        a new segment); returns the offset below which everything is on disk and moves
+        ``durable_epoch`` to the newest epoch this fsync covered.
+
+        A failed fsync raises a StorageError whose ``.epoch`` is the newest epoch
+        written to the files it covered. Their tail is now unknown (the kernel may have
+        dropped the dirty pages and would report the next fsync as a success): every
+        written epoch not yet durable is lost (``lost_by``), none of those files is
+        fsynced again, and the active segment takes no more writes (the next write
+        rolls to a new one)."""
+        ops = self.fileops
         with self.lock:
             if self.directory is None:
                 return self.written
-            upto = self.written
+            if self._must_roll:
+                return self._durable_offset     # nothing new can be made durable
+            upto, upto_epoch = self.written, self.last_written_epoch
             fds = self._to_sync
             self._to_sync = []
-            active = os.dup(self._fd) if self._fd is not None else None
+            try:
+                active = ops.dup(self._fd) if self._fd is not None else None
+            except OSError as e:
+                self._to_sync = fds + self._to_sync
+                failure = from_oserror("sync", self.directory, e)
+                self._lose_unsynced(failure)
+                raise failure from None
             dir_dirty, self._dir_dirty = self._dir_dirty, False
-        try:
-            for fd in fds:
+        err: OSError | None = None
+        for fd in fds + ([active] if active is not None else []):
+            if err is None:
                 try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            if active is not None:
-                os.fsync(active)
-            if dir_dirty:
-                dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+                    ops.fsync(fd)
+                except OSError as e:
+                    err = e
+            try:
+                ops.close(fd)
+            except OSError:
+                pass
+        if err is None and dir_dirty:
+            try:
+                dfd = ops.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
                 try:
-                    os.fsync(dfd)
+                    ops.fsync(dfd)
                 finally:
-                    os.close(dfd)
-        except OSError as e:
-            raise from_oserror("sync", self.directory, e) from None
-        finally:
-            if active is not None:
-                os.close(active)
-        return upto
+                    ops.close(dfd)
+            except OSError as e:
+                err = e
+        if err is not None:
+            failure = from_oserror("sync", self.directory, err)
+            with self.lock:
+                self._lose_unsynced(failure)
+            raise failure
+        with self.lock:
+            self.durable_epoch = max(self.durable_epoch, upto_epoch)
+            self._durable_offset = max(self._durable_offset, upto)
+            return self._durable_offset
+
+    def lose_unsynced(self, err: StorageError) -> None:
+        """Declare every written epoch not yet durable lost, as a failed fsync does (for
+        a caller whose sync failed in a way the log did not see)."""
+        with self.lock:
+            self._lose_unsynced(err)
+
+    def _lose_unsynced(self, err: StorageError) -> None:
+        # caller holds the lock
+        err.epoch = self.last_written_epoch
+        lo, hi = self.durable_epoch + 1, self.last_written_epoch
+        if hi >= lo:
+            lost = self._lost
+            if lost and lost[-1][1] >= lo - 1:
+                lost[-1] = (lost[-1][0], hi, err)    # no success in between: one range
+            else:
+                lost.append((lo, hi, err))
+            if len(lost) > MAX_LOST:
+                # bounded: the two oldest ranges become one (the epochs between them
+                # now count as lost too: a publish may fail that was stored, never the
+                # other way round)
+                (lo0, _, _), (_, hi1, err1) = lost[0], lost[1]
+                lost[0:2] = [(lo0, hi1, err1)]
+        if self._fd is not None:
+            self._must_roll = True
+        for fd in self._to_sync:               # rolled meanwhile: as unknown as the rest
+            try:
+                self.fileops.close(fd)
+            except OSError:
+                pass
+        self._to_sync = []
+        self._dir_dirty = True
+
+    def lost_by(self, epoch: int) -> StorageError | None:
+        """The error of the failed fsync that lost this epoch's records, or None."""
+        with self.lock:
+            lost = self._lost
+            i = bisect.bisect_left(lost, epoch, key=lambda r: r[1])
+            if i < len(lost) and lost[i][0] <= epoch:
+                return lost[i][2]
+            return None
 
     def close(self) -> None:
         with self.lock:
+            if self._cut_back is not None and self._segs:
+                try:            # the bytes of a failed write: not to be found on reopening
+                    self._retry_cut_back(self._segs[-1])
+                except StorageError as e:
+                    log.error("%s: %s", self, e)
             fds = self._to_sync + ([self._fd] if self._fd is not None else [])
             self._to_sync = []
             self._fd = None
         for fd in fds:
             try:
-                os.close(fd)
+                self.fileops.close(fd)
             except OSError:
                 pass
 
@@ -598,6 +750,8 @@ class TopicLog:
         """Close and remove the log's directory."""
         self.close()
         if self.directory is not None:
+            import shutil  # not at start-up (it loads bz2 and lzma)
+
             shutil.rmtree(self.directory, ignore_errors=True)
 
 

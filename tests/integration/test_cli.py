@@ -83,9 +83,9 @@ def _help(cmd: str) -> str:
 
 def _flag_names(cmd: str) -> list[str]:
     """Every long flag the command declares, read from click, not from the help text."""
-    from pybroker.cli import app
+    from pybroker.cli import full_app
     import typer.main
-    group = typer.main.get_command(app)
+    group = typer.main.get_command(full_app())
     command = group.commands[cmd]  # type: ignore[attr-defined]
     return [o for p in command.params for o in getattr(p, "opts", []) if o.startswith("--")]
 

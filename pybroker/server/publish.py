@@ -1,0 +1,396 @@
+"""Publisher: the one way messages enter a topic, one per event loop (docs/storage.md,
+"Publishing" and "When a write fails"; docs/ownership.md).
+
+Theory of operation
+-------------------
+Every topic has one owner loop (``Broker.topic_owner``: its name hashed over the
+loops; with one loop, that loop). Only the owner's Publisher appends to the topic's log
+and writes it. Every way in goes through it: TCP PUB, MPUB (a big one in slices) and
+DPUB (``publish_conn``); HTTP /pub and /mpub, whose handler posts a job to the owner
+loop (``submit``); dead letters, from the loop that owns the dead-lettering channel
+(``submit``); and, before any loop runs, imported queues (``publish_now``).
+
+Hand-offs: a publish for a topic another loop owns goes into this loop's outbox; at the
+end of the turn one ``call_soon_threadsafe`` per target loop carries all of that turn's
+publishes (bodies by reference, never copied) to the owner (``take``). Settlements go
+back the same way: one call per origin loop per turn (``replied``), and the origin
+answers. A TCP connection whose publish was handed over (or is appended in slices, or
+waits for an fsync) reads no further command until it is answered, so the replies on a
+connection stay in the order of its commands.
+
+Write epochs: an append is stamped with the epoch of the write that will carry it
+(``topic.log.epoch``); the publishes of one topic in one turn form a *batch* with that
+epoch. At the end of the turn the topic is written once (group commit); the write
+returns the epoch it carried, or fails naming it, and settles the batch whose epoch it
+is. In memory mode a written batch is answered OK. In fsync mode it waits for the
+storage thread, which fsyncs each topic once per pass and posts back; the log then says
+of each waiting batch's epoch whether it is durable (``durable_epoch``) or was lost by a
+failed fsync (``lost_by``: every epoch written and not yet durable when an fsync failed,
+whoever asked for that fsync). So a failed write or fsync fails exactly the publishes
+whose records it carried, whichever connection, HTTP request or channel they came from,
+and nothing else; nothing decides an OK but comparing a batch's epoch with the epochs a
+write or fsync covered.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Callable, Union
+
+from pybroker.errors import ClientError, Exiting
+from pybroker.protocol.encoder import encode_error
+from pybroker.storage import StorageError, StorageIOError
+
+if TYPE_CHECKING:
+    from pybroker.core.topic import Topic
+    from pybroker.server.connection import ClientConn
+    from pybroker.server.loop import EventLoop
+
+log = logging.getLogger("pybroker")
+# messages of a big MPUB appended per loop turn (a few milliseconds of work)
+SLICE = 20_000
+Parts = tuple[bytes, Sequence[int], Sequence[int]]   # an MPUB body, offsets, lengths
+Payload = Union[list[bytes], Parts]
+Done = Callable[[Union[Exception, None]], None]      # called with None (OK) or the error
+Request = tuple[str, Payload, int, Done]             # (topic, payload, defer_ns, done)
+# (ts_ns, attempts, body, deliver_at_ns): a record that keeps its own fields (imports)
+Record = tuple[int, int, bytes, int]
+
+
+class _Batch:
+    """The publishes of one topic in one turn: all carried by the write of ``epoch``."""
+
+    __slots__ = ("epoch", "slots", "calls", "remote")
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        # memory mode, connections of this loop: their OK already in conn.out at index i,
+        # not flushed before the write (conn.unconfirmed); an error replaces it
+        self.slots: list[tuple[ClientConn, int, type[ClientError], str]] = []
+        self.calls: list[Done] = []                       # settled on this loop
+        self.remote: list[tuple[EventLoop, Done]] = []    # settled on their origin loop
+
+
+class _SliceJob:
+    """A big MPUB appended SLICE messages per turn; settled when every slice is."""
+
+    __slots__ = ("name", "parts", "done", "origin", "ts_ns", "next", "open", "error")
+
+    def __init__(self, name: str, parts: Parts, done: Done,
+                 origin: EventLoop | None) -> None:
+        self.name = name
+        self.parts = parts
+        self.done = done
+        self.origin = origin
+        self.ts_ns = time.time_ns()
+        self.next = 0          # the first part not yet appended
+        self.open = 0          # slices appended, not yet settled
+        self.error: Exception | None = None
+
+    @property
+    def appended(self) -> bool:
+        return self.next >= len(self.parts[2])
+
+
+def answer(conn: ClientConn, failed: type[ClientError], verb: str,
+           err: Exception | None) -> None:
+    """Answer a TCP publish that made its connection wait (on the connection's loop)."""
+    conn.awaiting_commit -= 1
+    if conn.closed:
+        return
+    if err is None:
+        conn.send_ok()
+    else:
+        conn.fail(failed(f"{verb} failed {err}"))
+    if not conn.awaiting_commit:
+        conn.process()
+
+
+class Publisher:
+    """The publish policy of one event loop (its thread only; see the module)."""
+
+    def __init__(self, loop: EventLoop) -> None:
+        self.loop = loop
+        self.durable = loop.options.durability == "fsync"
+        self._turn: dict[Topic, _Batch] = {}            # appended this turn
+        self._syncing: dict[Topic, deque[_Batch]] = {}  # fsync mode: written, not synced
+        self._outbox: dict[EventLoop, list[Request]] = {}
+        self._replies: dict[EventLoop, list[tuple[Done, Exception | None]]] = {}
+        self._slices: deque[_SliceJob] = deque()
+
+    def busy(self) -> bool:
+        return bool(self._turn or self._slices or self._outbox or self._replies)
+
+    # -- the ways in ----------------------------------------------------------------------
+    def publish_conn(self, conn: ClientConn, name: str, payload: Payload, defer_ns: int,
+                     failed: type[ClientError], verb: str) -> None:
+        """A TCP PUB, DPUB or MPUB of conn (a connection of this loop). Raises ``failed``
+        when the topic cannot take it now (the broker is exiting)."""
+        loop = self.loop
+        try:
+            topic = loop.runtime.broker.get_topic(name)
+        except Exiting as e:
+            raise failed(f"{verb} failed {e}") from None
+        owner = topic.owner
+        whole = isinstance(payload, list)
+        if owner is loop and (whole or len(payload[2]) <= SLICE):
+            # the common case, inline (it runs per message in the PUB flows)
+            try:
+                if isinstance(payload, list):
+                    topic.publish(payload, time.time_ns(), defer_ns)
+                else:
+                    topic.publish_parts(payload[0], payload[1], payload[2], time.time_ns())
+                epoch = topic.log.epoch
+                found = self._turn.get(topic)
+                if found is None:
+                    found = self._turn[topic] = _Batch(epoch)
+                assert found.epoch == epoch, f"{topic} was written outside its Publisher"
+                batch = found
+            except Exiting:
+                try:      # deleted meanwhile: the next topic of that name takes it
+                    batch = self._append(name, payload, defer_ns)
+                except Exiting as e:
+                    raise failed(f"{verb} failed {e}") from None
+            if self.durable:
+                conn.awaiting_commit += 1
+                batch.calls.append(functools.partial(answer, conn, failed, verb))
+            else:
+                conn.send_ok()
+                batch.slots.append((conn, len(conn.out) - 1, failed, verb))
+                conn.unconfirmed += 1
+            return
+        conn.awaiting_commit += 1
+        done = functools.partial(answer, conn, failed, verb)
+        if owner is loop:
+            assert isinstance(payload, tuple)
+            self._slices.append(_SliceJob(name, payload, done, None))
+        else:
+            self._outbox.setdefault(owner, []).append((name, payload, defer_ns, done))
+
+    def submit(self, name: str, payload: Payload, defer_ns: int, done: Done) -> None:
+        """Publish to topic ``name`` from this loop's thread; ``done(None or error)``
+        runs on this loop once the publish is settled (Exiting: the broker is exiting)."""
+        owner = self.loop.runtime.broker.topic_owner(name)
+        if owner is not self.loop:
+            self._outbox.setdefault(owner, []).append((name, payload, defer_ns, done))
+        else:
+            self._take_one(name, payload, defer_ns, done, None)
+
+    def take(self, origin: EventLoop, requests: list[Request]) -> None:
+        """Publishes handed over by loop ``origin`` (posted there at the end of a turn)."""
+        for name, payload, defer_ns, done in requests:
+            self._take_one(name, payload, defer_ns, done, origin)
+
+    def replied(self, items: list[tuple[Done, Exception | None]]) -> None:
+        """Settlements of publishes this loop handed over (posted by their owner)."""
+        for done, err in items:
+            try:
+                done(err)
+            except Exception:
+                log.exception("%s: answering a publish failed", self.loop.name)
+
+    def _take_one(self, name: str, payload: Payload, defer_ns: int, done: Done,
+                  origin: EventLoop | None) -> None:
+        if isinstance(payload, tuple) and len(payload[2]) > SLICE:
+            self._slices.append(_SliceJob(name, payload, done, origin))
+            return
+        try:
+            batch = self._append(name, payload, defer_ns)
+        except Exiting as e:
+            self._settle_one(done, origin, e)
+            return
+        except Exception as e:     # a bug: this publish fails, the others go on
+            log.exception("%s: publishing to %s failed", self.loop.name, name)
+            self._settle_one(done, origin, e)
+            return
+        if origin is None:
+            batch.calls.append(done)
+        else:
+            batch.remote.append((origin, done))
+
+    def _append(self, name: str, payload: Payload, defer_ns: int,
+                topic: Topic | None = None, ts_ns: int = 0) -> _Batch:
+        """Append to the topic (this loop owns it) and return the batch of this turn,
+        stamped with the epoch of the write that will carry the records. A topic
+        deleted meanwhile is looked up again (nsqd's next GetTopic); raises Exiting
+        when the broker exits."""
+        broker = self.loop.runtime.broker
+        for _ in range(3):
+            try:
+                if topic is None:
+                    topic = broker.get_topic(name)
+                ts = ts_ns or time.time_ns()
+                if isinstance(payload, tuple):
+                    topic.publish_parts(payload[0], payload[1], payload[2], ts)
+                else:
+                    topic.publish(payload, ts, defer_ns)
+                break
+            except Exiting:
+                if broker.exiting:
+                    raise
+                topic = None
+        else:
+            raise Exiting()
+        assert topic.owner is self.loop, f"{topic} appended to by {self.loop.name}"
+        epoch = topic.log.epoch
+        batch = self._turn.get(topic)
+        if batch is None:
+            batch = self._turn[topic] = _Batch(epoch)
+        assert batch.epoch == epoch, f"{topic} was written outside its Publisher"
+        return batch
+
+    # -- the end of the turn: slices, writes, hand-offs ------------------------------------
+    def end_of_turn(self) -> None:
+        if self._slices:
+            self._run_slice()
+        if self._turn:
+            self._write_all()
+        if self._outbox:
+            outbox, self._outbox = self._outbox, {}
+            for owner, requests in outbox.items():
+                owner.call_soon_threadsafe(owner.publisher.take, self.loop, requests)
+        if self._replies:
+            replies, self._replies = self._replies, {}
+            for origin, items in replies.items():
+                origin.call_soon_threadsafe(origin.publisher.replied, items)
+
+    def _run_slice(self) -> None:
+        job = self._slices[0]
+        if job.error is None:
+            body, offs, lens = job.parts
+            i, j = job.next, min(job.next + SLICE, len(job.parts[2]))
+            try:
+                batch = self._append(job.name, (body, offs[i:j], lens[i:j]), 0,
+                                     ts_ns=job.ts_ns)
+            except Exception as e:     # Exiting, or a bug: the MPUB fails
+                if not isinstance(e, Exiting):
+                    log.exception("%s: publishing to %s failed", self.loop.name, job.name)
+                job.error = e
+            else:
+                job.next = j
+                job.open += 1
+                batch.calls.append(functools.partial(self._slice_settled, job))
+        if job.appended or job.error is not None:
+            self._slices.popleft()
+            if not job.open:
+                self._settle_one(job.done, job.origin, job.error)
+
+    def _slice_settled(self, job: _SliceJob, err: Exception | None) -> None:
+        job.open -= 1
+        if err is not None and job.error is None:
+            job.error = err       # no further slice is appended
+        if not job.open and (job.appended or job.error is not None):
+            if job in self._slices:
+                self._slices.remove(job)
+            self._settle_one(job.done, job.origin, job.error)
+
+    def _write_all(self) -> None:
+        """One write per topic appended to this turn; settle (memory) or wait for the
+        storage thread's fsync (fsync mode)."""
+        turn, self._turn = self._turn, {}
+        rt = self.loop.runtime
+        to_sync: list[Topic] = []
+        for topic, batch in turn.items():
+            try:
+                epoch, n, chans = topic.write()
+            except StorageError as e:
+                rt.storage_failed(e, topic)
+                if e.epoch != batch.epoch:
+                    log.error("%s: write %d failed, %d was expected", topic, e.epoch,
+                              batch.epoch)
+                self._settle(batch, e)
+                continue
+            except Exception as e:   # a bug: fail these publishes, keep the loop alive
+                log.exception("%s: writing %r failed", self.loop.name, topic)
+                self._settle(batch, e)
+                continue
+            if epoch != batch.epoch:
+                # the records of this batch were not the ones this write carried
+                err = StorageIOError(f"{topic}: write {batch.epoch} was not carried "
+                                     f"(the write carried {epoch})")
+                log.error("NSQ: storage: %s", err)
+                self._settle(batch, err)
+                continue
+            if chans:
+                self.loop.wake(chans)
+            if n and rt.health is not None:
+                rt.storage.write_ok(topic)      # a write of real records worked
+            if not self.durable or not n or topic.log.durable_epoch >= epoch:
+                self._settle(batch, None)
+            else:
+                self._syncing.setdefault(topic, deque()).append(batch)
+                to_sync.append(topic)
+        if to_sync:
+            rt.storage.sync_topics(to_sync, self._post_synced)
+
+    def _post_synced(self, topics: list[Topic]) -> None:
+        # on the storage thread
+        self.loop.call_soon_threadsafe(self.synced, topics)
+
+    def synced(self, topics: list[Topic]) -> None:
+        """The storage thread fsynced these topics (or tried): settle every waiting
+        batch whose epoch the log now says is durable, or lost by a failed fsync."""
+        for topic in topics:
+            waiting = self._syncing.get(topic)
+            if not waiting:
+                continue
+            log = topic.log
+            while waiting:
+                epoch = waiting[0].epoch
+                if topic.deleted:
+                    # published before the delete: answered, then gone with the topic
+                    # (nsqd); its files were moved aside, so their fsync may have failed
+                    self._settle(waiting.popleft(), None)
+                    continue
+                err = log.lost_by(epoch)
+                if err is None and epoch > log.durable_epoch:
+                    break                       # a later fsync will cover it
+                self._settle(waiting.popleft(), err)
+            if not waiting:
+                del self._syncing[topic]
+
+    # -- settling -----------------------------------------------------------------------
+    def _settle(self, batch: _Batch, err: Exception | None) -> None:
+        to_flush = self.loop.to_flush
+        for conn, idx, failed, verb in batch.slots:
+            conn.unconfirmed -= 1
+            # its OK was queued in an earlier turn than this write when the command ran
+            # after the end-of-turn writes (a connection resumed by an answer)
+            to_flush[conn] = None
+            if err is not None and not conn.closed:
+                e = failed(f"{verb} failed {err}")
+                conn.out[idx] = encode_error(e.payload())
+                log.error("[%s] - %s", conn, e.payload().decode("utf-8", "replace"))
+                conn.close_after_flush()
+        for done in batch.calls:
+            try:
+                done(err)
+            except Exception:
+                log.exception("%s: settling a publish failed", self.loop.name)
+        for origin, done in batch.remote:
+            self._settle_one(done, origin, err)
+
+    def _settle_one(self, done: Done, origin: EventLoop | None,
+                    err: Exception | None) -> None:
+        if origin is None:
+            try:
+                done(err)
+            except Exception:
+                log.exception("%s: settling a publish failed", self.loop.name)
+        else:
+            self._replies.setdefault(origin, []).append((done, err))
+
+
+def publish_now(topic: Topic, records: list[Record]) -> int:
+    """Start-up, before any loop runs (this thread owns every topic then): append
+    records that keep their own fields and write them at once; returns the first
+    offset. Raises StorageError when the write fails (its records are discarded)."""
+    first = topic.publish_records(records)
+    topic.write()
+    return first
+
+
+__all__ = ["SLICE", "Publisher", "answer", "publish_now"]
