@@ -17,10 +17,13 @@ Scenarios:
 
 - ``pub1``: ``GOMAXPROCS=32 bench_writer --batch-size 1``: single-message PUB over 32
   connections.
-- ``rdy8`` / ``rdy1``: ``--backlog`` messages MPUBlished first (a backlog far beyond the
-  memory queue: on disk), then ``GOMAXPROCS=32 bench_reader --rdy 8`` (``--rdy 1``): 32
-  consumers. A row is marked ``drained`` if the reader emptied the backlog early (its
-  rate then counts idle time: give a larger ``--backlog``).
+- ``rdy8`` / ``rdy1``: ``--backlog`` (``--backlog-rdy1``) messages MPUBlished first (a
+  backlog far beyond the memory queue: on disk), then 32 consumers read it:
+  ``GOMAXPROCS=32 bench_reader --rdy 8``; at RDY 1 ``loadtest/rdy_reader.c`` (compiled
+  on first use with ``cc -O2``), because bench_reader flushes its FINs only when
+  ``msgCount % rdy > 0.75 * rdy``, never at RDY 1 (it then reads ~10 msg/s from nsqd
+  or pybroker alike). A run is marked ``drained`` if the reader emptied the backlog
+  early (its rate then counts idle time: give a larger backlog).
 - ``bulk``: ``bench_writer`` (MPUB 200, 2 connections) then ``bench_reader`` (RDY
   2500) on what it wrote: the bulk flows of loadtest/bench_topic_log.py.
 - ``client1``: the client library against nsqd at ``max_in_flight`` 1 beside gnsq's
@@ -32,6 +35,7 @@ Prints a table per scenario: medians over ``--runs`` (min-max) and ratios to nsq
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -39,6 +43,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.request
@@ -109,10 +114,36 @@ def scenario_pub1(b: BrokerProcess, a: argparse.Namespace) -> Row:
     return writer(b, a, 1, 32)
 
 
+def rdy_reader_binary() -> str:
+    """loadtest/rdy_reader.c compiled (once per source version) with the C compiler."""
+    src = ROOT / "loadtest" / "rdy_reader.c"
+    digest = hashlib.sha1(src.read_bytes()).hexdigest()[:12]
+    out = Path(tempfile.gettempdir()) / f"pybroker-rdy_reader-{digest}"
+    if not out.exists():
+        cc = os.environ.get("CC", "cc")
+        tmp = out.with_suffix(f".{os.getpid()}")
+        subprocess.run([cc, "-O2", "-o", str(tmp), str(src)], check=True)
+        os.replace(tmp, out)
+    return str(out)
+
+
+def fin_reader(b: BrokerProcess, a: argparse.Namespace, rdy: int, conns: int) -> Row:
+    """``conns`` consumers at ``rdy`` that FIN each message as it is read."""
+    args = [rdy_reader_binary(), b.tcp_address, TOPIC, "ch", str(conns), str(rdy),
+            str(a.seconds)]
+    row = _measured(b, lambda: _tool(args, a.seconds))
+    row["drained"] = float(_depth(b) == 0)
+    return row
+
+
 def _backlog_reader(rdy: int) -> Callable[[BrokerProcess, argparse.Namespace], Row]:
     def run(b: BrokerProcess, a: argparse.Namespace) -> Row:
-        fill(b, TOPIC, a.backlog, a.size)
+        fill(b, TOPIC, a.backlog if rdy > 1 else a.backlog_rdy1, a.size)
         time.sleep(1.0)    # let the broker settle (nsqd: its disk queue's sync)
+        if rdy == 1:
+            # bench_reader never flushes its FINs at RDY 1 (msgCount % 1 > 0.75 is
+            # never true): rdy_reader sends each FIN at once
+            return fin_reader(b, a, 1, 32)
         return reader(b, a, rdy, 32)
     return run
 
@@ -179,7 +210,8 @@ def run_client(kind: str, b: BrokerProcess, a: argparse.Namespace) -> Row:
     if out.returncode != 0:
         raise RuntimeError(f"{kind} consumer failed: {out.stderr[-2000:]}")
     n, dur, cpu = (float(x) for x in out.stdout.split()[-3:])
-    return {"msg/s": n / dur, "client us/msg": cpu / n * 1e6 if n else 0.0}
+    return {"msg/s": n / dur, "client us/msg": cpu / n * 1e6 if n else 0.0,
+            "drained": float(_depth(b) == 0)}
 
 
 SCENARIOS: dict[str, Callable[[BrokerProcess, argparse.Namespace], Row]] = {
@@ -222,8 +254,10 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--size", type=int, default=200)
-    p.add_argument("--backlog", type=int, default=1_000_000,
-                   help="messages published before rdy8/rdy1 read")
+    p.add_argument("--backlog", type=int, default=1_500_000,
+                   help="messages published before rdy8 reads")
+    p.add_argument("--backlog-rdy1", type=int, default=500_000,
+                   help="messages published before rdy1 reads")
     p.add_argument("--client-backlog", type=int, default=100_000)
     p.add_argument("--only", nargs="*", default=[*SCENARIOS, "client1"],
                    choices=[*SCENARIOS, "client1"])
@@ -240,7 +274,9 @@ def main() -> int:
         return 2
     kinds: dict[str, tuple[str, dict[str, str]]] = {"pybroker": ("pybroker", {})}
     if a.baseline_src:
-        kinds["baseline"] = ("pybroker", {"PYTHONPATH": str(Path(a.baseline_src).resolve())})
+        # PYTHONSAFEPATH: the working directory (this tree) must not come first
+        kinds["baseline"] = ("pybroker", {"PYTHONPATH": str(Path(a.baseline_src).resolve()),
+                                          "PYTHONSAFEPATH": "1"})
     kinds["nsqd"] = ("nsqd", {})
     for name in a.only:
         if name == "client1":
