@@ -3,7 +3,8 @@ bytes read back from its segment files) and /metrics: a backlog on disk drained 
 by several consumers reads each byte about once (a channel's cursor reads ahead and
 keeps its batch; before, every dispatch re-read a 256 KiB chunk from the sparse index),
 and so do /topic/read pages read one after the other (the logread thread keeps the
-cursor a page ended with).
+cursor a page ended with), also when several readers page through their own ranges at
+once, as the Spark source's executors do (its LogClient, stdlib only, no Spark needed).
 
 Consumers are raw sockets (tests/support/wire.py encodes every command) served by one
 selector in the test, so the broker, not the client, sets the pace.
@@ -18,6 +19,7 @@ import time
 import urllib.request
 from typing import Any
 
+from pybroker.spark.log_client import LogClient
 from tests.support import wire
 from tests.support.broker import BrokerProcess, unique_name
 from tests.support.wire import WireClient
@@ -146,6 +148,43 @@ def test_topic_read_pages_in_order_read_each_byte_about_once(make_broker: Any) -
         assert nxt > off
         returned += len(body)
         off = nxt
+    assert returned == n * (FRAME + 16)
+    read = topic_stats(b, topic)["log_bytes_read"] - before
+    on_disk = (n - 11_000) * (FRAME + 16)
+    assert on_disk <= read <= 1.2 * returned, f"{read} bytes read for {returned} returned"
+
+
+def test_spark_source_ranges_read_at_once_read_each_byte_about_once(
+        make_broker: Any) -> None:
+    """The Spark source's executors page their offset ranges through /topic/read with
+    LogClient.read: four ranges read interleaved page by page each keep their cursor."""
+    b = make_broker()
+    topic = unique_name("amp_spark")
+    n = 60_000
+    publish(b, topic, n)
+    before = topic_stats(b, topic)["log_bytes_read"]
+    parts = 4
+    bounds = [n * k // parts for k in range(parts + 1)]
+    clients = [LogClient(b.http_hostport) for _ in range(parts)]
+    try:
+        pages = [c.read(topic, bounds[k], bounds[k + 1], 32 * 1024)
+                 for k, c in enumerate(clients)]
+        nxt = bounds[:-1]
+        returned = 0
+        live = list(range(parts))
+        while live:
+            for k in list(live):        # one page of each range in turn
+                chunk = next(pages[k], None)
+                if chunk is None:
+                    assert nxt[k] == bounds[k + 1]
+                    live.remove(k)
+                    continue
+                assert chunk.first == nxt[k] and chunk.next > chunk.first
+                nxt[k] = chunk.next
+                returned += len(chunk.data)
+    finally:
+        for c in clients:
+            c.close()
     assert returned == n * (FRAME + 16)
     read = topic_stats(b, topic)["log_bytes_read"] - before
     on_disk = (n - 11_000) * (FRAME + 16)
