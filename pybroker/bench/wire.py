@@ -22,7 +22,7 @@ OK = b"OK"
 NOP = b"NOP\n"
 # a message frame's data: ts(8) attempts(2) id(16) body; offsets from the frame start
 MSG_ID_START, MSG_ID_END, MSG_BODY_START = 18, 34, 34
-# one read, into a buffer the connection keeps (docs/buffers.md): a fresh object of
+# one read, into a buffer the connection keeps (docs/io.md): a fresh object of
 # this size per recv would be an mmap and a munmap each time, in the load generator
 RECV_SIZE = 256 * 1024
 

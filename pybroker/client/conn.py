@@ -26,7 +26,7 @@ from pybroker.protocol.compression import CorruptStream, Deflate, Snappy
 
 log = logging.getLogger("pybroker.client")
 
-# one read, into a buffer the connection keeps (docs/buffers.md): no object of this size
+# one read, into a buffer the connection keeps (docs/io.md): no object of this size
 # is allocated per read (a fresh 256 KiB one is an mmap and a munmap each time)
 _RECV_SIZE = 256 * 1024
 _WRITE_CHUNK = 256 * 1024

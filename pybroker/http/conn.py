@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
 # one read: under glibc's mmap threshold, and read into a buffer the thread keeps
-# (docs/buffers.md), so a request of a few hundred bytes allocates nothing this big
+# (docs/io.md), so a request of a few hundred bytes allocates nothing this big
 RECV_SIZE = 64 * 1024
 MAX_HEADER_BYTES = 64 * 1024
 MAX_QUEUED = 64  # pipelined requests waiting before reading stops

@@ -35,7 +35,7 @@ on its owner loop's thread), TLS decrypts into that buffer too, and only the byt
 received are copied out as the bytes object the decoder keeps. A fresh RECV_SIZE
 object per read (``sock.recv(RECV_SIZE)``) is above glibc's mmap threshold: an mmap,
 an mremap and a munmap per call, ~12 us more per small read than ``recv_into``
-(docs/buffers.md has the measurement).
+(docs/io.md has the measurement).
 """
 from __future__ import annotations
 

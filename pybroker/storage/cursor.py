@@ -1,5 +1,5 @@
-"""LogCursor: a reader of one topic log's segment files that reads ahead (docs/storage.md,
-"Reading").
+"""LogCursor: a reader of one topic log's segment files that reads ahead (docs/io.md,
+"The log cursor").
 
 A cursor keeps what a sequential reader needs between reads: the open descriptor of
 the segment it is in, a read buffer (a ``bytearray`` it reuses), where that buffer
