@@ -22,6 +22,8 @@ OK = b"OK"
 NOP = b"NOP\n"
 # a message frame's data: ts(8) attempts(2) id(16) body; offsets from the frame start
 MSG_ID_START, MSG_ID_END, MSG_BODY_START = 18, 34, 34
+# one read, into a buffer the connection keeps (docs/io.md): a fresh object of
+# this size per recv would be an mmap and a munmap each time, in the load generator
 RECV_SIZE = 256 * 1024
 
 _u32 = struct.Struct(">I")
@@ -96,6 +98,7 @@ class NsqConn:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._timeout: float | None = timeout_s
         self.buf = b""
+        self._rbuf = memoryview(bytearray(RECV_SIZE))
         fields = {"client_id": client_id, "hostname": client_id,
                   "user_agent": "pybroker-bench/1.0", "feature_negotiation": False}
         fields.update(identify)
@@ -115,11 +118,13 @@ class NsqConn:
         self.close()
 
     # -- reading -------------------------------------------------------------------------
-    def _fill(self) -> None:
-        data = self.sock.recv(RECV_SIZE)
-        if not data:
+    def _fill(self, flags: int = 0) -> None:
+        """One read into the kept buffer; what arrived is appended to ``buf``."""
+        n = self.sock.recv_into(self._rbuf, 0, flags)
+        if not n:
             raise NsqError("connection closed by the broker")
-        self.buf = self.buf + data if self.buf else data
+        data = self._rbuf[:n]
+        self.buf = self.buf + data if self.buf else bytes(data)
 
     def read_frame(self) -> tuple[int, bytes]:
         """The next frame that is not a heartbeat (answered with NOP), blocking."""
@@ -207,12 +212,9 @@ class NsqConn:
         # MSG_DONTWAIT, which leaves later sends blocking as well
         self.set_timeout(None)
         try:
-            data = self.sock.recv(RECV_SIZE, socket.MSG_DONTWAIT)
+            self._fill(socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return False
-        if not data:
-            raise NsqError("connection closed by the broker")
-        self.buf = self.buf + data if self.buf else data
         return True
 
 

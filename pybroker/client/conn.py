@@ -26,6 +26,8 @@ from pybroker.protocol.compression import CorruptStream, Deflate, Snappy
 
 log = logging.getLogger("pybroker.client")
 
+# one read, into a buffer the connection keeps (docs/io.md): no object of this size
+# is allocated per read (a fresh 256 KiB one is an mmap and a munmap each time)
 _RECV_SIZE = 256 * 1024
 _WRITE_CHUNK = 256 * 1024
 _MAX_PENDING_WRITE = 16 << 20
@@ -79,6 +81,7 @@ class Conn:
         self._sock: Any = None  # socket.socket, or TlsSocket once TLS is negotiated
         self._codec: Snappy | Deflate | None = None  # snappy or deflate, once negotiated
         self._reader = P.FrameReader()
+        self._rbuf: memoryview | None = None   # the kept receive buffer (first read)
         self._wlock = threading.Condition(threading.Lock())
         self._wbuf = bytearray()
         self._started = False
@@ -192,12 +195,19 @@ class Conn:
                     self._sock_send(P.nop())
                     continue
                 return frame
-            data = self._sock.recv(_RECV_SIZE)
+            data = self._recv()
             if not data:
                 raise NotConnectedError(f"{self.address}: connection closed by peer")
-            if self._codec is not None:
-                data = self._codec.decompress(data)
-            self._reader.feed(data)
+            self._reader.feed(self._codec.decompress(bytes(data)) if self._codec is not None
+                              else data)
+
+    def _recv(self) -> memoryview:
+        """One socket read into the connection's kept buffer: a view of what arrived
+        (empty at EOF), valid until the next read. Raises what the socket raises."""
+        buf = self._rbuf
+        if buf is None:
+            buf = self._rbuf = memoryview(bytearray(_RECV_SIZE))
+        return buf[:self._sock.recv_into(buf)]
 
     # -- running (IOLoop thread reads) --------------------------------------------------
     def start(self) -> None:
@@ -237,24 +247,30 @@ class Conn:
     def on_readable(self) -> None:
         if self._closed or self._sock is None:
             return
-        try:
-            data = self._sock.recv(_RECV_SIZE)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as e:
-            self.close(f"read error: {e}")
-            return
-        if not data:
-            self.close("connection closed by peer")
-            return
-        self._last_read = time.monotonic()
-        if self._codec is not None:
+        pending = getattr(self._sock, "pending", None)   # TLS: records decrypted already
+        while True:
             try:
-                data = self._codec.decompress(data)
-            except CorruptStream as e:
-                self.close(f"protocol error: {e}")
+                data = self._recv()
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as e:
+                self.close(f"read error: {e}")
                 return
-        self._reader.feed(data)
+            if not data:
+                self.close("connection closed by peer")
+                return
+            self._last_read = time.monotonic()
+            if self._codec is not None:
+                try:
+                    self._reader.feed(self._codec.decompress(bytes(data)))
+                except CorruptStream as e:
+                    self.close(f"protocol error: {e}")
+                    return
+            else:
+                self._reader.feed(data)     # copied into the frame reader's buffer
+            # a full buffer may leave decrypted TLS plaintext the selector cannot see
+            if len(data) < _RECV_SIZE or pending is None or not pending():
+                break
         self._dispatch()
 
     def _dispatch(self) -> None:

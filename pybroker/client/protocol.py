@@ -172,7 +172,8 @@ class FrameReader:
         self._pos = 0
         self._max = max_frame_size
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Append data (copied: the caller may reuse its buffer)."""
         self._buf += data
 
     def next_frame(self) -> tuple[FrameType, bytes] | None:

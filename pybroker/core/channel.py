@@ -19,9 +19,10 @@ consumers. The queue-scanner threads call ``expire`` only.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import random
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pybroker.core.flight import Consumer, Deferred, Flight, offset_of
 from pybroker.core.lifecycle import Lifecycle
@@ -44,6 +45,17 @@ DISPATCH_BUDGET = 20_000
 # this many messages and bytes, whatever the burst; the rest go on the next turn
 DEAD_BATCH = 256
 DEAD_BATCH_BYTES = 4 * 1024 * 1024
+# the requeued messages' reader reads at least this much at a time (they are sparse)
+REQUEUE_MIN_READ = 4096
+
+
+class LogReader(Protocol):
+    """A reader of the topic's log that reads ahead (pybroker.storage.cursor.LogCursor):
+    its batches are valid until its next read."""
+
+    def read(self, offset: int, max_records: int, max_bytes: int = 0,
+             ahead: int = 0) -> Any: ...
+    def release(self) -> None: ...
 
 
 class Channel(Lifecycle):
@@ -69,6 +81,10 @@ class Channel(Lifecycle):
         self.max_attempts = 0
         self.dead_letter_topic: str | None = None   # where dead letters go (None: nowhere)
         self.configure_dead_letters({})
+        # readers of the log (storage/cursor.py), made on the first read: one at the
+        # cursor, one for requeued messages (their reads would make the first seek)
+        self._reader: LogReader | None = None
+        self._requeue_reader: LogReader | None = None
 
     def __repr__(self) -> str:
         return f"Channel({self.topic_name}/{self.name})"
@@ -86,7 +102,15 @@ class Channel(Lifecycle):
             self.consumers.remove(c)
         except ValueError:
             return 0
+        if not self.consumers:
+            self.release_readers()
         return self._requeue_client(c)
+
+    def release_readers(self) -> None:
+        """Close the log readers' files and drop their buffers (no one reads now)."""
+        for r in (self._reader, self._requeue_reader):
+            if r is not None:
+                r.release()
 
     # -- dead letters ---------------------------------------------------------------
     def configure_dead_letters(self, settings: dict[str, Any]) -> None:
@@ -251,7 +275,12 @@ class Channel(Lifecycle):
         if self.cursor >= released:
             return 0
         want = min(room, READ_BATCH, released - self.cursor)
-        batch = log.read(self.cursor, want, READ_BYTES)
+        reader = self._reader
+        if reader is None:
+            reader = self._reader = log.cursor()
+        # read ahead what the consumers may take soon (about this one's room each)
+        ahead = min(room * len(self.consumers), released - self.cursor)
+        batch = reader.read(self.cursor, want, READ_BYTES, ahead)
         if batch.first > self.cursor:      # damaged records skipped by the log
             self.dropped_count += batch.first - self.cursor
             self._advance(batch.first)
@@ -314,6 +343,9 @@ class Channel(Lifecycle):
         dead_bytes = 0
         batch: Any = None
         more = False
+        reader = self._requeue_reader
+        if reader is None:
+            reader = self._requeue_reader = log.cursor(REQUEUE_MIN_READ)
         while self.requeued and sent < room and self.head_ready():
             off, attempts, _ = self.requeued.popleft()
             popped += 1
@@ -321,7 +353,8 @@ class Channel(Lifecycle):
                 batch = None
                 if off >= log.oldest:   # else dropped from an ephemeral log meanwhile
                     try:
-                        batch = log.read(off, READ_BATCH, READ_BYTES)
+                        run = self._requeued_run(off, room - sent)
+                        batch = reader.read(off, run, READ_BYTES, run)
                     except ValueError:     # OffsetOutOfRange: gone from the log meanwhile
                         pass
                 if batch is None or batch.n == 0 or batch.first != off:
@@ -350,11 +383,23 @@ class Channel(Lifecycle):
             self._fly_requeued(c, batch, i, off, attempts, now_ns, deadline, frames)
             sent += 1
         batch = None
+        if not self.requeued:
+            reader.release()    # until the next requeue: no descriptor, no buffer
         if sent:
             c.send_frames(b"".join(frames), sent)
         if dead:
             self.owner.dead_letter(self, target, dead, bodies)
         return sent, popped, more
+
+    def _requeued_run(self, off: int, limit: int) -> int:
+        """How many requeued offsets from off on follow each other (off, off + 1, ...;
+        at most limit): the records one requeued read should take."""
+        n = 1
+        for nxt, _, _ in itertools.islice(self.requeued, 0, max(0, limit - 1)):
+            if nxt != off + n:
+                break
+            n += 1
+        return n
 
     def _fly_requeued(self, c: Consumer, batch: Any, i: int, off: int, attempts: int,
                       now_ns: int, deadline: int, frames: list[bytes]) -> None:

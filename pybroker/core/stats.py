@@ -242,6 +242,9 @@ def topic_stats(t: Any, channels: list[dict[str, Any]],
         "e2e_processing_latency": e2e,
         "oldest_offset": t.log.oldest,
         "newest_offset": t.log.written - 1,
+        # bytes read back from the segment files (read amplification: against the
+        # bytes delivered); 0 for a log kept in memory
+        "log_bytes_read": getattr(t.log, "bytes_read", 0),
     }
 
 

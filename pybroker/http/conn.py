@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
+# one read: under glibc's mmap threshold, and read into a buffer the thread keeps
+# (docs/io.md), so a request of a few hundred bytes allocates nothing this big
 RECV_SIZE = 64 * 1024
 MAX_HEADER_BYTES = 64 * 1024
 MAX_QUEUED = 64  # pipelined requests waiting before reading stops
@@ -53,6 +56,18 @@ TURN_BUDGET = 64  # requests answered per connection per turn, so one cannot sta
 HIGH_WATER = 4 * 1024 * 1024  # response bytes waiting before reading stops
 LINGER_NS = 2_000_000_000  # after a close-response: wait this long for the peer's EOF
 LINGER_BYTES = 16 * 1024 * 1024
+
+
+_local = threading.local()
+
+
+def _scratch() -> memoryview:
+    """This thread's receive buffer (RECV_SIZE bytes, kept for the thread's life)."""
+    try:
+        view: memoryview = _local.view
+    except AttributeError:
+        view = _local.view = memoryview(bytearray(RECV_SIZE))
+    return view
 
 
 class _HeaderTooLarge(Exception):
@@ -179,27 +194,40 @@ class HttpConn:
             self.flush()
 
     def on_readable(self) -> None:
-        try:
-            data = self.sock.recv(RECV_SIZE)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self.close()
-            return
+        """Receive into the thread's kept buffer and parse (httptools copies what it
+        hands to the callbacks, so nothing keeps a view of the buffer)."""
+        buf = _scratch()
+        pending = getattr(self.sock, "pending", None)   # TLS: records decrypted already
+        while True:
+            try:
+                n = self.sock.recv_into(buf)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self.close()
+                return
+            if not self._received(buf[:n]):
+                return
+            # a full buffer may leave at most one TLS record's plaintext decrypted
+            if n < len(buf) or pending is None or not pending():
+                return
+
+    def _received(self, data: memoryview) -> bool:
+        """Handle one read; False when nothing more should be read now."""
         if self.lingering:
             self.linger_left -= len(data)
             if not data or self.linger_left < 0:
                 self.close()
-            return
+            return False
         if self.eof:
-            return  # no more requests are read from this connection
+            return False  # no more requests are read from this connection
         if not data:
             self.eof = True
             if self._idle():
                 self.close()
             else:
                 self.server.update_events(self)  # answer what was asked, then close
-            return
+            return False
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as e:
@@ -214,6 +242,7 @@ class HttpConn:
         except httptools.HttpParserError:
             self._fail(plain_error(400))
         self.process()
+        return not self.eof and not self.closed
 
     def _fail(self, response: Response | None) -> None:
         """Stop parsing: queue a final answer (after those already due), then close."""

@@ -20,7 +20,8 @@
     (that is ``/channel/rewind``). ``{"offset": cursor}``.
 
 The arguments are checked on the HTTP thread; the reads (a log read: at most 4 MiB,
-from the memory tail or pread from the segment files in 256 KiB chunks; a lookup by
+from the memory tail or read from the segment files by a cursor that reads ahead at
+most the page's bytes, kept for the next page: http/reader.py; a lookup by
 time: a bisect and one read of at most 64 KiB plus a record, storage/timeindex.py) run
 on the log reader thread (http/reader.py), so no request holds the HTTP thread while
 the disk answers. The cursor move is a job on the channel's owner loop.
@@ -31,6 +32,7 @@ import bisect
 from typing import TYPE_CHECKING, Any
 
 from pybroker.http.gather import Gather
+from pybroker.http.reader import CursorCache
 from pybroker.http.request import Request, first
 from pybroker.http.response import Response, error, ok_json
 from pybroker.protocol.names import is_valid_name
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 
 MS = 1_000_000
 MAX_READ_BYTES = 4 * 1024 * 1024
+READ_AHEAD_MIN = 64 * 1024      # a /topic/read cursor's smallest read
 DEFAULT_READ_MESSAGES = 100_000
 OCTETS = b"application/octet-stream"
 
@@ -143,33 +146,54 @@ def topic_read(api: Api, req: Request) -> Response | Gather[Response]:
         r = error(400, "OFFSET_OUT_OF_RANGE")
         r.headers = _range_headers(lg.oldest, end)
         return r
-    return _busy(api) or Gather([(api.reader, _read, (t, offset, max_messages, max_bytes))],
+    return _busy(api) or Gather([(api.reader, _read, (t, offset, max_messages, max_bytes,
+                                                      api.reader.cursors))],
                                 _answer, timeout_s=10.0)
 
 
-def _read(t: Topic, offset: int, max_messages: int, max_bytes: int) -> Response:
-    """On the reader thread: the records from offset on, as /topic/read answers them."""
+def _read(t: Topic, offset: int, max_messages: int, max_bytes: int,
+          cursors: CursorCache | None = None) -> Response:
+    """On the reader thread: the records from offset on, as /topic/read answers them,
+    read through a cursor (the one the previous page left at offset, if kept)."""
+    lg = t.log
+    cur = cursors.take(lg, offset) if cursors is not None else None
+    if cur is None:
+        cur = lg.cursor(READ_AHEAD_MIN, MAX_READ_BYTES)
+    nxt = -1
+    try:
+        r, nxt = _page(t, cur, offset, max_messages, max_bytes)
+        return r
+    finally:
+        if cursors is not None and nxt >= 0:
+            cursors.put(lg, cur, nxt)
+        else:
+            cur.release()
+
+
+def _page(t: Topic, cur: Any, offset: int, max_messages: int,
+          max_bytes: int) -> tuple[Response, int]:
+    """The answer, and the offset the next page starts at (-1: an error)."""
     lg = t.log
     end = t.released
     limit = min(end, offset + max_messages)
-    parts: list[Any] = []
-    size = 0
+    body = bytearray()      # each part copied at once: the cursor's next read reuses its buffer
     start = off = offset
-    while off < limit and size < max_bytes:
+    while off < limit and len(body) < max_bytes:
+        size = len(body)
         try:
-            b = lg.read(off, limit - off, max_bytes - size)
+            b = cur.read(off, limit - off, max_bytes - size, limit - off)
         except OffsetOutOfRange:
-            if not parts:   # retention deleted it since the check above
+            if not body:   # retention deleted it since the check above
                 r = error(400, "OFFSET_OUT_OF_RANGE")
                 r.headers = _range_headers(lg.oldest, t.released)
-                return r
+                return r, -1
             break
         if b.n == 0:
-            if b.first > off and not parts:   # damaged records at the end: skipped
+            if b.first > off and not body:   # damaged records at the end: skipped
                 start = off = min(b.first, limit)
             break
         if b.first != off:
-            if parts:       # a gap (damaged records): the next request starts there
+            if body:       # a gap (damaged records): the next request starts there
                 break
             start = off = b.first
             if off >= limit:
@@ -183,21 +207,19 @@ def _read(t: Topic, offset: int, max_messages: int, max_bytes: int) -> Response:
         if k == n - 1 and _records_end(buf, pos, n) - p0 <= budget:
             k = n
         if k == 0:
-            if parts:
+            if body:
                 break
             k = 1
         e = _records_end(buf, pos, k)
-        parts.append(memoryview(buf)[p0:e])
-        size += e - p0
+        body += memoryview(buf)[p0:e]
         off += k
         if k < n:
             break
-    body = b"".join(parts)
     headers = (b"X-Pybroker-First-Offset: %d\r\n" % start,
                b"X-Pybroker-Next-Offset: %d\r\n" % off,
                b"X-Pybroker-Count: %d\r\n" % (off - start),
                *_range_headers(lg.oldest, t.released))
-    return Response(200, body, OCTETS, nsq=False, headers=headers)
+    return Response(200, body, OCTETS, nsq=False, headers=headers), off
 
 
 def _channel_commit(ch: Channel, offset: int, created: bool) -> int:

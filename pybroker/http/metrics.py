@@ -25,6 +25,9 @@ _TOPIC = (
     ("nsq_topic_message_bytes_total", "counter", "Bytes published to the topic.",
      "message_bytes"),
     ("nsq_topic_paused", "gauge", "1 if the topic is paused.", "paused"),
+    ("pybroker_topic_log_read_bytes_total", "counter",
+     "Bytes read back from the topic's segment files (by channels, /topic/read, lookups).",
+     "log_bytes_read"),
 )
 _CHANNEL = (
     ("nsq_channel_depth", "gauge", "Messages waiting in the channel (memory and disk).",

@@ -12,12 +12,20 @@ thread, whose fsyncs publishers wait for.
 Budget: at most ``MAX_QUEUED`` jobs wait; a request beyond that is refused at once
 (503 ``TOO_MANY_READS``) rather than queued without bound. ``then`` chains a second
 step on another thread (a lookup here, then the rewind on the channel's owner loop).
+
+``cursors``: the log cursors (storage/cursor.py) that /topic/read pages left off with,
+kept for the page that starts where one ended (a Spark source reads a range page by
+page), so a sequential reader reads each byte once and seeks only on its first page.
+At most ``CURSORS`` are kept (a descriptor and at most a page's buffer each, 4 MiB),
+the least recently used released first, and all of them when no read came for
+``IDLE_S`` (so a segment that retention deletes is not kept open for long).
 """
 from __future__ import annotations
 
 import logging
 import queue
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +33,43 @@ from pybroker.http.gather import MISSING, Job, run_jobs
 
 log = logging.getLogger("pybroker")
 MAX_QUEUED = 64
+CURSORS = 8
+IDLE_S = 30.0
 _STOP = object()
+
+
+class CursorCache:
+    """Log cursors kept between /topic/read pages, keyed by (log, the offset the next
+    page starts at). Used by the reader thread only."""
+
+    def __init__(self, size: int = CURSORS) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[int, int], tuple[Any, Any]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def take(self, log: Any, offset: int) -> Any:
+        """The cursor a page of ``log`` left at ``offset`` (now the caller's), or None."""
+        got = self._items.pop((id(log), offset), None)
+        if got is None or got[0] is not log:
+            return None
+        return got[1]
+
+    def put(self, log: Any, cursor: Any, offset: int) -> None:
+        """Keep cursor for the page of log that starts at offset."""
+        old = self._items.pop((id(log), offset), None)
+        if old is not None:
+            old[1].release()
+        self._items[(id(log), offset)] = (log, cursor)   # the log kept: its id stays its own
+        while len(self._items) > self.size:
+            _, (_, c) = self._items.popitem(last=False)
+            c.release()
+
+    def clear(self) -> None:
+        while self._items:
+            _, (_, c) = self._items.popitem()
+            c.release()
 
 
 class LogReader:
@@ -35,6 +79,7 @@ class LogReader:
         self._lock = threading.Lock()       # between HTTP (start) and stop
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self.cursors = CursorCache()        # the reader thread's (see the docstring)
 
     def busy(self) -> bool:
         """Too many reads wait already: refuse the next one."""
@@ -52,8 +97,13 @@ class LogReader:
 
     def _run(self) -> None:
         while True:
-            item = self._jobs.get()
+            try:
+                item = self._jobs.get(timeout=IDLE_S if len(self.cursors) else None)
+            except queue.Empty:
+                self.cursors.clear()        # idle: no descriptor or buffer kept
+                continue
             if item is _STOP:
+                self.cursors.clear()
                 return
             fn, args = item
             if self._stopped:

@@ -34,7 +34,8 @@ class Response:
 
     __slots__ = ("body", "close", "content_type", "headers", "nsq", "raw", "status")
 
-    def __init__(self, status: int, body: bytes = b"", content_type: bytes | None = None,
+    def __init__(self, status: int, body: bytes | bytearray = b"",
+                 content_type: bytes | None = None,
                  nsq: bool = True, headers: tuple[bytes, ...] = (), close: bool = False,
                  raw: bytes | None = None) -> None:
         self.status = status
@@ -140,9 +141,10 @@ def encode(r: Response, date: bytes, version: str, keep_alive: bool,
     if r.nsq:
         named.append(NSQ_HEADER)
     named.sort()
-    parts = [b"HTTP/1.0 " if v10 else b"HTTP/1.1 ", str(status).encode(), b" ",
-             REASONS.get(status, "Unknown").encode(), b"\r\n", *named,
-             b"Date: ", date, b"\r\nContent-Length: ", str(len(r.body)).encode(), b"\r\n"]
+    parts: list[bytes | bytearray] = [
+        b"HTTP/1.0 " if v10 else b"HTTP/1.1 ", str(status).encode(), b" ",
+        REASONS.get(status, "Unknown").encode(), b"\r\n", *named,
+        b"Date: ", date, b"\r\nContent-Length: ", str(len(r.body)).encode(), b"\r\n"]
     if sniffed:
         parts.append(b"Content-Type: text/plain; charset=utf-8\r\n")
     if r.close or not keep_alive:

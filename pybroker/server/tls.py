@@ -143,6 +143,11 @@ class TlsSocket(NonBlockingTls):
             self._handshake()
         return super().recv(n)
 
+    def recv_into(self, buf: memoryview) -> int:
+        if not self.done:
+            self._handshake()
+        return super().recv_into(buf)
+
     def send(self, data: bytes | bytearray | memoryview) -> int:
         if not self.done:
             self._handshake()

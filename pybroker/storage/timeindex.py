@@ -125,6 +125,7 @@ def _read_span(log: "TopicLog", path: str, first: int, start: int, end: int,
         buf = os.pread(fd, end - start, start)
     finally:
         os.close(fd)
+    log.count_read(len(buf))
     starts, _, _ = _native.log_scan(buf, first, True, log.max_payload, 1 << 30)
     unpack = _I64.unpack_from
     for i, p in enumerate(starts):

@@ -9,11 +9,14 @@ offsets of records whose write failed are given to the next ones).
 pending list; ``write_pending`` hands everything pending to the kernel in one ``write``
 (rolling to a new segment file first when the active one would pass
 ``max_bytes_per_file``), and keeps the written bytes as one *block* of the memory tail.
-Readers (channels on any loop) take ``read(offset, n, max_bytes)``: from the tail while
-it holds the offset, else from the segment files (``pread`` from the nearest point of
-the segment's sparse index, records checked by ``nsqf_log_scan``). A RecordBatch is a
-view of one block or one read chunk, never a copy per record; ``frames`` builds NSQ
-message frames for a slice of it in one C call (``nsqf_log_frames``).
+Readers take records from the tail while it holds the offset, else from the segment
+files, records checked by ``nsqf_log_scan``: a channel (and the logread thread) through
+a ``cursor()`` (storage/cursor.py: it keeps its segment open, reads ahead sequentially
+into a buffer it reuses, and uses the segment's sparse index only to seek), anyone else
+through ``read(offset, n, max_bytes)`` (one read from the sparse index point). A
+RecordBatch is a view of one block or one read buffer, never a copy per record;
+``frames`` builds NSQ message frames for a slice of it in one C call
+(``nsqf_log_frames``). ``bytes_read`` counts the bytes read from the files.
 
 The tail keeps about ``mem_records`` of the newest records, and at most about
 ``TAIL_MAX_BYTES`` for a log on disk (whole blocks; records beyond that count as on
@@ -191,6 +194,7 @@ class TopicLog:
         self._to_sync: list[int] = []      # dup'd fds of rolled segments not yet fsynced
         self._dir_dirty = False
         self.writes = 0
+        self.bytes_read = 0    # read from the segment files since start (count_read)
         # write epochs (docs/storage.md, "When a write fails"): the pending records will
         # be carried by the write of ``epoch``; every write, failed or not, uses one up
         self.epoch = 1
@@ -538,9 +542,17 @@ class TopicLog:
             self.tail_start = max(self.tail_start, blocks[0].end)
 
     # -- read side (any thread) -------------------------------------------------------
+    def cursor(self, min_read: int = 0, max_read: int = 0) -> "_cursor.LogCursor":
+        """A reader that keeps its segment open and reads ahead (storage/cursor.py):
+        for a channel, the logread thread, any sequential reader."""
+        return _cursor.LogCursor(self, min_read or _cursor.MIN_READ,
+                                 max_read or _cursor.MAX_READ)
+
     def read(self, offset: int, max_records: int, max_bytes: int) -> RecordBatch:
         """Records from offset on (at least one when offset < written; none at
-        written). Raises OffsetOutOfRange outside [oldest, written]."""
+        written): a one-off read (from the memory tail, else from the segment's sparse
+        index point; the batch owns its buffer). Raises OffsetOutOfRange outside
+        [oldest, written]."""
         with self.lock:
             if offset < self.oldest or offset > self.written:
                 raise OffsetOutOfRange(f"offset {offset} not in [{self.oldest}, {self.written}]")
@@ -552,65 +564,16 @@ class TopicLog:
                 i = offset - b.first
                 j = min(len(b.pos), i + max(1, max_records))
                 return RecordBatch(offset, b.data, b.pos[i:j], b.deferred)
-            k = bisect.bisect_right([s.base for s in self._segs], offset) - 1
-            if k < 0:
-                raise OffsetOutOfRange(f"offset {offset} is in no segment")
-            seg = self._segs[k]
-            ix = seg.index[bisect.bisect_right(seg.index, (offset, 1 << 62)) - 1]
-            path, end = seg.path, seg.end
-        return self._read_file(seg, path, ix, offset, min(end, self.written) - offset,
-                               max_records, max_bytes)
-
-    def _read_file(self, seg: _Segment, path: str, ix: tuple[int, int], offset: int,
-                   left: int, max_records: int, max_bytes: int) -> RecordBatch:
-        start_off, fpos = ix
-        want = max(1, min(max_records, left))
+        cur = _cursor.LogCursor(self, _cursor.ONE_OFF_READ, READ_CHUNK)
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as e:
-            raise from_oserror("read", path, e) from None
-        try:
-            while True:
-                chunk = os.pread(fd, READ_CHUNK, fpos)
-                pos, used, (status, deferred, _) = _native.log_scan(
-                    chunk, start_off, True, self.max_payload, 1 << 30)
-                skip = offset - start_off
-                if skip < len(pos):
-                    sel = pos[skip:skip + want]
-                    return RecordBatch(offset, chunk, sel, deferred)
-                if status >= 0 and pos:
-                    # the wanted record is further on: continue from the last complete one
-                    start_off += len(pos)
-                    fpos += used
-                    continue
-                if status == LOG_PARTIAL and chunk:
-                    # a record larger than the chunk: read it whole
-                    need = REC_HEADER + int.from_bytes(chunk[used + 4:used + 8], "big")
-                    chunk = os.pread(fd, need, fpos + used)
-                    start_off += len(pos)
-                    fpos += used
-                    one, _, _ = _native.log_scan(chunk, start_off, True, self.max_payload, 1)
-                    if one and start_off == offset:
-                        return RecordBatch(offset, chunk, one, 1)
-                    if one:
-                        start_off += 1
-                        fpos += need
-                        continue
-                # damage at start_off + len(pos): skip the record, resync after it
-                bad = start_off + len(pos)
-                self._set_aside(seg)
-                log.error("%s: damaged record at offset %d in %s (%s): skipped", self, bad,
-                          os.path.basename(path), _WHY.get(status, "incomplete"))
-                with open(path, "rb") as f:
-                    resumed = self._resync(f, fpos + used, bad)
-                if resumed is None or resumed[1] >= self.written:
-                    return RecordBatch(max(offset, bad + 1), b"", (), 0)
-                fpos, start_off = resumed
-                if offset < start_off:
-                    offset = start_off
-                    want = max(1, min(max_records, self.written - offset))
+            return cur.read(offset, max_records, max_bytes)
         finally:
-            os.close(fd)
+            cur.release()       # the batch keeps the buffer it points into
+
+    def count_read(self, nbytes: int) -> None:
+        """Log bytes read from the segment files (/stats ``log_bytes_read``)."""
+        with self.lock:
+            self.bytes_read += nbytes
 
     def payload(self, offset: int) -> bytes | None:
         """One record's payload, or None if it is gone or damaged."""
@@ -621,15 +584,20 @@ class TopicLog:
         return b.payload(0) if b.n and b.first == offset else None
 
     def timestamps(self, offsets: list[int]) -> list[int]:
-        """Publish times of these offsets (those still held)."""
+        """Publish times of these offsets (those still held), in offset order: one
+        cursor for all, so offsets near each other share a read."""
         out = []
-        for off in offsets:
-            try:
-                b = self.read(off, 1, 0)
-            except (OffsetOutOfRange, StorageError):
-                continue
-            if b.n and b.first == off:
-                out.append(b.ts_ns(0))
+        cur = _cursor.LogCursor(self, 4096, READ_CHUNK)
+        try:
+            for off in sorted(offsets):
+                try:
+                    b = cur.read(off, 1, 0)
+                except (OffsetOutOfRange, StorageError):
+                    continue
+                if b.n and b.first == off:
+                    out.append(b.ts_ns(0))
+        finally:
+            cur.release()
         return out
 
     def offset_for_time(self, ts_ns: int) -> int:
@@ -786,5 +754,8 @@ class TopicLog:
 
             shutil.rmtree(self.directory, ignore_errors=True)
 
+
+# the reader (it imports the names above; used at call time, so the order is free)
+from . import cursor as _cursor  # noqa: E402
 
 __all__ = ["OffsetOutOfRange", "RecordBatch", "SegmentInfo", "TopicLog"]

@@ -52,7 +52,7 @@ def doc(b: BrokerProcess, query: str = "") -> dict[str, Any]:
 
 # -- shape checks (field names, order, JSON types) ----------------------------------------
 # pybroker's extra keys (its topic log), after nsqd's own, which stay as nsqd has them
-EXTRA_KEYS = {"oldest_offset": int, "newest_offset": int, "cursor": int,
+EXTRA_KEYS = {"oldest_offset": int, "newest_offset": int, "log_bytes_read": int, "cursor": int,
               "max_attempts": int, "dead_letter_topic": str, "dead_letter_count": int,
               "dead_letter_pending": int, "dead_letter_cycles": int}
 

@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""CPU per message in the small-batch flows (receiving, reading a backlog from disk),
+pybroker beside nsqd in one invocation, with nsq's own bench programs.
+
+    . /work/shared/nsq/env.sh
+    python loadtest/bench_io.py [--runs 3] [--seconds 5] [--only SCENARIO ...]
+                                [--baseline-src DIR] [--nsqd PATH]
+
+Every broker is started fresh with its defaults (ephemeral loopback ports, its own
+temporary data directory) and stopped by PID; each run alternates the brokers. Beside
+each rate: the broker's CPU per message (utime + stime from /proc/PID/stat over the
+measured part, divided by the messages of that part). ``--baseline-src DIR`` adds a
+second pybroker run from another source tree (a checkout of main, with its C codec
+built) to show "no worse than before".
+
+Scenarios:
+
+- ``pub1``: ``GOMAXPROCS=32 bench_writer --batch-size 1``: single-message PUB over 32
+  connections.
+- ``rdy8`` / ``rdy1``: ``--backlog`` (``--backlog-rdy1``) messages MPUBlished first (a
+  backlog far beyond the memory queue: on disk), then 32 consumers read it:
+  ``GOMAXPROCS=32 bench_reader --rdy 8``; at RDY 1 ``loadtest/rdy_reader.c`` (compiled
+  on first use with ``cc -O2``), because bench_reader flushes its FINs only when
+  ``msgCount % rdy > 0.75 * rdy``, never at RDY 1 (it then reads ~10 msg/s from nsqd
+  or pybroker alike). A run is marked ``drained`` if the reader emptied the backlog
+  early (its rate then counts idle time: give a larger backlog).
+- ``bulk``: ``bench_writer`` (MPUB 200, 2 connections) then ``bench_reader`` (RDY
+  2500) on what it wrote: the bulk flows of loadtest/bench_topic_log.py.
+- ``client1``: the client library against nsqd at ``max_in_flight`` 1 beside gnsq's
+  Consumer (gevent) at 1, on a backlog in nsqd: the consumer process's CPU per message.
+
+Prints a table per scenario: medians over ``--runs`` (min-max) and ratios to nsqd
+(client1: pybroker.client to gnsq). Figures from a shared machine are indicative only.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "loadtest"))
+
+from bench_topic_log import fill  # noqa: E402
+
+from pybroker.bench.brokers import BrokerProcess  # noqa: E402
+
+RESULT_RE = re.compile(r"duration: ([0-9.]+)(m?s).*?([0-9.]+)ops/s")
+TOPIC = "bench_io"
+Row = dict[str, float]
+
+
+def _tool(args: list[str], seconds: float, procs: int | None = None) -> tuple[float, float]:
+    """Run one of nsq's bench programs; (messages per second, seconds measured)."""
+    env = dict(os.environ)
+    if procs:
+        env["GOMAXPROCS"] = str(procs)
+    out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 180, env=env)
+    m = RESULT_RE.search(out.stderr + out.stdout)
+    if out.returncode != 0 or m is None:
+        raise RuntimeError(f"{args[0]} failed ({out.returncode}): {out.stderr[-2000:]}")
+    dur = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
+    return float(m.group(3)), dur
+
+
+def _measured(b: BrokerProcess, run: Callable[[], tuple[float, float]]) -> Row:
+    cpu0 = b.cpu_s()
+    rate, dur = run()
+    cpu = b.cpu_s() - cpu0
+    msgs = rate * dur
+    return {"msg/s": rate, "us/msg": cpu / msgs * 1e6 if msgs else 0.0}
+
+
+def _depth(b: BrokerProcess) -> int:
+    with urllib.request.urlopen(f"http://{b.http_address}/stats?format=json&topic={TOPIC}",
+                                timeout=30) as r:
+        doc = json.load(r)
+    doc = doc.get("data", doc)
+    for t in doc.get("topics", []):
+        if t["topic_name"] == TOPIC:
+            chans = t.get("channels") or []
+            return int(chans[0]["depth"]) if chans else int(t["depth"])
+    return 0
+
+
+def writer(b: BrokerProcess, a: argparse.Namespace, batch: int, procs: int | None) -> Row:
+    args = ["bench_writer", f"--nsqd-tcp-address={b.tcp_address}", f"--topic={TOPIC}",
+            f"--runfor={a.seconds}s", f"--size={a.size}", f"--batch-size={batch}"]
+    return _measured(b, lambda: _tool(args, a.seconds, procs))
+
+
+def reader(b: BrokerProcess, a: argparse.Namespace, rdy: int, procs: int | None) -> Row:
+    args = ["bench_reader", f"--nsqd-tcp-address={b.tcp_address}", f"--topic={TOPIC}",
+            "--channel=ch", f"--runfor={a.seconds}s", f"--size={a.size}", f"--rdy={rdy}"]
+    row = _measured(b, lambda: _tool(args, a.seconds, procs))
+    row["drained"] = float(_depth(b) == 0)
+    return row
+
+
+def scenario_pub1(b: BrokerProcess, a: argparse.Namespace) -> Row:
+    return writer(b, a, 1, 32)
+
+
+def rdy_reader_binary() -> str:
+    """loadtest/rdy_reader.c compiled (once per source version) with the C compiler."""
+    src = ROOT / "loadtest" / "rdy_reader.c"
+    digest = hashlib.sha1(src.read_bytes()).hexdigest()[:12]
+    out = Path(tempfile.gettempdir()) / f"pybroker-rdy_reader-{digest}"
+    if not out.exists():
+        cc = os.environ.get("CC", "cc")
+        tmp = out.with_suffix(f".{os.getpid()}")
+        subprocess.run([cc, "-O2", "-o", str(tmp), str(src)], check=True)
+        os.replace(tmp, out)
+    return str(out)
+
+
+def fin_reader(b: BrokerProcess, a: argparse.Namespace, rdy: int, conns: int) -> Row:
+    """``conns`` consumers at ``rdy`` that FIN each message as it is read."""
+    args = [rdy_reader_binary(), b.tcp_address, TOPIC, "ch", str(conns), str(rdy),
+            str(a.seconds)]
+    row = _measured(b, lambda: _tool(args, a.seconds))
+    row["drained"] = float(_depth(b) == 0)
+    return row
+
+
+def _backlog_reader(rdy: int) -> Callable[[BrokerProcess, argparse.Namespace], Row]:
+    def run(b: BrokerProcess, a: argparse.Namespace) -> Row:
+        fill(b, TOPIC, a.backlog if rdy > 1 else a.backlog_rdy1, a.size)
+        time.sleep(1.0)    # let the broker settle (nsqd: its disk queue's sync)
+        if rdy == 1:
+            # bench_reader never flushes its FINs at RDY 1 (msgCount % 1 > 0.75 is
+            # never true): rdy_reader sends each FIN at once
+            return fin_reader(b, a, 1, 32)
+        return reader(b, a, rdy, 32)
+    return run
+
+
+def scenario_bulk(b: BrokerProcess, a: argparse.Namespace) -> Row:
+    w = writer(b, a, 200, None)
+    r = reader(b, a, 2500, None)
+    return {"pub msg/s": w["msg/s"], "pub us/msg": w["us/msg"],
+            "sub msg/s": r["msg/s"], "sub us/msg": r["us/msg"], "drained": r["drained"]}
+
+
+CLIENT_PROGRAMS = {
+    "pybroker.client": """
+        import resource, sys, threading, time
+        from pybroker.client import Consumer
+        addr, topic, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+        count = [0]
+        started = threading.Event()
+        def handler(m):
+            count[0] += 1
+            started.set()
+        c = Consumer(topic, "ch", handler, max_in_flight=1)
+        c.connect_to_nsqd(addr)
+        started.wait(30)
+        cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+        n0, t0 = count[0], time.monotonic()
+        time.sleep(seconds)
+        n1, t1 = count[0], time.monotonic()
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+        c.stop()
+        cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
+        print(n1 - n0, t1 - t0, cpu)
+    """,
+    "gnsq": """
+        import gevent.monkey; gevent.monkey.patch_all()
+        import resource, sys, time, gevent, gnsq
+        addr, topic, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+        count = [0]
+        c = gnsq.Consumer(topic, "ch", nsqd_tcp_addresses=[addr], max_in_flight=1)
+        @c.on_message.connect
+        def handler(consumer, message):
+            count[0] += 1
+        c.start(block=False)
+        while not count[0]:
+            gevent.sleep(0.01)
+        cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+        n0, t0 = count[0], time.monotonic()
+        gevent.sleep(seconds)
+        n1, t1 = count[0], time.monotonic()
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+        c.close()
+        cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
+        print(n1 - n0, t1 - t0, cpu)
+    """,
+}
+
+
+def run_client(kind: str, b: BrokerProcess, a: argparse.Namespace) -> Row:
+    fill(b, TOPIC, a.client_backlog, a.size)
+    prog = textwrap.dedent(CLIENT_PROGRAMS[kind])
+    out = subprocess.run([sys.executable, "-c", prog, b.tcp_address, TOPIC, str(a.seconds)],
+                         capture_output=True, text=True, timeout=a.seconds + 120,
+                         cwd=str(ROOT))
+    if out.returncode != 0:
+        raise RuntimeError(f"{kind} consumer failed: {out.stderr[-2000:]}")
+    n, dur, cpu = (float(x) for x in out.stdout.split()[-3:])
+    return {"msg/s": n / dur, "client us/msg": cpu / n * 1e6 if n else 0.0,
+            "drained": float(_depth(b) == 0)}
+
+
+SCENARIOS: dict[str, Callable[[BrokerProcess, argparse.Namespace], Row]] = {
+    "pub1": scenario_pub1,
+    "rdy8": _backlog_reader(8),
+    "rdy1": _backlog_reader(1),
+    "bulk": scenario_bulk,
+}
+
+
+def table(name: str, runs: int, results: dict[str, dict[str, list[float]]], ref: str) -> None:
+    print(f"\n== {name} (median of {runs}, min-max)")
+    kinds = [k for k in results if results[k]]
+    for key in next(iter(results[k] for k in kinds)):
+        if key == "drained":
+            continue
+        cells = []
+        for kind in kinds:
+            vals = results[kind].get(key, [])
+            if vals:
+                cells.append(f"{kind} {statistics.median(vals):,.1f} "
+                             f"({min(vals):,.1f}-{max(vals):,.1f})")
+        line = f"  {key:16s} " + " | ".join(cells)
+        refv = results.get(ref, {}).get(key)
+        if refv and statistics.median(refv):
+            for kind in kinds:
+                if kind != ref and results[kind].get(key):
+                    line += (f"  {kind}/{ref} "
+                             f"{statistics.median(results[kind][key]) / statistics.median(refv):.2f}x")
+        print(line)
+    for kind in kinds:
+        drained = sum(results[kind].get("drained", []))
+        if drained:
+            print(f"  ({kind}: {drained:.0f} run(s) drained the backlog early)")
+    print(flush=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--size", type=int, default=200)
+    p.add_argument("--backlog", type=int, default=1_500_000,
+                   help="messages published before rdy8 reads")
+    p.add_argument("--backlog-rdy1", type=int, default=500_000,
+                   help="messages published before rdy1 reads")
+    p.add_argument("--client-backlog", type=int, default=100_000)
+    p.add_argument("--only", nargs="*", default=[*SCENARIOS, "client1"],
+                   choices=[*SCENARIOS, "client1"])
+    p.add_argument("--nsqd", default=shutil.which("nsqd"))
+    p.add_argument("--baseline-src", default="",
+                   help="also run a pybroker from this source tree (C codec built)")
+    a = p.parse_args()
+    for tool in ("bench_writer", "bench_reader"):
+        if shutil.which(tool) is None:
+            print(f"{tool} not found on PATH (. /work/shared/nsq/env.sh)", file=sys.stderr)
+            return 2
+    if not a.nsqd:
+        print("nsqd not found on PATH", file=sys.stderr)
+        return 2
+    kinds: dict[str, tuple[str, dict[str, str]]] = {"pybroker": ("pybroker", {})}
+    if a.baseline_src:
+        # PYTHONSAFEPATH: the working directory (this tree) must not come first
+        kinds["baseline"] = ("pybroker", {"PYTHONPATH": str(Path(a.baseline_src).resolve()),
+                                          "PYTHONSAFEPATH": "1"})
+    kinds["nsqd"] = ("nsqd", {})
+    for name in a.only:
+        if name == "client1":
+            order = ["pybroker.client", "gnsq"]
+            results: dict[str, dict[str, list[float]]] = {k: {} for k in order}
+            for run in range(a.runs):
+                for kind in order if run % 2 == 0 else order[::-1]:
+                    b = BrokerProcess("nsqd", nsqd_path=a.nsqd).start()
+                    try:
+                        got = run_client(kind, b, a)
+                    finally:
+                        b.stop()
+                    for k, v in got.items():
+                        results[kind].setdefault(k, []).append(v)
+                    print(f"  client1 run {run + 1} {kind}: "
+                          + ", ".join(f"{k} {v:,.1f}" for k, v in got.items()), flush=True)
+            table("client1 (consumers against nsqd, max_in_flight 1)", a.runs, results, "gnsq")
+            continue
+        results = {k: {} for k in kinds}
+        names = list(kinds)
+        for run in range(a.runs):
+            for kind in names if run % 2 == 0 else names[::-1]:
+                prog, env = kinds[kind]
+                b = BrokerProcess(prog, nsqd_path=a.nsqd, env=env).start()
+                try:
+                    got = SCENARIOS[name](b, a)
+                finally:
+                    b.stop()
+                for k, v in got.items():
+                    results[kind].setdefault(k, []).append(v)
+                print(f"  {name} run {run + 1} {kind}: "
+                      + ", ".join(f"{k} {v:,.1f}" for k, v in got.items()), flush=True)
+        table(name, a.runs, results, "nsqd")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
