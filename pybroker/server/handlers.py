@@ -218,7 +218,7 @@ def sub(c: "ClientConn", cmd: Command) -> None:
         raise BadTopic(f"SUB topic name {_q(p[1])} is not valid")
     if not is_valid_name(p[2]):
         raise BadChannel(f"SUB channel name {_q(p[2])} is not valid")
-    if not authd.check(c, cmd, "SUB", p[1].decode(), p[2].decode()):
+    if not authd.check(c, dispatch, cmd, "SUB", p[1].decode(), p[2].decode()):
         return
     broker = c.loop.runtime.broker
     try:
@@ -234,7 +234,7 @@ def sub(c: "ClientConn", cmd: Command) -> None:
 def pub(c: "ClientConn", cmd: Command) -> None:
     name = _topic_name(cmd.params, "PUB", 2)
     body = _body(cmd)
-    if body is None or not authd.check(c, cmd, "PUB", name, ""):
+    if body is None or not authd.check(c, dispatch, cmd, "PUB", name, ""):
         return
     _publish(c, name, [body], 0, PubFailed, "PUB")
 
@@ -250,14 +250,14 @@ def dpub(c: "ClientConn", cmd: Command) -> None:
     if not 0 <= defer_ns <= c.opts.max_req_timeout:
         raise Invalid(f"DPUB timeout {ms} out of range 0-{max_ms}")
     body = _body(cmd)
-    if body is None or not authd.check(c, cmd, "DPUB", name, ""):
+    if body is None or not authd.check(c, dispatch, cmd, "DPUB", name, ""):
         return
     _publish(c, name, [body], defer_ns, DpubFailed, "DPUB")
 
 
 def mpub(c: "ClientConn", cmd: Command) -> None:
     name = _topic_name(cmd.params, "MPUB", 2)
-    if not authd.check(c, cmd, "MPUB", name, ""):  # matches nsqd: before the body is read
+    if not authd.check(c, dispatch, cmd, "MPUB", name, ""):  # matches nsqd: before the body is read
         return
     body = _body(cmd)
     if body is None:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from pybroker.core.broker import Broker
     from pybroker.core.channel import Channel
     from pybroker.core.topic import Topic
-    from pybroker.server.auth import AuthClient
+    from pybroker.server.authhttp import AuthClient
     from pybroker.server.listener import Listener
     from pybroker.server.loop import EventLoop
     from pybroker.server.storage import StorageManager
