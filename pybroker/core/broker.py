@@ -14,6 +14,7 @@ import time
 import zlib
 from typing import Any, Callable, Protocol
 
+from pybroker.config import Options
 from pybroker.core.channel import Channel
 from pybroker.protocol.deadletter import is_dead_letter_topic
 from pybroker.core.topic import Topic
@@ -24,7 +25,7 @@ LogFactory = Callable[[str, bool], Any]   # (topic name, ephemeral) -> a TopicLo
 logger = logging.getLogger("pybroker")   # lifecycle lines in nsqd's words (topic.go, channel.go)
 
 
-def dead_letter_defaults(options: Any, topic: str) -> tuple[int, str]:
+def dead_letter_defaults(options: Options, topic: str) -> tuple[int, str]:
     """The config's (max_attempts, dead_letter_topic) for the channels of a topic; none
     for a dead-letter topic itself (docs/dead-letters.md)."""
     max_attempts = int(getattr(options, "max_attempts", 0) or 0)
@@ -41,7 +42,7 @@ class Owner(Protocol):
 
 
 class Broker:
-    def __init__(self, options: Any, owners: list[Any], open_log: LogFactory,
+    def __init__(self, options: Options, owners: list[Any], open_log: LogFactory,
                  wake: Callable[[list[Channel]], None]) -> None:
         self.options = options
         self.owners = owners

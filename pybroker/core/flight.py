@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from pybroker.core.stats import StatsClient
 from pybroker.core.timeouts import Handle
 
 
-class Consumer(Protocol):
-    """What a channel needs from a subscribed client (implemented by the server)."""
+class Consumer(StatsClient, Protocol):
+    """What a channel needs from a subscribed client (implemented by the server): its
+    flow control and output, and what /stats shows of it (``StatsClient``)."""
 
     msg_timeout_ns: int
     sample_rate: int
