@@ -21,7 +21,7 @@ class Consumer(StatsClient, Protocol):
     def ready_room(self) -> int:
         """How many more messages the client may take now (RDY minus in flight)."""
 
-    def send_frames(self, frames: bytes, n: int) -> None:
+    def send_frames(self, frames: bytes | bytearray, n: int) -> None:
         """Queue n encoded message frames for this client (already in flight)."""
 
 

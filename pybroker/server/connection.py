@@ -15,7 +15,7 @@ import itertools
 import logging
 import socket
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pybroker.core.channel import Channel
 from pybroker.errors import ClientError, SubFailed, TooManyConsumers
@@ -90,9 +90,9 @@ class ClientConn:
         self.pub_counts: dict[str, int] = {}
         self.connect_ts = int(time.time())
         # output
-        self.out: list[bytes] = []
+        self.out: list[bytes | bytearray] = []
         self.out_bytes = 0
-        self.pending: list[bytes] = []     # message frames, not yet in out
+        self.pending: list[bytes | bytearray] = []     # message frames, not yet in out
         self.pending_bytes = 0
         self.writing = False
         self.reading = True       # False while its unread replies are over OUT_CAP
@@ -345,7 +345,7 @@ class ClientConn:
             return 0
         return self.rdy - self.in_flight_count
 
-    def send_frames(self, frames: bytes, n: int) -> None:
+    def send_frames(self, frames: bytes | bytearray, n: int) -> None:
         """Consumer protocol: n message frames for in-flight messages (owner loop)."""
         self.pending.append(frames)
         self.message_count += n
@@ -481,7 +481,7 @@ class ClientConn:
             return
         self.moving = True
         self.loop.forget_again(self)  # input in hand is read by the new owner
-        self.loop.hand_over(self, target, ch)
+        self.loop.hand_over(self, cast("EventLoop", target), ch)  # the runtime's loops
 
     def finish_subscribe(self, ch: Channel) -> None:
         """On the channel's owner loop: join the channel, answer OK, resume reading."""
