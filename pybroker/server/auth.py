@@ -22,7 +22,6 @@ from pybroker.protocol.encoder import encode_error, encode_response
 from pybroker.server.authstate import AuthState, Authorization, parse_state
 
 if TYPE_CHECKING:
-    from pybroker.protocol.decoder import Command
     from pybroker.server.connection import ClientConn
 
 __all__ = ["AuthState", "Authorization", "check", "parse_state", "start_auth"]
@@ -95,29 +94,27 @@ def start_auth(c: "ClientConn", secret: str) -> None:
     _ask(c, then)
 
 
-Again = Callable[["ClientConn", "Command"], None]
-
-
-def check(c: "ClientConn", again: Again, cmd: "Command", verb: str, topic: str,
+def check(c: "ClientConn", then: Callable[[], None], verb: str, topic: str,
           channel: str) -> bool:
-    """nsqd's CheckAuth for SUB/PUB/MPUB/DPUB. True: go on. False: the grant expired and
-    is being asked again; ``again(c, cmd)`` (the handlers' dispatch, passed in: this
-    module does not import the handlers) runs when the answer is in. Raises ClientError."""
+    """nsqd's CheckAuth for SUB/PUB/MPUB/DPUB, the gate of their rows in the handlers'
+    table. True: go on. False: the grant expired and is being asked again; ``then`` (the
+    rest of the command, from its gate on) runs when the new grant allows it. Raises
+    ClientError."""
     if c.loop.runtime.auth is None:
         return True
     state: AuthState | None = c.auth_state
     if state is None or not state.authorizations:
         raise AuthFirst(f"AUTH required before {verb}")
     if state.is_expired():
-        def then(new: AuthState | None, err: str) -> None:
+        def answered(new: AuthState | None, err: str) -> None:
             if new is None:
                 log.warning("PROTOCOL(V2): [%s] AUTH failed %s", c, err)
                 _fatal(c, AuthFailed("AUTH failed"))
                 return
             c.auth_state = new
-            _rerun(c, again, cmd)
+            _resume(c, then, verb, topic, channel)
 
-        _ask(c, then)
+        _ask(c, answered)
         return False
     if not state.is_allowed(topic, channel):
         raise Unauthorized(f"AUTH failed for {verb} on {_q(topic)} {_q(channel)}")
@@ -128,9 +125,12 @@ def _q(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _rerun(c: "ClientConn", again: Again, cmd: "Command") -> None:
+def _resume(c: "ClientConn", then: Callable[[], None], verb: str, topic: str,
+            channel: str) -> None:
+    """The new grant is in: the command goes on from its gate (checked against it)."""
     try:
-        again(c, cmd)
+        if check(c, then, verb, topic, channel):
+            then()
     except ClientError as err:
         if err.fatal:
             _fatal(c, err)

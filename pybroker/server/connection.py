@@ -29,6 +29,7 @@ from pybroker.server.upgrade import handshake_failed, release_slot
 
 if TYPE_CHECKING:
     from pybroker.server.auth import AuthState
+    from pybroker.server.handlers import Line, Verb
     from pybroker.server.loop import EventLoop
 
 log = logging.getLogger("pybroker")
@@ -56,6 +57,8 @@ class ClientConn:
         self.transport = Transport(sock)  # plain until IDENTIFY negotiates TLS/compression
         self.auth_secret = ""
         self.auth_state: AuthState | None = None  # once AUTH succeeded
+        # a body command whose line step ran before its body arrived (handlers.dispatch)
+        self.held: tuple[bytes, Verb, Line] | None = None
         host = str(addr[0]) if isinstance(addr, tuple) else ""
         self.remote_address = f"{host}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         opts = loop.options
