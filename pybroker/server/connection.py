@@ -23,13 +23,14 @@ from pybroker.protocol.decoder import CommandDecoder
 from pybroker.protocol.encoder import HEARTBEAT_FRAME, OK_FRAME, encode_error
 from pybroker.protocol.session import Session
 from pybroker.protocol.wire import MAGIC_V2, ClientState
-from pybroker.server import handlers
+from pybroker.server import verbs
 from pybroker.server.transport import CorruptInput, Transport, TransportError
 from pybroker.server.upgrade import handshake_failed, release_slot
 
 if TYPE_CHECKING:
     from pybroker.server.auth import AuthState
-    from pybroker.server.handlers import Line, Verb
+    from pybroker.server.handlers import Line
+    from pybroker.server.verbs import Verb
     from pybroker.server.loop import EventLoop
 
 log = logging.getLogger("pybroker")
@@ -57,7 +58,7 @@ class ClientConn:
         self.transport = Transport(sock)  # plain until IDENTIFY negotiates TLS/compression
         self.auth_secret = ""
         self.auth_state: AuthState | None = None  # once AUTH succeeded
-        # a body command whose line step ran before its body arrived (handlers.dispatch)
+        # a body command whose line step ran before its body arrived (verbs.dispatch)
         self.held: tuple[bytes, Verb, Line] | None = None
         host = str(addr[0]) if isinstance(addr, tuple) else ""
         self.remote_address = f"{host}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
@@ -283,7 +284,7 @@ class ClientConn:
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("PROTOCOL(V2): [%s] %s", self, cmd.describe())
                 try:
-                    handlers.dispatch(self, cmd)
+                    verbs.dispatch(self, cmd)
                 except ClientError as err:
                     if err.fatal:
                         raise

@@ -1,4 +1,4 @@
-"""The handlers' table of verbs (pybroker.server.handlers.VERBS), in process: a real
+"""The table of verbs (pybroker.server.verbs.VERBS), in process: a real
 Runtime with one event loop, not started; the test thread runs the loop's turns and
 talks to a real ClientConn over a socketpair. A command whose line arrives before its
 body has its line step run once, when the line arrives, and its act once, when the body
@@ -14,22 +14,22 @@ import pytest
 
 from pybroker.config import resolve
 from pybroker.protocol.session import COMMANDS
-from pybroker.server import handlers
+from pybroker.server import verbs
 from pybroker.server.runtime import Runtime
 from pybroker.testing import wait_until
 
 
 def test_every_verb_of_the_state_table_has_a_row() -> None:
-    assert set(handlers.VERBS) == set(COMMANDS)
+    assert set(verbs.VERBS) == set(COMMANDS)
 
 
 def test_auth_gates_where_nsqd_checks() -> None:
     """nsqd's CheckAuth: SUB after its line, MPUB before it reads the body, PUB and DPUB
     after the body; no other verb asks for a grant."""
-    gates = {verb: row.grant for verb, row in handlers.VERBS.items()}
-    assert gates == {b"SUB": handlers.AFTER_LINE, b"MPUB": handlers.AFTER_LINE,
-                     b"PUB": handlers.AFTER_BODY, b"DPUB": handlers.AFTER_BODY,
-                     **{v: handlers.NO_GRANT for v in (b"IDENTIFY", b"AUTH", b"RDY",
+    gates = {verb: row.grant for verb, row in verbs.VERBS.items()}
+    assert gates == {b"SUB": verbs.AFTER_LINE, b"MPUB": verbs.AFTER_LINE,
+                     b"PUB": verbs.AFTER_BODY, b"DPUB": verbs.AFTER_BODY,
+                     **{v: verbs.NO_GRANT for v in (b"IDENTIFY", b"AUTH", b"RDY",
                                                        b"FIN", b"REQ", b"TOUCH", b"CLS",
                                                        b"NOP")}}
 
@@ -93,11 +93,11 @@ def wire(tmp_path: Path) -> Iterator[Wire]:
 def line_runs(monkeypatch: pytest.MonkeyPatch) -> dict[bytes, int]:
     """Counts of each verb's line step (the real one runs; it is counted on the way)."""
     runs: dict[bytes, int] = {}
-    for verb, row in list(handlers.VERBS.items()):
+    for verb, row in list(verbs.VERBS.items()):
         def counted(c, cmd, _real=row.line, _verb=verb):  # type: ignore[no-untyped-def]
             runs[_verb] = runs.get(_verb, 0) + 1
             return _real(c, cmd)
-        monkeypatch.setitem(handlers.VERBS, verb, row._replace(line=counted))
+        monkeypatch.setitem(verbs.VERBS, verb, row._replace(line=counted))
     return runs
 
 
