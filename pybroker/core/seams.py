@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVarTuple, Unpack
 
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
     from pybroker.core.flight import Deferred, Flight
 
 __all__ = ["Batch", "Log", "LogReader", "Owner", "Segment"]
+Ts = TypeVarTuple("Ts")
 
 
 class Owner(Protocol):
@@ -26,7 +27,8 @@ class Owner(Protocol):
     (by hashing the name): what the core and the threads reaching a channel ask of it.
     Every method but ``call_soon_threadsafe`` runs on the owner's own thread."""
 
-    def call_soon_threadsafe(self, fn: Callable[..., object], *args: object) -> None: ...
+    def call_soon_threadsafe(self, fn: Callable[[Unpack[Ts]], object],
+                             *args: Unpack[Ts]) -> None: ...
     def mark_dirty(self, ch: Channel) -> None: ...
     def mark_dirty_many(self, chans: list[Channel]) -> None: ...
     def on_expired(self, ch: Channel, timed_out: list[Flight], due: list[Deferred]) -> None: ...

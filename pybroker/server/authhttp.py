@@ -305,7 +305,7 @@ class AuthClient(SelectorLoop):
             a.close()
         self._attempts.clear()
 
-    def on_error(self, obj: Any) -> None:
+    def on_error(self, obj: object) -> None:
         log.exception("auth: unexpected error in %r", obj)
         if isinstance(obj, _Attempt):
             self._failed(obj, "internal error")

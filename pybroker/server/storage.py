@@ -27,7 +27,7 @@ import os
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Unpack
 
 from pybroker.protocol.deadletter import dead_letter_settings
 from pybroker.core.topic import Topic
@@ -38,6 +38,7 @@ from pybroker.storage.lock import DataPathLock
 from pybroker.storage.metadata import (BrokerMetadata, ChannelMeta, TopicMeta, load_metadata,
                                        save_metadata)
 from pybroker.storage.topiclog import TopicLog
+from pybroker.evloop import Ts
 
 if TYPE_CHECKING:
     from pybroker.core.broker import Broker
@@ -188,7 +189,8 @@ class StorageManager:
         self._meta_wanted.set()
         self._requests.put(None)
 
-    def call_soon_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
+    def call_soon_threadsafe(self, fn: Callable[[Unpack[Ts]], object],
+                             *args: Unpack[Ts]) -> None:
         """Run fn(*args) on the storage thread, in order with its other work (the HTTP
         server's Gathers use this to wait for an fsync without blocking)."""
         self._requests.put(("call", fn, args))
