@@ -29,6 +29,7 @@ from pybroker.http.request import Request, first, parse_query
 from pybroker.http.response import TEXT, Response, empty, error, ok_json, ok_text
 from pybroker.http.routes import Router
 from pybroker.protocol.names import is_valid_name
+from pybroker.server.services import owner_loop
 
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
@@ -159,7 +160,7 @@ class Api:
                           topic.name, PUBLISH_TIMEOUT_S)
             return error(500, failed)
 
-        owner = topic.owner
+        owner = owner_loop(topic.owner)
         return Gather([(owner, _publish_on_owner, (owner, topic.name, bodies, defer_ns))],
                       answer, timeout_s=PUBLISH_TIMEOUT_S)
 

@@ -27,9 +27,9 @@ import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, Unpack
+from typing import Any, Unpack, cast
 
-from pybroker.http.gather import MISSING, Job, run_jobs
+from pybroker.http.gather import MISSING, Job, Poster, run_jobs
 from pybroker.evloop import Ts
 
 log = logging.getLogger("pybroker")
@@ -160,7 +160,7 @@ class _Then:
 def then(reader: Any, first: Callable[..., Any], args: tuple[Any, ...], loop: Any,
          second: Callable[[Any], Any]) -> Job:
     """A Gather job that runs first(*args) on reader, then second(result) on loop."""
-    return (_Then(reader, first, args, loop, second), _unused, ())
+    return (cast(Poster, _Then(reader, first, args, loop, second)), _unused, ())  # posts like one
 
 
 def _unused() -> None:

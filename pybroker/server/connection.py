@@ -15,7 +15,7 @@ import itertools
 import logging
 import socket
 import time
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from pybroker.core.channel import Channel
 from pybroker.errors import ClientError, SubFailed, TooManyConsumers
@@ -24,6 +24,7 @@ from pybroker.protocol.encoder import HEARTBEAT_FRAME, OK_FRAME, encode_error
 from pybroker.protocol.session import Session
 from pybroker.protocol.wire import MAGIC_V2, ClientState
 from pybroker.server import verbs
+from pybroker.server.services import owner_loop
 from pybroker.server.transport import CorruptInput, Transport, TransportError
 from pybroker.server.upgrade import handshake_failed, release_slot
 
@@ -485,7 +486,7 @@ class ClientConn:
             return
         self.moving = True
         self.loop.forget_again(self)  # input in hand is read by the new owner
-        self.loop.hand_over(self, cast("EventLoop", target), ch)  # the runtime's loops
+        self.loop.hand_over(self, owner_loop(target), ch)
 
     def finish_subscribe(self, ch: Channel) -> None:
         """On the channel's owner loop: join the channel, answer OK, resume reading."""

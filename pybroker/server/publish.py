@@ -38,16 +38,16 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Callable, Union, cast
+from typing import TYPE_CHECKING, Callable, Union
 
 from pybroker.errors import ClientError, Exiting
 from pybroker.protocol.encoder import encode_error
+from pybroker.server.services import owner_loop
 from pybroker.storage import StorageError, StorageIOError
 
 if TYPE_CHECKING:
     from pybroker.core.topic import Topic
     from pybroker.server.connection import ClientConn
-    from pybroker.core.seams import Owner
     from pybroker.server.loop import EventLoop
 
 log = logging.getLogger("pybroker")
@@ -110,12 +110,6 @@ def answer(conn: ClientConn, failed: type[ClientError], verb: str,
         conn.process()
 
 
-def _loop(owner: Owner | None) -> EventLoop:
-    """A topic's owner as the server's loop: every owner the runtime gives the broker is
-    an EventLoop (Runtime.__init__), which the core knows only as ``Owner``."""
-    return cast("EventLoop", owner)
-
-
 class Publisher:
     """The publish policy of one event loop (its thread only; see the module)."""
 
@@ -175,14 +169,14 @@ class Publisher:
             assert isinstance(payload, tuple)
             self._slices.append(_SliceJob(name, payload, done, None))
         else:
-            self._outbox.setdefault(_loop(owner), []).append((name, payload, defer_ns, done))
+            self._outbox.setdefault(owner_loop(owner), []).append((name, payload, defer_ns, done))
 
     def submit(self, name: str, payload: Payload, defer_ns: int, done: Done) -> None:
         """Publish to topic ``name`` from this loop's thread; ``done(None or error)``
         runs on this loop once the publish is settled (Exiting: the broker is exiting)."""
         owner = self.loop.runtime.broker.topic_owner(name)
         if owner is not self.loop:
-            self._outbox.setdefault(_loop(owner), []).append((name, payload, defer_ns, done))
+            self._outbox.setdefault(owner_loop(owner), []).append((name, payload, defer_ns, done))
         else:
             self._take_one(name, payload, defer_ns, done, None)
 
