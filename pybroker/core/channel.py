@@ -25,7 +25,7 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from pybroker.core.flight import Consumer, Deferred, Flight, offset_of
-from pybroker.core.lifecycle import Lifecycle
+from pybroker.core.lifecycle import ChannelState, Lifecycle
 from pybroker.errors import TooManyConsumers
 from pybroker.protocol.deadletter import KEEP_CHANNEL, dead_letter_target, wrap
 
@@ -188,7 +188,7 @@ class Channel(Lifecycle):
             low = min(low, min(self.dying))
         return low
 
-    def snapshot(self, wall_ns: int, now_ns: int) -> dict[str, Any]:
+    def snapshot(self, wall_ns: int, now_ns: int) -> ChannelState:
         state = super().snapshot(wall_ns, now_ns)
         state["paused"] = self.paused
         return state
