@@ -95,7 +95,7 @@ class Transport:
         self.slot: Any = None    # the loop's handshake slot it holds (server.upgrade)
         self.tls_queued = False  # TLS was negotiated; waiting for a handshake slot
         self.handshake_deadline_ns = 0
-        self.tls_stats: dict[str, Any] = {}
+        self.tls_stats: dict[str, object] = {}
         self.common_name = ""
 
     @property
