@@ -149,7 +149,7 @@ class Api:
         if not bodies:
             return OK
 
-        def answer(results: list[Any]) -> Response:
+        def answer(results: list[object]) -> Response:
             result = results[0]
             if result is None:
                 return OK
@@ -318,7 +318,7 @@ class Api:
     def _channel_pause(self, req: Request, paused: bool) -> Gather[Response]:
         ch = self._existing_channel(req)
 
-        def done(_: list[Any]) -> Response:
+        def done(_: list[object]) -> Response:
             self.broker.notify_changed()  # matches nsqd: persist the paused flag at once
             return empty()
 
@@ -339,7 +339,7 @@ class Api:
             return error(400, "INVALID_ARG_OFFSET" if off_arg is not None else "INVALID_ARG_TS")
         lg = ch.topic.log
 
-        def rewound(results: list[Any]) -> Response:
+        def rewound(results: list[object]) -> Response:
             got = results[0] if results else None
             if not isinstance(got, int):
                 return error(500, "INTERNAL_ERROR")
