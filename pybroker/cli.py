@@ -21,7 +21,7 @@ from pybroker import NSQ_COMPAT_VERSION, __version__
 from pybroker.config import SPECS, format_duration
 from pybroker.logfmt import setup_logging
 
-__all__ = ["app", "full_app", "main", "run_typer", "setup_logging"]
+__all__ = ["app", "full_app", "run_typer", "setup_logging"]
 
 # click's plain help layout: every flag name whole and help wrapped beside it at any width
 # (rich's table cuts long flag names with an ellipsis at 80 columns)
@@ -33,7 +33,7 @@ def _serve(config: Optional[str], version: bool, **flags: Any) -> None:
     if version:
         typer.echo(f"pybroker v{__version__} (nsqd protocol v{NSQ_COMPAT_VERSION})")
         raise typer.Exit(0)
-    from pybroker.launch import serve
+    from pybroker.start import serve
 
     raise typer.Exit(serve(config, flags))
 
@@ -140,9 +140,3 @@ def run_typer(args: list[str]) -> None:
     if args[:1] != ["serve"]:
         _register_subcommands()
     app(args=args, prog_name="pybroker")
-
-
-def main() -> None:
-    from pybroker.launch import main as launch
-
-    launch()

@@ -40,11 +40,12 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, TypeVarTuple, Unpack
 
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
-Call = tuple[Callable[..., Any], tuple[Any, ...]]
+Call = tuple[Callable[..., object], tuple[object, ...]]   # fn and its arguments
+Ts = TypeVarTuple("Ts")
 
 
 class Pollable(Protocol):
@@ -123,7 +124,8 @@ class CallQueue:
     def __bool__(self) -> bool:
         return bool(self._calls)
 
-    def call_soon_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
+    def call_soon_threadsafe(self, fn: Callable[[Unpack[Ts]], object],
+                             *args: Unpack[Ts]) -> None:
         """Queue fn(*args) for the owner's thread (any thread)."""
         self._calls.append((fn, args))
         if not self._pending:
@@ -170,13 +172,14 @@ class SelectorLoop:
         self.selector = selectors.DefaultSelector()
         self._calls = CallQueue(self.selector)
         self.timers: Timers = timers if timers is not None else HeapTimers()
-        self._again: dict[Any, None] = {}  # objects to read next turn (read_again)
+        self._again: dict[Pollable, None] = {}  # objects to read next turn (read_again)
         self._running = False
         self.thread: threading.Thread | None = None
         self.stopped = threading.Event()
 
     # -- any thread ---------------------------------------------------------------------
-    def call_soon_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
+    def call_soon_threadsafe(self, fn: Callable[[Unpack[Ts]], object],
+                             *args: Unpack[Ts]) -> None:
         """Run fn(*args) on the loop's thread, soon (any thread)."""
         self._calls.call_soon_threadsafe(fn, *args)
 
@@ -192,7 +195,8 @@ class SelectorLoop:
         return threading.current_thread() is self.thread
 
     # -- owner thread -------------------------------------------------------------------
-    def call_later(self, delay_ns: int, fn: Callable[..., Any], *args: Any) -> Any:
+    def call_later(self, delay_ns: int, fn: Callable[[Unpack[Ts]], object],
+                   *args: Unpack[Ts]) -> Any:
         """Run fn(*args) on this loop after delay_ns; returns a handle for cancel()."""
         return self.timers.add(monotonic_ns() + delay_ns, (fn, args))
 
@@ -274,7 +278,7 @@ class SelectorLoop:
     def end_of_turn(self) -> None:
         """After the events, timers and calls of a turn."""
 
-    def on_error(self, obj: Any) -> None:
+    def on_error(self, obj: object) -> None:
         """An object's handler raised (a bug): log it; subclasses close the object."""
         log.exception("%s: unexpected error in %r", self.name, obj)
 

@@ -5,15 +5,18 @@ made of plain options (``--name=value``, ``--name value``, ``-c PATH``, ``--conf
 and Go's spellings, see ``go_style_args``) is read here, straight from config.SPECS, and
 the broker starts; anything else (``--help``, ``--version``, an unknown or malformed
 option, another command) goes to the typer command line (cli.py), which reads it exactly
-as before and owns help and error messages. Both routes end in ``serve`` below, so the
-options mean the same either way. typer, click and the other commands' packages cost tens
-of milliseconds to import; a broker started by a test harness or a unit file needs none.
+as before and owns help and error messages. Both routes end in pybroker.start's
+``serve``, so the options mean the same either way. typer, click and the other commands'
+packages cost tens of milliseconds to import; a broker started by a test harness or a
+unit file needs none.
 """
 from __future__ import annotations
 
 import gc
 import sys
 from typing import Any
+
+from pybroker.start import serve
 
 # Go's boolean flags (a bare -snappy is true), nsqd's deprecated no-ops, and the values a
 # boolean option of serve takes after a space (serve's own "--snappy false")
@@ -105,35 +108,6 @@ def plain_serve_args(args: list[str]) -> tuple[str | None, dict[str, Any]] | Non
         else:
             flags[spec.key] = value
     return config, flags
-
-
-def serve(config: str | None, flags: dict[str, Any]) -> int:
-    """Resolve the options, bind every listener, then import the server and run it;
-    returns the exit status (2 for a bad configuration, with one line naming the key)."""
-    from pybroker.config import LOG_LEVEL_NAMES, load_toml, resolve
-    from pybroker.errors import ConfigError
-
-    try:
-        file_values = load_toml(config) if config else {}
-        options = resolve(file_values, flags)
-        if options.log_level.lower() not in LOG_LEVEL_NAMES:
-            raise ConfigError(f"log_level: unknown level {options.log_level!r}")
-    except ConfigError as e:
-        print(f"pybroker: bad configuration: {e}", file=sys.stderr)
-        return 2
-    from pybroker.server.sockets import StartupError, bind_listeners
-
-    try:
-        bound = bind_listeners(options)  # every listener first: nothing slow before
-    except StartupError as e:
-        print(f"pybroker: {e}", file=sys.stderr)
-        return 2
-    from pybroker.logfmt import setup_logging
-
-    setup_logging(options.log_level, options.log_prefix)
-    from pybroker.server.runtime import run
-
-    return run(options, bound)
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import random
 import re
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from pybroker import __version__
 
@@ -108,7 +108,7 @@ class Config:
             return full_jitter_backoff(self.backoff_multiplier)(attempt)
         return exponential_backoff(self.backoff_multiplier)(attempt)
 
-    def identify_fields(self) -> dict[str, Any]:
+    def identify_fields(self) -> dict[str, object]:
         """The IDENTIFY body (milliseconds on the wire; -1 keeps its "disabled" meaning)."""
         def ms(value: float) -> int:
             return -1 if value == -1 else int(value * 1000)

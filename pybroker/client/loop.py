@@ -14,9 +14,9 @@ import logging
 import selectors
 import threading
 import time
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol, Unpack
 
-from pybroker.evloop import SelectorLoop
+from pybroker.evloop import SelectorLoop, Ts
 
 log = logging.getLogger("pybroker.client")
 
@@ -34,7 +34,8 @@ class Timer:
 
     __slots__ = ("deadline_ns", "fn", "args", "cancelled")
 
-    def __init__(self, deadline_ns: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    def __init__(self, deadline_ns: int, fn: Callable[..., object],
+                 args: tuple[object, ...]) -> None:
         self.deadline_ns = deadline_ns
         self.fn = fn
         self.args = args
@@ -65,7 +66,8 @@ class IOLoop(SelectorLoop):
                 self._started = True
                 super().start()
 
-    def call_later(self, delay_s: float, fn: Callable[..., Any], *args: Any) -> Timer:
+    def call_later(self, delay_s: float, fn: Callable[[Unpack[Ts]], object],
+                   *args: Unpack[Ts]) -> Timer:
         """Run ``fn(*args)`` on the loop thread after ``delay_s`` seconds (any thread)."""
         timer = Timer(time.monotonic_ns() + int(max(0.0, delay_s) * 1e9), fn, args)
         self.call_soon_threadsafe(self._arm, timer)
@@ -110,7 +112,7 @@ class IOLoop(SelectorLoop):
         finally:
             self._close_once()
 
-    def on_error(self, obj: Any) -> None:
+    def on_error(self, obj: object) -> None:
         log.exception("unhandled error in IO loop callback of %r", obj)
 
     def _close_once(self) -> None:

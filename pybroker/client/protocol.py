@@ -10,7 +10,7 @@ import json
 import re
 import struct
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
 MAGIC_V2 = b"  V2"
 HEARTBEAT = b"_heartbeat_"
@@ -46,7 +46,7 @@ def _with_body(line: bytes, body: bytes) -> bytes:
     return line + _SIZE.pack(len(body)) + body
 
 
-def identify(data: dict[str, Any]) -> bytes:
+def identify(data: dict[str, object]) -> bytes:
     """``IDENTIFY`` with a JSON body."""
     return _with_body(b"IDENTIFY\n", json.dumps(data, separators=(",", ":")).encode())
 
@@ -114,7 +114,7 @@ class IdentifyResponse:
     snappy: bool = False
     deflate: bool = False
     deflate_level: int = 6
-    raw: dict[str, Any] | None = None
+    raw: dict[str, object] | None = None
 
 
 def parse_identify_response(payload: bytes) -> IdentifyResponse:

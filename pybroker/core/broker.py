@@ -12,19 +12,21 @@ import logging
 import threading
 import time
 import zlib
-from typing import Any, Callable, Protocol
+from collections.abc import Callable, Sequence
 
+from pybroker.config import Options
 from pybroker.core.channel import Channel
+from pybroker.core.seams import Log, Owner
 from pybroker.protocol.deadletter import is_dead_letter_topic
 from pybroker.core.topic import Topic
 from pybroker.errors import ChannelNotFound, Exiting, TopicNotFound
 from pybroker.protocol.names import is_ephemeral
 
-LogFactory = Callable[[str, bool], Any]   # (topic name, ephemeral) -> a TopicLog
+LogFactory = Callable[[str, bool], Log]   # (topic name, ephemeral) -> a TopicLog
 logger = logging.getLogger("pybroker")   # lifecycle lines in nsqd's words (topic.go, channel.go)
 
 
-def dead_letter_defaults(options: Any, topic: str) -> tuple[int, str]:
+def dead_letter_defaults(options: Options, topic: str) -> tuple[int, str]:
     """The config's (max_attempts, dead_letter_topic) for the channels of a topic; none
     for a dead-letter topic itself (docs/dead-letters.md)."""
     max_attempts = int(getattr(options, "max_attempts", 0) or 0)
@@ -34,14 +36,8 @@ def dead_letter_defaults(options: Any, topic: str) -> tuple[int, str]:
     return max_attempts, name
 
 
-class Owner(Protocol):
-    """An event loop that owns channels (implemented by server.loop.EventLoop)."""
-
-    def call_soon_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None: ...
-
-
 class Broker:
-    def __init__(self, options: Any, owners: list[Any], open_log: LogFactory,
+    def __init__(self, options: Options, owners: Sequence[Owner], open_log: LogFactory,
                  wake: Callable[[list[Channel]], None]) -> None:
         self.options = options
         self.owners = owners
@@ -63,11 +59,11 @@ class Broker:
         self.on_delete_topic: list[Callable[[Topic], None]] = []
 
     # -- ownership ------------------------------------------------------------------
-    def pick_owner(self, topic: str, channel: str) -> Any:
+    def pick_owner(self, topic: str, channel: str) -> Owner:
         """The loop that owns a channel: a stable hash of its full name."""
         return self.owners[zlib.crc32(f"{topic}:{channel}".encode()) % len(self.owners)]
 
-    def topic_owner(self, topic: str) -> Any:
+    def topic_owner(self, topic: str) -> Owner:
         """The loop that owns a topic's publishing: a stable hash of its name."""
         owners = self.owners
         if len(owners) == 1:

@@ -22,14 +22,15 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pybroker.core.flight import Consumer, Deferred, Flight, offset_of
-from pybroker.core.lifecycle import Lifecycle
+from pybroker.core.lifecycle import ChannelState, Lifecycle
 from pybroker.errors import TooManyConsumers
 from pybroker.protocol.deadletter import KEEP_CHANNEL, dead_letter_target, wrap
 
 if TYPE_CHECKING:
+    from pybroker.core.seams import Batch, LogReader, Owner
     from pybroker.core.stats import LatencyWindow
     from pybroker.core.topic import Topic
 
@@ -49,19 +50,10 @@ DEAD_BATCH_BYTES = 4 * 1024 * 1024
 REQUEUE_MIN_READ = 4096
 
 
-class LogReader(Protocol):
-    """A reader of the topic's log that reads ahead (pybroker.storage.cursor.LogCursor):
-    its batches are valid until its next read."""
-
-    def read(self, offset: int, max_records: int, max_bytes: int = 0,
-             ahead: int = 0) -> Any: ...
-    def release(self) -> None: ...
-
-
 class Channel(Lifecycle):
     """One channel of a topic. See the module docstring for who may call what."""
 
-    def __init__(self, topic: "Topic", name: str, owner: Any, ephemeral: bool,
+    def __init__(self, topic: "Topic", name: str, owner: Owner, ephemeral: bool,
                  cursor: int) -> None:
         super().__init__(cursor)
         self.topic = topic
@@ -124,7 +116,7 @@ class Channel(Lifecycle):
         if not self.max_attempts:
             self.delivery_times.clear()
 
-    def _envelope(self, off: int, attempts: int, batch: Any, i: int, target: str,
+    def _envelope(self, off: int, attempts: int, batch: Batch, i: int, target: str,
                   now_ns: int, wall_ns: int) -> bytes | None:
         """The dead letter of record i of batch (bytes copied: the read may go), or
         None if the message was already dead-lettered from ``target`` (a cycle)."""
@@ -196,7 +188,7 @@ class Channel(Lifecycle):
             low = min(low, min(self.dying))
         return low
 
-    def snapshot(self, wall_ns: int, now_ns: int) -> dict[str, Any]:
+    def snapshot(self, wall_ns: int, now_ns: int) -> ChannelState:
         state = super().snapshot(wall_ns, now_ns)
         state["paused"] = self.paused
         return state
@@ -305,7 +297,7 @@ class Channel(Lifecycle):
         self.cursor = first + count
         return sent
 
-    def _send_slice(self, c: Consumer, batch: Any, i: int, j: int, now_ns: int) -> int:
+    def _send_slice(self, c: Consumer, batch: Batch, i: int, j: int, now_ns: int) -> int:
         """Send records [i, j) of batch to c as one flight."""
         if c.sample_rate:
             return self._send_sampled(c, batch, i, j, now_ns)
@@ -313,7 +305,7 @@ class Channel(Lifecycle):
         c.send_frames(batch.frames(i, j), j - i)
         return j - i
 
-    def _send_sampled(self, c: Consumer, batch: Any, i: int, j: int, now_ns: int) -> int:
+    def _send_sampled(self, c: Consumer, batch: Batch, i: int, j: int, now_ns: int) -> int:
         # matches nsqd: a message sampled out for this client is dropped from the channel
         rate = c.sample_rate
         sent = 0
@@ -334,14 +326,14 @@ class Channel(Lifecycle):
         dead letters wait for the next turn)."""
         log = self.topic.log
         sent = popped = 0
-        frames: list[bytes] = []
+        frames: list[bytes | bytearray] = []
         deadline = now_ns + c.msg_timeout_ns
         target = self.dead_letter_topic
         limit = self.max_attempts if target is not None else 0
         dead: list[int] = []
         bodies: list[bytes] = []
         dead_bytes = 0
-        batch: Any = None
+        batch: Batch | None = None
         more = False
         reader = self._requeue_reader
         if reader is None:
@@ -387,7 +379,7 @@ class Channel(Lifecycle):
             reader.release()    # until the next requeue: no descriptor, no buffer
         if sent:
             c.send_frames(b"".join(frames), sent)
-        if dead:
+        if dead and target is not None:  # dead letters only with a target
             self.owner.dead_letter(self, target, dead, bodies)
         return sent, popped, more
 
@@ -401,7 +393,8 @@ class Channel(Lifecycle):
             n += 1
         return n
 
-    def _fly_requeued(self, c: Consumer, batch: Any, i: int, off: int, attempts: int,
-                      now_ns: int, deadline: int, frames: list[bytes]) -> None:
+    def _fly_requeued(self, c: Consumer, batch: Batch, i: int, off: int, attempts: int,
+                      now_ns: int, deadline: int,
+                      frames: list[bytes | bytearray]) -> None:
         self._fly(c, off, 1, attempts + 1, now_ns, deadline)
         frames.append(batch.frames(i, i + 1, attempts + 1 + batch.stored_attempts(i)))

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from pybroker.core.stats import StatsClient
 from pybroker.core.timeouts import Handle
 
 
-class Consumer(Protocol):
-    """What a channel needs from a subscribed client (implemented by the server)."""
+class Consumer(StatsClient, Protocol):
+    """What a channel needs from a subscribed client (implemented by the server): its
+    flow control and output, and what /stats shows of it (``StatsClient``)."""
 
     msg_timeout_ns: int
     sample_rate: int
@@ -19,7 +21,7 @@ class Consumer(Protocol):
     def ready_room(self) -> int:
         """How many more messages the client may take now (RDY minus in flight)."""
 
-    def send_frames(self, frames: bytes, n: int) -> None:
+    def send_frames(self, frames: bytes | bytearray, n: int) -> None:
         """Queue n encoded message frames for this client (already in flight)."""
 
 

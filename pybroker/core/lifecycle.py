@@ -32,7 +32,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from pybroker.core.flight import Consumer, Deferred, Flight, offset_of
 from pybroker.core.timeouts import TimeoutWheel
@@ -40,6 +40,21 @@ from pybroker.errors import BrokerError, NotInFlight, NotOwner
 
 if TYPE_CHECKING:
     from pybroker.core.topic import Topic
+
+
+class ChannelState(TypedDict, total=False):
+    """A channel's saved state (state/<topic>.json; docs/storage.md): built by
+    ``snapshot`` on the owner loop, written by the storage thread, read back by
+    ``restore``. pending: [offset, deliveries, due_wall_ns (0 = ready)]; deliveries:
+    [offset, first_ms, last_ms]; ``paused`` is the Channel's, ``floor`` the storage
+    thread's (the lowest offset the channel still needs)."""
+
+    cursor: int
+    pending: list[list[int]]
+    skip: list[int]
+    deliveries: list[list[int]]
+    paused: bool
+    floor: int
 
 
 class Lifecycle:
@@ -383,7 +398,7 @@ class Lifecycle:
         return self.cursor
 
     # -- persistence (owner thread builds it; the storage thread writes it) -------------
-    def snapshot(self, wall_ns: int, now_ns: int) -> dict[str, Any]:
+    def snapshot(self, wall_ns: int, now_ns: int) -> ChannelState:
         """The channel's saved state: everything below ``cursor`` not listed in
         ``pending`` is finished, and so is everything in ``skip`` not pending.
         pending: [offset, deliveries, due_wall_ns (0 = ready)]."""
@@ -397,7 +412,7 @@ class Lifecycle:
                 if not due and d.handle is not None:
                     due = wall_ns + max(0, wheel.deadline_of(d.handle) - now_ns)
                 pending.append([d.offset, d.attempts, due])
-        state: dict[str, Any] = {"cursor": self.cursor, "pending": pending}
+        state: ChannelState = {"cursor": self.cursor, "pending": pending}
         if self.skip:
             state["skip"] = list(self.skip)
         if self.delivery_times:
@@ -407,7 +422,7 @@ class Lifecycle:
                 for off, (a, b) in self.delivery_times.items()]
         return state
 
-    def restore(self, state: dict[str, Any], now_ns: int, wall_ns: int) -> None:
+    def restore(self, state: ChannelState, now_ns: int, wall_ns: int) -> None:
         """Start-up, before clients: take a saved state (in flight and dying become
         requeued, ready at once, in offset order)."""
         oldest = self.topic.log.oldest

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pybroker.core.channel import Channel
+    from pybroker.core.topic import Topic
 
 # one half of a latency window as (exact count, sampled values)
 LatencyPart = tuple[int, list[int]]
@@ -69,7 +73,7 @@ class LatencyWindow:
         return [(self.counts[i], list(self.samples[i])) for i in (0, 1) if self.counts[i]]
 
 
-def record_latency(ch: Any, latency_ns: int, now_ns: int, window_ns: int) -> None:
+def record_latency(ch: Channel, latency_ns: int, now_ns: int, window_ns: int) -> None:
     """Record one FIN's publish-to-finish latency on ch (its owner loop), creating the
     channel's window on first use."""
     window = ch.e2e
@@ -120,11 +124,11 @@ def e2e_result(percentiles: Sequence[float], parts: list[LatencyPart] | None) ->
 class StatsClient(Protocol):
     """What a client connection exposes for stats (implemented by server.ClientConn)."""
 
+    id: int
     client_id: str
     hostname: str
     user_agent: str
     remote_address: str
-    state: int
     rdy: int
     in_flight_count: int
     message_count: int
@@ -133,6 +137,9 @@ class StatsClient(Protocol):
     connect_ts: int
     sample_rate: int
     pub_counts: dict[str, int]
+
+    @property
+    def state(self) -> int: ...
 
 
 def client_stats(c: StatsClient, topic_filter: str = "") -> dict[str, Any]:
@@ -185,7 +192,7 @@ def client_stats(c: StatsClient, topic_filter: str = "") -> dict[str, Any]:
     return d
 
 
-def producer_stats(conns: Iterable[Any], topic_filter: str = "") -> list[dict[str, Any]]:
+def producer_stats(conns: Iterable[StatsClient], topic_filter: str = "") -> list[dict[str, Any]]:
     """Clients that have published (nsqd's typeProducer), in connection order."""
     return [client_stats(c, topic_filter)
             for c in sorted((c for c in conns if c.pub_counts), key=lambda c: c.id)]
@@ -196,7 +203,7 @@ def producer_stats(conns: Iterable[Any], topic_filter: str = "") -> list[dict[st
 EXTRA_CHANNEL_KEYS = ("cursor", "max_attempts", "dead_letter_topic", "dead_letter_count",
                       "dead_letter_pending", "dead_letter_cycles")
 
-def channel_snapshot(ch: Any, include_clients: bool, topic_filter: str,
+def channel_snapshot(ch: Channel, include_clients: bool, topic_filter: str,
                      now_ns: int, wall_ns: int) -> tuple[dict[str, Any], list[LatencyPart]]:
     """nsqd's ChannelStats without the latency result, plus the latency samples.
 
@@ -228,7 +235,7 @@ def channel_snapshot(ch: Any, include_clients: bool, topic_filter: str,
     return d, parts
 
 
-def topic_stats(t: Any, channels: list[dict[str, Any]],
+def topic_stats(t: Topic, channels: list[dict[str, Any]],
                 e2e: dict[str, Any]) -> dict[str, Any]:
     """nsqd's TopicStats around already-built channel dicts."""
     return {

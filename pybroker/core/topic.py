@@ -17,59 +17,19 @@ lock), never a half-deleted log.
 """
 from __future__ import annotations
 
-import threading
-from typing import Any, Callable, Protocol
+from collections.abc import Callable, Sequence
 
 from sortedcontainers import SortedDict  # type: ignore[import-untyped]
 
 from pybroker.core.channel import Channel
+from pybroker.core.seams import Log, Owner
 from pybroker.errors import Exiting
 from pybroker.protocol.names import is_ephemeral
 
 
-class Batch(Protocol):
-    """A read of consecutive records (pybroker.storage.topiclog.RecordBatch)."""
-
-    first: int
-    n: int
-
-    def frames(self, i: int, j: int, attempts: int | None = None) -> bytes: ...
-
-
-class Log(Protocol):
-    """The storage seam: a topic's log (pybroker.storage.topiclog.TopicLog)."""
-
-    lock: threading.Lock
-    directory: str | None
-    head: int
-    written: int
-    epoch: int
-    durable_epoch: int
-    oldest: int
-    tail_start: int
-
-    def append(self, bodies: list[bytes], ts_ns: int, deliver_at_ns: int = 0) -> int: ...
-    def append_parts(self, src: bytes, offs: Any, lens: Any, ts_ns: int) -> int: ...
-    def write_pending(self) -> int: ...
-    def discard_pending(self) -> None: ...
-    def read(self, offset: int, max_records: int, max_bytes: int) -> Any: ...
-    def cursor(self, min_read: int = 0, max_read: int = 0) -> Any: ...
-    def append_records(self, items: list[tuple[int, int, bytes, int]]) -> int: ...
-    def timestamps(self, offsets: list[int]) -> list[int]: ...
-    def offset_for_time(self, ts_ns: int) -> int: ...
-    def segments(self) -> list[Any]: ...
-    def size_bytes(self) -> int: ...
-    def drop_before(self, offset: int) -> int: ...
-    def sync(self) -> int: ...
-    def lost_by(self, epoch: int) -> Any: ...
-    def lose_unsynced(self, err: Any) -> None: ...
-    def close(self) -> None: ...
-    def delete(self) -> None: ...
-
-
 class Topic:
     def __init__(self, name: str, log: "Log", mem_queue_size: int,
-                 pick_owner: Callable[[str, str], Any]) -> None:
+                 pick_owner: Callable[[str, str], Owner]) -> None:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.mem_queue_size = mem_queue_size
@@ -90,7 +50,7 @@ class Topic:
         self.message_count = 0
         self.message_bytes = 0
         # the loop whose Publisher appends to and writes this topic (Broker.topic_owner)
-        self.owner: Any = None
+        self.owner: Owner | None = None
         # (max_attempts, dead_letter_topic) for channels with no settings of their own
         self.dl_defaults: tuple[int, str] = (0, "")
         self._pick_owner = pick_owner
@@ -114,7 +74,8 @@ class Topic:
             self.message_bytes += sum(map(len, bodies))
             return first
 
-    def publish_parts(self, src: bytes, offs: Any, lens: Any, ts_ns: int) -> int:
+    def publish_parts(self, src: bytes, offs: Sequence[int], lens: Sequence[int],
+                      ts_ns: int) -> int:
         """Append the parts src[offs[i]:offs[i] + lens[i]] of an MPUB body (as
         mpub_parts found them) in one C call, with no object per part."""
         with self.lock:

@@ -29,6 +29,7 @@ from pybroker.http.request import Request, first, parse_query
 from pybroker.http.response import TEXT, Response, empty, error, ok_json, ok_text
 from pybroker.http.routes import Router
 from pybroker.protocol.names import is_valid_name
+from pybroker.server.services import owner_loop
 
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
@@ -148,7 +149,7 @@ class Api:
         if not bodies:
             return OK
 
-        def answer(results: list[Any]) -> Response:
+        def answer(results: list[object]) -> Response:
             result = results[0]
             if result is None:
                 return OK
@@ -159,7 +160,7 @@ class Api:
                           topic.name, PUBLISH_TIMEOUT_S)
             return error(500, failed)
 
-        owner = topic.owner
+        owner = owner_loop(topic.owner)
         return Gather([(owner, _publish_on_owner, (owner, topic.name, bodies, defer_ns))],
                       answer, timeout_s=PUBLISH_TIMEOUT_S)
 
@@ -317,7 +318,7 @@ class Api:
     def _channel_pause(self, req: Request, paused: bool) -> Gather[Response]:
         ch = self._existing_channel(req)
 
-        def done(_: list[Any]) -> Response:
+        def done(_: list[object]) -> Response:
             self.broker.notify_changed()  # matches nsqd: persist the paused flag at once
             return empty()
 
@@ -338,7 +339,7 @@ class Api:
             return error(400, "INVALID_ARG_OFFSET" if off_arg is not None else "INVALID_ARG_TS")
         lg = ch.topic.log
 
-        def rewound(results: list[Any]) -> Response:
+        def rewound(results: list[object]) -> Response:
             got = results[0] if results else None
             if not isinstance(got, int):
                 return error(500, "INTERNAL_ERROR")

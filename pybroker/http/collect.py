@@ -23,6 +23,8 @@ from pybroker.http.gather import MISSING, Gather, Job
 
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
+    from pybroker.core.seams import Owner
+    from pybroker.core.topic import Topic
     from pybroker.server.loop import EventLoop
     from pybroker.server.services import HttpHost
 
@@ -78,8 +80,8 @@ def plan_stats(runtime: HttpHost, topic_filter: str = "", channel_filter: str = 
     if topics is None:
         # matches nsqd: an unknown topic gives empty stats (no topics, no producers)
         return Gather([], lambda _: Collected(None, None, []))
-    plan: list[tuple[Any, list[Any]]] = []
-    by_loop: dict[Any, list[Any]] = {}
+    plan: list[tuple[Topic, list[Channel]]] = []
+    by_loop: dict[Owner, list[Channel]] = {}
     for t in topics:
         with t.lock:
             chans = sorted(t.channels.values(), key=lambda c: c.name)
@@ -98,8 +100,8 @@ def plan_stats(runtime: HttpHost, topic_filter: str = "", channel_filter: str = 
                          (loop, by_loop.get(loop, []), include_clients, topic_filter,
                           include_clients)))
 
-    def finish(results: list[Any]) -> Collected:
-        snaps = [r for r in results if r is not MISSING]
+    def finish(results: list[object]) -> Collected:
+        snaps = [r for r in results if isinstance(r, LoopSnapshot)]   # else MISSING
         answered = {id(job[0]) for job, r in zip(jobs, results) if r is not MISSING}
         found: dict[int, tuple[dict[str, Any], list[LatencyPart]]] = {}
         for s in snaps:

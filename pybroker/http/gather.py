@@ -14,15 +14,27 @@ delivered when the loop resolves it, and the HTTP thread waits for it like for a
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, Unpack
+
+from pybroker.evloop import Ts
 
 log = logging.getLogger("pybroker")
 T = TypeVar("T")
 U = TypeVar("U")
-Job = tuple[Any, Callable[..., Any], tuple[Any, ...]]  # (loop, fn, args)
+
+
+class Poster(Protocol):
+    """Where a job runs: an event loop, the storage thread, the log reader."""
+
+    def call_soon_threadsafe(self, fn: Callable[[Unpack[Ts]], object],
+                             *args: Unpack[Ts]) -> None: ...
+
+
+Job = tuple[Poster, Callable[..., object], tuple[object, ...]]  # (loop, fn, args)
 
 
 class _Missing:
@@ -36,7 +48,7 @@ MISSING: Any = _Missing()
 class Gather(Generic[T]):
     __slots__ = ("finish", "jobs", "timeout_s")
 
-    def __init__(self, jobs: list[Job], finish: Callable[[list[Any]], T],
+    def __init__(self, jobs: list[Job], finish: Callable[[list[object]], T],
                  timeout_s: float = 2.0) -> None:
         self.jobs = jobs
         self.finish = finish
@@ -55,11 +67,11 @@ class Later:
     __slots__ = ("_deliver", "_value", "_done")
 
     def __init__(self) -> None:
-        self._deliver: Callable[[Any], None] | None = None
-        self._value: Any = MISSING
+        self._deliver: Callable[[object], None] | None = None
+        self._value: object = MISSING
         self._done = False
 
-    def resolve(self, value: Any) -> None:
+    def resolve(self, value: object) -> None:
         if self._done:
             return
         self._done = True
@@ -68,15 +80,15 @@ class Later:
         else:
             self._value = value
 
-    def then(self, deliver: Callable[[Any], None]) -> None:
+    def then(self, deliver: Callable[[object], None]) -> None:
         if self._done:
             deliver(self._value)
         else:
             self._deliver = deliver
 
 
-def run_job(fn: Callable[..., Any], args: tuple[Any, ...],
-            deliver: Callable[[Any], None]) -> None:
+def run_job(fn: Callable[..., object], args: tuple[object, ...],
+            deliver: Callable[[object], None]) -> None:
     """On the loop thread: run one job and hand its result (or MISSING) to deliver;
     a Later's result when the loop resolves it."""
     try:
@@ -90,8 +102,10 @@ def run_job(fn: Callable[..., Any], args: tuple[Any, ...],
         deliver(result)
 
 
-def run_jobs(jobs: list[tuple[Callable[..., Any], tuple[Any, ...],
-                              Callable[[Any], None]]]) -> None:
+Posted = tuple[Callable[..., object], tuple[object, ...], Callable[[object], None]]
+
+
+def run_jobs(jobs: list[Posted]) -> None:
     """On the loop thread: the jobs one turn of the HTTP server posted to this loop."""
     for fn, args, deliver in jobs:
         run_job(fn, args, deliver)
@@ -100,7 +114,7 @@ def run_jobs(jobs: list[tuple[Callable[..., Any], tuple[Any, ...],
 def run_blocking(g: Gather[T], timeout_s: float | None = None) -> T:
     """Post g's jobs and wait (with a deadline) for them; for threads that may block."""
     n = len(g.jobs)
-    results: list[Any] = [MISSING] * n
+    results: list[object] = [MISSING] * n
     # between the loops delivering results and the thread waiting for them
     lock = threading.Lock()
     done = threading.Event()
@@ -108,7 +122,7 @@ def run_blocking(g: Gather[T], timeout_s: float | None = None) -> T:
     if n == 0:
         done.set()
 
-    def deliver(i: int, value: Any) -> None:
+    def deliver(i: int, value: object) -> None:
         with lock:
             results[i] = value
             remaining[0] -= 1
@@ -116,7 +130,8 @@ def run_blocking(g: Gather[T], timeout_s: float | None = None) -> T:
                 done.set()
 
     for i, (loop, fn, args) in enumerate(g.jobs):
-        loop.call_soon_threadsafe(run_jobs, [(fn, args, lambda v, i=i: deliver(i, v))])
+        posted: list[Posted] = [(fn, args, functools.partial(deliver, i))]
+        loop.call_soon_threadsafe(run_jobs, posted)
     done.wait(g.timeout_s if timeout_s is None else timeout_s)
     with lock:
         snapshot = list(results)

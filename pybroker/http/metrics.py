@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pybroker import NSQ_COMPAT_VERSION, __version__
 from pybroker.http.collect import Collected
 from pybroker.http.process import process_figures
+
+if TYPE_CHECKING:
+    from pybroker.http.server import HttpFigures
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
@@ -82,7 +85,7 @@ class _Out:
             self.lines.append(f"{name}{_labels(labels)} {_num(value)}")
 
 
-def render(stats: Collected, health: str, start_time: int, http: dict[str, Any]) -> bytes:
+def render(stats: Collected, health: str, start_time: int, http: HttpFigures) -> bytes:
     """The /metrics body. ``http`` holds the HTTP server's own figures."""
     o = _Out()
     topics = stats.topics or []

@@ -27,9 +27,10 @@ import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Unpack, cast
 
-from pybroker.http.gather import MISSING, Job, run_jobs
+from pybroker.http.gather import MISSING, Job, Poster, run_jobs
+from pybroker.evloop import Ts
 
 log = logging.getLogger("pybroker")
 MAX_QUEUED = 64
@@ -85,7 +86,8 @@ class LogReader:
         """Too many reads wait already: refuse the next one."""
         return self._jobs.qsize() >= MAX_QUEUED
 
-    def call_soon_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
+    def call_soon_threadsafe(self, fn: Callable[[Unpack[Ts]], object],
+                             *args: Unpack[Ts]) -> None:
         """Run fn(*args) on the reader thread (started on first use)."""
         with self._lock:
             if self._stopped:
@@ -158,7 +160,7 @@ class _Then:
 def then(reader: Any, first: Callable[..., Any], args: tuple[Any, ...], loop: Any,
          second: Callable[[Any], Any]) -> Job:
     """A Gather job that runs first(*args) on reader, then second(result) on loop."""
-    return (_Then(reader, first, args, loop, second), _unused, ())
+    return (cast(Poster, _Then(reader, first, args, loop, second)), _unused, ())  # posts like one
 
 
 def _unused() -> None:

@@ -26,7 +26,7 @@ import logging
 import selectors
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pybroker.config import TLS_REQUIRED, split_hostport
 from pybroker.evloop import SelectorLoop
@@ -98,6 +98,15 @@ class _Accepting:
 
     def close(self) -> None:
         """Listeners are closed by HttpServer._close_all."""
+
+
+class HttpFigures(TypedDict):
+    """The HTTP server's own counts for /metrics and /stats: open connections, answers
+    by status, connections refused by listener."""
+
+    connections: int
+    requests: dict[int, int]
+    refused: dict[str, int]
 
 
 class HttpServer(SelectorLoop):
@@ -351,7 +360,7 @@ class HttpServer(SelectorLoop):
             log.info("%d %s %s (%s) %s", status, r.method.decode(), r.url.decode("latin-1"),
                      remote, go_duration(monotonic_ns() - r.begin_ns))
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> HttpFigures:
         listener = self.runtime.listener
         return {"connections": len(self.conns), "requests": dict(self.requests),
                 "refused": {"tcp": listener.refused if listener is not None else 0,

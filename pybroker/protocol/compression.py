@@ -61,7 +61,7 @@ class Snappy:
         self._out_pos = 0
         self._started = False  # the stream identifier was seen
 
-    def compress(self, data: bytes) -> bytes:
+    def compress(self, data: bytes | bytearray) -> bytes:
         # every write starts with the stream identifier chunk: the format allows it
         # anywhere, and each write then decodes on its own
         return bytes(cramjam.snappy.compress(data))
@@ -204,7 +204,7 @@ class Deflate:
         self._consumed = 0    # compressed bytes consumed so far (for Go's error text)
         self.eof = False      # the peer ended the DEFLATE stream (a final block)
 
-    def compress(self, data: bytes) -> bytes:
+    def compress(self, data: bytes | bytearray) -> bytes:
         return bytes(self._zip.compress(data) + self._zip.flush(zlib.Z_SYNC_FLUSH))
 
     # -- reading ------------------------------------------------------------------------

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from pybroker.protocol.names import is_ephemeral, is_valid_name
 
@@ -66,10 +65,10 @@ def check_dead_letter_topic(topic: str, configured: str) -> str | None:
     return None
 
 
-def dead_letter_settings(extra: dict[str, Any]) -> dict[str, Any]:
+def dead_letter_settings(extra: dict[str, object]) -> dict[str, object]:
     """A channel's own settings from its ``nsqd.dat`` entry (extra keys nsqd ignores);
     a value of the wrong shape is dropped (the default applies)."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     n = extra.get("max_attempts")
     if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_ATTEMPTS:
         out["max_attempts"] = n
@@ -88,13 +87,13 @@ def is_dead_letter_topic(name: str, configured_default: str) -> bool:
 
 
 def _hop(topic: str, channel: str, offset: int, attempts: int, first_delivery_ms: int,
-         last_delivery_ms: int, dead_at_ms: int, published_ms: int) -> dict[str, Any]:
+         last_delivery_ms: int, dead_at_ms: int, published_ms: int) -> dict[str, object]:
     return {"topic": topic, "channel": channel, "id": f"{offset:016x}", "attempts": attempts,
             "first_delivery_ms": first_delivery_ms, "last_delivery_ms": last_delivery_ms,
             "dead_at_ms": dead_at_ms, "published_ms": published_ms}
 
 
-def _build(hop: dict[str, Any], from_: list[str], hops: list[dict[str, Any]],
+def _build(hop: dict[str, object], from_: list[str], hops: list[dict[str, object]],
            body: bytes) -> bytes:
     header = {"v": ENVELOPE_VERSION, **hop, "from": from_, "hops": hops,
               "body_len": len(body)}
@@ -143,9 +142,9 @@ class DeadLetter:
     dead_at_ms: int
     published_ms: int
     body: bytes
-    header: dict[str, Any]
+    header: dict[str, object]
     from_topics: tuple[str, ...] = ()     # every topic it was dead-lettered from
-    hops: tuple[dict[str, Any], ...] = ()  # the hops before the newest, oldest first
+    hops: tuple[dict[str, object], ...] = ()  # the hops before the newest, oldest first
 
 
 class EnvelopeError(ValueError):

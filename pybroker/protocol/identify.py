@@ -7,7 +7,7 @@ matches exactly; a JSON ``null`` body or field leaves the defaults.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TypedDict, cast
 
 # field -> (kind, bits): the Go types of identifyDataV2
 FIELDS: dict[str, tuple[str, int]] = {
@@ -22,11 +22,29 @@ _DEFAULTS = {"str": "", "int": 0, "bool": False}
 _FOLDED = {k.lower(): k for k in FIELDS}
 
 
+class IdentifyData(TypedDict):
+    """identifyDataV2: what a client may set with IDENTIFY (zero values when absent)."""
+
+    client_id: str
+    hostname: str
+    user_agent: str
+    heartbeat_interval: int
+    output_buffer_size: int
+    output_buffer_timeout: int
+    deflate_level: int
+    msg_timeout: int
+    sample_rate: int
+    feature_negotiation: bool
+    tls_v1: bool
+    deflate: bool
+    snappy: bool
+
+
 class IdentifyDecodeError(ValueError):
     pass
 
 
-def decode_identify(body: bytes) -> dict[str, Any]:
+def decode_identify(body: bytes) -> IdentifyData:
     """Every identifyDataV2 field, typed, with Go's zero values for absent ones."""
     try:
         # Go reads the body as UTF-8 and turns bytes that are not into U+FFFD
@@ -35,9 +53,9 @@ def decode_identify(body: bytes) -> dict[str, Any]:
         # RecursionError: nested deeper than Python's JSON decoder goes (Go's stops at
         # 10,000 levels); ValueError also covers integers past the int-string limit
         raise IdentifyDecodeError("not JSON") from None
-    out: dict[str, Any] = {k: _DEFAULTS[kind] for k, (kind, _) in FIELDS.items()}
+    out: dict[str, object] = {k: _DEFAULTS[kind] for k, (kind, _) in FIELDS.items()}
     if data is None:
-        return out
+        return cast(IdentifyData, out)
     if not isinstance(data, dict):
         raise IdentifyDecodeError("not an object")
     exact = {k for k in data if k in FIELDS}
@@ -58,4 +76,4 @@ def decode_identify(body: bytes) -> dict[str, Any]:
             if not -(1 << (bits - 1)) <= value < (1 << (bits - 1)):
                 raise IdentifyDecodeError(field)
         out[field] = value
-    return out
+    return cast(IdentifyData, out)   # every field is there, of its kind (checked above)

@@ -43,7 +43,7 @@ from pybroker.evloop import SelectorLoop
 
 if TYPE_CHECKING:
     from pybroker.config import Options
-    from pybroker.server.auth import AuthState
+    from pybroker.server.authstate import AuthState
 
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
@@ -305,7 +305,7 @@ class AuthClient(SelectorLoop):
             a.close()
         self._attempts.clear()
 
-    def on_error(self, obj: Any) -> None:
+    def on_error(self, obj: object) -> None:
         log.exception("auth: unexpected error in %r", obj)
         if isinstance(obj, _Attempt):
             self._failed(obj, "internal error")
@@ -390,7 +390,7 @@ class AuthClient(SelectorLoop):
         self._next(a.q)
 
     def answered(self, a: _Attempt) -> None:
-        from pybroker.server.auth import parse_state
+        from pybroker.server.authstate import parse_state
 
         self._end(a)
         body = b"".join(a.body)

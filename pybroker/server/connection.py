@@ -23,12 +23,15 @@ from pybroker.protocol.decoder import CommandDecoder
 from pybroker.protocol.encoder import HEARTBEAT_FRAME, OK_FRAME, encode_error
 from pybroker.protocol.session import Session
 from pybroker.protocol.wire import MAGIC_V2, ClientState
-from pybroker.server import handlers
+from pybroker.server import verbs
+from pybroker.server.services import owner_loop
 from pybroker.server.transport import CorruptInput, Transport, TransportError
 from pybroker.server.upgrade import handshake_failed, release_slot
 
 if TYPE_CHECKING:
     from pybroker.server.auth import AuthState
+    from pybroker.server.handlers import Line
+    from pybroker.server.verbs import Verb
     from pybroker.server.loop import EventLoop
 
 log = logging.getLogger("pybroker")
@@ -56,6 +59,8 @@ class ClientConn:
         self.transport = Transport(sock)  # plain until IDENTIFY negotiates TLS/compression
         self.auth_secret = ""
         self.auth_state: AuthState | None = None  # once AUTH succeeded
+        # a body command whose line step ran before its body arrived (verbs.dispatch)
+        self.held: tuple[bytes, Verb, Line] | None = None
         host = str(addr[0]) if isinstance(addr, tuple) else ""
         self.remote_address = f"{host}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         opts = loop.options
@@ -90,9 +95,9 @@ class ClientConn:
         self.pub_counts: dict[str, int] = {}
         self.connect_ts = int(time.time())
         # output
-        self.out: list[bytes] = []
+        self.out: list[bytes | bytearray] = []
         self.out_bytes = 0
-        self.pending: list[bytes] = []     # message frames, not yet in out
+        self.pending: list[bytes | bytearray] = []     # message frames, not yet in out
         self.pending_bytes = 0
         self.writing = False
         self.reading = True       # False while its unread replies are over OUT_CAP
@@ -280,7 +285,7 @@ class ClientConn:
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("PROTOCOL(V2): [%s] %s", self, cmd.describe())
                 try:
-                    handlers.dispatch(self, cmd)
+                    verbs.dispatch(self, cmd)
                 except ClientError as err:
                     if err.fatal:
                         raise
@@ -345,7 +350,7 @@ class ClientConn:
             return 0
         return self.rdy - self.in_flight_count
 
-    def send_frames(self, frames: bytes, n: int) -> None:
+    def send_frames(self, frames: bytes | bytearray, n: int) -> None:
         """Consumer protocol: n message frames for in-flight messages (owner loop)."""
         self.pending.append(frames)
         self.message_count += n
@@ -481,7 +486,7 @@ class ClientConn:
             return
         self.moving = True
         self.loop.forget_again(self)  # input in hand is read by the new owner
-        self.loop.hand_over(self, target, ch)
+        self.loop.hand_over(self, owner_loop(target), ch)
 
     def finish_subscribe(self, ch: Channel) -> None:
         """On the channel's owner loop: join the channel, answer OK, resume reading."""

@@ -4,9 +4,11 @@ Each handler takes the connection and a parsed Command, and either queues a repl
 connection or raises a ClientError (fatal unless it is E_FIN/REQ/TOUCH_FAILED). Domain
 errors from core (BrokerError) are translated here. Whether a verb may run in the
 connection's state is not the handlers' business: ``dispatch`` asks the session
-(pybroker.protocol.session, one table), and handlers move it (SUB, CLS). A command with
-``pending=True`` has a complete line but no body yet: handlers check the line
-(parameters, names) and return; they run again when the body has arrived.
+(pybroker.protocol.session, one table), and handlers move it (SUB, CLS).
+
+A verb is a ``*_line`` step (its checks of the command line, in nsqd's order, returning
+what it parsed) and, for SUB, PUB, DPUB, MPUB, IDENTIFY and AUTH, an act that does the
+rest; which runs when, and where AUTH gates, is server.verbs' table.
 
 Ownership: every handler runs on the thread of the loop that owns the connection
 (``c.loop``) and touches only that connection, its session and the channels that loop
@@ -19,7 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from pybroker import NSQ_COMPAT_VERSION, _native
 from pybroker.core.stats import record_latency
@@ -42,6 +44,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pybroker")
 MS = 1_000_000
+# what a verb's line step parsed: (topic, channel, DPUB's defer in ns)
+Line = tuple[str, str, int]
+NO_LINE: Line = ("", "", 0)
 monotonic_ns = time.monotonic_ns
 
 
@@ -84,13 +89,6 @@ def _msg_id(c: "ClientConn", params: list[bytes], verb: str, nparams: int) -> by
     return mid
 
 
-def _body(cmd: Command) -> bytes | None:
-    """The body, or None while it is still arriving; raises a pending size error."""
-    if cmd.body_error is not None:
-        raise cmd.body_error
-    return cmd.body
-
-
 def _q(name: bytes) -> str:
     """Quote a name the way Go's %q does (for error texts)."""
     text = name.decode("utf-8", "replace").replace("\\", "\\\\").replace('"', '\\"')
@@ -107,10 +105,7 @@ def _topic_name(params: list[bytes], verb: str, nparams: int) -> str:
 
 
 # -- IDENTIFY ------------------------------------------------------------------------------
-def identify(c: "ClientConn", cmd: Command) -> None:
-    body = _body(cmd)
-    if body is None:
-        return
+def identify(c: "ClientConn", line: Line, body: bytes) -> None:
     try:
         data = decode_identify(body)
     except IdentifyDecodeError:
@@ -194,12 +189,13 @@ def identify(c: "ClientConn", cmd: Command) -> None:
         upgrade.upgrade(c, tls_ctx, snappy, deflate_level if deflate else 0)
 
 
-def auth(c: "ClientConn", cmd: Command) -> None:
+def auth_line(c: "ClientConn", cmd: Command) -> Line:
     if len(cmd.params) != 1:
         raise Invalid("AUTH invalid number of parameters")
-    body = _body(cmd)
-    if body is None:
-        return
+    return NO_LINE
+
+
+def auth(c: "ClientConn", line: Line, body: bytes) -> None:
     if c.auth_state is not None and c.auth_state.authorizations:
         raise Invalid("AUTH already set")
     if c.loop.runtime.auth is None:
@@ -208,7 +204,7 @@ def auth(c: "ClientConn", cmd: Command) -> None:
 
 
 # -- SUB -------------------------------------------------------------------------------------
-def sub(c: "ClientConn", cmd: Command) -> None:
+def sub_line(c: "ClientConn", cmd: Command) -> Line:
     if c.heartbeat_interval_ns <= 0:
         raise Invalid("cannot SUB with heartbeats disabled")
     p = cmd.params
@@ -218,12 +214,14 @@ def sub(c: "ClientConn", cmd: Command) -> None:
         raise BadTopic(f"SUB topic name {_q(p[1])} is not valid")
     if not is_valid_name(p[2]):
         raise BadChannel(f"SUB channel name {_q(p[2])} is not valid")
-    if not authd.check(c, cmd, "SUB", p[1].decode(), p[2].decode()):
-        return
+    return p[1].decode(), p[2].decode(), 0
+
+
+def sub(c: "ClientConn", line: Line, body: bytes) -> None:
     broker = c.loop.runtime.broker
     try:
-        topic = broker.get_topic(p[1].decode())
-        ch = broker.get_channel(topic, p[2].decode())
+        topic = broker.get_topic(line[0])
+        ch = broker.get_channel(topic, line[1])
     except Exiting:
         raise SubFailed("SUB failed exiting") from None
     c.session.move("subscribe")  # no more commands until the subscription completes
@@ -231,15 +229,15 @@ def sub(c: "ClientConn", cmd: Command) -> None:
 
 
 # -- publishing ------------------------------------------------------------------------------
-def pub(c: "ClientConn", cmd: Command) -> None:
-    name = _topic_name(cmd.params, "PUB", 2)
-    body = _body(cmd)
-    if body is None or not authd.check(c, cmd, "PUB", name, ""):
-        return
-    _publish(c, name, [body], 0, PubFailed, "PUB")
+def pub_line(c: "ClientConn", cmd: Command) -> Line:
+    return _topic_name(cmd.params, "PUB", 2), "", 0
 
 
-def dpub(c: "ClientConn", cmd: Command) -> None:
+def pub(c: "ClientConn", line: Line, body: bytes) -> None:
+    _publish(c, line[0], [body], 0, PubFailed, "PUB")
+
+
+def dpub_line(c: "ClientConn", cmd: Command) -> Line:
     p = cmd.params
     name = _topic_name(p, "DPUB", 3)
     ms = _base10(p[2])
@@ -249,19 +247,19 @@ def dpub(c: "ClientConn", cmd: Command) -> None:
     defer_ns = _ms_duration(ms)
     if not 0 <= defer_ns <= c.opts.max_req_timeout:
         raise Invalid(f"DPUB timeout {ms} out of range 0-{max_ms}")
-    body = _body(cmd)
-    if body is None or not authd.check(c, cmd, "DPUB", name, ""):
-        return
-    _publish(c, name, [body], defer_ns, DpubFailed, "DPUB")
+    return name, "", defer_ns
 
 
-def mpub(c: "ClientConn", cmd: Command) -> None:
-    name = _topic_name(cmd.params, "MPUB", 2)
-    if not authd.check(c, cmd, "MPUB", name, ""):  # matches nsqd: before the body is read
-        return
-    body = _body(cmd)
-    if body is None:
-        return
+def dpub(c: "ClientConn", line: Line, body: bytes) -> None:
+    _publish(c, line[0], [body], line[2], DpubFailed, "DPUB")
+
+
+def mpub_line(c: "ClientConn", cmd: Command) -> Line:
+    return _topic_name(cmd.params, "MPUB", 2), "", 0
+
+
+def mpub(c: "ClientConn", line: Line, body: bytes) -> None:
+    name = line[0]
     o = c.opts
     try:
         offs, lens = _native.mpub_parts(body, o.max_msg_size, (o.max_body_size - 4) // 5)
@@ -379,18 +377,3 @@ def cls(c: "ClientConn", cmd: Command) -> None:
 
 def nop(c: "ClientConn", cmd: Command) -> None:
     return None
-
-
-HANDLERS: dict[bytes, Callable[["ClientConn", Command], None]] = {
-    b"IDENTIFY": identify, b"AUTH": auth, b"SUB": sub, b"PUB": pub, b"MPUB": mpub,
-    b"DPUB": dpub, b"RDY": rdy, b"FIN": fin, b"REQ": req, b"TOUCH": touch, b"CLS": cls,
-    b"NOP": nop,
-}
-
-
-def dispatch(c: "ClientConn", cmd: Command) -> None:
-    """Run cmd if the session's state table allows it (protocol.session.COMMANDS: the
-    state checks and their nsqd texts live there, not in the handlers)."""
-    verb = cmd.params[0]
-    if c.session.check(verb):
-        HANDLERS[verb](c, cmd)

@@ -56,7 +56,7 @@ class _Peer:
         self.sock: socket.socket | None = None
         self.registered: set[Registration] = set()
 
-    def connect(self, identity: dict[str, Any]) -> None:
+    def connect(self, identity: dict[str, object]) -> None:
         host, port = split_hostport(self.address)
         self.sock = socket.create_connection((host, port), timeout=IO_TIMEOUT_S)
         self.sock.sendall(b"  V1")
@@ -170,7 +170,7 @@ class LookupdRegistrar(SelectorLoop):
                 pass
         peer.close()
 
-    def _identity(self) -> dict[str, Any]:
+    def _identity(self) -> dict[str, object]:
         o = self.runtime.options
         return {"version": NSQ_COMPAT_VERSION, "tcp_port": self.tcp_port,
                 "http_port": self.http_port, "hostname": socket.gethostname(),

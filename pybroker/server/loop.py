@@ -37,6 +37,8 @@ from pybroker.evloop import SelectorLoop
 from pybroker.server.publish import Publisher
 
 if TYPE_CHECKING:
+    from pybroker.core.flight import Deferred, Flight
+    from pybroker.core.seams import Owner
     from pybroker.server.services import LoopServices
     from pybroker.server.connection import ClientConn
 
@@ -64,7 +66,7 @@ class EventLoop(SelectorLoop):
         # of this turn
         self._handover: list[tuple[ClientConn, EventLoop, Channel]] = []
         # channels of other loops with new records: told once per turn
-        self._wake_remote: dict[EventLoop, dict[Channel, None]] = {}
+        self._wake_remote: dict[Owner, dict[Channel, None]] = {}
 
     def __repr__(self) -> str:
         return f"EventLoop({self.name})"
@@ -88,7 +90,7 @@ class EventLoop(SelectorLoop):
         for ch in chans:
             self.dirty[ch] = None
 
-    def on_expired(self, ch: Channel, timed_out: list[Any], due: list[Any]) -> None:
+    def on_expired(self, ch: Channel, timed_out: list[Flight], due: list[Deferred]) -> None:
         """Queue-scanner results for a channel this loop owns."""
         ch.requeue_expired(timed_out, due)
         if not ch.deleted:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Callable, Union
 
 from pybroker.errors import ClientError, Exiting
 from pybroker.protocol.encoder import encode_error
+from pybroker.server.services import owner_loop
 from pybroker.storage import StorageError, StorageIOError
 
 if TYPE_CHECKING:
@@ -168,14 +169,14 @@ class Publisher:
             assert isinstance(payload, tuple)
             self._slices.append(_SliceJob(name, payload, done, None))
         else:
-            self._outbox.setdefault(owner, []).append((name, payload, defer_ns, done))
+            self._outbox.setdefault(owner_loop(owner), []).append((name, payload, defer_ns, done))
 
     def submit(self, name: str, payload: Payload, defer_ns: int, done: Done) -> None:
         """Publish to topic ``name`` from this loop's thread; ``done(None or error)``
         runs on this loop once the publish is settled (Exiting: the broker is exiting)."""
         owner = self.loop.runtime.broker.topic_owner(name)
         if owner is not self.loop:
-            self._outbox.setdefault(owner, []).append((name, payload, defer_ns, done))
+            self._outbox.setdefault(owner_loop(owner), []).append((name, payload, defer_ns, done))
         else:
             self._take_one(name, payload, defer_ns, done, None)
 

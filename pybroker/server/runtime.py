@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import ssl
 
     from pybroker.http.server import HttpServer
-    from pybroker.server.auth import AuthClient
+    from pybroker.server.authhttp import AuthClient
 
 __all__ = ["Runtime", "StartupError", "run"]
 log = logging.getLogger("pybroker")
@@ -109,7 +109,7 @@ class Runtime:
             except ConfigError as e:
                 raise StartupError(str(e)) from None
         if o.auth_http_addresses:
-            from pybroker.server.auth import AuthClient
+            from pybroker.server.authhttp import AuthClient
 
             self.auth = AuthClient(o)
         if self.bound is None:

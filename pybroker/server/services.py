@@ -2,11 +2,12 @@
 
 The Runtime (server/runtime.py) builds the threads and wires them together; a part is
 given the Runtime only through the Protocol below that names what it may use, so mypy
-checks every use and the dependencies are written down. Typing only: no behaviour.
+checks every use and the dependencies are written down. Typing only: no behaviour
+(``owner_loop`` is a cast).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 if TYPE_CHECKING:
     import ssl
@@ -14,11 +15,18 @@ if TYPE_CHECKING:
     from pybroker.config import Options
     from pybroker.core.broker import Broker
     from pybroker.core.channel import Channel
+    from pybroker.core.seams import Owner
     from pybroker.core.topic import Topic
-    from pybroker.server.auth import AuthClient
+    from pybroker.server.authhttp import AuthClient
     from pybroker.server.listener import Listener
     from pybroker.server.loop import EventLoop
     from pybroker.server.storage import StorageManager
+
+
+def owner_loop(owner: Owner | None) -> EventLoop:
+    """A channel's or topic's owner as the server's loop: every owner the Runtime gives
+    the Broker is one of its EventLoops (the core knows them only as ``Owner``)."""
+    return cast("EventLoop", owner)
 
 
 class StorageHost(Protocol):

@@ -27,9 +27,10 @@ import os
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypedDict, Unpack
 
 from pybroker.protocol.deadletter import dead_letter_settings
+from pybroker.core.lifecycle import ChannelState
 from pybroker.core.topic import Topic
 from pybroker.storage import MetadataError, StorageError
 from pybroker.storage._fsutil import atomic_write, safe_name
@@ -38,12 +39,28 @@ from pybroker.storage.lock import DataPathLock
 from pybroker.storage.metadata import (BrokerMetadata, ChannelMeta, TopicMeta, load_metadata,
                                        save_metadata)
 from pybroker.storage.topiclog import TopicLog
+from pybroker.evloop import Ts
 
 if TYPE_CHECKING:
     from pybroker.core.broker import Broker
     from pybroker.core.channel import Channel
     from pybroker.server.loop import EventLoop
     from pybroker.server.services import StorageHost
+
+
+
+class TopicState(TypedDict, total=False):
+    """A topic's saved state (state/<topic>.json): its channels' states and where a
+    first channel starts; ``floor`` and ``min_cursor`` are worked out for a checkpoint
+    and not read back."""
+
+    topic: str
+    orphan_start: int
+    released: int
+    channels: dict[str, ChannelState]
+    floor: int
+    min_cursor: int
+
 
 log = logging.getLogger("pybroker")
 TICK_S = 0.05
@@ -160,12 +177,12 @@ class StorageManager:
     def _state_path(self, topic: str) -> str:
         return os.path.join(self.state_root, safe_name(topic) + ".json")
 
-    def _load_state(self, topic: str) -> dict[str, Any]:
+    def _load_state(self, topic: str) -> TopicState:
         path = self._state_path(topic)
         try:
             with open(path, "rb") as f:
                 state = json.loads(f.read())
-            return state if isinstance(state, dict) else {}
+            return state if isinstance(state, dict) else {}  # type: ignore[return-value]
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as e:
@@ -188,7 +205,8 @@ class StorageManager:
         self._meta_wanted.set()
         self._requests.put(None)
 
-    def call_soon_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
+    def call_soon_threadsafe(self, fn: Callable[[Unpack[Ts]], object],
+                             *args: Unpack[Ts]) -> None:
         """Run fn(*args) on the storage thread, in order with its other work (the HTTP
         server's Gathers use this to wait for an fsync without blocking)."""
         self._requests.put(("call", fn, args))
@@ -361,7 +379,7 @@ class StorageManager:
             self.write_ok(None, "metadata")
 
     # -- checkpoints: fsync, channel states, segment deletion -------------------------------
-    def checkpoint(self, snapshots: dict[Topic, dict[str, Any]] | None = None) -> None:
+    def checkpoint(self, snapshots: dict[Topic, TopicState] | None = None) -> None:
         """Sync every log, save every topic's channel states, then delete the segments
         no channel needs any more (and retention does not keep)."""
         if snapshots is None:
@@ -406,14 +424,14 @@ class StorageManager:
         if drop_to > lg.oldest:
             lg.drop_before(drop_to)
 
-    def _collect_snapshots(self) -> dict[Topic, dict[str, Any]] | None:
+    def _collect_snapshots(self) -> dict[Topic, TopicState] | None:
         """Ask every loop for the states of the channels it owns; None if a loop did
         not answer in time (the next checkpoint tries again)."""
         loops = self.runtime.loops
-        answers: queue.Queue[list[tuple[Topic, str, dict[str, Any]]]] = queue.Queue()
+        answers: queue.Queue[list[tuple[Topic, str, ChannelState]]] = queue.Queue()
         for lp in loops:
             lp.call_soon_threadsafe(_snapshot_on_loop, lp, self.runtime.broker, answers)
-        got: list[tuple[Topic, str, dict[str, Any]]] = []
+        got: list[tuple[Topic, str, ChannelState]] = []
         for _ in loops:
             try:
                 got += answers.get(timeout=SNAPSHOT_WAIT_S)
@@ -421,9 +439,9 @@ class StorageManager:
                 return None
         return self._topic_states(got)
 
-    def _topic_states(self, got: list[tuple[Topic, str, dict[str, Any]]]
-                      ) -> dict[Topic, dict[str, Any]]:
-        by_topic: dict[Topic, dict[str, Any]] = {}
+    def _topic_states(self, got: list[tuple[Topic, str, ChannelState]]
+                      ) -> dict[Topic, TopicState]:
+        by_topic: dict[Topic, TopicState] = {}
         for t in self.runtime.broker.all_topics():
             by_topic[t] = {"topic": t.name, "orphan_start": t.orphan_start,
                            "released": t.released, "channels": {}}
@@ -478,15 +496,15 @@ class StorageManager:
         return len(got)
 
 
-def _channel_state(ch: Channel, wall_ns: int, now_ns: int) -> dict[str, Any]:
-    snap: dict[str, Any] = ch.snapshot(wall_ns, now_ns)
+def _channel_state(ch: Channel, wall_ns: int, now_ns: int) -> ChannelState:
+    snap = ch.snapshot(wall_ns, now_ns)
     pend = [p[0] for p in snap["pending"]]
     snap["floor"] = min(pend + [snap["cursor"]])
     return snap
 
 
 def _snapshot_on_loop(lp: EventLoop, broker: Broker,
-                      answers: "queue.Queue[list[tuple[Topic, str, dict[str, Any]]]]") -> None:
+                      answers: "queue.Queue[list[tuple[Topic, str, ChannelState]]]") -> None:
     """On loop lp: the states of the channels it owns."""
     now, wall = time.monotonic_ns(), time.time_ns()
     out = []

@@ -73,7 +73,7 @@ def _suite_ids() -> dict[str, int]:
 _SUITE_IDS = _suite_ids()
 
 
-def describe(obj: ssl.SSLObject | ssl.SSLSocket) -> dict[str, Any]:
+def describe(obj: ssl.SSLObject | ssl.SSLSocket) -> dict[str, object]:
     """The /stats TLS fields of a finished handshake, spelled as nsqd 1.3.0 spells them."""
     cipher = obj.cipher()
     name = cipher[0] if cipher else ""

@@ -95,7 +95,7 @@ class Transport:
         self.slot: Any = None    # the loop's handshake slot it holds (server.upgrade)
         self.tls_queued = False  # TLS was negotiated; waiting for a handshake slot
         self.handshake_deadline_ns = 0
-        self.tls_stats: dict[str, Any] = {}
+        self.tls_stats: dict[str, object] = {}
         self.common_name = ""
 
     @property
@@ -226,7 +226,7 @@ class Transport:
         return got
 
     # -- writing ------------------------------------------------------------------------
-    def send(self, out: list[bytes]) -> int | None:
+    def send(self, out: list[bytes | bytearray]) -> int | None:
         """Encode ``out`` (plaintext frames, now owned here) and write what the socket
         takes. Returns the bytes still owed, or None when the connection broke."""
         if out:
@@ -261,7 +261,7 @@ class Transport:
         self.waiting = len(raw)
         return self.waiting
 
-    def _encode(self, data: bytes) -> bytes:
+    def _encode(self, data: bytes | bytearray) -> bytes | bytearray:
         if self._codec is not None:
             # matches nsqd: one compressed write (deflate: one sync flush) per flush
             data = self._codec.compress(data)
@@ -279,7 +279,7 @@ class Transport:
             self._raw += self._bio_out.read()
             self.waiting = len(self._raw)
 
-    def send_blocking(self, out: list[bytes], timeout_s: float) -> None:
+    def send_blocking(self, out: list[bytes | bytearray], timeout_s: float) -> None:
         """Write ``out`` and everything owed, blocking up to timeout_s (shutdown path)."""
         if self.handshaking:
             out = []  # frames for a client that never finished its handshake are dropped

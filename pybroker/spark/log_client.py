@@ -13,7 +13,6 @@ import json
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from pybroker.config import split_hostport
 
@@ -66,7 +65,7 @@ class LogClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, query: dict[str, Any]
+    def _request(self, method: str, path: str, query: dict[str, object]
                  ) -> tuple[int, dict[str, str], bytes]:
         url = path + "?" + urllib.parse.urlencode(query)
         for attempt in (0, 1):
@@ -94,7 +93,7 @@ class LogClient:
             return body[:200].decode("utf-8", "replace")
 
     def offsets(self, topic: str, ts_ms: int | None = None) -> Offsets:
-        query: dict[str, Any] = {"topic": topic}
+        query: dict[str, object] = {"topic": topic}
         if ts_ms is not None:
             query["ts"] = ts_ms
         status, _, body = self._request("GET", "/topic/offsets", query)

@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Iterator
 from types import FrameType
-from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -127,7 +126,7 @@ class PyBrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._sub = Subscription(self.opts, heartbeat_s=heartbeat_s).start()
         return self._sub
 
-    def initialOffset(self) -> dict[str, Any]:
+    def initialOffset(self) -> dict[str, object]:
         return self.ledger.offset(0)
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -135,8 +134,8 @@ class PyBrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._drain_ts_ns = time.time_ns()
         self._subscription()
 
-    def latestOffset(self, start: dict[str, Any] | None = None,
-                     limit: object = None) -> dict[str, Any]:
+    def latestOffset(self, start: dict[str, object] | None = None,
+                     limit: object = None) -> dict[str, object]:
         ledger = self.ledger
         self._fin_from_checkpoint()
         max_rows = self._subscription().batch_cap()
@@ -195,7 +194,7 @@ class PyBrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end_seq = ledger.own_seq(end)
         return end
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+    def partitions(self, start: dict[str, object], end: dict[str, object]) -> list[InputPartition]:
         msgs = self.ledger.planned(start, end)
         if not msgs:
             return []
@@ -210,7 +209,7 @@ class PyBrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 [m.attempts for m in chunk]))
         return parts
 
-    def commit(self, end: dict[str, Any]) -> None:
+    def commit(self, end: dict[str, object]) -> None:
         n = self.ledger.commit(end)
         log.debug("commit %s: %d messages finished", end, n)
 

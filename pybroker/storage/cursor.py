@@ -41,16 +41,10 @@ from typing import TYPE_CHECKING, Sequence
 from pybroker import _native
 
 from .errors import from_oserror
-from .topiclog import (
-    _WHY,
-    REC_HEADER,
-    OffsetOutOfRange,
-    RecordBatch,
-    _Segment,
-)
+from .records import _WHY, REC_HEADER, OffsetOutOfRange, RecordBatch
 
 if TYPE_CHECKING:
-    from .topiclog import TopicLog
+    from .topiclog import TopicLog, _Segment
 
 log = logging.getLogger("pybroker.storage.topiclog")
 

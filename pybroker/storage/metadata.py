@@ -40,7 +40,7 @@ _TOP_KEYS = ("topics", "version")
 class ChannelMeta:
     name: str
     paused: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -48,7 +48,7 @@ class TopicMeta:
     name: str
     paused: bool = False
     channels: list[ChannelMeta] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -57,7 +57,7 @@ class BrokerMetadata:
     (e.g. deferred-message state) at the top level of the file."""
     topics: list[TopicMeta] = field(default_factory=list)
     version: str = NSQD_VERSION
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -73,8 +73,8 @@ class MetadataFormatError(ValueError):
     """The JSON does not follow the schema."""
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any], reserved: tuple[str, ...],
-           what: str) -> dict[str, Any]:
+def _merge(base: dict[str, object], extra: dict[str, object], reserved: tuple[str, ...],
+           what: str) -> dict[str, object]:
     clash = [k for k in extra if k in reserved]
     if clash:
         raise ValueError(f"{what} extra keys {clash} clash with the nsqd schema")
@@ -95,7 +95,7 @@ def to_json(meta: BrokerMetadata) -> bytes:
     return json.dumps(doc, separators=(",", ":"), sort_keys=False).encode() + b"\n"
 
 
-def _name_paused(d: object, what: str) -> tuple[str, bool, dict[str, Any]]:
+def _name_paused(d: object, what: str) -> tuple[str, bool, dict[str, object]]:
     if not isinstance(d, dict):
         raise MetadataFormatError(f"{what} is not an object: {d!r}")
     name = d.get("name")

@@ -60,6 +60,7 @@ from typing import Any, Sequence
 
 from pybroker import _native
 
+from .records import _WHY, REC_HEADER, OffsetOutOfRange, RecordBatch
 from . import timeindex
 from .errors import StorageError, from_oserror
 from .fileops import REAL, FileOps
@@ -69,11 +70,9 @@ SEG_MAGIC = b"PBTLOG"
 SEG_VERSION = 1
 SEG_HEADER = struct.Struct(">6sHQ")
 SEG_HEADER_SIZE = SEG_HEADER.size      # 16
-REC_HEADER = 16
 PAYLOAD_HEAD = 34
 READ_CHUNK = 256 * 1024
 LOG_END, LOG_PARTIAL, LOG_FULL = 0, 1, 2      # nsqf_log_scan's statuses (>= 0: no damage)
-_WHY = {-30: "impossible length", -31: "checksum mismatch", -32: "offset out of sequence"}
 RESYNC_LIMIT = 4 * 1024 * 1024
 # the memory tail of a log on disk holds at most mem_queue_size records and about this
 # many bytes; older records are read back from the segment files (the page cache)
@@ -81,11 +80,6 @@ TAIL_MAX_BYTES = 32 * 1024 * 1024
 INDEX_EVERY = 1024          # records between sparse index points within one write
 MAX_LOST = 64               # ranges of lost epochs kept (older ones are merged)
 _U64 = struct.Struct(">Q")
-_I64 = struct.Struct(">q")
-
-
-class OffsetOutOfRange(ValueError):
-    """An offset below what the log holds, or past its written end."""
 
 
 @dataclass(frozen=True)
@@ -94,48 +88,6 @@ class SegmentInfo:
     end: int            # one past the last offset
     size_bytes: int
     max_ts_ns: int      # newest publish time in it
-
-
-class RecordBatch:
-    """Records [first, first + n) as a view of one buffer: record i starts at pos[i]."""
-
-    __slots__ = ("first", "n", "buf", "pos", "deferred")
-
-    def __init__(self, first: int, buf: bytes | bytearray, pos: Sequence[int],
-                 deferred: int) -> None:
-        self.first = first
-        self.n = len(pos)
-        self.buf = buf
-        self.pos = pos
-        self.deferred = deferred    # how many records of buf may have a deliver_at
-
-    def frames(self, i: int, j: int, attempts: int | None = None) -> bytes | bytearray:
-        """NSQ message frames for records [i, j), one C call; attempts None: each
-        record's stored attempts + 1."""
-        return _native.log_frames(self.buf, self.pos[i:j], -1 if attempts is None else attempts)
-
-    def deferred_indices(self, count: int) -> list[int]:
-        """Indices below count of the records with a deliver_at (DPUBs)."""
-        if not self.deferred:
-            return []
-        buf, pos = self.buf, self.pos
-        return [i for i in range(min(count, self.n)) if buf[pos[i] + 16:pos[i] + 24] != bytes(8)]
-
-    def deliver_at(self, i: int) -> int:
-        p = self.pos[i] + 16
-        return int(_I64.unpack_from(self.buf, p)[0])
-
-    def ts_ns(self, i: int) -> int:
-        return int(_I64.unpack_from(self.buf, self.pos[i] + 24)[0])
-
-    def stored_attempts(self, i: int) -> int:
-        p = self.pos[i] + 32
-        return int.from_bytes(self.buf[p:p + 2], "big")
-
-    def payload(self, i: int) -> bytes:
-        p = self.pos[i]
-        plen = int.from_bytes(self.buf[p + 4:p + 8], "big")
-        return bytes(self.buf[p + REC_HEADER:p + REC_HEADER + plen])
 
 
 class _Block:
@@ -758,4 +710,4 @@ class TopicLog:
 # the reader (it imports the names above; used at call time, so the order is free)
 from . import cursor as _cursor  # noqa: E402
 
-__all__ = ["OffsetOutOfRange", "RecordBatch", "SegmentInfo", "TopicLog"]
+__all__ = ["REC_HEADER", "OffsetOutOfRange", "RecordBatch", "SegmentInfo", "TopicLog"]

@@ -1,15 +1,45 @@
-"""The import direction (STYLE.md section 2, ARCHITECTURE.md "Arrows"), checked on the
+"""The import direction (STYLE.md section 2, docs/ARCHITECTURE.md), checked on the
 source: every ``import`` in a package, at module level or inside a function, must stay
-within what its layer may use. A broken layer is fixed by moving code, never by adding
-an exception here."""
+within what its layer may use, and no module may reach itself again through imports
+(no circle of any length, inside a package or across packages). Imports under
+``if TYPE_CHECKING:`` are annotations only and are left out. A broken layer or a circle
+is fixed by turning an arrow around (a Protocol, a callback, a registration), never by
+adding an exception here."""
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "pybroker"
+
+# The allowed order, lowest first. A module may import modules of its own entry and of
+# entries in lower layers, never upward and never sideways into another entry of its own
+# layer. A module belongs to the entry that is the longest prefix of its name.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # the bottom: versions, errors, logging, the selector loop, TLS I/O, the C codec
+    ("pybroker", "pybroker.errors", "pybroker.logfmt", "pybroker.evloop", "pybroker.tlsio",
+     "pybroker._native", "pybroker.goflags"),
+    # sans-IO protocol, the files, the options
+    ("pybroker.protocol", "pybroker.storage", "pybroker.config"),
+    # the domain (no I/O), and the client library (speaks the protocol)
+    ("pybroker.core", "pybroker.client"),
+    # the TCP server; users of the client library
+    ("pybroker.server", "pybroker.tools", "pybroker.spark", "pybroker.bench",
+     "pybroker.testing"),
+    # the HTTP API, built on the server's listeners and loops
+    ("pybroker.http",),
+    # the wiring of every thread (it starts the HTTP server too)
+    ("pybroker.server.runtime",),
+    # start-up: options resolved, listeners bound, the runtime run
+    ("pybroker.start", "pybroker.nsqd_cli"),
+    # the command lines
+    ("pybroker.cli",),
+    ("pybroker.launch",),
+    ("pybroker.__main__",),
+)
 
 # package -> modules (prefixes) it must never import
 FORBIDDEN: dict[str, tuple[str, ...]] = {
@@ -55,15 +85,29 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(path: Path, *, annotations: bool = True) -> list[tuple[int, str]]:
+    """(line, name) for every import in the file: ``import a.b`` gives ``a.b``;
+    ``from a import b`` gives ``a`` and ``a.b``. With annotations=False the bodies of
+    ``if TYPE_CHECKING:`` are left out and ``from a import b`` gives ``a.b`` only (the
+    graph then names ``a.b`` if it is a module, else ``a``)."""
     tree = ast.parse(path.read_text(), str(path))
     package = _module_name(path)
     if path.name != "__init__.py":
         package = package.rpartition(".")[0]
-    out = []
-    for node in ast.walk(tree):
+    out: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST) -> None:
+        if not annotations and isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
         if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name) for a in node.names]
+            out.extend((node.lineno, a.name) for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -71,8 +115,13 @@ def _imports(path: Path) -> list[tuple[int, str]]:
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            out.append((node.lineno, mod))
-            out += [(node.lineno, f"{mod}.{a.name}") for a in node.names]
+            if annotations:  # the package itself too, for the FORBIDDEN prefixes
+                out.append((node.lineno, mod))
+            out.extend((node.lineno, f"{mod}.{a.name}") for a in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
     return out
 
 
@@ -121,3 +170,174 @@ def test_one_selector_loop_implementation() -> None:
     makers = [str(p.relative_to(ROOT.parent)) for p in _sources()
               if "DefaultSelector(" in p.read_text() or "socketpair(" in p.read_text()]
     assert makers == ["pybroker/evloop.py"], makers
+
+
+# --- the module graph: circles and the order of layers --------------------------------
+
+def _graph() -> dict[str, dict[str, int]]:
+    """module -> {module it imports at run time: first line}; a ``from a import b``
+    names the module ``a.b`` when there is one, else ``a``."""
+    modules = {_module_name(p): p for p in _sources()}
+    graph: dict[str, dict[str, int]] = {}
+    for mod, path in modules.items():
+        edges: dict[str, int] = {}
+        for line, name in _imports(path, annotations=False):
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != mod and name.startswith("pybroker"):
+                edges.setdefault(name, line)
+        graph[mod] = edges
+    return graph
+
+
+def find_circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each given
+    as one circle through it: a -> b -> ... -> a."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return [_one_circle(graph, set(c)) for c in components]
+
+
+def _one_circle(graph: dict[str, dict[str, int]], component: set[str]) -> list[str]:
+    """A shortest path from the component's first module back to itself."""
+    start = min(component)
+    came: dict[str, str] = {}
+    queue = [start]
+    while queue:
+        v = queue.pop(0)
+        for w in sorted(graph[v]):
+            if w not in component:
+                continue
+            if w == start:
+                path = [v]
+                while path[-1] != start:
+                    path.append(came[path[-1]])
+                return [start, *reversed(path[:-1]), start] if v != start else [start, start]
+            if w not in came:
+                came[w] = v
+                queue.append(w)
+    return sorted(component)
+
+
+def _describe(graph: dict[str, dict[str, int]], circle: list[str]) -> str:
+    members = _component(graph, circle[0])
+    steps = [f"{a} (line {graph[a][b]}) -> {b}" for a, b in zip(circle, circle[1:])]
+    return (f"{len(members)} modules in one circle ({', '.join(members)}); one way round:"
+            "\n    " + "\n    ".join(steps))
+
+
+def _component(graph: dict[str, dict[str, int]], start: str) -> list[str]:
+    def reach(edges: dict[str, set[str]]) -> set[str]:
+        seen, todo = {start}, [start]
+        while todo:
+            for w in edges.get(todo.pop(), ()):
+                if w not in seen:
+                    seen.add(w)
+                    todo.append(w)
+        return seen
+    forward = {v: set(e) for v, e in graph.items()}
+    backward: dict[str, set[str]] = {}
+    for v, e in graph.items():
+        for w in e:
+            backward.setdefault(w, set()).add(v)
+    return sorted(reach(forward) & reach(backward))
+
+
+def layer_of(module: str) -> tuple[int, str]:
+    """(layer index, entry) of the longest entry that is the module or a prefix of it."""
+    best: tuple[int, str] | None = None
+    for i, entries in enumerate(LAYERS):
+        for entry in entries:
+            if (module == entry or module.startswith(entry + ".")) and (
+                    best is None or len(entry) > len(best[1])):
+                best = (i, entry)
+    assert best is not None, f"{module} is in no layer: add it to LAYERS"
+    return best
+
+
+def wrong_way(graph: dict[str, dict[str, int]]) -> list[str]:
+    bad = []
+    for mod, edges in sorted(graph.items()):
+        mine, my_entry = layer_of(mod)
+        for other, line in sorted(edges.items()):
+            theirs, their_entry = layer_of(other)
+            if their_entry == my_entry:
+                continue
+            if theirs >= mine:
+                how = "upward" if theirs > mine else "sideways"
+                bad.append(f"{mod} (line {line}) imports {other}: {how}, "
+                           f"{my_entry} (layer {mine}) -> {their_entry} (layer {theirs})")
+    return bad
+
+
+def test_no_import_circles() -> None:
+    graph = _graph()
+    circles = find_circles(graph)
+    assert not circles, "\n".join(_describe(graph, c) for c in circles)
+
+
+def test_imports_follow_the_order_of_layers() -> None:
+    bad = wrong_way(_graph())
+    assert not bad, "\n".join(bad)
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for mod in _graph():
+        layer_of(mod)
+
+
+def test_the_checks_see_a_new_circle_and_a_wrong_way_arrow() -> None:
+    """The two checks on a copy of the graph with one arrow added each way."""
+    graph = _graph()
+    graph["pybroker.core.channel"]["pybroker.core.broker"] = 1
+    graph["pybroker.core.broker"]["pybroker.core.channel"] = 1
+    circles = find_circles(graph)
+    assert any({"pybroker.core.channel", "pybroker.core.broker"} <= set(c) for c in circles)
+    graph = _graph()
+    graph["pybroker.protocol.decoder"]["pybroker.server.loop"] = 7
+    assert any(b.startswith("pybroker.protocol.decoder (line 7) imports pybroker.server.loop")
+               for b in wrong_way(graph))
+
+
+_OPTIONAL = {"pyspark", "pyarrow", "py4j", "numpy", "pandas"}  # the spark extra
+
+
+@pytest.mark.parametrize("module", sorted(_module_name(p) for p in _sources()
+                                          if p.name != "__main__.py"))
+def test_every_module_imports_alone(module: str) -> None:
+    """Each module imports on its own (a circle that only shows at run time would fail
+    here in a fresh interpreter's order; this catches a module that cannot load)."""
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] in _OPTIONAL:
+            pytest.skip(f"{module} needs {e.name}, an optional extra")
+        raise

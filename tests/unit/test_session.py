@@ -89,6 +89,6 @@ def test_identify_only_in_init_and_hold_release_balance() -> None:
 
 
 def test_every_handled_verb_is_in_the_table() -> None:
-    from pybroker.server.handlers import HANDLERS
+    from pybroker.server.verbs import VERBS
 
-    assert set(HANDLERS) == set(COMMANDS)
+    assert set(VERBS) == set(COMMANDS)
