@@ -37,7 +37,7 @@ def dead_letter_defaults(options: Options, topic: str) -> tuple[int, str]:
 
 
 class Broker:
-    def __init__(self, options: Options, owners: Sequence[Owner], open_log: LogFactory,
+    def __init__(self, options: Options, owners: Sequence[Owner[Channel]], open_log: LogFactory,
                  wake: Callable[[list[Channel]], None]) -> None:
         self.options = options
         self.owners = owners
@@ -59,11 +59,11 @@ class Broker:
         self.on_delete_topic: list[Callable[[Topic], None]] = []
 
     # -- ownership ------------------------------------------------------------------
-    def pick_owner(self, topic: str, channel: str) -> Owner:
+    def pick_owner(self, topic: str, channel: str) -> Owner[Channel]:
         """The loop that owns a channel: a stable hash of its full name."""
         return self.owners[zlib.crc32(f"{topic}:{channel}".encode()) % len(self.owners)]
 
-    def topic_owner(self, topic: str) -> Owner:
+    def topic_owner(self, topic: str) -> Owner[Channel]:
         """The loop that owns a topic's publishing: a stable hash of its name."""
         owners = self.owners
         if len(owners) == 1:

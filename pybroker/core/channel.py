@@ -30,9 +30,8 @@ from pybroker.errors import TooManyConsumers
 from pybroker.protocol.deadletter import KEEP_CHANNEL, dead_letter_target, wrap
 
 if TYPE_CHECKING:
-    from pybroker.core.seams import Batch, LogReader, Owner
+    from pybroker.core.seams import Batch, LogReader, Owner, TopicView
     from pybroker.core.stats import LatencyWindow
-    from pybroker.core.topic import Topic
 
 __all__ = ["Channel", "Consumer", "Deferred", "Flight", "offset_of"]
 
@@ -53,7 +52,7 @@ REQUEUE_MIN_READ = 4096
 class Channel(Lifecycle):
     """One channel of a topic. See the module docstring for who may call what."""
 
-    def __init__(self, topic: "Topic", name: str, owner: Owner, ephemeral: bool,
+    def __init__(self, topic: TopicView, name: str, owner: Owner[Channel], ephemeral: bool,
                  cursor: int) -> None:
         super().__init__(cursor)
         self.topic = topic
@@ -109,7 +108,7 @@ class Channel(Lifecycle):
         """Take this channel's own settings (``max_attempts``, ``dead_letter_topic``;
         a missing key means the topic's default) and resolve where dead letters go."""
         self.dl_settings = dict(settings)
-        default_max, default_topic = getattr(self.topic, "dl_defaults", (0, ""))
+        default_max, default_topic = self.topic.dl_defaults
         self.max_attempts = int(settings.get("max_attempts", default_max))
         name = str(settings.get("dead_letter_topic", default_topic))
         self.dead_letter_topic = dead_letter_target(self.topic_name, name)

@@ -39,7 +39,7 @@ from pybroker.core.timeouts import TimeoutWheel
 from pybroker.errors import BrokerError, NotInFlight, NotOwner
 
 if TYPE_CHECKING:
-    from pybroker.core.topic import Topic
+    from pybroker.core.seams import TopicView
 
 
 class ChannelState(TypedDict, total=False):
@@ -60,7 +60,7 @@ class ChannelState(TypedDict, total=False):
 class Lifecycle:
     """The per-message state of one channel and the transitions between states."""
 
-    topic: "Topic"
+    topic: TopicView
     max_attempts: int
 
     def __init__(self, cursor: int) -> None:

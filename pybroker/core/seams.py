@@ -2,7 +2,9 @@
 Protocols, so that core imports neither the server (its loops) nor storage (its logs).
 
 What it owns: ``Owner`` (the event loop that owns channels and topics:
-server.loop's ``EventLoop``), ``Log`` (a topic's log: storage.topiclog's ``TopicLog``),
+server.loop's ``EventLoop``; generic in the channel type, so this module, below the
+channel, need not name it), ``TopicView`` (what a channel asks of its topic:
+core.topic's ``Topic``), ``Log`` (a topic's log: storage.topiclog's ``TopicLog``),
 ``LogReader`` (its read-ahead cursor: storage.cursor's ``LogCursor``), ``Batch`` and
 ``Segment`` (a read of a log, and one segment's summary: storage.topiclog's
 ``RecordBatch`` and ``SegmentInfo``). The implementations conform structurally; mypy
@@ -12,29 +14,30 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVarTuple, Unpack
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, TypeVarTuple, Unpack
 
 if TYPE_CHECKING:
-    from pybroker.core.channel import Channel
     from pybroker.core.flight import Deferred, Flight
 
-__all__ = ["Batch", "Log", "LogReader", "Owner", "Segment"]
+__all__ = ["Batch", "Log", "LogReader", "Owner", "Segment", "TopicView"]
 Ts = TypeVarTuple("Ts")
+C = TypeVar("C")   # the channel type (core.channel.Channel)
 
 
-class Owner(Protocol):
+class Owner(Protocol[C]):
     """The event loop that owns channels (chosen by hashing ``topic:channel``) and topics
     (by hashing the name): what the core and the threads reaching a channel ask of it.
     Every method but ``call_soon_threadsafe`` runs on the owner's own thread."""
 
     def call_soon_threadsafe(self, fn: Callable[[Unpack[Ts]], object],
                              *args: Unpack[Ts]) -> None: ...
-    def mark_dirty(self, ch: Channel) -> None: ...
-    def mark_dirty_many(self, chans: list[Channel]) -> None: ...
-    def on_expired(self, ch: Channel, timed_out: list[Flight], due: list[Deferred]) -> None: ...
-    def dead_letter(self, ch: Channel, target: str, offsets: list[int],
+    def mark_dirty(self, ch: C) -> None: ...
+    def mark_dirty_many(self, chans: list[C]) -> None: ...
+    def on_expired(self, ch: C, timed_out: list[Flight], due: list[Deferred]) -> None: ...
+    def dead_letter(self, ch: C, target: str, offsets: list[int],
                     bodies: list[bytes]) -> None: ...
-    def close_channel(self, ch: Channel) -> None: ...
+    def close_channel(self, ch: C) -> None: ...
 
 
 class Batch(Protocol):
@@ -111,3 +114,30 @@ class Log(Protocol):
     def lose_unsynced(self, err: Any) -> None: ...
     def close(self) -> None: ...
     def delete(self) -> None: ...
+
+
+class TopicView(Protocol):
+    """What a channel (and its lifecycle) asks of its topic (pybroker.core.topic.Topic):
+    read on the channel's owner loop; ``released`` only grows there."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def log(self) -> Log: ...
+    @property
+    def released(self) -> int: ...
+    @property
+    def mem_queue_size(self) -> int: ...
+    @property
+    def dl_defaults(self) -> tuple[int, str]: ...
+    @property
+    def channels(self) -> Mapping[str, object]: ...
+    @property
+    def gaps(self) -> Sequence[tuple[int, int]]: ...   # emptied ranges, never read
+    @property
+    def dpubs(self) -> Any: ...            # a SortedDict offset -> deliver-at (untyped)
+
+    def deferred_ahead(self, cursor: int, wall_ns: int) -> int: ...
+    def gap_count(self, cursor: int) -> int: ...
+    def next_gap(self, cursor: int) -> int: ...
+    def skip_gap(self, cursor: int) -> int: ...

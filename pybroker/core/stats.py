@@ -3,19 +3,15 @@ and units (stats.go, client_v2.go), and the end-to-end latency window behind
 ``e2e_processing_latency``.
 
 Domain only: no I/O, no clock (``now_ns`` is an argument), no threads. The caller decides
-where each function runs: ``channel_snapshot`` and ``client_stats`` read state owned by a
-channel's (or connection's) event loop and must run on that loop; ``topic_stats``,
+where each function runs: ``client_stats`` reads state owned by a connection's event loop
+and must run on that loop (so do core.snapshot's channel and topic snapshots);
 ``e2e_result`` and ``document`` only assemble what those returned.
 """
 from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from pybroker.core.channel import Channel
-    from pybroker.core.topic import Topic
+from typing import Any, Protocol
 
 # one half of a latency window as (exact count, sampled values)
 LatencyPart = tuple[int, list[int]]
@@ -71,15 +67,6 @@ class LatencyWindow:
         """Copies of both halves, for ``e2e_result`` (safe to hand to another thread)."""
         self._advance(now_ns)
         return [(self.counts[i], list(self.samples[i])) for i in (0, 1) if self.counts[i]]
-
-
-def record_latency(ch: Channel, latency_ns: int, now_ns: int, window_ns: int) -> None:
-    """Record one FIN's publish-to-finish latency on ch (its owner loop), creating the
-    channel's window on first use."""
-    window = ch.e2e
-    if window is None:
-        window = ch.e2e = LatencyWindow(window_ns, now_ns)
-    window.insert(max(0, latency_ns), now_ns)
 
 
 def quantiles(parts: Iterable[LatencyPart], percentiles: Sequence[float]) -> list[int]:
@@ -202,58 +189,6 @@ def producer_stats(conns: Iterable[StatsClient], topic_filter: str = "") -> list
 # pybroker's keys in a channel's stats, after nsqd's own
 EXTRA_CHANNEL_KEYS = ("cursor", "max_attempts", "dead_letter_topic", "dead_letter_count",
                       "dead_letter_pending", "dead_letter_cycles")
-
-def channel_snapshot(ch: Channel, include_clients: bool, topic_filter: str,
-                     now_ns: int, wall_ns: int) -> tuple[dict[str, Any], list[LatencyPart]]:
-    """nsqd's ChannelStats without the latency result, plus the latency samples.
-
-    Runs on the channel's owner loop, so counts and clients are one consistent view.
-    ``clients`` is null when clients are not requested (nsqd leaves the slice nil).
-    """
-    window = ch.e2e
-    parts = window.snapshot(now_ns) if window is not None else []
-    consumers = list(ch.consumers)
-    d = {
-        "channel_name": ch.name,
-        "depth": ch.depth(wall_ns),
-        "backend_depth": ch.backend_depth(),
-        "in_flight_count": len(ch.in_flight),
-        "deferred_count": ch.deferred_count(wall_ns),
-        "message_count": ch.message_count,
-        "requeue_count": ch.requeue_count,
-        "timeout_count": ch.timeout_count,
-        "client_count": len(consumers),
-        "clients": [client_stats(c, topic_filter) for c in consumers] if include_clients else None,
-        "paused": ch.paused,
-        "cursor": ch.cursor,
-        "max_attempts": ch.max_attempts,
-        "dead_letter_topic": ch.dead_letter_topic or "",
-        "dead_letter_count": ch.dead_letter_count,
-        "dead_letter_pending": len(ch.dying),
-        "dead_letter_cycles": ch.dead_letter_cycles,
-    }
-    return d, parts
-
-
-def topic_stats(t: Topic, channels: list[dict[str, Any]],
-                e2e: dict[str, Any]) -> dict[str, Any]:
-    """nsqd's TopicStats around already-built channel dicts."""
-    return {
-        "topic_name": t.name,
-        "channels": channels,
-        "depth": t.depth(),
-        "backend_depth": t.backend_depth(),
-        "message_count": t.message_count,
-        "message_bytes": t.message_bytes,
-        "paused": t.paused,
-        "e2e_processing_latency": e2e,
-        "oldest_offset": t.log.oldest,
-        "newest_offset": t.log.written - 1,
-        # bytes read back from the segment files (read amplification: against the
-        # bytes delivered); 0 for a log kept in memory
-        "log_bytes_read": getattr(t.log, "bytes_read", 0),
-    }
-
 
 def document(version: str, health: str, start_time: int, topics: list[dict[str, Any]] | None,
              memory: dict[str, Any] | None,

@@ -29,7 +29,7 @@ from pybroker.protocol.names import is_ephemeral
 
 class Topic:
     def __init__(self, name: str, log: "Log", mem_queue_size: int,
-                 pick_owner: Callable[[str, str], Owner]) -> None:
+                 pick_owner: Callable[[str, str], Owner[Channel]]) -> None:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.mem_queue_size = mem_queue_size
@@ -50,7 +50,7 @@ class Topic:
         self.message_count = 0
         self.message_bytes = 0
         # the loop whose Publisher appends to and writes this topic (Broker.topic_owner)
-        self.owner: Owner | None = None
+        self.owner: Owner[Channel] | None = None
         # (max_attempts, dead_letter_topic) for channels with no settings of their own
         self.dl_defaults: tuple[int, str] = (0, "")
         self._pick_owner = pick_owner

@@ -11,14 +11,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from pybroker.core.stats import (
-    EXTRA_CHANNEL_KEYS,
-    LatencyPart,
-    channel_snapshot,
-    e2e_result,
-    producer_stats,
-    topic_stats,
-)
+from pybroker.core.snapshot import channel_snapshot, topic_stats
+from pybroker.core.stats import EXTRA_CHANNEL_KEYS, LatencyPart, e2e_result, producer_stats
 from pybroker.http.gather import MISSING, Gather, Job
 
 if TYPE_CHECKING:
@@ -81,7 +75,7 @@ def plan_stats(runtime: HttpHost, topic_filter: str = "", channel_filter: str = 
         # matches nsqd: an unknown topic gives empty stats (no topics, no producers)
         return Gather([], lambda _: Collected(None, None, []))
     plan: list[tuple[Topic, list[Channel]]] = []
-    by_loop: dict[Owner, list[Channel]] = {}
+    by_loop: dict[Owner[Channel], list[Channel]] = {}
     for t in topics:
         with t.lock:
             chans = sorted(t.channels.values(), key=lambda c: c.name)

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pybroker import NSQ_COMPAT_VERSION, _native
-from pybroker.core.stats import record_latency
+from pybroker.core.snapshot import record_latency
 from pybroker.errors import (AuthDisabled, BadBody, BadChannel, BadTopic, BrokerError,
                              ClientError, DpubFailed, Exiting, FinFailed, IdentifyFailed,
                              Invalid, MpubFailed,

@@ -66,7 +66,7 @@ class EventLoop(SelectorLoop):
         # of this turn
         self._handover: list[tuple[ClientConn, EventLoop, Channel]] = []
         # channels of other loops with new records: told once per turn
-        self._wake_remote: dict[Owner, dict[Channel, None]] = {}
+        self._wake_remote: dict[Owner[Channel], dict[Channel, None]] = {}
 
     def __repr__(self) -> str:
         return f"EventLoop({self.name})"

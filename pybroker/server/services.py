@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from pybroker.server.storage import StorageManager
 
 
-def owner_loop(owner: Owner | None) -> EventLoop:
+def owner_loop(owner: Owner[Channel] | None) -> EventLoop:
     """A channel's or topic's owner as the server's loop: every owner the Runtime gives
     the Broker is one of its EventLoops (the core knows them only as ``Owner``)."""
     return cast("EventLoop", owner)
