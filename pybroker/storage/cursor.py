@@ -36,15 +36,42 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from pybroker import _native
 
 from .errors import from_oserror
 from .records import _WHY, REC_HEADER, OffsetOutOfRange, RecordBatch
+from .segments import Block, Segment
 
 if TYPE_CHECKING:
-    from .topiclog import TopicLog, _Segment
+    import threading
+
+
+class LogFiles(Protocol):
+    """What a cursor reads of its log (storage.topiclog.TopicLog, under its lock): the
+    bounds, the memory tail's blocks, the segment list, and the two repairs it asks
+    for on damage. The cursor is the log's own reader, split off; it names the log's
+    internals through this, so the log may import the cursor and not the reverse."""
+
+    @property
+    def lock(self) -> threading.Lock: ...
+    @property
+    def oldest(self) -> int: ...
+    @property
+    def written(self) -> int: ...
+    @property
+    def max_payload(self) -> int: ...
+    @property
+    def _blocks(self) -> Sequence[Block]: ...
+    @property
+    def _block_firsts(self) -> Sequence[int]: ...
+    @property
+    def _segs(self) -> Sequence[Segment]: ...
+
+    def count_read(self, nbytes: int) -> None: ...
+    def _set_aside(self, seg: Segment) -> None: ...
+    def _resync(self, f: Any, pos: int, off: int) -> tuple[int, int] | None: ...
 
 log = logging.getLogger("pybroker.storage.topiclog")
 
@@ -69,13 +96,13 @@ class LogCursor:
                  "_filled", "_first", "_pos", "_used", "_deferred", "_avg", "_tail_reads",
                  "_status")
 
-    def __init__(self, log: "TopicLog", min_read: int = MIN_READ,
+    def __init__(self, log: LogFiles, min_read: int = MIN_READ,
                  max_read: int = MAX_READ) -> None:
         self.log = log
         self.min_read = min_read
         self.max_read = max(min_read, max_read)
         self.seeks = 0              # reads that started at an index point (tests, stats)
-        self._seg: _Segment | None = None
+        self._seg: Segment | None = None
         self._fd = -1
         self._buf = bytearray()
         self._fbase = 0             # file position of _buf[0]
@@ -174,7 +201,7 @@ class LogCursor:
             self.seeks += 1
         return self._fill_to(offset, want, max(ahead, want), max_bytes, size, end)
 
-    def _open(self, seg: _Segment) -> None:
+    def _open(self, seg: Segment) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -27,12 +27,52 @@ import bisect
 import os
 import struct
 from array import array
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from pybroker import _native
 
 if TYPE_CHECKING:
-    from pybroker.storage.topiclog import TopicLog
+    import threading
+
+    from pybroker.storage.records import RecordBatch
+
+
+class TimedSegment(Protocol):
+    """What a lookup reads of a segment (storage.segments.Segment)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def base(self) -> int: ...
+    @property
+    def end(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def max_ts(self) -> int: ...
+    @property
+    def times(self) -> TimeIndex: ...
+
+
+class TimedLog(Protocol):
+    """What a lookup by time reads of a log (storage.topiclog.TopicLog), which owns
+    the time indexes and calls ``offset_for_time``: named here, not imported."""
+
+    @property
+    def lock(self) -> threading.Lock: ...
+    @property
+    def oldest(self) -> int: ...
+    @property
+    def written(self) -> int: ...
+    @property
+    def max_payload(self) -> int: ...
+    @property
+    def directory(self) -> str | None: ...
+    @property
+    def _segs(self) -> Sequence[TimedSegment]: ...
+
+    def count_read(self, nbytes: int) -> None: ...
+    def read(self, offset: int, max_records: int, max_bytes: int) -> RecordBatch: ...
 
 EVERY = 64 * 1024           # bytes of segment between two entries
 _TS_AT = 24                 # a record's ts_ns: after [crc][len][offset][deliver_at]
@@ -88,7 +128,7 @@ class TimeIndex:
         return self.offs[k], self.pos[k], end
 
 
-def offset_for_time(log: "TopicLog", ts_ns: int) -> int:
+def offset_for_time(log: TimedLog, ts_ns: int) -> int:
     """The first offset of log whose publish time is >= ts_ns (``written`` if none):
     a bisect in the first segment new enough and one read of at most EVERY bytes plus
     a record. A log without segments (memory only) is scanned (it holds at most its
@@ -116,7 +156,7 @@ def offset_for_time(log: "TopicLog", ts_ns: int) -> int:
     return _scan(log, log.oldest, ts_ns)
 
 
-def _read_span(log: "TopicLog", path: str, first: int, start: int, end: int,
+def _read_span(log: TimedLog, path: str, first: int, start: int, end: int,
                ts_ns: int) -> int:
     """The first record in file bytes [start, end) (records from ``first`` on) with a
     time >= ts_ns; -1 if none is found there (damage: the caller scans instead)."""
@@ -134,7 +174,7 @@ def _read_span(log: "TopicLog", path: str, first: int, start: int, end: int,
     return -1
 
 
-def _scan(log: "TopicLog", start: int, ts_ns: int) -> int:
+def _scan(log: TimedLog, start: int, ts_ns: int) -> int:
     """The slow way (a memory-only log, or damage in the span): read on from start."""
     off = max(start, log.oldest)
     while off < log.written:

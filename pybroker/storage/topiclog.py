@@ -62,14 +62,15 @@ from pybroker import _native
 
 from .records import _WHY, REC_HEADER, OffsetOutOfRange, RecordBatch
 from . import timeindex
+from .segments import SEG_HEADER, SEG_HEADER_SIZE
+from .segments import Block as _Block
+from .segments import Segment as _Segment
 from .errors import StorageError, from_oserror
 from .fileops import REAL, FileOps
 
 log = logging.getLogger("pybroker.storage.topiclog")
 SEG_MAGIC = b"PBTLOG"
 SEG_VERSION = 1
-SEG_HEADER = struct.Struct(">6sHQ")
-SEG_HEADER_SIZE = SEG_HEADER.size      # 16
 PAYLOAD_HEAD = 34
 READ_CHUNK = 256 * 1024
 LOG_END, LOG_PARTIAL, LOG_FULL = 0, 1, 2      # nsqf_log_scan's statuses (>= 0: no damage)
@@ -88,37 +89,6 @@ class SegmentInfo:
     end: int            # one past the last offset
     size_bytes: int
     max_ts_ns: int      # newest publish time in it
-
-
-class _Block:
-    """Records written together, kept in memory."""
-
-    __slots__ = ("first", "data", "pos", "deferred")
-
-    def __init__(self, first: int, data: bytes | bytearray, pos: Sequence[int],
-                 deferred: int) -> None:
-        self.first = first
-        self.data = data
-        self.pos = pos
-        self.deferred = deferred
-
-    @property
-    def end(self) -> int:
-        return self.first + len(self.pos)
-
-
-class _Segment:
-    __slots__ = ("path", "base", "end", "size", "max_ts", "index", "damaged", "times")
-
-    def __init__(self, path: str, base: int) -> None:
-        self.path = path
-        self.base = base
-        self.end = base
-        self.size = SEG_HEADER_SIZE
-        self.max_ts = 0
-        self.index: list[tuple[int, int]] = [(base, SEG_HEADER_SIZE)]  # (offset, file pos)
-        self.damaged = False
-        self.times = timeindex.TimeIndex()     # built as records are written or scanned
 
 
 class TopicLog:
