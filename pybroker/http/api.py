@@ -34,7 +34,7 @@ from pybroker.server.services import owner_loop
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
     from pybroker.core.topic import Topic
-    from pybroker.http.server import HttpServer
+    from pybroker.http.views import ServerView
     from pybroker.server.loop import EventLoop
     from pybroker.server.services import HttpHost
 
@@ -83,7 +83,7 @@ def _channel_empty(ch: Channel) -> None:
 class Api:
     """The endpoints. Owned by the HttpServer; every method runs on the HTTP thread."""
 
-    def __init__(self, runtime: HttpHost, server: HttpServer) -> None:
+    def __init__(self, runtime: HttpHost, server: ServerView) -> None:
         self.rt = runtime
         self.broker = runtime.broker
         self.opts = runtime.options

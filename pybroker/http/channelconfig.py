@@ -22,7 +22,7 @@ from pybroker.http.response import Response, error, ok_json
 
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
-    from pybroker.http.api import Api
+    from pybroker.http.views import ApiView
 
 
 def settings_of(ch: Channel) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def _configure(ch: Channel, settings: dict[str, Any]) -> dict[str, Any]:
     return settings_of(ch)
 
 
-def _targets_of(api: Api, topic: str) -> list[str]:
+def _targets_of(api: ApiView, topic: str) -> list[str]:
     """Where the channels of ``topic`` dead-letter to (those with max_attempts), as
     they are now (read from the HTTP thread: a setting changing meanwhile is seen
     before or after, either is a fair answer)."""
@@ -53,12 +53,12 @@ def _targets_of(api: Api, topic: str) -> list[str]:
             if c.max_attempts and c.dead_letter_topic is not None]
 
 
-def get_config(api: Api, req: Request) -> Response:
+def get_config(api: ApiView, req: Request) -> Response:
     ch = api._existing_channel(req)
     return ok_json(settings_of(ch))
 
 
-def post_config(api: Api, req: Request) -> Response | Gather[Response]:
+def post_config(api: ApiView, req: Request) -> Response | Gather[Response]:
     ch = api._existing_channel(req)
     q = api._params(req)
     raw_max, raw_topic = first(q, b"max_attempts"), first(q, b"dead_letter_topic")

@@ -43,7 +43,7 @@ from pybroker.http.response import (
 from pybroker.server.sockio import send_some
 
 if TYPE_CHECKING:
-    from pybroker.http.server import HttpServer
+    from pybroker.http.views import ConnServer
 
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
@@ -77,7 +77,7 @@ class _HeaderTooLarge(Exception):
 class HttpConn:
     """See the module docstring. Every method runs on the HTTP thread."""
 
-    def __init__(self, server: HttpServer, sock: socket.socket, addr: Any) -> None:
+    def __init__(self, server: ConnServer[HttpConn], sock: socket.socket, addr: Any) -> None:
         self.server = server
         self.sock = sock
         self.remote = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)

@@ -41,7 +41,7 @@ from pybroker.storage.topiclog import REC_HEADER, OffsetOutOfRange
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
     from pybroker.core.topic import Topic
-    from pybroker.http.api import Api
+    from pybroker.http.views import ApiView
 
 MS = 1_000_000
 MAX_READ_BYTES = 4 * 1024 * 1024
@@ -65,7 +65,7 @@ def _range_headers(oldest: int, end: int) -> tuple[bytes, ...]:
             b"X-Pybroker-End-Offset: %d\r\n" % end)
 
 
-def _topic(api: Api, req: Request) -> tuple[dict[bytes, list[bytes]], Topic] | Response:
+def _topic(api: ApiView, req: Request) -> tuple[dict[bytes, list[bytes]], Topic] | Response:
     """The request's arguments and its existing topic, or the error that answers it."""
     q = api._params(req)
     name = first(q, b"topic")
@@ -76,7 +76,7 @@ def _topic(api: Api, req: Request) -> tuple[dict[bytes, list[bytes]], Topic] | R
     return q, api._existing_topic(name.decode())
 
 
-def _busy(api: Api) -> Response | None:
+def _busy(api: ApiView) -> Response | None:
     return error(503, "TOO_MANY_READS") if api.reader.busy() else None
 
 
@@ -85,7 +85,7 @@ def _answer(results: list[Any]) -> Response:
     return got if isinstance(got, Response) else error(500, "INTERNAL_ERROR")
 
 
-def topic_offsets(api: Api, req: Request) -> Response | Gather[Response]:
+def topic_offsets(api: ApiView, req: Request) -> Response | Gather[Response]:
     found = _topic(api, req)
     if isinstance(found, Response):
         return found
@@ -118,7 +118,7 @@ def _records_end(buf: Any, pos: Any, k: int) -> int:
     return p + REC_HEADER + int.from_bytes(buf[p + 4:p + 8], "big")
 
 
-def topic_read(api: Api, req: Request) -> Response | Gather[Response]:
+def topic_read(api: ApiView, req: Request) -> Response | Gather[Response]:
     found = _topic(api, req)
     if isinstance(found, Response):
         return found
@@ -233,7 +233,7 @@ def _channel_commit(ch: Channel, offset: int, created: bool) -> int:
     return ch.commit(offset)
 
 
-def channel_commit(api: Api, req: Request) -> Response | Gather[Response]:
+def channel_commit(api: ApiView, req: Request) -> Response | Gather[Response]:
     found = _topic(api, req)
     if isinstance(found, Response):
         return found

@@ -16,7 +16,7 @@ from pybroker.http.collect import Collected
 from pybroker.http.process import process_figures
 
 if TYPE_CHECKING:
-    from pybroker.http.server import HttpFigures
+    from pybroker.http.views import HttpFigures
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 

@@ -16,7 +16,7 @@ from pybroker.http.request import Request
 from pybroker.http.response import Response, error, ok_json, ok_text
 
 if TYPE_CHECKING:
-    from pybroker.http.server import HttpServer
+    from pybroker.http.views import ServerView
     from pybroker.server.services import HttpHost
 
 
@@ -32,7 +32,7 @@ _TLS_VERSIONS = {"": 0x0301, "ssl3.0": 0x0300, "tls1.0": 0x0301, "tls1.1": 0x030
 class ConfigEndpoint:
     """Owned by the Api; ``handle`` serves both methods of /config/:opt."""
 
-    def __init__(self, runtime: HttpHost, server: HttpServer) -> None:
+    def __init__(self, runtime: HttpHost, server: ServerView) -> None:
         self.opts = runtime.options
         self.broker = runtime.broker
         self.server = server

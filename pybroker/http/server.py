@@ -26,7 +26,7 @@ import logging
 import selectors
 import socket
 import time
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from pybroker.config import TLS_REQUIRED, split_hostport
 from pybroker.evloop import SelectorLoop
@@ -37,6 +37,7 @@ from pybroker.http.process import GcPauses
 from pybroker.http.request import Request
 from pybroker.http.response import DateCache, Response, error
 from pybroker.http.statstext import go_duration
+from pybroker.http.views import HttpFigures
 from pybroker.server.listener import HTTP_RESERVE, Admission
 from pybroker.server.services import HttpHost
 
@@ -98,15 +99,6 @@ class _Accepting:
 
     def close(self) -> None:
         """Listeners are closed by HttpServer._close_all."""
-
-
-class HttpFigures(TypedDict):
-    """The HTTP server's own counts for /metrics and /stats: open connections, answers
-    by status, connections refused by listener."""
-
-    connections: int
-    requests: dict[int, int]
-    refused: dict[str, int]
 
 
 class HttpServer(SelectorLoop):

@@ -19,7 +19,7 @@ from pybroker.http.process import memory_stats
 
 if TYPE_CHECKING:
     from pybroker.server.services import HttpHost
-    from pybroker.http.server import HttpServer
+    from pybroker.http.views import ServerView
 
 
 log = logging.getLogger("pybroker")
@@ -106,7 +106,7 @@ def packets(lines: list[str], size: int) -> list[bytes]:
 class StatsdPusher:
     """Owns the ``statsd`` thread and the counters of the previous push."""
 
-    def __init__(self, runtime: HttpHost, server: HttpServer) -> None:
+    def __init__(self, runtime: HttpHost, server: ServerView) -> None:
         self.runtime = runtime
         self.server = server
         self.options = runtime.options
