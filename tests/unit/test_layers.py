@@ -90,11 +90,13 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(path: Path, *, annotations: bool = True) -> list[tuple[int, str]]:
+def _imports(path: Path, *, annotations: bool = True,
+             type_checking: bool = False) -> list[tuple[int, str]]:
     """(line, name) for every import in the file: ``import a.b`` gives ``a.b``;
     ``from a import b`` gives ``a`` and ``a.b``. With annotations=False the bodies of
     ``if TYPE_CHECKING:`` are left out and ``from a import b`` gives ``a.b`` only (the
-    graph then names ``a.b`` if it is a module, else ``a``)."""
+    graph then names ``a.b`` if it is a module, else ``a``); type_checking=True then
+    keeps the bodies of ``if TYPE_CHECKING:`` (the graph of annotations too)."""
     tree = ast.parse(path.read_text(), str(path))
     package = _module_name(path)
     if path.name != "__init__.py":
@@ -102,7 +104,8 @@ def _imports(path: Path, *, annotations: bool = True) -> list[tuple[int, str]]:
     out: list[tuple[int, str]] = []
 
     def visit(node: ast.AST) -> None:
-        if not annotations and isinstance(node, ast.If) and _is_type_checking(node.test):
+        if (not annotations and not type_checking and isinstance(node, ast.If)
+                and _is_type_checking(node.test)):
             for child in node.orelse:
                 visit(child)
             return
@@ -174,14 +177,15 @@ def test_one_selector_loop_implementation() -> None:
 
 # --- the module graph: circles and the order of layers --------------------------------
 
-def _graph() -> dict[str, dict[str, int]]:
-    """module -> {module it imports at run time: first line}; a ``from a import b``
-    names the module ``a.b`` when there is one, else ``a``."""
+def _graph(type_checking: bool = False) -> dict[str, dict[str, int]]:
+    """module -> {module it imports at run time (and, with type_checking, for
+    annotations): first line}; a ``from a import b`` names the module ``a.b`` when
+    there is one, else ``a``."""
     modules = {_module_name(p): p for p in _sources()}
     graph: dict[str, dict[str, int]] = {}
     for mod, path in modules.items():
         edges: dict[str, int] = {}
-        for line, name in _imports(path, annotations=False):
+        for line, name in _imports(path, annotations=False, type_checking=type_checking):
             while name and name not in modules:
                 name = name.rpartition(".")[0]
             if name and name != mod and name.startswith("pybroker"):
@@ -302,6 +306,20 @@ def test_no_import_circles() -> None:
     graph = _graph()
     circles = find_circles(graph)
     assert not circles, "\n".join(_describe(graph, c) for c in circles)
+
+
+# packages whose modules still name each other's classes in annotations round a circle
+# (cut by Protocols, as core, storage and http were; docs/ARCHITECTURE.md): to shrink
+ANNOTATION_CIRCLES_LEFT = {"pybroker.server"}
+
+
+def test_no_circles_through_annotations_outside_the_packages_left() -> None:
+    """Annotations (``if TYPE_CHECKING:`` imports) may not close a circle either,
+    except inside the packages listed above."""
+    graph = _graph(type_checking=True)
+    left = [c for c in find_circles(graph)
+            if not all(m.rpartition(".")[0] in ANNOTATION_CIRCLES_LEFT for m in c)]
+    assert not left, "\n".join(_describe(graph, c) for c in left)
 
 
 def test_imports_follow_the_order_of_layers() -> None:
