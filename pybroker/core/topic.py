@@ -47,6 +47,7 @@ class Log(Protocol):
     durable_epoch: int
     oldest: int
     tail_start: int
+    max_payload: int
 
     def append(self, bodies: list[bytes], ts_ns: int, deliver_at_ns: int = 0) -> int: ...
     def append_parts(self, src: bytes, offs: Any, lens: Any, ts_ns: int) -> int: ...
@@ -54,6 +55,8 @@ class Log(Protocol):
     def discard_pending(self) -> None: ...
     def read(self, offset: int, max_records: int, max_bytes: int) -> Any: ...
     def append_records(self, items: list[tuple[int, int, bytes, int]]) -> int: ...
+    def append_raw(self, data: bytes | bytearray, first: int) -> int: ...
+    def truncate(self, offset: int) -> int: ...
     def timestamps(self, offsets: list[int]) -> list[int]: ...
     def offset_for_time(self, ts_ns: int) -> int: ...
     def segments(self) -> list[Any]: ...
@@ -79,6 +82,9 @@ class Topic:
         self.deleted = False
         # every offset below released may be read by the channels
         self.released = log.written
+        # a replicated topic (pybroker.cluster): channels get records only below this
+        # (the high watermark); None: everything written
+        self.release_cap: int | None = None
         # where a first channel starts: everything before was consumed by channels that
         # are gone (nsqd hands a topic's buffer to its first channel, not old messages)
         self.orphan_start = log.oldest
@@ -163,7 +169,11 @@ class Topic:
                 raise
             if self.paused:
                 return epoch, n, []
-            self.released = log.written
+            cap = self.release_cap
+            to = log.written if cap is None else min(log.written, cap)
+            if to <= self.released:
+                return epoch, n, []
+            self.released = to
             return epoch, n, list(self.channels.values())
 
     def _discard(self) -> None:
@@ -219,9 +229,11 @@ class Topic:
         Returns the channels to wake."""
         with self.lock:
             self.paused = paused
-            if paused or self.log.written == self.released:
+            cap = self.release_cap
+            to = self.log.written if cap is None else min(self.log.written, cap)
+            if paused or to <= self.released:
                 return []
-            self.released = self.log.written
+            self.released = to
             return list(self.channels.values())
 
     def skip_gap(self, cursor: int) -> int:

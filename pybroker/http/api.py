@@ -385,9 +385,14 @@ class Api:
         return plan_stats(self.rt, topic, channel, include_clients).then(answer)
 
     def stats_document(self, c: Collected, memory: dict[str, Any] | None) -> dict[str, Any]:
-        return core_stats.document(NSQ_COMPAT_VERSION, self.health(), self.broker.start_time,
-                                   c.topics, memory, c.producers, _native.BACKEND,
-                                   self.server.figures()["refused"])
+        doc = core_stats.document(NSQ_COMPAT_VERSION, self.health(), self.broker.start_time,
+                                  c.topics, memory, c.producers, _native.BACKEND,
+                                  self.server.figures()["refused"])
+        if self.rt.cluster is not None:
+            from pybroker.cluster.report import add_stats
+
+            add_stats(self.rt.cluster, doc)
+        return doc
 
     def metrics(self, req: Request) -> Gather[Response]:
         from pybroker.http import metrics  # Prometheus' format: loaded when first asked for
@@ -395,6 +400,10 @@ class Api:
         def answer(c: Collected) -> Response:
             body = metrics.render(c, self.health(), self.broker.start_time,
                                   self.server.figures())
+            if self.rt.cluster is not None:
+                from pybroker.cluster.report import metrics_text
+
+                body += metrics_text(self.rt.cluster)
             return Response(200, body, metrics.CONTENT_TYPE, nsq=False)
 
         return plan_stats(self.rt, include_clients=False, every_loop=True).then(answer)

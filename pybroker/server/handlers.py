@@ -221,6 +221,11 @@ def sub(c: "ClientConn", cmd: Command) -> None:
     if not authd.check(c, cmd, "SUB", p[1].decode(), p[2].decode()):
         return
     broker = c.loop.runtime.broker
+    cluster = c.loop.runtime.cluster
+    if cluster is not None:
+        why = cluster.sub_refusal(p[1].decode())
+        if why is not None:
+            raise SubFailed(f"SUB failed {why}")
     try:
         topic = broker.get_topic(p[1].decode())
         ch = broker.get_channel(topic, p[2].decode())

@@ -45,6 +45,7 @@ from pybroker.protocol.encoder import encode_error
 from pybroker.storage import StorageError, StorageIOError
 
 if TYPE_CHECKING:
+    from pybroker.cluster.node import ClusterNode
     from pybroker.core.topic import Topic
     from pybroker.server.connection import ClientConn
     from pybroker.server.loop import EventLoop
@@ -63,10 +64,11 @@ Record = tuple[int, int, bytes, int]
 class _Batch:
     """The publishes of one topic in one turn: all carried by the write of ``epoch``."""
 
-    __slots__ = ("epoch", "slots", "calls", "remote")
+    __slots__ = ("epoch", "slots", "calls", "remote", "end")
 
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch
+        self.end = 0          # once written: one past the last offset it carried
         # memory mode, connections of this loop: their OK already in conn.out at index i,
         # not flushed before the write (conn.unconfirmed); an error replaces it
         self.slots: list[tuple[ClientConn, int, type[ClientError], str]] = []
@@ -120,6 +122,10 @@ class Publisher:
         self._outbox: dict[EventLoop, list[Request]] = {}
         self._replies: dict[EventLoop, list[tuple[Done, Exception | None]]] = {}
         self._slices: deque[_SliceJob] = deque()
+        # clustering (pybroker.cluster; None on a single node): publishes to a topic
+        # another node leads are forwarded there, and a write's batch is answered once
+        # the in-sync replicas hold it
+        self.cluster: ClusterNode | None = None
 
     def busy(self) -> bool:
         return bool(self._turn or self._slices or self._outbox or self._replies)
@@ -134,6 +140,16 @@ class Publisher:
             topic = loop.runtime.broker.get_topic(name)
         except Exiting as e:
             raise failed(f"{verb} failed {e}") from None
+        cl = self.cluster
+        if cl is not None:
+            if cl.diverts(name):
+                conn.awaiting_commit += 1
+                cl.divert(loop, name, payload, defer_ns,
+                          functools.partial(answer, conn, failed, verb))
+                return
+            why = cl.refusal(name)
+            if why is not None:
+                raise failed(f"{verb} failed {why}")
         owner = topic.owner
         whole = isinstance(payload, list)
         if owner is loop and (whole or len(payload[2]) <= SLICE):
@@ -173,6 +189,15 @@ class Publisher:
     def submit(self, name: str, payload: Payload, defer_ns: int, done: Done) -> None:
         """Publish to topic ``name`` from this loop's thread; ``done(None or error)``
         runs on this loop once the publish is settled (Exiting: the broker is exiting)."""
+        cl = self.cluster
+        if cl is not None:
+            if cl.diverts(name):
+                cl.divert(self.loop, name, payload, defer_ns, done)
+                return
+            why = cl.refusal(name)
+            if why is not None:
+                done(RuntimeError(why))
+                return
         owner = self.loop.runtime.broker.topic_owner(name)
         if owner is not self.loop:
             self._outbox.setdefault(owner, []).append((name, payload, defer_ns, done))
@@ -314,12 +339,15 @@ class Publisher:
                 log.error("NSQ: storage: %s", err)
                 self._settle(batch, err)
                 continue
+            batch.end = topic.log.written
             if chans:
                 self.loop.wake(chans)
             if n and rt.health is not None:
                 rt.storage.write_ok(topic)      # a write of real records worked
-            if not self.durable or not n or topic.log.durable_epoch >= epoch:
+            if not n:
                 self._settle(batch, None)
+            elif not self.durable or topic.log.durable_epoch >= epoch:
+                self._written(topic, batch)
             else:
                 self._syncing.setdefault(topic, deque()).append(batch)
                 to_sync.append(topic)
@@ -348,11 +376,22 @@ class Publisher:
                 err = log.lost_by(epoch)
                 if err is None and epoch > log.durable_epoch:
                     break                       # a later fsync will cover it
-                self._settle(waiting.popleft(), err)
+                if err is None:
+                    self._written(topic, waiting.popleft())
+                else:
+                    self._settle(waiting.popleft(), err)
             if not waiting:
                 del self._syncing[topic]
 
     # -- settling -----------------------------------------------------------------------
+    def _written(self, topic: Topic, batch: _Batch) -> None:
+        """The batch is written (synced, in fsync mode) here: answer it, or, for a
+        replicated topic, once the in-sync replicas hold it too."""
+        cl = self.cluster
+        if cl is None or not cl.await_replicas(topic, batch.end,
+                                               functools.partial(self._settle, batch)):
+            self._settle(batch, None)
+
     def _settle(self, batch: _Batch, err: Exception | None) -> None:
         to_flush = self.loop.to_flush
         for conn, idx, failed, verb in batch.slots:

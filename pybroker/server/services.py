@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import ssl
 
+    from pybroker.cluster.node import ClusterNode
     from pybroker.config import Options
     from pybroker.core.broker import Broker
     from pybroker.core.channel import Channel
@@ -41,6 +42,7 @@ class LoopServices(Protocol):
     tls_context: ssl.SSLContext | None
     health: str | None
     loops: list[EventLoop]
+    cluster: ClusterNode | None
 
     def request_stop(self) -> None: ...
     def storage_failed(self, err: BaseException, topic: Topic | None = None) -> None: ...
@@ -52,6 +54,7 @@ class RegistrarHost(Protocol):
 
     options: Options
     broker: Broker
+    cluster: ClusterNode | None
 
 
 class HttpHost(Protocol):
@@ -65,6 +68,7 @@ class HttpHost(Protocol):
     loops: list[EventLoop]
     listener: Listener | None
     tls_context: ssl.SSLContext | None
+    cluster: ClusterNode | None
 
     def request_stop(self) -> None: ...
     def storage_failed(self, err: BaseException, topic: Topic | None = None) -> None: ...
