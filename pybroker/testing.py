@@ -37,7 +37,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import pytest
 
@@ -118,7 +118,7 @@ class BrokerProcess:
             return [self.nsqd_path, *common, *self.extra_args]
         return [self.python, "-m", "pybroker", "serve", *common, *self.extra_args]
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> "BrokerProcess":
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> Self:
         """Start the process and wait until it listens; raise (with its log) if it exits."""
         env = dict(os.environ)
         if self.env:

@@ -6,7 +6,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-from tests.support.broker import BrokerProcess, find_nsqd
+from tests.support.broker import BrokerProcess
+from tests.support.programs import require_nsqd
 from tests.support.wire import WireClient
 
 # pytest's own plugin for testing plugins: the tests of pybroker.testing (the pytest plugin
@@ -37,10 +38,7 @@ def make_broker() -> Iterator[Callable[..., BrokerProcess]]:
 
     def make(*args: str, kind: str = "pybroker", **kw: object) -> BrokerProcess:
         if kind == "nsqd":
-            path = find_nsqd()
-            if path is None:
-                pytest.skip("no nsqd binary on PATH (or $NSQD) to compare against")
-            kw.setdefault("nsqd_path", path)
+            kw.setdefault("nsqd_path", require_nsqd())
         b = BrokerProcess(kind, list(args), **kw).start()  # type: ignore[arg-type]
         started.append(b)
         return b
@@ -55,10 +53,7 @@ def make_broker() -> Iterator[Callable[..., BrokerProcess]]:
 
 @pytest.fixture(scope="session")
 def nsqd_path() -> str:
-    path = find_nsqd()
-    if path is None:
-        pytest.skip("no nsqd binary on PATH (or $NSQD) to compare against")
-    return path
+    return require_nsqd()
 
 
 @pytest.fixture(scope="session")
@@ -71,8 +66,11 @@ def nsqd(nsqd_path: str) -> Iterator[BrokerProcess]:
 
 @pytest.fixture(params=["pybroker", "nsqd"])
 def any_broker(request: pytest.FixtureRequest) -> BrokerProcess:
-    """The same test against pybroker and, when one is found, a real nsqd."""
-    return request.getfixturevalue("broker" if request.param == "pybroker" else "nsqd")
+    """The same test against pybroker and a real nsqd (tests/support/programs.py: a skip
+    without one, or a failure in strict mode)."""
+    b: BrokerProcess = request.getfixturevalue("broker" if request.param == "pybroker"
+                                               else "nsqd")
+    return b
 
 
 @pytest.fixture(params=["pybroker", "nsqd"])
@@ -103,10 +101,7 @@ def make_module_broker() -> Iterator[Callable[..., BrokerProcess]]:
         if key not in started:
             kw: dict[str, object] = {}
             if kind == "nsqd":
-                path = find_nsqd()
-                if path is None:
-                    pytest.skip("no nsqd binary on PATH (or $NSQD) to compare against")
-                kw["nsqd_path"] = path
+                kw["nsqd_path"] = require_nsqd()
             started[key] = BrokerProcess(kind, list(args), **kw).start()  # type: ignore[arg-type]
         return started[key]
 

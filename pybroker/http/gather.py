@@ -116,7 +116,7 @@ def run_blocking(g: Gather[T], timeout_s: float | None = None) -> T:
                 done.set()
 
     for i, (loop, fn, args) in enumerate(g.jobs):
-        loop.call_soon_threadsafe(run_job, fn, args, lambda v, i=i: deliver(i, v))
+        loop.call_soon_threadsafe(run_jobs, [(fn, args, lambda v, i=i: deliver(i, v))])
     done.wait(g.timeout_s if timeout_s is None else timeout_s)
     with lock:
         snapshot = list(results)

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from pybroker.http.gather import MISSING, Job
+from pybroker.http.gather import MISSING, Job, run_jobs
 
 log = logging.getLogger("pybroker")
 MAX_QUEUED = 64
@@ -86,8 +86,13 @@ class _Then:
         self.loop = loop
         self.second = second
 
-    def call_soon_threadsafe(self, run_job: Callable[..., None], _fn: Any, _args: Any,
-                             deliver: Callable[[Any], None]) -> None:
+    def call_soon_threadsafe(self, _run_jobs: Any, jobs: list[tuple[Any, Any, Any]]) -> None:
+        """Posted like a loop's jobs (``run_jobs, [(fn, args, deliver)]``); runs its own
+        two steps for each, delivering the second's result."""
+        for _fn, _args, deliver in jobs:
+            self._post(deliver)
+
+    def _post(self, deliver: Callable[[Any], None]) -> None:
         def step() -> None:
             try:
                 got = self.first(*self.args)
@@ -95,7 +100,7 @@ class _Then:
                 log.exception("HTTP: a log read failed")
                 deliver(MISSING)
                 return
-            self.loop.call_soon_threadsafe(run_job, self.second, (got,), deliver)
+            self.loop.call_soon_threadsafe(run_jobs, [(self.second, (got,), deliver)])
 
         self.reader.call_soon_threadsafe(step)
 

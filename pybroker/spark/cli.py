@@ -83,8 +83,9 @@ def archive(
                                    help="mode channel: messages per micro-batch at most "
                                         "(default and maximum: half of --max-in-flight)"),
     drain_timeout: str = typer.Option("2s", "--drain-timeout",
-                                      help="mode channel, --available-now: idle time that "
-                                           "means the channel is drained"),
+                                      help="mode channel, --available-now: idle time, with "
+                                           "every server heard from, that means the "
+                                           "channel is drained"),
     conf: list[str] | None = typer.Option(None, "--conf", help="Spark setting KEY=VALUE "
                                                        "(repeatable)"),
 ) -> None:

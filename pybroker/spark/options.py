@@ -99,7 +99,7 @@ class SourceOptions:
     msg_timeout_s: float = 0.0          # 0: the server's --msg-timeout
     touch_interval_s: float = 0.0       # 0: a third of the granted msg_timeout
     max_attempts: int = 0               # 0: never give up on a message
-    drain_timeout_s: float = 2.0        # available-now: idle time that means "drained"
+    drain_timeout_s: float = 2.0        # available-now: idle time (servers heard) = drained
     checkpoint: str = ""                # the query's checkpointLocation (local path)
     lookupd_poll_interval_s: float = 15.0
 

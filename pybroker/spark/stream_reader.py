@@ -42,6 +42,19 @@ ARROW_SCHEMA = pa.schema([
 #: While messages keep arriving, wait up to this long to fill a batch.
 _LINGER_S = 0.5
 _LINGER_STEP_S = 0.05
+#: Available-now: after a server was heard from, the time left for what it sends with or
+#: after the heartbeat (after a stall, both come at once) to arrive.
+_SETTLE_S = 0.5
+#: Available-now: the longest wait for a server to be heard from (a connection that
+#: dropped reconnects after lookupd_poll_interval) before the run ends all the same.
+_HEARD_CAP_S = 60.0
+
+
+def drain_heartbeat_s(drain_timeout_s: float) -> float:
+    """The heartbeat interval an available-now source asks for: twice the drain timeout,
+    within the 1 to 30 s nsqd grants. A server sends one that often; it also closes a
+    client it hears nothing from (not even the NOP answering a heartbeat) for two."""
+    return max(1.0, min(30.0, 2 * drain_timeout_s))
 
 
 class MessagePartition(InputPartition):
@@ -109,7 +122,9 @@ class PyBrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _subscription(self) -> Subscription:
         if self._sub is None:
             _install_exit_handler()
-            self._sub = Subscription(self.opts).start()
+            heartbeat_s = (drain_heartbeat_s(self.opts.drain_timeout_s)
+                           if self._drain_ts_ns is not None else 30.0)
+            self._sub = Subscription(self.opts, heartbeat_s=heartbeat_s).start()
         return self._sub
 
     def initialOffset(self) -> dict[str, Any]:
@@ -138,11 +153,29 @@ class PyBrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return end
 
     def _wait_for_data(self, start: Offset | None, max_rows: int) -> Offset | None:
-        """Available-now: poll up to drain_timeout for a message before calling it drained."""
-        deadline = time.monotonic() + self.opts.drain_timeout_s
+        """Available-now: poll for a message. Drained once drain_timeout has passed
+        without one, every server was heard from (a heartbeat) since the wait began, and
+        _SETTLE_S more passed after that. Silence alone is not enough: a stalled server,
+        or this process stalled on a loaded machine, is silent too, and the run would end
+        with the channel's messages left for the next one."""
+        sub = self._subscription()
+        drain = self.opts.drain_timeout_s
+        use_beats = sub.heartbeat_s <= 2 * drain    # else it is silence alone, as before
+        before = sub.heartbeats()
+        began = time.monotonic()
+        heard_at: float | None = None
         while True:
+            now = time.monotonic()
+            if heard_at is None and (not use_beats or sub.heard_since(before)):
+                heard_at = now
+            capped = now - began >= drain + _HEARD_CAP_S
+            drained = capped or (heard_at is not None and now - began >= drain
+                                 and now - heard_at >= min(drain, _SETTLE_S))
             end = self.ledger.latest(start, max_rows, self._drain_ts_ns)
-            if end is not None or time.monotonic() >= deadline:
+            if end is not None or drained:
+                if end is None and capped and heard_at is None:
+                    log.warning("%s/%s: no server heard from for %.0fs; ending the run",
+                                self.opts.topic, self.opts.channel, now - began)
                 return end
             time.sleep(_LINGER_STEP_S)
 

@@ -26,12 +26,14 @@ _DEFAULT_MSG_TIMEOUT_S = 60.0
 class Subscription:
     """A running consumer of ``opts.topic``/``opts.channel``; see the module docstring."""
 
-    def __init__(self, opts: SourceOptions, run: str | None = None) -> None:
+    def __init__(self, opts: SourceOptions, run: str | None = None,
+                 heartbeat_s: float = 30.0) -> None:
         self.opts = opts
         self.run = run or uuid.uuid4().hex[:16]
         self.ledger = Ledger(self.run, opts.max_batch_size)
+        self.heartbeat_s = heartbeat_s
         cfg = Config(max_in_flight=opts.max_in_flight, max_attempts=opts.max_attempts,
-                     msg_timeout=opts.msg_timeout_s,
+                     msg_timeout=opts.msg_timeout_s, heartbeat_interval=heartbeat_s,
                      lookupd_poll_interval=opts.lookupd_poll_interval_s)
         self.consumer = Consumer(opts.topic, opts.channel, self._on_message, cfg,
                                  on_give_up=self._on_give_up)
@@ -103,6 +105,24 @@ class Subscription:
         if conns:
             window = min(window, sum(c.max_rdy_count for c in conns))
         return max(1, min(self.opts.max_batch_size, window // 2))
+
+    # -- liveness ----------------------------------------------------------------------
+    def heartbeats(self) -> dict[int, int]:
+        """Heartbeats received so far, per live connection (for ``heard_since``)."""
+        return {id(c): c.heartbeats for c in self.consumer.conns()}
+
+    def heard_since(self, before: dict[int, int]) -> bool:
+        """True when every server is connected (every nsqd address given; those nsqlookupd
+        named) and has sent a heartbeat since ``before`` was taken, and every message delivered so far is in the ledger (none still
+        queued for the handler). A stalled server sends no heartbeat, and a connection
+        that dropped is no answer either (the consumer reconnects)."""
+        conns = self.consumer.conns()
+        if len(conns) < len(self.opts.nsqd):
+            return False
+        if any(c.heartbeats <= before.get(id(c), 0) for c in conns):
+            return False
+        counts = self.ledger.counts()
+        return sum(c.in_flight for c in conns) <= counts["waiting"] + counts["held"]
 
     # -- keep-alive --------------------------------------------------------------------
     def msg_timeout_s(self) -> float:

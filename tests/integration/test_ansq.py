@@ -16,10 +16,9 @@ import ansq
 import pytest
 
 from tests.support.broker import BrokerProcess, unique_name
+from tests.support.each_once import DEADLINE_S, QUIET_S, assert_each_once, workload
 
-N_PUB, N_MPUB_BATCHES, MPUB_BATCH, N_DPUB = 4000, 50, 100, 1000
-TOTAL = N_PUB + N_MPUB_BATCHES * MPUB_BATCH + N_DPUB
-DEADLINE_S = 60.0
+WORK = workload()      # 10,000 messages: PUB, MPUB and DPUB
 CHUNK = 500  # publish commands in flight at once
 
 
@@ -27,51 +26,42 @@ async def consume(conn: Any, received: Counter[bytes]) -> None:
     async for message in conn.messages():
         received[message.body] += 1
         await message.fin()
-        if len(received) >= TOTAL:
+        if len(received) >= WORK.total:
             return
 
 
 async def publish_and_consume(host: str, port: int, topic: str
-                              ) -> tuple[list[Any], Counter[bytes], list[bytes]]:
+                              ) -> tuple[list[Any], Counter[bytes]]:
     received: Counter[bytes] = Counter()
     reader = await ansq.open_connection(host, port)
     writer = await ansq.create_writer(nsqd_tcp_addresses=[f"{host}:{port}"])
     await reader.subscribe(topic, "ch", 50)
-    pubs = [b"pub-%d" % i for i in range(N_PUB)]
-    batches = [[b"mpub-%d-%d" % (b, i) for i in range(MPUB_BATCH)]
-               for b in range(N_MPUB_BATCHES)]
-    dpubs = [(10 + (i % 10) * 10, b"dpub-%d" % i) for i in range(N_DPUB)]
     try:
         consumer = asyncio.create_task(consume(reader, received))
-        calls = ([writer.pub(topic, body) for body in pubs]
-                 + [writer.mpub(topic, *batch) for batch in batches]
-                 + [writer.dpub(topic, body, delay) for delay, body in dpubs])
+        calls = ([writer.pub(topic, body) for body in WORK.pubs]
+                 + [writer.mpub(topic, *batch) for batch in WORK.batches]
+                 + [writer.dpub(topic, body, delay) for delay, body in WORK.dpubs])
         responses: list[Any] = []
         for start in range(0, len(calls), CHUNK):
             responses += await asyncio.wait_for(
                 asyncio.gather(*calls[start:start + CHUNK]), DEADLINE_S)
         await asyncio.wait_for(consumer, DEADLINE_S)
-        await asyncio.sleep(0.3)  # room for any duplicate delivery to show up
+        await asyncio.sleep(QUIET_S)  # room for any duplicate delivery to show up
         assert reader.message_queue.qsize() == 0, "a message was delivered twice"
     finally:
         await writer.close()
         await reader.close()
-    expected = pubs + [b for batch in batches for b in batch] + [b for _, b in dpubs]
-    return responses, received, expected
+    return responses, received
 
 
 @pytest.mark.timeout(180)
 def test_ansq_ten_thousand_messages_each_once(any_broker: BrokerProcess) -> None:
     host, port = any_broker.tcp_address or ("", 0)
-    responses, received, expected = asyncio.run(
-        publish_and_consume(host, port, unique_name("ansq")))
-    assert len(responses) == N_PUB + N_MPUB_BATCHES + N_DPUB
+    responses, received = asyncio.run(publish_and_consume(host, port, unique_name("ansq")))
+    assert len(responses) == WORK.n_commands
     bad = [r for r in responses if not (r.is_response and r.body == b"OK")]
     assert not bad, bad[:5]
-    assert len(set(expected)) == TOTAL
-    assert set(received) == set(expected)
-    dups = {body: n for body, n in received.items() if n != 1}
-    assert not dups, f"delivered more than once: {list(dups.items())[:5]}"
+    assert_each_once(received, WORK.expected())
 
 
 async def bad_dpub(host: str, port: int) -> tuple[Any, bool]:

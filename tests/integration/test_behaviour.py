@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 
 from tests.support import wire
-from tests.support.broker import BrokerProcess, unique_name
+from tests.support.broker import BrokerProcess, unique_name, wait_until
+from tests.support.http import channel_stats
 from tests.support.wire import ConnectionClosed, WireClient
 
 Connect = Callable[..., WireClient]
@@ -370,8 +371,9 @@ def test_ephemeral_channel_removed_with_last_consumer(any_broker: BrokerProcess,
     assert eph.read_message().body == b"both"
     assert keeper.read_message().body == b"both"
     eph.close()
-    # Removal is asynchronous after the disconnect; neither server exposes it over TCP.
-    time.sleep(0.5)
+    # removal is asynchronous after the disconnect: both servers show it in /stats
+    wait_until(lambda: channel_stats(any_broker, topic, "ch#ephemeral") is None, 5,
+               what="the ephemeral channel to go")
     keeper.pub(topic, b"nobody listening")
     assert keeper.read_message().body == b"nobody listening"
     again = consumer(connect, any_broker, topic, "ch#ephemeral", rdy=10)

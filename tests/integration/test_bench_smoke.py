@@ -13,7 +13,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from tests.support.broker import find_nsqd, project_root
+from tests.support.broker import project_root
+from tests.support.programs import require_nsqd
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -56,9 +57,7 @@ def test_every_scenario_reports_nonzero_figures(tmp_path: Path) -> None:
 
 @pytest.mark.nsqd
 def test_vs_nsqd_prints_ratios_and_plots(tmp_path: Path) -> None:
-    nsqd = find_nsqd()
-    if nsqd is None:
-        pytest.skip("no nsqd binary on PATH (or $NSQD) to compare against")
+    nsqd = require_nsqd()
     extra = []
     has_plot = importlib.util.find_spec("matplotlib") is not None
     if has_plot:

@@ -5,23 +5,17 @@ fake lookupd of tests/support/lookupd.py, and a real nsqlookupd when one is on P
 """
 from __future__ import annotations
 
-import json
-import os
-import re
-import shutil
-import signal
-import subprocess
-import sys
+import logging
 import threading
-import time
-import urllib.request
 from typing import Callable, Iterator
 
 import pytest
 
 from pybroker.client import Consumer, Message, Producer
 from tests.support.broker import BrokerProcess, unique_name, wait_until
+from tests.support.http import http_json
 from tests.support.lookupd import FakeLookupd
+from tests.support.nsqtools import NsqDaemon, start_nsqlookupd
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,7 +41,9 @@ class Bodies:
 
 
 def test_reconnect_after_server_restart(make_broker: Callable[..., BrokerProcess],
-                                        broker_kind: str) -> None:
+                                        broker_kind: str,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="pybroker.client")
     b = make_broker(kind=broker_kind)
     assert b.tcp_address is not None
     b.extra_args.append(f"--tcp-address=127.0.0.1:{b.tcp_address[1]}")   # same port again
@@ -63,7 +59,9 @@ def test_reconnect_after_server_restart(make_broker: Callable[..., BrokerProcess
         assert b.stop() == 0
         wait_until(lambda: old.is_closed and not p.is_connected, 5,
                    what="both clients to see the server go")
-        time.sleep(0.5)                          # a few failed reconnect attempts
+        failed = f"({b.tcp_hostport}) error connecting to nsqd"
+        wait_until(lambda: sum(failed in r.getMessage() for r in caplog.records) >= 2, 5,
+                   what="two failed reconnect attempts")
         assert c.conns() == []
         b.start()
         wait_until(lambda: c.conns() and c.conns()[0] is not old, 10,
@@ -129,68 +127,37 @@ def test_lookupd_unknown_topic_then_registered(make_broker: Callable[..., Broker
 
 # -- a real nsqlookupd ---------------------------------------------------------------
 @pytest.fixture
-def nsqlookupd() -> Iterator[str]:
-    """A real nsqlookupd on ephemeral ports; yields its HTTP address."""
-    path = os.environ.get("NSQLOOKUPD") or shutil.which("nsqlookupd")
-    if not path:
-        pytest.skip("no nsqlookupd binary on PATH (or $NSQLOOKUPD)")
-    proc = subprocess.Popen([path, "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    addrs: dict[str, str] = {}
-
-    def read() -> None:
-        assert proc.stderr is not None
-        for raw in proc.stderr:
-            m = re.search(r"(TCP|HTTP): listening on (\S+)", raw.decode(errors="replace"))
-            if m:
-                addrs[m.group(1)] = m.group(2)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        wait_until(lambda: len(addrs) == 2, 10, what="nsqlookupd to listen")
-        yield f"{addrs['HTTP']}|{addrs['TCP']}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
-        reader.join(5)
-        assert proc.stderr is not None
-        proc.stderr.close()
-
-
-def _supports_lookupd_flag() -> bool:
-    out = subprocess.run([sys.executable, "-m", "pybroker", "serve", "--help"],
-                         capture_output=True, text=True, timeout=30,
-                         env=dict(os.environ, COLUMNS="200"))
-    return "--lookupd-tcp-address" in out.stdout
+def nsqlookupd() -> Iterator[NsqDaemon]:
+    """A real nsqlookupd on ephemeral ports."""
+    lookupd = start_nsqlookupd()
+    yield lookupd
+    assert lookupd.stop() == 0, lookupd.text()
 
 
 def test_discovery_through_real_nsqlookupd(make_broker: Callable[..., BrokerProcess],
-                                           broker_kind: str, nsqlookupd: str) -> None:
-    http_addr, tcp_addr = nsqlookupd.split("|")
-    if broker_kind == "pybroker" and not _supports_lookupd_flag():
-        pytest.skip("pybroker serve has no --lookupd-tcp-address yet")
+                                           broker_kind: str, nsqlookupd: NsqDaemon) -> None:
+    http_addr, tcp_addr = nsqlookupd.hostport("HTTP"), nsqlookupd.hostport("TCP")
     b = make_broker(f"--lookupd-tcp-address={tcp_addr}", "--broadcast-address=127.0.0.1",
                     kind=broker_kind)
     topic = unique_name("disc_real")
     with Producer(b.tcp_hostport) as p:
         p.publish(topic, b"registered")     # creating the topic registers it
-    if broker_kind == "pybroker":
-        def nodes() -> list[object]:
-            with urllib.request.urlopen(f"http://{http_addr}/nodes", timeout=5) as r:
-                return list(json.loads(r.read()).get("producers") or [])
-        try:
-            wait_until(nodes, 3, what="pybroker in nsqlookupd's /nodes")
-        except AssertionError:
-            pytest.skip("pybroker does not register with nsqlookupd yet (absent from /nodes)")
+
+    assert b.tcp_address is not None
+    port = b.tcp_address[1]
+
+    def registered() -> bool:
+        status, doc = http_json("GET", f"http://{http_addr}/lookup?topic={topic}")
+        return status == 200 and [x["tcp_port"] for x in doc["producers"]] == [port]
+
+    # a new topic is registered with every nsqlookupd at once (nsqd's lookupLoop)
+    wait_until(registered, 10, what=f"{broker_kind}'s topic in nsqlookupd's /lookup")
     got = Bodies()
     c = Consumer(topic, "ch", got, lookupd_poll_interval=0.2, lookupd_poll_jitter=0.0)
     try:
         c.connect_to_nsqlookupd(http_addr)
         wait_until(lambda: got.bodies() == [b"registered"], 10,
                    what="the message through a real nsqlookupd")
-        assert b.tcp_address is not None
-        assert [x.address.rsplit(":", 1)[1] for x in c.conns()] == [str(b.tcp_address[1])]
+        assert [x.address.rsplit(":", 1)[1] for x in c.conns()] == [str(port)]
     finally:
         c.close()

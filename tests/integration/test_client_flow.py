@@ -12,6 +12,7 @@ import pytest
 
 from pybroker.client import Conn, Consumer, Message, Producer
 from tests.support.broker import BrokerProcess, unique_name, wait_until
+from tests.support.http import wait_all_finished
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -179,7 +180,7 @@ def test_max_attempts_gives_up_and_finishes(any_broker: BrokerProcess) -> None:
     c.connect_to_nsqd(any_broker.tcp_hostport)
     try:
         wait_until(lambda: handler.given_up, 15, what="the give-up hook")
-        time.sleep(1.5)       # longer than msg_timeout: an un-FIN'd message would return
+        wait_all_finished(any_broker, topic, "ch")      # given up means FIN'd
     finally:
         c.close()
     assert handler.attempts == [1, 2, 3]

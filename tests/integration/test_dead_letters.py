@@ -29,6 +29,7 @@ import pytest
 
 from pybroker.protocol.deadletter import DeadLetter, parse_envelope
 from tests.support.broker import BrokerProcess, project_root, unique_name, wait_until
+from tests.support.http import broker_json
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -84,19 +85,7 @@ def publish(addr: str, topic: str, bodies: list[bytes]) -> None:
 
 
 def http(b: BrokerProcess, method: str, path: str, **query: Any) -> tuple[int, Any]:
-    url = f"http://{b.http_hostport}{path}?{urllib.parse.urlencode(query)}"
-    req = urllib.request.Request(url, data=b"" if method == "POST" else None, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            raw = r.read()
-            status = r.status
-    except urllib.error.HTTPError as e:
-        raw = e.read()
-        status = e.code
-    try:
-        return status, json.loads(raw) if raw else None
-    except ValueError:
-        return status, raw
+    return broker_json(b, method, path, **query)
 
 
 def channel_stats(b: BrokerProcess, topic: str, channel: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.broker import BrokerProcess, find_nsqd, rss_kb, unique_name
+from tests.support.broker import BrokerProcess, rss_kb, unique_name
 from tests.support.wire import MAGIC_V2, WireClient
 
 EXAMPLES = int(os.environ.get("PYBROKER_FUZZ_EXAMPLES", "300"))
@@ -278,10 +278,8 @@ KNOWN_DIFFERENCE = b"body size does not match its messages"
 
 
 def test_error_codes_match_nsqd(make_broker: Callable[..., BrokerProcess]) -> None:
-    if find_nsqd() is None:
-        pytest.skip("no nsqd binary on PATH (or $NSQD) to compare against")
+    nsqd = make_broker(*LIMITS, kind="nsqd")       # first: no nsqd, no pybroker started
     ours = make_broker(*LIMITS)
-    nsqd = make_broker(*LIMITS, kind="nsqd")
     mismatches: list[str] = []
 
     @settings(max_examples=COMPARE_EXAMPLES, deadline=None,
@@ -322,10 +320,8 @@ CUT_SHORT = [
 @pytest.mark.parametrize("data", CUT_SHORT, ids=range(len(CUT_SHORT)))
 def test_answers_pinned_against_nsqd(make_broker: Callable[..., BrokerProcess],
                                      data: bytes) -> None:
-    if find_nsqd() is None:
-        pytest.skip("no nsqd binary on PATH (or $NSQD) to compare against")
-    ours = make_broker(*LIMITS)
     nsqd = make_broker(*LIMITS, kind="nsqd")
+    ours = make_broker(*LIMITS)
     want = exchange(nsqd.tcp_address, MAGIC_V2 + data)  # type: ignore[arg-type]
     got = exchange(ours.tcp_address, MAGIC_V2 + data)  # type: ignore[arg-type]
     frames(got, data)

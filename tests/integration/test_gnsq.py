@@ -9,9 +9,7 @@ Waiting is done with gevent.sleep, which lets gnsq's greenlets run.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import gevent
@@ -20,18 +18,9 @@ import gnsq.errors
 import pytest
 
 from tests.support.broker import BrokerProcess, unique_name
+from tests.support.each_once import DEADLINE_S, QUIET_S, assert_each_once, green_wait, workload
 
-N_PUB, N_MPUB_BATCHES, MPUB_BATCH, N_DPUB = 4000, 50, 100, 1000
-TOTAL = N_PUB + N_MPUB_BATCHES * MPUB_BATCH + N_DPUB
-DEADLINE_S = 60.0
-
-
-def green_wait(pred: Callable[[], object], what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        gevent.sleep(0.01)
+WORK = workload()      # 10,000 messages: PUB, MPUB and DPUB
 
 
 @pytest.mark.timeout(180)
@@ -47,32 +36,24 @@ def test_gnsq_ten_thousand_messages_each_once(any_broker: BrokerProcess) -> None
     consumer.on_message.connect(handler, weak=False)
 
     producer = gnsq.Producer(nsqd_tcp_addresses=[addr])
-    pubs = [b"pub-%d" % i for i in range(N_PUB)]
-    batches = [[b"mpub-%d-%d" % (b, i) for i in range(MPUB_BATCH)]
-               for b in range(N_MPUB_BATCHES)]
-    dpubs = [(10 + (i % 10) * 10, b"dpub-%d" % i) for i in range(N_DPUB)]
     try:
         consumer.start(block=False)
         producer.start()
-        results = [producer.publish(topic, body, raise_error=False) for body in pubs]
+        results = [producer.publish(topic, body, raise_error=False) for body in WORK.pubs]
         results += [producer.multipublish(topic, batch, raise_error=False)
-                    for batch in batches]
+                    for batch in WORK.batches]
         results += [producer.publish(topic, body, defer=delay, raise_error=False)
-                    for delay, body in dpubs]
+                    for delay, body in WORK.dpubs]
         answers = [r.get(timeout=DEADLINE_S) for r in results]
         assert answers == [b"OK"] * len(results)
-        green_wait(lambda: len(received) >= TOTAL, "all messages", DEADLINE_S)
-        gevent.sleep(0.3)  # room for any duplicate delivery to show up
+        green_wait(lambda: len(received) >= WORK.total, "all messages", DEADLINE_S)
+        gevent.sleep(QUIET_S)  # room for any duplicate delivery to show up
     finally:
         producer.close()
         consumer.close()
         producer.join(5)
         consumer.join(5)
-    expected = set(pubs) | {b for batch in batches for b in batch} | {b for _, b in dpubs}
-    assert len(expected) == TOTAL
-    assert set(received) == expected
-    dups = {body: n for body, n in received.items() if n != 1}
-    assert not dups, f"delivered more than once: {list(dups.items())[:5]}"
+    assert_each_once(received, WORK.expected())
 
 
 @pytest.mark.parametrize("kwargs, exc_class, text", [

@@ -8,7 +8,8 @@ three are started and stopped by PID inside it.
 
 Needs the compiled test binary (``go test -c`` in go-nsq, as ``go-nsq.test`` on PATH or
 ``$GO_NSQ_TEST``), its source directory for the certificates (``$GO_NSQ_DIR``),
-``nsqlookupd`` on PATH and permission to create a network namespace; skipped otherwise.
+``nsqlookupd`` on PATH and permission to create a network namespace; skipped otherwise
+(a failure in strict mode: tests/support/programs.py).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.broker import project_root
+from tests.support.programs import missing, require_dir, require_program
 
 pytestmark = pytest.mark.timeout(200)
 
@@ -50,19 +52,13 @@ exit $STATUS
 
 
 def _requirements() -> tuple[str, Path, str]:
-    test_bin = os.environ.get("GO_NSQ_TEST") or shutil.which("go-nsq.test")
-    if not test_bin:
-        pytest.skip("go-nsq's test binary not found (go-nsq.test on PATH or $GO_NSQ_TEST)")
-    source = Path(os.environ.get("GO_NSQ_DIR", ""))
-    if not os.environ.get("GO_NSQ_DIR") or not (source / "test" / "ca.pem").is_file():
-        pytest.skip("go-nsq's source directory (its test/ certificates) not given: "
-                    "set $GO_NSQ_DIR")
-    lookupd = os.environ.get("NSQLOOKUPD") or shutil.which("nsqlookupd")
-    if not lookupd:
-        pytest.skip("nsqlookupd not found on PATH")
+    test_bin = require_program("go-nsq.test", "(go-nsq's compiled test suite)")
+    source = Path(require_dir("GO_NSQ_DIR", "test/ca.pem",
+                              "go-nsq's source directory, for its test certificates"))
+    lookupd = require_program("nsqlookupd", "(go-nsq's tests look topics up in it)")
     if not shutil.which("unshare") or not shutil.which("ip") or subprocess.run(
             ["unshare", "-n", "true"], capture_output=True, check=False).returncode != 0:
-        pytest.skip("cannot create a private network namespace (unshare -n)")
+        missing("cannot create a private network namespace (unshare -n, ip)")
     return test_bin, source, lookupd
 
 

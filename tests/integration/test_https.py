@@ -3,7 +3,6 @@ curl verifying the server with --cacert, client certificates, and tls_required."
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import ssl
 import subprocess
@@ -17,8 +16,7 @@ import pytest
 from tests.support.broker import BrokerProcess, unique_name
 from tests.support.certs import CertSet, make_certs
 from tests.support.layers import client_context
-
-CURL = shutil.which("curl")
+from tests.support.programs import require_program
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +30,8 @@ def _tls(certs: CertSet, *extra: str) -> tuple[str, ...]:
 
 
 def _curl(*args: str) -> subprocess.CompletedProcess[str]:
-    if CURL is None:
-        pytest.skip("no curl on PATH")
-    return subprocess.run([CURL, "-sS", "--max-time", "10", *args], capture_output=True,
+    curl = require_program("curl", "to check the HTTPS listener with")
+    return subprocess.run([curl, "-sS", "--max-time", "10", *args], capture_output=True,
                           text=True, timeout=20)
 
 

@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from tests.support.broker import BrokerProcess, project_root, unique_name
+from tests.support.programs import missing
 
 # Only look locust up: importing it here would monkey-patch this pytest process with gevent.
-pytestmark_locust = pytest.mark.skipif(importlib.util.find_spec("locust") is None,
-                                       reason="locust is not installed (pip install locust)")
+if importlib.util.find_spec("locust") is None:
+    missing("locust is not installed (pip install locust; it is in the test extra)")
 
-pytestmark = [pytest.mark.timeout(60), pytestmark_locust]
+pytestmark = pytest.mark.timeout(60)
 
 LOCUSTFILE = str(project_root() / "loadtest" / "locustfile.py")
 

@@ -6,18 +6,15 @@ nsqlookupd binary is on PATH, the same flow is checked through its HTTP /lookup 
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import struct
-import subprocess
 import threading
-import urllib.request
 from typing import Callable
-
-import pytest
 
 from tests.support import wire
 from tests.support.broker import BrokerProcess, unique_name, wait_until
+from tests.support.http import http_json
+from tests.support.nsqtools import start_nsqlookupd
 
 
 class FakeLookupd:
@@ -105,39 +102,24 @@ def test_registers_topics_and_channels_and_unregisters(
         lk.close()
 
 
-@pytest.mark.skipif(shutil.which("nsqlookupd") is None,
-                    reason="no nsqlookupd binary on PATH to register with")
-def test_real_nsqlookupd_lookup_finds_pybroker(make_broker: Callable[..., BrokerProcess],
-                                               tmp_path: object) -> None:
-    proc = subprocess.Popen(["nsqlookupd", "--tcp-address=127.0.0.1:0",
-                             "--http-address=127.0.0.1:0"], stderr=subprocess.PIPE)
+def test_real_nsqlookupd_lookup_finds_pybroker(
+        make_broker: Callable[..., BrokerProcess]) -> None:
+    lookupd = start_nsqlookupd()
     try:
-        addrs: dict[str, str] = {}
-        assert proc.stderr is not None
-        while len(addrs) < 2:
-            line = proc.stderr.readline().decode()
-            assert line, "nsqlookupd exited"
-            for kind in ("TCP", "HTTP"):
-                if f"{kind}: listening on " in line:
-                    addrs[kind] = line.split("listening on ")[1].split()[0]
-        b = make_broker(f"--lookupd-tcp-address={addrs['TCP']}")
-        if b.http_address is None:
-            pytest.skip("nsqlookupd needs the broker's HTTP port, and HTTP is not enabled")
+        b = make_broker(f"--lookupd-tcp-address={lookupd.hostport('TCP')}")
+        # nsqlookupd lists a producer with its HTTP port: make_broker always enables HTTP
+        assert b.http_address is not None and b.tcp_address is not None
         topic = unique_name()
         with wire.WireClient.connect(b.tcp_address) as c:
             c.pub(topic, b"x")
 
         def lookup() -> dict[str, object] | None:
-            try:
-                with urllib.request.urlopen(f"http://{addrs['HTTP']}/lookup?topic={topic}",
-                                            timeout=2) as r:
-                    return json.loads(r.read())
-            except OSError:
-                return None
+            status, doc = http_json("GET", f"http://{lookupd.hostport()}/lookup?topic={topic}")
+            return doc if status == 200 else None
 
         data = wait_until(lookup, timeout_s=10, what="/lookup to list the broker")
         producers = data["producers"]  # type: ignore[index]
         assert [p["tcp_port"] for p in producers] == [b.tcp_address[1]]
+        assert [p["http_port"] for p in producers] == [b.http_address[1]]
     finally:
-        proc.terminate()
-        proc.wait(10)
+        assert lookupd.stop() == 0, lookupd.text()

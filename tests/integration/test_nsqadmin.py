@@ -16,14 +16,12 @@ from typing import Any
 import pytest
 
 from pybroker.client import Consumer, Message, Producer
-from tests.support.broker import BrokerProcess, find_nsqd, unique_name, wait_until
-from tests.support.nsqtools import NsqDaemon, find_binary, http_json
+from tests.support.broker import BrokerProcess, unique_name, wait_until
+from tests.support.http import http_json
+from tests.support.nsqtools import NsqDaemon, start_nsqadmin, start_nsqlookupd
+from tests.support.programs import require_nsqd, require_program
 
-NSQADMIN = find_binary("nsqadmin")
-NSQLOOKUPD = find_binary("nsqlookupd")
-pytestmark = [pytest.mark.timeout(120),
-              pytest.mark.skipif(NSQADMIN is None,
-                                 reason="no nsqadmin binary on PATH (or $NSQADMIN)")]
+pytestmark = pytest.mark.timeout(120)
 
 
 @dataclass
@@ -68,25 +66,17 @@ class Cluster:
 
 
 def _start(kind: str, mode: str) -> Cluster:
+    require_program("nsqadmin")       # before anything is started
+    nsqd_path = require_nsqd() if kind == "nsqd" else None
     lookupd = None
     args = ["--broadcast-address=127.0.0.1"]
     if mode == "lookupd":
-        if NSQLOOKUPD is None:
-            pytest.skip("no nsqlookupd binary on PATH (or $NSQLOOKUPD)")
-        lookupd = NsqDaemon([NSQLOOKUPD, "--tcp-address=127.0.0.1:0",
-                             "--http-address=127.0.0.1:0",
-                             "--broadcast-address=127.0.0.1"]).start()
+        lookupd = start_nsqlookupd()
         args.append(f"--lookupd-tcp-address={lookupd.hostport('TCP')}")
-    nsqd_path = None
-    if kind == "nsqd":
-        nsqd_path = find_nsqd()
-        if nsqd_path is None:
-            pytest.skip("no nsqd binary on PATH (or $NSQD) to compare against")
     broker = BrokerProcess(kind, args, nsqd_path=nsqd_path).start()
-    source = (f"--nsqd-http-address={broker.http_hostport}" if mode == "direct"
-              else f"--lookupd-http-address={lookupd.hostport()}")  # type: ignore[union-attr]
-    admin = NsqDaemon([NSQADMIN, "--http-address=127.0.0.1:0", source],  # type: ignore[list-item]
-                      listens=("HTTP",)).start()
+    source = (f"--nsqd-http-address={broker.http_hostport}" if lookupd is None
+              else f"--lookupd-http-address={lookupd.hostport()}")
+    admin = start_nsqadmin(source)
     return Cluster(broker, admin, lookupd)
 
 

@@ -14,27 +14,10 @@ import nsq
 import pytest
 
 from tests.support.broker import BrokerProcess, unique_name
+from tests.support.each_once import DEADLINE_S, QUIET_S, assert_each_once, workload
+from tests.support.each_once import async_wait as wait_for
 
-N_PUB, N_MPUB_BATCHES, MPUB_BATCH, N_DPUB = 4000, 50, 100, 1000
-TOTAL = N_PUB + N_MPUB_BATCHES * MPUB_BATCH + N_DPUB
-DEADLINE_S = 60.0
-
-
-def expected_bodies() -> tuple[list[bytes], list[list[bytes]], list[tuple[int, bytes]]]:
-    pubs = [b"pub-%d" % i for i in range(N_PUB)]
-    batches = [[b"mpub-%d-%d" % (b, i) for i in range(MPUB_BATCH)]
-               for b in range(N_MPUB_BATCHES)]
-    dpubs = [(10 + (i % 10) * 10, b"dpub-%d" % i) for i in range(N_DPUB)]
-    return pubs, batches, dpubs
-
-
-async def wait_for(pred: Any, what: str, timeout_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not pred():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.01)
+WORK = workload()      # 10,000 messages: PUB, MPUB and DPUB
 
 
 async def publish_and_consume(addr: str, topic: str) -> tuple[list[Any], Counter[bytes]]:
@@ -54,17 +37,16 @@ async def publish_and_consume(addr: str, topic: str) -> tuple[list[Any], Counter
 
     try:
         await wait_for(lambda: writer.conns, "the writer to connect")
-        pubs, batches, dpubs = expected_bodies()
-        for body in pubs:
+        for body in WORK.pubs:
             writer.pub(topic, body, callback=on_response)
-        for batch in batches:
+        for batch in WORK.batches:
             writer.mpub(topic, batch, callback=on_response)
-        for delay_ms, body in dpubs:
+        for delay_ms, body in WORK.dpubs:
             writer.dpub(topic, delay_ms, body, callback=on_response)
-        n_cmds = N_PUB + N_MPUB_BATCHES + N_DPUB
-        await wait_for(lambda: len(responses) >= n_cmds, "publish responses", DEADLINE_S)
-        await wait_for(lambda: len(received) >= TOTAL, "all messages", DEADLINE_S)
-        await asyncio.sleep(0.3)  # room for any duplicate delivery to show up
+        await wait_for(lambda: len(responses) >= WORK.n_commands, "publish responses",
+                       DEADLINE_S)
+        await wait_for(lambda: len(received) >= WORK.total, "all messages", DEADLINE_S)
+        await asyncio.sleep(QUIET_S)  # room for any duplicate delivery to show up
     finally:
         reader.close()
         for conn in list(writer.conns.values()):
@@ -76,13 +58,8 @@ async def publish_and_consume(addr: str, topic: str) -> tuple[list[Any], Counter
 def test_pynsq_ten_thousand_messages_each_once(any_broker: BrokerProcess) -> None:
     topic = unique_name("pynsq")
     responses, received = asyncio.run(publish_and_consume(any_broker.tcp_hostport, topic))
-    assert responses == [b"OK"] * (N_PUB + N_MPUB_BATCHES + N_DPUB)
-    pubs, batches, dpubs = expected_bodies()
-    expected = set(pubs) | {b for batch in batches for b in batch} | {b for _, b in dpubs}
-    assert len(expected) == TOTAL
-    assert set(received) == expected
-    dups = {body: n for body, n in received.items() if n != 1}
-    assert not dups, f"delivered more than once: {list(dups.items())[:5]}"
+    assert responses == [b"OK"] * WORK.n_commands
+    assert_each_once(received, WORK.expected())
 
 
 async def publish_errors(addr: str) -> list[Any]:

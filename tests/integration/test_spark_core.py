@@ -9,7 +9,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from pybroker.spark.options import OptionError, SinkOptions, SourceOptions
 from pybroker.spark.subscription import Subscription
 from tests.support.broker import BrokerProcess, project_root, unique_name, wait_until
 from tests.support.lookupd import FakeLookupd
+from tests.support.programs import require_module, require_program
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -232,7 +232,7 @@ def test_checkpoint_commit_log_is_read_for_this_run_only(tmp_path: Path) -> None
 
 
 def test_publisher_mpub_batches_and_refusals(make_broker: Callable[..., BrokerProcess]) -> None:
-    pa = pytest.importorskip("pyarrow", reason="pyarrow (the spark extra) is not installed")
+    pa = require_module("pyarrow", "the spark extra: pip install 'pybroker[spark]'")
     from pybroker.spark.publisher import PublishError
     from pybroker.spark.publisher import publish as mpub
 
@@ -271,7 +271,7 @@ def write_archive(b: BrokerProcess, topic: str, out: Path, count: int, *args: st
                   tool: str = "pybroker") -> None:
     """Run pybroker to-file (or nsq_to_file) until ``count`` lines are on disk."""
     argv = ([*to_file_prefix(), "to-file"] if tool == "pybroker"
-            else [shutil.which("nsq_to_file") or "nsq_to_file"])
+            else [require_program("nsq_to_file", "to write reference archives")])
     proc = subprocess.Popen([*argv, f"--nsqd-tcp-address={b.tcp_hostport}",
                              f"--topic={topic}", f"--output-dir={out}", "--channel=archive",
                              "--sync-interval=200ms", *args],
@@ -302,8 +302,7 @@ def test_archive_reader_reads_pybroker_to_file(broker: BrokerProcess, tmp_path: 
 
 
 def test_archive_reader_reads_nsq_to_file(broker: BrokerProcess, tmp_path: Path) -> None:
-    if shutil.which("nsq_to_file") is None:
-        pytest.skip("no nsq_to_file binary on PATH to write reference archives")
+    require_program("nsq_to_file", "to write reference archives")
     topic = unique_name("sp_nsqarch")
     bodies = [b"n-%05d" % i for i in range(2000)]
     publish(broker, topic, bodies)

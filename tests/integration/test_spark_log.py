@@ -24,17 +24,15 @@ import pytest
 
 from tests.integration.test_spark_core import publish
 from tests.support.broker import BrokerProcess, project_root, unique_name, wait_until
+from tests.support.programs import missing, require_module
 
-pytest.importorskip("pyspark", reason="pyspark is not installed (pip install "
-                                      "'pybroker[spark]')")
-pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install "
-                                      "'pybroker[spark]')")
+require_module("pyspark", "pip install 'pybroker[spark]'")
+require_module("pyarrow", "pip install 'pybroker[spark]'")
 
-from pybroker.spark.pipeline import find_java, spark_session
+from pybroker.spark.pipeline import find_java, spark_session  # noqa: E402 (needs pyspark)
 
 if find_java() is None:
-    pytest.skip("no Java runtime for Spark (apt-get install openjdk-17-jre-headless)",
-                allow_module_level=True)
+    missing("no Java runtime for Spark (apt-get install openjdk-17-jre-headless)")
 
 pytestmark = pytest.mark.timeout(400)
 

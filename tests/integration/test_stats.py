@@ -96,6 +96,10 @@ def check_document(d: dict[str, Any]) -> None:
     if "codec" in d:     # pybroker's extra key, after nsqd's: which frame codec runs
         assert d["codec"] in ("c", "pure")
         keys.append("codec")
+    if "refused_connections" in d:   # pybroker's extra key: connections refused per listener
+        assert sorted(d["refused_connections"]) == ["http", "tcp"]
+        assert all(isinstance(v, int) for v in d["refused_connections"].values())
+        keys.append("refused_connections")
     assert list(d) == keys
     assert d["health"] == "OK"
     assert tuple(int(x) for x in d["version"].split(".")) <= (1, 3, 0)  # semver for nsqadmin

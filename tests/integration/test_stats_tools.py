@@ -1,45 +1,28 @@
 """NSQ's own tools read the broker's /stats without errors: nsq_stat prints the channel's
 figures and nsqadmin's /api/nodes and /api/topics/<t> show the topic and channel.
 
-Against pybroker and, when found, a real nsqd. Skipped when the NSQ binaries are absent.
-Each tool is a subprocess stopped by its PID.
+Against pybroker and a real nsqd. Skipped when the NSQ binaries are absent (a failure in
+strict mode: tests/support/programs.py). Each tool is a subprocess stopped by its PID.
 """
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
-import signal
 import subprocess
-import threading
 import urllib.request
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from tests.support.broker import BrokerProcess, unique_name, wait_until
-
-
-def find_tool(name: str) -> str:
-    path = shutil.which(name) or os.path.join(os.path.dirname(os.environ.get("NSQD", "")), name)
-    for candidate in (path, f"/usr/local/bin/{name}"):
-        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    pytest.skip(f"no {name} binary on PATH")
+from tests.support.broker import BrokerProcess, unique_name
+from tests.support.http import get_json
+from tests.support.nsqtools import start_nsqadmin
+from tests.support.programs import require_program
 
 
 def post(b: BrokerProcess, path: str, body: bytes = b"") -> None:
     req = urllib.request.Request(f"http://{b.http_hostport}{path}", body, method="POST")
     with urllib.request.urlopen(req, timeout=5) as r:
         assert r.status == 200
-
-
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        assert r.status == 200
-        return json.loads(r.read())
 
 
 def seed(b: BrokerProcess) -> tuple[str, str]:
@@ -51,7 +34,7 @@ def seed(b: BrokerProcess) -> tuple[str, str]:
 
 
 def test_nsq_stat(any_broker: BrokerProcess) -> None:
-    tool = find_tool("nsq_stat")
+    tool = require_program("nsq_stat")
     topic, channel = seed(any_broker)
     r = subprocess.run([tool, f"--nsqd-http-address={any_broker.http_hostport}",
                         f"--topic={topic}", f"--channel={channel}", "--count=2",
@@ -69,36 +52,12 @@ def test_nsq_stat(any_broker: BrokerProcess) -> None:
 
 @pytest.fixture
 def nsqadmin(any_broker: BrokerProcess) -> Iterator[str]:
-    tool = find_tool("nsqadmin")
-    proc = subprocess.Popen([tool, "--http-address=127.0.0.1:0",
-                             f"--nsqd-http-address={any_broker.http_hostport}"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    lines: list[str] = []
-
-    def read() -> None:
-        assert proc.stderr is not None
-        for raw in proc.stderr:
-            lines.append(raw.decode("utf-8", "replace"))
-
-    reader = threading.Thread(target=read, name="nsqadmin-stderr", daemon=True)
-    reader.start()
+    admin = start_nsqadmin(f"--nsqd-http-address={any_broker.http_hostport}")
     try:
-        found = wait_until(lambda: next((m.group(1) for ln in lines if (
-            m := re.search(r"HTTP: listening on (\S+)", ln))), None), 10,
-            what="nsqadmin to listen")
-        yield f"http://{found}"
+        yield f"http://{admin.hostport()}"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        reader.join(5)
-        assert proc.stderr is not None
-        proc.stderr.close()
-    errors = [ln for ln in lines if "ERROR" in ln]
+        admin.stop()
+    errors = [ln for ln in admin.lines if "ERROR" in ln]
     assert not errors, "".join(errors)
 
 

@@ -4,14 +4,16 @@ fsync/fdatasync before the OK is sent (TCP PUB/MPUB/DPUB and HTTP /pub). With th
 default durability the record is written, but not synced, before the OK.
 
 A kill -9 cannot tell these apart (the page cache survives the process), so the order
-of system calls is the evidence. Skipped when strace is missing or cannot attach.
+of system calls is the evidence. Skipped when strace is missing or cannot attach (a
+failure in strict mode, as CI runs: tests/support/programs.py).
 """
 from __future__ import annotations
 
+import os
 import re
-import shutil
 import signal
 import subprocess
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -21,58 +23,93 @@ import pytest
 
 from tests.support.broker import BrokerProcess, unique_name, wait_until
 from tests.support.durability import create_channel, http
+from tests.support.programs import missing, require_program
 from tests.support.wire import WireClient
 
 MakeBroker = Callable[..., BrokerProcess]
 SYSCALLS = "fsync,fdatasync,pwrite64,pwritev,pwritev2,write,writev,sendto,sendmsg,recvfrom,read"
 LINE_RE = re.compile(r"^(\d+)\s+[\d.]+\s+(\w+)\((\d+)(.*)$")
+ATTACHED_RE = re.compile(r"Process (\d+) attached(?: with (\d+) threads)?")
 
 
 class Trace:
     """strace -f attached to a running server, writing to a file."""
 
-    def __init__(self, pid: int, out: Path) -> None:
+    def __init__(self, strace: str, pid: int, out: Path) -> None:
         self.out = out
         self.proc = subprocess.Popen(
-            ["strace", "-f", "-ttt", "-s", "512", "-e", f"trace={SYSCALLS}", "-p", str(pid),
+            [strace, "-f", "-ttt", "-s", "512", "-e", f"trace={SYSCALLS}", "-p", str(pid),
              "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        # strace prints "Process N attached" to stderr per thread; wait for the file
-        try:
-            wait_until(lambda: out.exists() or self.proc.poll() is not None, timeout_s=5)
-        except AssertionError:
-            pass
-        time.sleep(0.5)  # every thread attached
-        if self.proc.poll() is not None:
-            err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-            pytest.skip(f"strace cannot attach: {err.strip()[:200]}")
+        self.err: list[str] = []
+        self._reader = threading.Thread(target=self._read, name="strace-stderr", daemon=True)
+        self._reader.start()
+        # strace says "Process PID attached with N threads" once it holds all of them
+        # (older versions: "Process TID attached" for each thread)
+        threads = {int(t) for t in os.listdir(f"/proc/{pid}/task")}
 
-    def stop(self) -> list[tuple[str, int, str]]:
-        """Detach; return (syscall, fd, rest of line) in order."""
-        time.sleep(0.3)
-        self.proc.send_signal(signal.SIGINT)
-        self.proc.wait(10)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
-        calls = []
+        def attached() -> bool:
+            if self.proc.poll() is not None:
+                return True
+            found = [m for m in map(ATTACHED_RE.search, list(self.err)) if m]
+            if any(int(m.group(1)) == pid and m.group(2) for m in found):
+                return True
+            return threads <= {int(m.group(1)) for m in found}
+
+        wait_until(attached, 10, what=f"strace to attach to the server's {len(threads)} "
+                                      "threads")
+        if self.proc.poll() is not None:
+            self._reader.join(5)
+            missing(f"strace cannot attach: {''.join(self.err).strip()[:200]}")
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            self.err.append(raw.decode("utf-8", "replace"))
+
+    def calls(self) -> list[tuple[str, int, str]]:
+        """(syscall, fd, rest of line) in the order traced so far."""
+        out = []
         for line in self.out.read_text(errors="replace").splitlines():
             m = LINE_RE.match(line)
             if m:
-                calls.append((m.group(2), int(m.group(3)), m.group(4)))
-        return calls
+                out.append((m.group(2), int(m.group(3)), m.group(4)))
+        return out
+
+    def stop(self, marker: str, reply: str) -> list[tuple[str, int, str]]:
+        """Wait until the reply to the request carrying ``marker`` is in the trace (strace
+        writes a call when it returns, maybe after the client already read the reply),
+        then detach; return the calls."""
+        wait_until(lambda: _find(self.calls(), marker, reply) is not None, 10,
+                   what=f"the reply to {marker!r} in the trace")
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(10)
+        self._reader.join(5)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+        return self.calls()
+
+
+def _find(calls: list[tuple[str, int, str]], marker: str, reply: str
+          ) -> tuple[int, int] | None:
+    """(index of the request carrying marker, index of its reply on the same fd)."""
+    start = next((i for i, c in enumerate(calls)
+                  if c[0] in ("recvfrom", "read") and marker in c[2]), None)
+    if start is None:
+        return None
+    fd = calls[start][1]
+    end = next((i for i in range(start + 1, len(calls))
+                if calls[i][0] in ("sendto", "write", "sendmsg", "writev")
+                and calls[i][1] == fd and reply in calls[i][2]), None)
+    return None if end is None else (start, end)
 
 
 def _between(calls: list[tuple[str, int, str]], marker: str, reply: str
              ) -> tuple[list[tuple[str, int, str]], int]:
     """The calls from the request carrying marker up to the reply on the same fd."""
-    start = next((i for i, c in enumerate(calls)
-                  if c[0] in ("recvfrom", "read") and marker in c[2]), None)
-    assert start is not None, f"request with {marker!r} not traced"
-    fd = calls[start][1]
-    end = next((i for i in range(start + 1, len(calls))
-                if calls[i][0] in ("sendto", "write", "sendmsg", "writev")
-                and calls[i][1] == fd and reply in calls[i][2]), None)
-    assert end is not None, f"reply to {marker!r} not traced"
-    return calls[start:end + 1], fd
+    found = _find(calls, marker, reply)
+    assert found is not None, f"request with {marker!r} or its reply not traced"
+    start, end = found
+    return calls[start:end + 1], calls[start][1]
 
 
 def _is_file_write(call: tuple[str, int, str]) -> bool:
@@ -99,10 +136,7 @@ def _publish(b: BrokerProcess, verb: str, topic: str, marker: bytes) -> str:
 
 @pytest.fixture
 def strace_path() -> str:
-    path = shutil.which("strace")
-    if path is None:
-        pytest.skip("strace is not installed")
-    return path
+    return require_program("strace", "(Debian package strace) to trace the fsync calls")
 
 
 @pytest.mark.parametrize("verb", ["PUB", "MPUB", "DPUB", "HTTP"])
@@ -115,10 +149,10 @@ def test_fsync_mode_syncs_before_ok(make_broker: MakeBroker, strace_path: str,
         create_channel(b, topic, "ch")
     _publish(b, verb, topic, b"warm-up")   # queue files exist before the trace
     assert b.proc is not None
-    trace = Trace(b.proc.pid, tmp_path / "strace.out")
+    trace = Trace(strace_path, b.proc.pid, tmp_path / "strace.out")
     marker = f"MARK-{verb}-{time.time_ns()}".encode()
     reply = _publish(b, verb, topic, marker)
-    calls = trace.stop()
+    calls = trace.stop(marker.decode(), reply)
     span, _ = _between(calls, marker.decode(), reply)
     names = [c[0] for c in span]
     write_at = next((i for i, c in enumerate(span)
@@ -136,11 +170,11 @@ def test_memory_mode_does_not_sync_per_publish(make_broker: MakeBroker, strace_p
     create_channel(b, topic, "ch")
     _publish(b, "PUB", topic, b"warm-up")
     assert b.proc is not None
-    trace = Trace(b.proc.pid, tmp_path / "strace.out")
+    trace = Trace(strace_path, b.proc.pid, tmp_path / "strace.out")
     markers = [f"MARK-{i}-{time.time_ns()}".encode() for i in range(5)]
     for m in markers:
         _publish(b, "PUB", topic, m)
-    calls = trace.stop()
+    calls = trace.stop(markers[-1].decode(), "OK")
     for m in markers:
         span, _ = _between(calls, m.decode(), "OK")
         names = [c[0] for c in span]

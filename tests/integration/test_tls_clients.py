@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
@@ -23,11 +22,12 @@ import pytest
 
 from tests.support.broker import BrokerProcess, unique_name
 from tests.support.certs import CertSet, make_certs
+from tests.support.each_once import QUIET_S, assert_each_once, async_wait, green_wait, workload
 
 MODES = ["tls", "snappy", "deflate", "tls+snappy", "tls+deflate"]
 PYNSQ_NOT_WITH_NSQD = {"snappy", "deflate", "tls+snappy", "tls+deflate"}
-N_PUB, N_BATCHES, BATCH = 2000, 80, 100
-TOTAL = N_PUB + N_BATCHES * BATCH
+# 10,000 messages: PUB bodies of varied sizes and MPUB batches (no DPUB)
+WORK = workload(n_pub=2000, n_batches=80, batch=100, n_dpub=0, pad=True)
 DEADLINE_S = 90.0
 # both libraries ask for ssl.PROTOCOL_TLSv1_2, which the stdlib marks deprecated
 pytestmark = pytest.mark.filterwarnings(
@@ -44,17 +44,6 @@ def tls_broker(make_module_broker: Callable[..., BrokerProcess], broker_kind: st
                certs: CertSet) -> BrokerProcess:
     return make_module_broker(f"--tls-cert={certs.server_cert}",
                               f"--tls-key={certs.server_key}", kind=broker_kind)
-
-
-def bodies() -> tuple[list[bytes], list[list[bytes]]]:
-    pubs = [b"pub-%d-" % i + b"z" * (i % 300) for i in range(N_PUB)]
-    batches = [[b"mpub-%d-%d" % (b, i) for i in range(BATCH)] for b in range(N_BATCHES)]
-    return pubs, batches
-
-
-def expected() -> set[bytes]:
-    pubs, batches = bodies()
-    return set(pubs) | {b for batch in batches for b in batch}
 
 
 def features(mode: str) -> dict[str, bool]:
@@ -77,21 +66,7 @@ def check_stats(b: BrokerProcess, topic: str, mode: str) -> None:
             assert client["tls_version"] == "TLS1.2", client
 
 
-def check_received(received: Counter[bytes]) -> None:
-    assert set(received) == expected()
-    dups = {body: n for body, n in received.items() if n != 1}
-    assert not dups, f"delivered more than once: {list(dups.items())[:5]}"
-
-
 # -- pynsq (tornado) ------------------------------------------------------------------------
-async def _wait(pred: Callable[[], object], what: str, timeout_s: float) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not pred():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.01)
-
 
 async def _pynsq_run(b: BrokerProcess, topic: str, mode: str, certs: CertSet
                      ) -> Counter[bytes]:
@@ -114,16 +89,16 @@ async def _pynsq_run(b: BrokerProcess, topic: str, mode: str, certs: CertSet
     writer = nsq.Writer([addr], **conn_kw)
     answers: list[Any] = []
     try:
-        await _wait(lambda: writer.conns, "the writer to connect", 10)
-        pubs, batches = bodies()
-        for body in pubs:
+        await async_wait(lambda: writer.conns, "the writer to connect", 10)
+        for body in WORK.pubs:
             writer.pub(topic, body, callback=lambda conn, data: answers.append(data))
-        for batch in batches:
+        for batch in WORK.batches:
             writer.mpub(topic, batch, callback=lambda conn, data: answers.append(data))
-        await _wait(lambda: len(answers) >= N_PUB + N_BATCHES, "publish answers", DEADLINE_S)
-        assert answers == [b"OK"] * (N_PUB + N_BATCHES)
-        await _wait(lambda: len(received) >= TOTAL, "all messages", DEADLINE_S)
-        await asyncio.sleep(0.3)  # room for a duplicate delivery to show up
+        await async_wait(lambda: len(answers) >= WORK.n_commands, "publish answers",
+                         DEADLINE_S)
+        assert answers == [b"OK"] * WORK.n_commands
+        await async_wait(lambda: len(received) >= WORK.total, "all messages", DEADLINE_S)
+        await asyncio.sleep(QUIET_S)  # room for a duplicate delivery to show up
         check_stats(b, topic, mode)
     finally:
         reader.close()
@@ -142,7 +117,7 @@ def test_pynsq_ten_thousand_messages(tls_broker: BrokerProcess, certs: CertSet,
                     "read that decompresses to nothing makes pynsq raise EWOULDBLOCK, and "
                     "tornado closes the stream on it; gnsq covers this mode against nsqd")
     topic = unique_name("pynsq")
-    check_received(asyncio.run(_pynsq_run(tls_broker, topic, mode, certs)))
+    assert_each_once(asyncio.run(_pynsq_run(tls_broker, topic, mode, certs)), WORK.expected())
 
 
 # -- gnsq (gevent, not monkey-patched) --------------------------------------------------------
@@ -167,20 +142,12 @@ def test_gnsq_ten_thousand_messages(tls_broker: BrokerProcess, certs: CertSet,
     def handler(_consumer: Any, message: Any) -> None:
         received[message.body] += 1
 
-    def green_wait(pred: Callable[[], object], what: str) -> None:
-        deadline = time.monotonic() + DEADLINE_S
-        while not pred():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {DEADLINE_S}s waiting for {what}")
-            gevent.sleep(0.01)
-
     consumer.on_message.connect(handler, weak=False)
     # gnsq 1.0.2's Producer cannot publish over any upgrade: the upgrade's OK reaches its
     # response handler before the connection is registered (KeyError, with nsqd too), so
     # gnsq's own connection class publishes, reading each answer
     producer = gnsq.NsqdTCPClient(tls_broker.tcp_address[0], tls_broker.tcp_address[1],
                                   **conn_kw)
-    pubs, batches = bodies()
 
     def answer() -> bytes:
         while True:
@@ -193,18 +160,18 @@ def test_gnsq_ten_thousand_messages(tls_broker: BrokerProcess, certs: CertSet,
         producer.connect()
         producer.identify()
         answers = []
-        for body in pubs:
+        for body in WORK.pubs:
             producer.publish(topic, body)
             answers.append(answer())
-        for batch in batches:
+        for batch in WORK.batches:
             producer.multipublish(topic, batch)
             answers.append(answer())
-        assert answers == [b"OK"] * (N_PUB + N_BATCHES)
-        green_wait(lambda: len(received) >= TOTAL, "all messages")
-        gevent.sleep(0.3)  # room for a duplicate delivery to show up
+        assert answers == [b"OK"] * WORK.n_commands
+        green_wait(lambda: len(received) >= WORK.total, "all messages", DEADLINE_S)
+        gevent.sleep(QUIET_S)  # room for a duplicate delivery to show up
         check_stats(tls_broker, topic, mode)
     finally:
         producer.close_stream()
         consumer.close()
         consumer.join(5)
-    check_received(received)
+    assert_each_once(received, WORK.expected())

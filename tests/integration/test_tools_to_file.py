@@ -5,7 +5,6 @@ Where nsq_to_file is installed, both tools write the same topic and must agree.
 """
 from __future__ import annotations
 
-import shutil
 import signal
 import socket
 import subprocess
@@ -17,14 +16,18 @@ import pytest
 
 from pybroker.client import Consumer, Producer
 from tests.support.broker import BrokerProcess, project_root, unique_name, wait_until
+from tests.support.http import wait_all_finished
 from tests.support.lookupd import FakeLookupd
+from tests.support.programs import require_program
 from tests.support.tools import TOOL, reap_tools, run_tool, spawn, start_tool  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
 HOST = socket.gethostname().split(".")[0]
-YEAR = time.strftime("%Y")
 
 
+def year() -> str:
+    """The year in file names (--datetime-format=%Y), read when the test runs."""
+    return time.strftime("%Y")
 
 
 def start_to_file(b: BrokerProcess, *args: str) -> subprocess.Popen[bytes]:
@@ -76,13 +79,9 @@ def publish(b: BrokerProcess, topic: str, bodies: list[bytes]) -> None:
 
 
 def assert_channel_empty(b: BrokerProcess, topic: str, channel: str) -> None:
-    """Nothing comes back within msg_timeout + 0.5 s: every message was FIN'd."""
-    got: list[bytes] = []
-    c = Consumer(topic, channel, lambda m: got.append(m.body), max_in_flight=10)
-    c.connect_to_nsqd(b.tcp_hostport)
-    time.sleep(1.5)
-    c.close()
-    assert got == [], f"{len(got)} messages were left un-FIN'd"
+    """Every message was FIN'd: none queued, deferred or in flight (one left un-FIN'd
+    would stay in flight, then be queued again at its timeout)."""
+    wait_all_finished(b, topic, channel)
 
 
 def test_plain_file_exact_bytes_and_append(any_broker: BrokerProcess, tmp_path: Path) -> None:
@@ -92,7 +91,7 @@ def test_plain_file_exact_bytes_and_append(any_broker: BrokerProcess, tmp_path: 
     args = (f"--topic={topic}", f"--output-dir={tmp_path}", "--channel=archive",
             "--consumer-opt=msg_timeout,1s")
     proc = start_to_file(any_broker, *args)
-    path = tmp_path / f"{topic}.{HOST}.{YEAR}.log"
+    path = tmp_path / f"{topic}.{HOST}.{year()}.log"
     expected = b"".join(b + b"\n" for b in bodies)
     wait_until(lambda: path.exists() and path.stat().st_size >= len(expected), 15,
                what="100 lines on disk")
@@ -130,7 +129,7 @@ def test_gzip_rotate_size_with_work_dir(any_broker: BrokerProcess, tmp_path: Pat
     stop(proc)
     assert list(work.iterdir()) == [], "finished files must leave the work dir"
     names = sorted(p.name for p in out.iterdir())
-    assert names == [f"{topic}.{HOST}-{rev:06d}.{YEAR}.log.gz" for rev in range(4)]
+    assert names == [f"{topic}.{HOST}-{rev:06d}.{year()}.log.gz" for rev in range(4)]
     # a file rotates once it holds more than 500 bytes: 51 lines (510 bytes) each
     lines = [b + b"\n" for b in bodies]
     chunks = [lines[0:51], lines[51:102], lines[102:153], lines[153:200]]
@@ -148,14 +147,16 @@ def test_rotate_interval_skip_empty(any_broker: BrokerProcess, tmp_path: Path) -
     publish(any_broker, topic, first)
     proc = start_to_file(any_broker, f"--topic={topic}", f"--output-dir={out}",
                          f"--work-dir={work}", "--rotate-interval=1s", "--skip-empty-files")
-    rev0 = out / f"{topic}.{HOST}-000000.{YEAR}.log"
+    rev0 = out / f"{topic}.{HOST}-000000.{year()}.log"
     wait_until(rev0.exists, 15, what="the first file to rotate into the output dir")
     assert list(work.iterdir()) == []
     second = [b"second-%d" % i for i in range(3)]
     publish(any_broker, topic, second)
-    rev1 = work / f"{topic}.{HOST}-000001.{YEAR}.log"
+    rev1 = work / f"{topic}.{HOST}-000001.{year()}.log"
     wait_until(lambda: rev1.exists() and rev1.stat().st_size >= 27, 15, what="second file")
-    time.sleep(1.5)                   # another interval passes: rotated, no empty file
+    wait_until((out / rev1.name).exists, 15, what="the second file to rotate")
+    # one more interval with nothing written: --skip-empty-files must not make a file of it
+    time.sleep(1.2)
     stop(proc)
     assert sorted(p.name for p in out.iterdir()) == [rev0.name, rev1.name]
     assert rev0.read_bytes() == b"".join(b + b"\n" for b in first)
@@ -202,7 +203,7 @@ def test_topic_pattern_through_lookupd(any_broker: BrokerProcess, tmp_path: Path
                       f"--lookupd-http-address={lookupd.http_hostport}",
                       f"--output-dir={tmp_path}", "--sync-interval=100ms",
                       "--datetime-format=%Y"])
-        files = [tmp_path / f"{t}.{HOST}.{YEAR}.log" for t in wanted]
+        files = [tmp_path / f"{t}.{HOST}.{year()}.log" for t in wanted]
         wait_until(lambda: all(f.exists() and f.stat().st_size > 0 for f in files), 15,
                    what="files for the matching topics")
         stop(proc)
@@ -231,9 +232,7 @@ def test_argument_errors(tmp_path: Path) -> None:
 @pytest.mark.parametrize("gzip", [False, True], ids=["plain", "gzip"])
 def test_same_files_as_nsq_to_file(any_broker: BrokerProcess, tmp_path: Path,
                                    gzip: bool) -> None:
-    go_tool = shutil.which("nsq_to_file")
-    if go_tool is None:
-        pytest.skip("no nsq_to_file on PATH to compare against")
+    go_tool = require_program("nsq_to_file")
     topic = unique_name("tf_cmp")
     for ch in ("go", "py"):                 # both channels exist before publishing
         c = Consumer(topic, ch, lambda m: None, max_in_flight=0)
@@ -271,14 +270,14 @@ def test_sighup_closes_and_moves_the_current_file(any_broker: BrokerProcess,
     publish(any_broker, topic, [b"one", b"two"])
     proc = start_to_file(any_broker, f"--topic={topic}", f"--output-dir={out}",
                          f"--work-dir={work}")
-    rev0 = out / f"{topic}.{HOST}-000000.{YEAR}.log"
+    rev0 = out / f"{topic}.{HOST}-000000.{year()}.log"
     wait_until(lambda: any(p.stat().st_size >= 8 for p in work.glob("*.log")), 15,
                what="the first lines in the work dir")
     proc.send_signal(signal.SIGHUP)           # sync, close, move; keep running
     wait_until(rev0.exists, 10, what="the file moved by SIGHUP")
     assert proc.poll() is None, "SIGHUP must not stop the tool"
     publish(any_broker, topic, [b"three"])
-    rev1 = work / f"{topic}.{HOST}-000001.{YEAR}.log"
+    rev1 = work / f"{topic}.{HOST}-000001.{year()}.log"
     wait_until(lambda: rev1.exists() and rev1.stat().st_size == 6, 10, what="the next file")
     stop(proc)
     assert rev0.read_bytes() == b"one\ntwo\n"

@@ -3,12 +3,9 @@ channels, replay (rewind by offset and by time), retention, and the guarantees o
 default durability against kill -9. All against the real server process."""
 from __future__ import annotations
 
-import json
 import struct
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,19 +23,14 @@ from tests.support.durability import (
     create_channel,
     topic_stats,
 )
+from tests.support.http import broker_json
 from tests.support.wire import WireClient
 
 MakeBroker = Callable[..., BrokerProcess]
 
 
 def _post(b: BrokerProcess, path: str) -> tuple[int, Any]:
-    req = urllib.request.Request(f"http://{b.http_hostport}{path}", data=b"", method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            body = resp.read()
-            return resp.status, json.loads(body) if body.startswith(b"{") else body
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return broker_json(b, "POST", path)
 
 
 def _fill(b: BrokerProcess, topic: str, n: int, size: int = 100, batch: int = 5000) -> None:
@@ -156,6 +148,30 @@ def _segments(b: BrokerProcess, topic: str) -> list[Path]:
     return sorted((Path(b.data_path) / "topics" / topic).glob("*.log"))
 
 
+def _wait_checkpoints(b: BrokerProcess, topic: str, n: int = 2) -> None:
+    """Wait until the storage thread rewrote the topic's channel states n times: each
+    checkpoint saves them (a new file, atomically) and then applies retention, so after
+    two, one whole checkpoint (retention included) ran after this call."""
+    path = Path(b.data_path) / "state" / f"{topic}.json"
+
+    def version() -> tuple[int, int] | None:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    seen = [version()]
+
+    def rewritten() -> bool:
+        v = version()
+        if v is not None and v != seen[-1]:
+            seen.append(v)
+        return len(seen) > n
+
+    wait_until(rewritten, 10, interval_s=0.005, what=f"{n} checkpoints of {topic}")
+
+
 def test_without_retention_consumed_segments_go(make_broker: MakeBroker) -> None:
     b = make_broker("--max-bytes-per-file=4096", "--sync-timeout=100ms")
     topic = unique_name("ret0")
@@ -198,7 +214,7 @@ def test_retention_by_time(make_broker: MakeBroker) -> None:
     create_channel(b, topic, "ch")
     _fill(b, topic, 400, size=100, batch=20)
     consume(b, topic, "ch", expect=400)
-    time.sleep(0.3)
+    _wait_checkpoints(b, topic)
     # within the retention time everything can be replayed
     assert _post(b, f"/channel/rewind?topic={topic}&channel=ch&offset=0")[0] == 200
     assert len(consume(b, topic, "ch", expect=400)) == 400
@@ -212,7 +228,8 @@ def test_retention_never_drops_unconsumed_messages(make_broker: MakeBroker) -> N
     topic = unique_name("retu")
     create_channel(b, topic, "ch")
     _fill(b, topic, 500, size=100, batch=20)
-    time.sleep(0.5)
+    _wait_checkpoints(b, topic)           # retention ran over the full log
+    assert len(_segments(b, topic)) > 1, "the log should span segments beyond 4096 bytes"
     assert len(consume(b, topic, "ch", expect=500)) == 500
 
 

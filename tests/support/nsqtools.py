@@ -1,27 +1,22 @@
 """NSQ's own daemons (nsqlookupd, nsqadmin) as subprocesses on ephemeral loopback ports.
 
 Each prints the addresses it bound ("HTTP: listening on 127.0.0.1:41234"); ``start``
-waits for them. Processes are stopped by their PID (SIGTERM, SIGKILL after a deadline).
+waits for them. ``start_nsqlookupd`` and ``start_nsqadmin`` find the program (a skip, or a
+failure in strict mode, when it is missing: tests/support/programs.py) and start it. Processes are stopped by their PID (SIGTERM, SIGKILL after a deadline).
 """
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
-import urllib.error
-import urllib.request
-from typing import Any
 
 from pybroker.testing import LISTEN_RE, split_addr, wait_until
+from tests.support.http import http_json
+from tests.support.programs import find_program as find_binary
+from tests.support.programs import require_program
 
-
-def find_binary(name: str) -> str | None:
-    """$NSQLOOKUPD / $NSQADMIN (the name upper-cased), else the binary on PATH."""
-    path = os.environ.get(name.upper()) or shutil.which(name)
-    return path if path and os.access(path, os.X_OK) else None
+__all__ = ["NsqDaemon", "find_binary", "http_json", "start_nsqadmin", "start_nsqlookupd"]
 
 
 class NsqDaemon:
@@ -87,19 +82,16 @@ class NsqDaemon:
         return proc.returncode
 
 
-def http_json(method: str, url: str, body: Any = None,
-              timeout_s: float = 10.0) -> tuple[int, Any]:
-    """(status, decoded JSON body or text) of one request; HTTP errors are returned."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            status, raw = r.status, r.read()
-    except urllib.error.HTTPError as e:
-        status, raw = e.code, e.read()
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, raw.decode("utf-8", "replace")
+def start_nsqlookupd(*extra: str) -> NsqDaemon:
+    """A real nsqlookupd on ephemeral loopback ports (stop it with ``.stop()``);
+    ``.hostport("TCP")`` is what a broker's --lookupd-tcp-address takes."""
+    path = require_program("nsqlookupd")
+    return NsqDaemon([path, "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                      "--broadcast-address=127.0.0.1", *extra]).start()
+
+
+def start_nsqadmin(*extra: str) -> NsqDaemon:
+    """A real nsqadmin on an ephemeral loopback port, given its source of nodes in
+    ``extra`` (--nsqd-http-address or --lookupd-http-address)."""
+    path = require_program("nsqadmin")
+    return NsqDaemon([path, "--http-address=127.0.0.1:0", *extra], listens=("HTTP",)).start()

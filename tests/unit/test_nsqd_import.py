@@ -15,7 +15,7 @@ from pybroker.storage.nsqd_import import (
     decode_message,
     parse_diskqueue_meta,
 )
-from tests.support.broker import BrokerProcess, find_nsqd, wait_until
+from tests.support.broker import BrokerProcess, wait_until
 from tests.support.nsqd_data import (
     FakeGoDiskQueue,
     corrupt_size,
@@ -25,6 +25,7 @@ from tests.support.nsqd_data import (
     truncate_by,
     write_metadata,
 )
+from tests.support.programs import require_program
 
 TS = 1_700_000_000_123_456_789
 
@@ -180,9 +181,7 @@ def _http(b: BrokerProcess, path: str, body: bytes | None = None) -> bytes:
 
 
 def test_import_data_written_by_a_real_nsqd(tmp_path: Path) -> None:
-    nsqd_path = find_nsqd()
-    if nsqd_path is None:
-        pytest.skip("no nsqd binary on PATH (or $NSQD): cannot write a real nsqd data dir")
+    nsqd_path = require_program("nsqd", "to write a real nsqd data directory")
     b = BrokerProcess("nsqd", ["--mem-queue-size=0", "--max-bytes-per-file=2048"],
                       data_path=str(tmp_path), nsqd_path=nsqd_path).start()
     try:
