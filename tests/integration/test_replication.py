@@ -1,0 +1,194 @@
+"""Replicated topics (docs/replication.md) with a real etcd and three real pybroker
+nodes on loopback: acknowledgement by min-insync replicas, refusal below it, a leader
+killed with -9 under load, a leader paused past its lease, a follower killed and
+restarted. Every wait has a deadline; each test is bounded (pytest-timeout)."""
+from __future__ import annotations
+
+import signal
+import time
+from typing import Iterator
+
+import pytest
+
+from pybroker.testing import wait_until
+from tests.support.cluster import Cluster, Consumers, Publishers, _Conn
+from tests.support.wire import FRAME_ERROR, FRAME_RESPONSE, pub
+
+pytestmark = pytest.mark.timeout(120)
+TOPIC = "orders"
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    c = Cluster(3)
+    yield c
+    problems = c.close()
+    assert not problems, "\n".join(problems)
+
+
+def _create(c: Cluster, topic: str = TOPIC, members: int = 3) -> int:
+    """Publish the topic's first message on node 1; the leader once settled."""
+    status, body = c.http_pub(1, topic, b"first")
+    assert (status, body) == (200, b"OK"), (status, body)
+    lead = wait_until(lambda: c.settled(topic, members), 15, 0.05,
+                      what=f"{topic} to have a leader and {members} in sync")
+    assert isinstance(lead, int)
+    return lead
+
+
+def _pub_answer(c: Cluster, i: int, body: bytes, timeout_s: float = 20) -> tuple[int, bytes]:
+    conn = _Conn(c.nodes[i].tcp_address)     # type: ignore[arg-type]
+    try:
+        conn.sock.sendall(pub(TOPIC, body))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            got = conn.frames(0.5)
+            if got:
+                return got[0]
+        raise AssertionError(f"no answer to PUB within {timeout_s}s")
+    finally:
+        conn.close()
+
+
+def test_publish_is_acknowledged_once_min_insync_replicas_hold_it(cluster: Cluster) -> None:
+    c = cluster
+    lead = _create(c)
+    followers = [i for i in c.nodes if i != lead]
+    # through the leader and through a follower (forwarded): OK only once replicated
+    for n, i in enumerate([lead, *followers]):
+        assert _pub_answer(c, i, f"ack-{n}".encode()) == (FRAME_RESPONSE, b"OK")
+        # the leader answered after the high watermark passed the record: at least
+        # min-insync (2) nodes hold it already, checked at once (no waiting)
+        held = [j for j in c.nodes
+                if (c.topic_stats(j, TOPIC) or {}).get("message_count", 0) >= n + 2]
+        assert len(held) >= 2 and lead in held, (n, held)
+    r = c.replication(lead, TOPIC)
+    assert r is not None and r["high_watermark"] == 4 and sorted(r["isr"]) == [1, 2, 3]
+    assert set(r["lag"]) == {str(i) for i in followers}
+
+
+def test_min_insync_not_met_refuses_publishes(cluster: Cluster) -> None:
+    c = cluster
+    lead = _create(c)
+    f1, f2 = [i for i in c.nodes if i != lead]
+    c.nodes[f1].kill9()
+    c.nodes[f2].kill9()
+    # whatever is in flight when the followers die is never answered OK; once the
+    # in-sync set shrank to the leader alone, publishes are refused at once
+    answers = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        a = _pub_answer(c, lead, b"no-replicas")
+        answers.append(a)
+        if a[0] == FRAME_ERROR and b"in-sync" in a[1]:
+            break
+    assert all(a[0] == FRAME_ERROR and a[1].startswith(b"E_PUB_FAILED") for a in answers), \
+        answers
+    assert b"in-sync" in answers[-1][1], answers
+    r = c.replication(lead, TOPIC)
+    assert r is not None and r["isr"] == [lead], r
+    # HTTP says it too (nsqd's 500 PUB_FAILED)
+    status, _ = c.http_pub(lead, TOPIC, b"no-replicas-http")
+    assert status == 500
+    # one follower back: it catches up, rejoins the in-sync set, publishes work again
+    c.nodes[f1].start()
+    wait_until(lambda: c.settled(TOPIC, 2) == lead, 20, 0.05, what="follower back in sync")
+    assert _pub_answer(c, lead, b"replicated-again") == (FRAME_RESPONSE, b"OK")
+
+
+def test_leader_killed_under_load_loses_no_acknowledged_message(cluster: Cluster) -> None:
+    c = cluster
+    old = _create(c)
+    cons = Consumers(c, TOPIC, "ch", 4)
+    pubs = Publishers(c, TOPIC, 8)
+    try:
+        wait_until(lambda: len(cons.received()) >= 50 and pubs.count() >= 100, 30,
+                   what="traffic before the kill")
+        killed_at = time.monotonic()
+        c.nodes[old].kill9()
+        acked_before = pubs.count()
+        new = wait_until(lambda: c.leader(TOPIC, exclude=(old,)), 15, 0.05,
+                         what="a new leader")
+        wait_until(lambda: pubs.count() >= acked_before + 100, 30,
+                   what="publishes acknowledged by the new leader")
+        first = wait_until(lambda: cons.first_after(killed_at, old), 15, 0.05,
+                           what="a message delivered by the new leader")
+        assert isinstance(first, float)
+        assert first - killed_at < 10, f"consumers waited {first - killed_at:.1f}s"
+    finally:
+        acked = pubs.stop()
+    try:
+        wait_until(lambda: acked <= cons.received(), 30, 0.1,
+                   what="every acknowledged message delivered")
+    finally:
+        cons.stop()
+    missing = acked - cons.received()
+    assert not missing, f"{len(missing)} acknowledged messages lost: {sorted(missing)[:10]}"
+    assert new != old
+    r = c.replication(int(new), TOPIC)     # type: ignore[call-overload]
+    assert r is not None and r["epoch"] >= 2 and old not in r["isr"]
+
+
+def test_paused_leader_stops_acknowledging_and_rejoins_as_follower(cluster: Cluster) -> None:
+    c = cluster
+    old = _create(c)
+    epoch = c.replication(old, TOPIC)["epoch"]   # type: ignore[index]
+    pubs = Publishers(c, TOPIC, 4)
+    direct = _Conn(c.nodes[old].tcp_address)     # type: ignore[arg-type]
+    try:
+        wait_until(lambda: pubs.count() >= 50, 20, what="traffic before the pause")
+        c.nodes[old].proc.send_signal(signal.SIGSTOP)     # type: ignore[union-attr]
+        try:
+            # publishes sent to the paused leader wait in its socket
+            for k in range(20):
+                direct.sock.sendall(pub(TOPIC, f"during-pause-{k}".encode()))
+            new = wait_until(lambda: c.leader(TOPIC, exclude=(old,)), 20, 0.05,
+                             what="a new leader while the old one is paused")
+            acked_mid = pubs.count()
+            wait_until(lambda: pubs.count() >= acked_mid + 50, 20,
+                       what="the new leader acknowledging")
+        finally:
+            c.nodes[old].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+        # the old leader answers what waited in its socket: never OK
+        answers = []
+        try:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and len(answers) < 20:
+                answers += direct.frames(0.5)
+        except ConnectionError:
+            pass                                   # E_PUB_FAILED is fatal: it closed
+        assert answers, "the old leader answered nothing"
+        assert all(a[0] == FRAME_ERROR and a[1].startswith(b"E_PUB_FAILED")
+                   for a in answers), answers
+        # it rejoins as a follower of the new leader at the new epoch
+        r = wait_until(lambda: (lambda x: x if x and x["role"] == "follower"
+                                and x["leader"] == new else None)(c.replication(old, TOPIC)),
+                       20, 0.05, what="the old leader to follow")
+        assert r["epoch"] > epoch     # type: ignore[index]
+    finally:
+        direct.close()
+        acked = pubs.stop()
+    # nothing acknowledged is lost: a consumer of the new leader gets all of it
+    cons = Consumers(c, TOPIC, "after", 2)
+    try:
+        wait_until(lambda: acked <= cons.received(), 30, 0.1,
+                   what="every acknowledged message delivered")
+    finally:
+        cons.stop()
+    assert not any(b.startswith(b"during-pause") for b in acked)
+
+
+def test_killed_follower_restarts_and_catches_up(cluster: Cluster) -> None:
+    c = cluster
+    lead = _create(c)
+    f = next(i for i in c.nodes if i != lead)
+    c.nodes[f].kill9()
+    for k in range(200):       # min-insync 2 is still met by the leader and one follower
+        assert _pub_answer(c, lead, f"while-down-{k}".encode()) == (FRAME_RESPONSE, b"OK")
+    end = c.topic_stats(lead, TOPIC)["message_count"]    # type: ignore[index]
+    c.nodes[f].start()
+    wait_until(lambda: (c.topic_stats(f, TOPIC) or {}).get("message_count", 0) >= end
+               and c.settled(TOPIC, 3) == lead, 20, 0.05,
+               what="the restarted follower to catch up and rejoin the in-sync set")
+    r = c.replication(lead, TOPIC)
+    assert r is not None and r["lag"][str(f)]["messages"] == 0
