@@ -312,7 +312,7 @@ class Replica:
         end = self.topic.log.written
         out: dict[str, Any] = {"role": self.role, "leader": self.leader,
                                "epoch": self.epoch, "isr": list(self.isr),
-                               "high_watermark": self.hw}
+                               "high_watermark": self.hw, "log_end": end}
         lead = self.lead
         if lead is not None:
             lag = {}

@@ -60,7 +60,7 @@ def test_publish_is_acknowledged_once_min_insync_replicas_hold_it(cluster: Clust
         # the leader answered after the high watermark passed the record: at least
         # min-insync (2) nodes hold it already, checked at once (no waiting)
         held = [j for j in c.nodes
-                if (c.topic_stats(j, TOPIC) or {}).get("message_count", 0) >= n + 2]
+                if (c.replication(j, TOPIC) or {}).get("log_end", 0) >= n + 2]
         assert len(held) >= 2 and lead in held, (n, held)
     r = c.replication(lead, TOPIC)
     assert r is not None and r["high_watermark"] == 4 and sorted(r["isr"]) == [1, 2, 3]
@@ -185,9 +185,10 @@ def test_killed_follower_restarts_and_catches_up(cluster: Cluster) -> None:
     c.nodes[f].kill9()
     for k in range(200):       # min-insync 2 is still met by the leader and one follower
         assert _pub_answer(c, lead, f"while-down-{k}".encode()) == (FRAME_RESPONSE, b"OK")
-    end = c.topic_stats(lead, TOPIC)["message_count"]    # type: ignore[index]
+    end = c.replication(lead, TOPIC)["log_end"]    # type: ignore[index]
+    assert end == 201
     c.nodes[f].start()
-    wait_until(lambda: (c.topic_stats(f, TOPIC) or {}).get("message_count", 0) >= end
+    wait_until(lambda: (c.replication(f, TOPIC) or {}).get("log_end", 0) == end
                and c.settled(TOPIC, 3) == lead, 20, 0.05,
                what="the restarted follower to catch up and rejoin the in-sync set")
     r = c.replication(lead, TOPIC)
