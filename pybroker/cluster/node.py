@@ -210,7 +210,8 @@ class ClusterNode:
 
     def summary(self) -> dict[str, Any]:
         return {"node_id": self.id, "lease_valid": self.lease.valid(time.monotonic_ns()),
-                "live_nodes": sorted(self.live)}
+                "live_nodes": sorted(self.live),
+                "replication_address": self.server.address if self.server else ""}
 
 
 __all__ = ["ClusterNode"]

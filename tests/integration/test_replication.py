@@ -5,11 +5,14 @@ restarted. Every wait has a deadline; each test is bounded (pytest-timeout)."""
 from __future__ import annotations
 
 import signal
+import socket
+import struct
 import time
 from typing import Iterator
 
 import pytest
 
+from pybroker.cluster.wire import encode
 from pybroker.testing import wait_until
 from tests.support.cluster import Cluster, Consumers, Publishers, _Conn
 from tests.support.wire import FRAME_ERROR, FRAME_RESPONSE, pub
@@ -176,6 +179,25 @@ def test_paused_leader_stops_acknowledging_and_rejoins_as_follower(cluster: Clus
     finally:
         cons.stop()
     assert not any(b.startswith(b"during-pause") for b in acked)
+
+
+def test_hostile_replication_peers_are_dropped(cluster: Cluster) -> None:
+    """The replication port (never an NSQ client's) drops a peer that sends an
+    oversized frame, a head that is not JSON or an unknown request; the node goes on."""
+    c = cluster
+    lead = _create(c)
+    addr = c.summary(lead)["replication_address"]
+    host, _, port = addr.rpartition(":")
+    for junk in (struct.pack(">II", 1 << 30, 4), struct.pack(">II", 12, 8) + b"notjson!",
+                 b"".join(encode({"op": "drop_tables"})), b"GET / HTTP/1.1\r\n\r\n"):
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(junk)
+            s.settimeout(5)
+            try:
+                assert s.recv(100) == b""        # closed without an answer
+            except ConnectionResetError:
+                pass
+    assert _pub_answer(c, lead, b"still-fine") == (FRAME_RESPONSE, b"OK")
 
 
 def test_killed_follower_restarts_and_catches_up(cluster: Cluster) -> None:

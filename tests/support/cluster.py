@@ -82,6 +82,12 @@ class Cluster:
         t = self.topic_stats(i, topic)
         return t.get("replication") if t is not None else None
 
+    def summary(self, i: int) -> dict[str, Any]:
+        """Node i's /stats ``cluster`` object."""
+        with urllib.request.urlopen(f"{self.nodes[i].http_url}/stats?format=json&topic=-",
+                                    timeout=2) as r:
+            return dict(json.loads(r.read()).get("cluster", {}))
+
     def topic_stats(self, i: int, topic: str) -> dict[str, Any] | None:
         b = self.nodes[i]
         if b.proc is None or b.http_address is None:
