@@ -4,10 +4,14 @@ killed with -9 under load, a leader paused past its lease, a follower killed and
 restarted. Every wait has a deadline; each test is bounded (pytest-timeout)."""
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import time
+import urllib.request
 from typing import Iterator
 
 import pytest
@@ -68,6 +72,24 @@ def test_publish_is_acknowledged_once_min_insync_replicas_hold_it(cluster: Clust
     r = c.replication(lead, TOPIC)
     assert r is not None and r["high_watermark"] == 4 and sorted(r["isr"]) == [1, 2, 3]
     assert set(r["lag"]) == {str(i) for i in followers}
+    # /metrics and `pybroker cluster status` say the same
+    with urllib.request.urlopen(c.nodes[lead].http_url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    assert f'nsq_cluster_role{{topic="{TOPIC}"}} 2' in text
+    assert f'nsq_cluster_insync_replicas{{topic="{TOPIC}"}} 3' in text
+    for i in followers:
+        assert f'nsq_cluster_replica_lag_messages{{topic="{TOPIC}",follower="{i}"}} 0' \
+            in text
+    out = subprocess.run([sys.executable, "-m", "pybroker", "cluster", "status",
+                          f"--cluster-etcd={c.etcd.url}", "--json"], capture_output=True,
+                         timeout=30, check=True).stdout
+    st = json.loads(out)["topics"][TOPIC]
+    assert st["leader"] == lead and sorted(st["isr"]) == [1, 2, 3] and st["epoch"] == 1
+    assert {k: v["messages"] for k, v in st["lag"].items()} == {str(i): 0 for i in followers}
+    text = subprocess.run([sys.executable, "-m", "pybroker", "cluster", "status",
+                           f"--cluster-etcd={c.etcd.url}"], capture_output=True,
+                          timeout=30, check=True).stdout.decode()
+    assert TOPIC in text and "LEADER" in text
 
 
 def test_min_insync_not_met_refuses_publishes(cluster: Cluster) -> None:
