@@ -207,7 +207,11 @@ class Replica:
         self.check_isr(now)
         if now - self.last_snap_ns >= self.node.ship_ns:
             self.last_snap_ns = now
-            for ch in list(self.topic.channels.values()):
+            live = self.topic.channels
+            for name in [n for n in self.channels if n not in live]:
+                self.channels.pop(name, None)       # deleted here: not on takeover either
+                self.chan_version = self.node.next_version()
+            for ch in list(live.values()):
                 ch.owner.call_soon_threadsafe(self._snapshot, ch)
 
     def _snapshot(self, ch: Channel) -> None:
