@@ -18,6 +18,8 @@ import pytest
 
 from pybroker.cluster.wire import encode
 from pybroker.testing import wait_until
+from tests.support.http import http_json
+from tests.support.nsqtools import start_nsqlookupd
 from tests.support.cluster import Cluster, Consumers, Publishers, _Conn
 from tests.support.wire import FRAME_ERROR, FRAME_RESPONSE, pub
 
@@ -217,6 +219,33 @@ def test_paused_leader_stops_acknowledging_and_rejoins_as_follower(cluster: Clus
     finally:
         cons.stop()
     assert not any(b.startswith(b"during-pause") for b in acked)
+
+
+def test_only_the_leader_is_registered_with_nsqlookupd(
+        make_cluster: Callable[..., Cluster]) -> None:
+    lookupd = start_nsqlookupd()
+    try:
+        c = make_cluster(f"--lookupd-tcp-address={lookupd.hostport('TCP')}",
+                         "--broadcast-address=127.0.0.1")
+
+        def listed() -> list[int] | None:
+            status, doc = http_json("GET", f"http://{lookupd.hostport()}/lookup?topic={TOPIC}")
+            if status != 200:
+                return None
+            return sorted(p["tcp_port"] for p in doc["producers"])  # type: ignore[index]
+
+        def port(i: int) -> int:
+            return c.nodes[i].tcp_address[1]    # type: ignore[index]
+
+        old = _create(c)
+        wait_until(lambda: listed() == [port(old)], 10, 0.05, what="lookupd to list the leader")
+        c.nodes[old].kill9()
+        new = wait_until(lambda: c.leader(TOPIC, exclude=(old,)), 15, 0.05,
+                         what="a new leader")
+        wait_until(lambda: listed() == [port(new)], 10, 0.05,   # type: ignore[arg-type]
+                   what="lookupd to list the new leader alone")
+    finally:
+        assert lookupd.stop() == 0, lookupd.text()
 
 
 def test_hostile_replication_peers_are_dropped(cluster: Cluster) -> None:
