@@ -297,8 +297,10 @@ def failover(args: argparse.Namespace, etcd: Etcd) -> None:
             killed = time.monotonic()
             b.proc.kill()
             b.proc.wait(10)
-            first = wait(lambda: next((t for t, n in list(got) if t > killed and n != lead),
-                                      None), 60, "delivery by a new leader")
+            def delivered(killed: float = killed, lead: int = lead) -> float | None:
+                return next((t for t, n in list(got) if t > killed and n != lead), None)
+
+            first = wait(delivered, 60, "delivery by a new leader")
             times.append(first - killed)
             print(f"  failover {k + 1}: {first - killed:.2f} s", flush=True)
             b.stop()

@@ -10,8 +10,9 @@ by the leader; the records answered are appended by each topic's owner loop
 (``Replica.apply``), and the next fetch goes out once every apply is done, so the
 offsets a fetch names are always on this node.
 
-Budgets: a blocking socket with a deadline per exchange (the long poll plus
-``IO_SLACK_S``); an answer over the wire's frame limit drops the connection; a failed
+Budgets: a blocking socket with a deadline for each whole exchange (the long poll plus
+``IO_SLACK_S``, however the answer trickles); an answer whose header says more than the
+wire's frame limit drops the connection before anything is allocated for it; a failed
 connection is retried after ``RETRY_S``.
 """
 from __future__ import annotations
@@ -19,11 +20,12 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from pybroker.cluster.replica import FOLLOWER
 from pybroker.cluster.rules import divergence
-from pybroker.cluster.wire import MAX_FRAME, FrameReader, WireError, encode, frame_need
+from pybroker.cluster.wire import WireError, encode, parse_head, parse_header
 from pybroker.config import split_hostport
 
 if TYPE_CHECKING:
@@ -110,24 +112,32 @@ class Fetcher:
             self.sock = None
 
     def _exchange(self, head: dict[str, Any], wait_s: float) -> tuple[dict[str, Any], memoryview]:
+        """Send one request, read its answer: the frame's header, then its body into
+        one buffer of its size (no copies), all within wait_s + IO_SLACK_S."""
         sock = self.sock
         assert sock is not None
+        deadline = time.monotonic() + wait_s + IO_SLACK_S
         sock.settimeout(wait_s + IO_SLACK_S)
         sock.sendall(b"".join(encode(head)))
-        reader = FrameReader()
-        buf = bytearray()
-        while True:
-            need = frame_need(buf)
-            if need == 0:
-                reader.feed(bytes(buf))
-                frame = reader.next()
-                if frame is not None:
-                    return frame
-                need = 1
-            chunk = sock.recv(min(max(need, 65536), MAX_FRAME))
-            if not chunk:
+        hdr = bytearray(8)
+        self._recv_into(sock, memoryview(hdr), deadline)
+        size, hlen = parse_header(hdr)
+        body = bytearray(size - 4)
+        self._recv_into(sock, memoryview(body), deadline)
+        return parse_head(memoryview(body)[:hlen]), memoryview(body)[hlen:]
+
+    @staticmethod
+    def _recv_into(sock: socket.socket, view: memoryview, deadline: float) -> None:
+        got = 0
+        while got < len(view):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OSError("the leader did not answer in time")
+            sock.settimeout(left)
+            n = sock.recv_into(view[got:])
+            if not n:
                 raise OSError("the leader closed the connection")
-            buf += chunk
+            got += n
 
     def _round(self, topics: list[Replica]) -> None:
         node = self.node

@@ -181,7 +181,7 @@ class Replica:
         if lead is None or self.isr_asked:
             return
         drop = lead.lagging(now, self.node.live)
-        add = lead.caught_up(self.node.replicas_of(self.name))
+        add = lead.caught_up(self.node.replicas_of(self.name), now, self.node.live)
         if drop or add:
             new = sorted((set(lead.isr) - drop) | add)
             self.isr_asked = True

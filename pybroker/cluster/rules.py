@@ -207,12 +207,16 @@ class LeaderState:
                 out.add(node)
         return out
 
-    def caught_up(self, replicas: list[int]) -> set[int]:
-        """Followers outside the ISR that may join it: they hold everything up to the
-        high watermark and the start of this epoch."""
+    def caught_up(self, replicas: list[int], now_ns: int,
+                  live: set[int] | None = None) -> set[int]:
+        """Followers outside the ISR that may join it: live, caught up within lag_ns
+        (so that one just dropped for lagging does not come straight back), and holding
+        everything up to the high watermark and the start of this epoch."""
         need = max(self.hw, self.epoch_start)
         return {n for n, f in self.followers.items()
-                if n not in self.isr and n in replicas and f.acked >= need}
+                if n not in self.isr and n in replicas and f.acked >= need
+                and now_ns - f.caught_up_ns <= self.lag_ns
+                and (live is None or n in live)}
 
     def lag(self, own_end: int) -> dict[int, int]:
         """Messages each follower is behind the leader's log end."""

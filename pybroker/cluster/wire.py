@@ -31,6 +31,25 @@ def encode(head: dict[str, Any], blob: bytes | bytearray | memoryview = b"") -> 
     return [_HDR.pack(4 + len(h) + len(blob), len(h)) + h, bytes(blob) if blob else b""]
 
 
+def parse_header(hdr: bytes | bytearray) -> tuple[int, int]:
+    """(size, head size) of a frame's 8-byte header; WireError past the limits."""
+    size, hlen = _HDR.unpack_from(hdr, 0)
+    if size > MAX_FRAME or hlen > MAX_HEAD or hlen + 4 > size:
+        raise WireError(f"bad frame header (size {size}, head {hlen})")
+    return int(size), int(hlen)
+
+
+def parse_head(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """A frame's head: a JSON object, else WireError."""
+    try:
+        head = json.loads(bytes(raw))
+    except ValueError:
+        raise WireError("frame head is not JSON") from None
+    if not isinstance(head, dict):
+        raise WireError("frame head is not a JSON object")
+    return head
+
+
 class FrameReader:
     """Bytes in, (head, blob) frames out."""
 
@@ -49,17 +68,10 @@ class FrameReader:
         buf = self._buf
         if len(buf) < 8:
             return None
-        size, hlen = _HDR.unpack_from(buf, 0)
-        if size > MAX_FRAME or hlen > MAX_HEAD or hlen + 4 > size:
-            raise WireError(f"bad frame header (size {size}, head {hlen})")
+        size, hlen = parse_header(buf)
         if len(buf) < 4 + size:
             return None
-        try:
-            head = json.loads(bytes(buf[8:8 + hlen]))
-        except ValueError:
-            raise WireError("frame head is not JSON") from None
-        if not isinstance(head, dict):
-            raise WireError("frame head is not a JSON object")
+        head = parse_head(buf[8:8 + hlen])
         blob = memoryview(bytes(buf[8 + hlen:4 + size]))
         del buf[:4 + size]
         return head, blob
@@ -73,4 +85,5 @@ def frame_need(buf: bytes | bytearray) -> int:
     return max(0, 4 + size - len(buf))
 
 
-__all__ = ["MAX_FRAME", "FrameReader", "WireError", "encode", "frame_need"]
+__all__ = ["MAX_FRAME", "FrameReader", "WireError", "encode", "frame_need", "parse_head",
+           "parse_header"]

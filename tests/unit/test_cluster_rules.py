@@ -128,7 +128,7 @@ class ReplicationRules(RuleBasedStateMachine):
             return
         live = {i for i in NODES if self.nodes[i].alive}
         drop = n.lead.lagging(self.now, live)
-        add = n.lead.caught_up(list(NODES))
+        add = n.lead.caught_up(list(NODES), self.now, live)
         if drop or add:
             self.isr = (set(n.lead.isr) - drop) | add
             n.lead.isr = frozenset(self.isr) | {n.id}
@@ -269,3 +269,29 @@ def test_a_follower_rejoins_only_once_it_holds_the_epoch_start() -> None:
     m.tick(0)
     assert 3 in m.isr
     m.acknowledged_records_are_kept()
+
+
+def test_dead_followers_leave_the_in_sync_set_and_stay_out() -> None:
+    """Both followers gone: the in-sync set shrinks to the leader and stays so (a
+    follower dropped for lagging must not be taken back for holding the high
+    watermark, or two dead followers take turns and a publish waits forever)."""
+    m = ReplicationRules()
+    m.poll(2)
+    m.poll(3)
+    m.publish(1)
+    for f in (2, 3):
+        m.fetch(f, 5)
+        m.fetch(f, 0)
+    m.advance()
+    m.kill(2)
+    m.kill(3)
+    for _ in range(3):
+        m.tick(700)
+        if m.isr == {1}:
+            break
+    assert m.isr == {1}
+    for _ in range(4):
+        m.tick(700)
+        assert m.isr == {1}
+    lead = m.nodes[1].lead
+    assert lead is not None and not lead.enough()
