@@ -21,7 +21,7 @@ from pybroker.testing import wait_until
 from tests.support.http import http_json
 from tests.support.nsqtools import start_nsqlookupd
 from tests.support.cluster import Cluster, Consumers, Publishers, _Conn
-from tests.support.wire import FRAME_ERROR, FRAME_RESPONSE, pub
+from tests.support.wire import FRAME_ERROR, FRAME_RESPONSE, dpub, mpub, pub, sub
 
 pytestmark = pytest.mark.timeout(120)
 TOPIC = "orders"
@@ -81,8 +81,29 @@ def test_publish_is_acknowledged_once_min_insync_replicas_hold_it(cluster: Clust
         held = [j for j in c.nodes
                 if (c.replication(j, TOPIC) or {}).get("log_end", 0) >= n + 2]
         assert len(held) >= 2 and lead in held, (n, held)
+    # MPUB and DPUB through a follower: forwarded as they are, answered after the leader
+    f = followers[0]
+    for cmd in (mpub(TOPIC, [b"batch-1", b"batch-2", b"batch-3"]),
+                dpub(TOPIC, 50, b"deferred")):
+        conn = _Conn(c.nodes[f].tcp_address)     # type: ignore[arg-type]
+        try:
+            conn.sock.sendall(cmd)
+            got = wait_until(lambda conn=conn: conn.frames(0.5), 20, what="an answer")
+        finally:
+            conn.close()
+        assert got == [(FRAME_RESPONSE, b"OK")], got
+    # a SUB on a follower is refused with the leader's name and address
+    conn = _Conn(c.nodes[f].tcp_address)         # type: ignore[arg-type]
+    try:
+        conn.sock.sendall(sub(TOPIC, "ch"))
+        got = wait_until(lambda: conn.frames(0.5), 10, what="the SUB's answer")
+    finally:
+        conn.close()
+    leader_addr = c.nodes[lead].tcp_hostport
+    assert got[0][0] == FRAME_ERROR and got[0][1].startswith(b"E_SUB_FAILED")  # type: ignore[index]
+    assert f"node {lead} ({leader_addr})".encode() in got[0][1]   # type: ignore[index]
     r = c.replication(lead, TOPIC)
-    assert r is not None and r["high_watermark"] == 4 and sorted(r["isr"]) == [1, 2, 3]
+    assert r is not None and r["high_watermark"] == 8 and sorted(r["isr"]) == [1, 2, 3]
     assert set(r["lag"]) == {str(i) for i in followers}
     # /metrics and `pybroker cluster status` say the same
     with urllib.request.urlopen(c.nodes[lead].http_url + "/metrics", timeout=5) as resp:
