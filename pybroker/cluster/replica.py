@@ -253,6 +253,7 @@ class Replica:
             if chans is not None:
                 self.channels = chans
                 self.chan_from_leader = version
+                self._follow_floor(chans)
             if blob:
                 with topic.lock:
                     if topic.log.written != first or self.role != FOLLOWER:
@@ -275,6 +276,23 @@ class Replica:
             log.error("CLUSTER: %s: records from the leader not appended: %s", self.name, e)
             self.truncated_for = 0
         done()
+
+    def _follow_floor(self, chans: dict[str, Any]) -> None:
+        """Retention on a follower (which has no channels of its own) follows the
+        leader's channels: segments below the lowest offset they still need may go.
+        The states are up to ship_ns old, and a floor only rises, so this keeps at least
+        what the leader keeps. No channel there: everything is kept."""
+        floors = []
+        for st in chans.values():
+            try:
+                floors.append(min([int(st.get("cursor", 0))]
+                                  + [int(p[0]) for p in st.get("pending", [])]))
+            except (TypeError, ValueError, IndexError):
+                return
+        topic = self.topic
+        if floors and not topic.channels:
+            with topic.lock:
+                topic.orphan_start = max(topic.orphan_start, min(floors))
 
     def _note_dpubs(self, first: int, blob: bytes) -> None:
         # caller holds the topic's lock: DPUB records count as deferred until due

@@ -269,6 +269,38 @@ def test_only_the_leader_is_registered_with_nsqlookupd(
         assert lookupd.stop() == 0, lookupd.text()
 
 
+def test_follower_retention_follows_the_leaders_channels(
+        make_cluster: Callable[..., Cluster]) -> None:
+    """Followers have no channels of their own: their segments go once the leader's
+    channels have consumed them (they would otherwise keep the whole log forever)."""
+    c = make_cluster("--max-bytes-per-file=4096", "--sync-timeout=200ms")
+    lead = _create(c)
+    cons = Consumers(c, TOPIC, "ch", 1)
+    try:
+        wait_until(lambda: cons.subscribed, 10, what="a consumer on the leader")
+        bodies = [f"r-{k}-".encode() + b"x" * 200 for k in range(300)]
+        for k in range(0, 300, 50):
+            conn = _Conn(c.nodes[lead].tcp_address)     # type: ignore[arg-type]
+            try:
+                conn.sock.sendall(mpub(TOPIC, bodies[k:k + 50]))
+                got = wait_until(lambda conn=conn: conn.frames(0.5), 20, what="an answer")
+            finally:
+                conn.close()
+            assert got == [(FRAME_RESPONSE, b"OK")], got
+        wait_until(lambda: set(bodies) <= cons.received(), 20, what="everything consumed")
+    finally:
+        cons.stop()
+
+    def oldest(i: int) -> int:
+        status, doc = http_json("GET", f"{c.nodes[i].http_url}/topic/offsets?topic={TOPIC}")
+        assert status == 200, doc
+        return int(doc["oldest_offset"])     # type: ignore[index]
+
+    for i in c.nodes:
+        wait_until(lambda i=i: oldest(i) > 200, 20, 0.1,
+                   what=f"node {i} to delete consumed segments")
+
+
 def test_hostile_replication_peers_are_dropped(cluster: Cluster) -> None:
     """The replication port (never an NSQ client's) drops a peer that sends an
     oversized frame, a head that is not JSON or an unknown request; the node goes on."""
