@@ -37,10 +37,14 @@ class Cluster:
                 "--cluster-address=127.0.0.1:0", f"--replication-factor={factor}",
                 f"--min-insync-replicas={min_insync}", f"--cluster-lease-ttl={LEASE}",
                 *(extra or [])])
-        for b in self.nodes.values():
-            b.start()
-        for i in self.nodes:
-            self.wait_joined(i, n)
+        try:
+            for b in self.nodes.values():
+                b.start()
+            for i in self.nodes:
+                self.wait_joined(i, n)
+        except BaseException:
+            self.close()          # nothing left running when start-up fails
+            raise
 
     def wait_joined(self, i: int, n: int) -> None:
         """Until node i sees n live nodes (a topic created earlier has fewer
