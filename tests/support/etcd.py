@@ -54,7 +54,9 @@ class EtcdProcess:
                     return self
                 time.sleep(0.05)
             self.stop()
-        raise AssertionError("etcd did not start:\n" + self.log_text())
+        text = self.log_text()
+        self.cleanup()
+        raise AssertionError("etcd did not start:\n" + text)
 
     def _healthy(self) -> bool:
         try:
