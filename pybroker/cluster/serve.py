@@ -14,8 +14,9 @@ Requests (one at a time per connection, answered in order):
   channel states. With no record to send, the request waits (long poll) until a write
   (``notify``) or ``wait_ms`` (at most MAX_WAIT_MS).
 
-Budgets: ``max_bytes`` is capped at MAX_FETCH_BYTES per answer; a frame over the wire's
-limits drops the connection; at most MAX_CONNS connections.
+Budgets: ``max_bytes`` is capped at MAX_FETCH_BYTES per answer; a request frame over
+MAX_REQUEST (or a head over the wire's limit) drops the connection from its header, so a
+connection buffers at most that much; at most MAX_CONNS connections.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ log = logging.getLogger("pybroker")
 MAX_FETCH_BYTES = 8 * 1024 * 1024
 MAX_WAIT_MS = 5000
 MAX_CONNS = 64
+MAX_REQUEST = 1024 * 1024     # a request frame (what a follower sends) at most
 
 
 def record_bytes(batch: Any, n: int) -> memoryview:
@@ -54,7 +56,7 @@ class _Conn:
     def __init__(self, server: ReplicationServer, sock: socket.socket) -> None:
         self.server = server
         self.sock = sock
-        self.reader = FrameReader()
+        self.reader = FrameReader(MAX_REQUEST)
         self.out: list[bytes] = []
         self.parked: dict[str, Any] | None = None
         self.timer: Any = None

@@ -31,10 +31,10 @@ def encode(head: dict[str, Any], blob: bytes | bytearray | memoryview = b"") -> 
     return [_HDR.pack(4 + len(h) + len(blob), len(h)) + h, bytes(blob) if blob else b""]
 
 
-def parse_header(hdr: bytes | bytearray) -> tuple[int, int]:
+def parse_header(hdr: bytes | bytearray, max_frame: int = MAX_FRAME) -> tuple[int, int]:
     """(size, head size) of a frame's 8-byte header; WireError past the limits."""
     size, hlen = _HDR.unpack_from(hdr, 0)
-    if size > MAX_FRAME or hlen > MAX_HEAD or hlen + 4 > size:
+    if size > max_frame or hlen > MAX_HEAD or hlen + 4 > size:
         raise WireError(f"bad frame header (size {size}, head {hlen})")
     return int(size), int(hlen)
 
@@ -51,12 +51,14 @@ def parse_head(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
 
 
 class FrameReader:
-    """Bytes in, (head, blob) frames out."""
+    """Bytes in, (head, blob) frames out; a frame over ``max_frame`` is refused from
+    its header (a request reader takes a small one: requests are small)."""
 
-    __slots__ = ("_buf",)
+    __slots__ = ("_buf", "max_frame")
 
-    def __init__(self) -> None:
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
         self._buf = bytearray()
+        self.max_frame = max_frame
 
     def feed(self, data: bytes) -> None:
         self._buf += data
@@ -68,7 +70,7 @@ class FrameReader:
         buf = self._buf
         if len(buf) < 8:
             return None
-        size, hlen = parse_header(buf)
+        size, hlen = parse_header(buf, self.max_frame)
         if len(buf) < 4 + size:
             return None
         head = parse_head(buf[8:8 + hlen])

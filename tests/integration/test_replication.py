@@ -308,7 +308,8 @@ def test_hostile_replication_peers_are_dropped(cluster: Cluster) -> None:
     lead = _create(c)
     addr = c.summary(lead)["replication_address"]
     host, _, port = addr.rpartition(":")
-    for junk in (struct.pack(">II", 1 << 30, 4), struct.pack(">II", 12, 8) + b"notjson!",
+    for junk in (struct.pack(">II", 1 << 30, 4), struct.pack(">II", 2 << 20, 4) + b"x" * 4096,
+                 struct.pack(">II", 12, 8) + b"notjson!",
                  b"".join(encode({"op": "drop_tables"})), b"GET / HTTP/1.1\r\n\r\n"):
         with socket.create_connection((host, int(port)), timeout=5) as s:
             s.sendall(junk)
