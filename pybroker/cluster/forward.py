@@ -8,7 +8,10 @@ selector; non-blocking). Commands are pipelined; the leader answers in order, so
 waiting publishes are a FIFO. An error frame from the leader (``E_PUB_FAILED ...``:
 fatal in NSQ) fails the publish it answers and the leader closes the connection, which
 fails the ones behind it (their producers see ``E_PUB_FAILED`` with the reason and may
-retry, as after any failed publish). Heartbeats are answered with NOP.
+retry, as after any failed publish). A leader that cannot be reached or goes away
+before answering fails its publishes with ``lost`` set: ClusterNode.divert sends them
+again to the next leader (within its deadline), as a producer retrying would.
+Heartbeats are answered with NOP.
 
 Budgets: a publish waits at most ``ANSWER_NS`` for its answer (then the connection is
 dropped and everything waiting on it fails); a frame from the leader over the node's
@@ -37,7 +40,13 @@ ANSWER_NS = 10_000_000_000
 
 
 class ForwardError(Exception):
-    """The leader refused the publish, or could not be reached."""
+    """The leader refused the publish (``lost`` False: its answer), or could not be
+    reached or went away before answering (``lost`` True: the publish may be sent
+    again, to the next leader)."""
+
+    def __init__(self, text: str, lost: bool = False) -> None:
+        super().__init__(text)
+        self.lost = lost
 
 
 def command(name: str, payload: Any, defer_ns: int) -> bytes:
@@ -168,7 +177,8 @@ class _Link:
                         self.leader, why, len(self.waiting))
         waiting, self.waiting = self.waiting, deque()
         for _, done in waiting:
-            done(ForwardError(f"forwarding to leader node {self.leader} failed: {why}"))
+            done(ForwardError(f"forwarding to leader node {self.leader} failed: {why}",
+                              lost=True))
 
 
 class Forwarders:
@@ -191,7 +201,8 @@ class Forwarders:
             try:
                 link = self.links[key] = _Link(self, loop, leader, address)
             except (OSError, ValueError) as e:
-                done(ForwardError(f"cannot reach leader node {leader} ({address}): {e}"))
+                done(ForwardError(f"cannot reach leader node {leader} ({address}): {e}",
+                                  lost=True))
                 return
         link.send(command(name, payload, defer_ns), done)
 

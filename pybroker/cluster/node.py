@@ -19,7 +19,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from pybroker.cluster.forward import Forwarders
+from pybroker.cluster.forward import ForwardError, Forwarders
 from pybroker.cluster.replica import LEADER, NotLeader, Replica
 from pybroker.cluster.rules import LeaseClock
 from pybroker.protocol.names import is_ephemeral
@@ -37,6 +37,7 @@ Done = Callable[[Any], None]
 TICK_NS = 100_000_000          # leader checks (lease, lagging followers) per loop
 DIVERT_WAIT_NS = 10_000_000_000   # a publish waits this long for a leader to be known
 RETRY_NS = 50_000_000
+FORWARD_RETRY_NS = 200_000_000   # a leader that went away: ask again after a poll
 
 
 class ClusterNode:
@@ -119,7 +120,9 @@ class ClusterNode:
     def divert(self, loop: EventLoop, name: str, payload: Any, defer_ns: int, done: Done,
                deadline_ns: int = 0) -> None:
         """On ``loop``: forward the publish to the topic's leader (answered with its
-        answer), or publish it here once this node leads, or wait for a leader."""
+        answer), or publish it here once this node leads, or wait for a leader; a
+        leader that went away before answering is replaced by the next one. All within
+        DIVERT_WAIT_NS of the publish's arrival, then it fails."""
         now = time.monotonic_ns()
         deadline_ns = deadline_ns or now + DIVERT_WAIT_NS
         r = self.replicas.get(name)
@@ -128,7 +131,16 @@ class ClusterNode:
             loop.publisher.submit(name, payload, defer_ns, done)
             return
         if leader >= 0 and leader != self.id and leader in self.nodes:
-            self.forwarders.forward(loop, leader, name, payload, defer_ns, done)
+            def forwarded(err: Any) -> None:
+                if isinstance(err, ForwardError) and err.lost \
+                        and time.monotonic_ns() + FORWARD_RETRY_NS < deadline_ns:
+                    # the leader is gone (or not reachable): the next one takes it
+                    loop.call_later(FORWARD_RETRY_NS, self.divert, loop, name, payload,
+                                    defer_ns, done, deadline_ns)
+                else:
+                    done(err)
+
+            self.forwarders.forward(loop, leader, name, payload, defer_ns, forwarded)
             return
         if now >= deadline_ns:
             done(NotLeader(f"no leader of {name} is known"))

@@ -336,3 +336,59 @@ def test_killed_follower_restarts_and_catches_up(cluster: Cluster) -> None:
                what="the restarted follower to catch up and rejoin the in-sync set")
     r = c.replication(lead, TOPIC)
     assert r is not None and r["lag"][str(f)]["messages"] == 0
+
+
+def test_gnsq_clients_work_unchanged_across_a_failover(
+        make_cluster: Callable[..., Cluster]) -> None:
+    """A real NSQ client library (gnsq): its producer talks to a follower (forwarded),
+    its consumer discovers the leader through a real nsqlookupd; the leader is killed;
+    every publish answered OK is delivered, the new leader's within 10 s."""
+    import gevent
+    import gnsq
+
+    from tests.support.each_once import green_wait
+
+    lookupd = start_nsqlookupd()
+    consumer = producer = None
+    try:
+        c = make_cluster(f"--lookupd-tcp-address={lookupd.hostport('TCP')}",
+                         "--broadcast-address=127.0.0.1")
+        old = _create(c)
+        f = next(i for i in c.nodes if i != old)
+        received: dict[bytes, float] = {}
+        consumer = gnsq.Consumer(TOPIC, "ch", lookupd_http_addresses=[lookupd.hostport()],
+                                 lookupd_poll_interval=1, lookupd_poll_jitter=0.1,
+                                 max_in_flight=50)
+
+        def handler(_consumer: object, message: gnsq.Message) -> None:
+            received.setdefault(message.body, time.monotonic())    # FIN'd on return
+
+        consumer.on_message.connect(handler, weak=False)
+        producer = gnsq.Producer(nsqd_tcp_addresses=[c.nodes[f].tcp_hostport])
+        consumer.start(block=False)
+        producer.start()
+
+        def publish(prefix: str, n: int) -> set[bytes]:
+            bodies = [f"{prefix}-{k}".encode() for k in range(n)]
+            results = [producer.publish(TOPIC, b, raise_error=False)  # type: ignore[union-attr]
+                       for b in bodies]
+            return {b for b, r in zip(bodies, results) if r.get(timeout=30) == b"OK"}
+
+        before = publish("before", 100)
+        assert len(before) == 100
+        green_wait(lambda: before <= set(received), "delivery before the kill", 20)
+        killed = time.monotonic()
+        c.nodes[old].kill9()
+        after = publish("after", 100)       # forwarded to the new leader once elected
+        assert after, "no publish acknowledged after the failover"
+        green_wait(lambda: (before | after) <= set(received),
+                   "every acknowledged publish delivered", 30)
+        first = min(t for b, t in received.items() if b in after)
+        assert first - killed < 10, f"{first - killed:.1f}s"
+    finally:
+        for client in (producer, consumer):
+            if client is not None:
+                client.close()
+                client.join(5)
+        gevent.sleep(0)
+        assert lookupd.stop() == 0, lookupd.text()
