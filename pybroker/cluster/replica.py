@@ -90,6 +90,8 @@ class Replica:
         if self.role == LEADER:
             self._fail_all(NotLeader(f"leadership of {self.name} lost"))
             self.kick_consumers(f"topic {self.name} is now led by node {leader}")
+            with self.topic.lock:
+                self.topic.release_cap = None   # a follower's log is all replicated
         self.role, self.epoch, self.leader = role, epoch, leader
         self.lead = None
         self.truncated_for = 0     # a new leader: find where the logs diverge first

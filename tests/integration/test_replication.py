@@ -240,6 +240,16 @@ def test_paused_leader_stops_acknowledging_and_rejoins_as_follower(cluster: Clus
     finally:
         cons.stop()
     assert not any(b.startswith(b"during-pause") for b in acked)
+    # the old leader's unacknowledged tail was cut: all three logs end up the same,
+    # record for record (raw bytes: offsets, timestamps, checksums)
+    wait_until(lambda: len({(c.replication(i, TOPIC) or {}).get("log_end")
+                            for i in c.nodes}) == 1, 20, 0.05, what="the logs to converge")
+    logs = set()
+    for i in c.nodes:
+        with urllib.request.urlopen(f"{c.nodes[i].http_url}/topic/read?topic={TOPIC}"
+                                    "&offset=0&max_messages=1000000", timeout=10) as resp:
+            logs.add(resp.read())
+    assert len(logs) == 1 and len(logs.pop()) > 0
 
 
 def test_only_the_leader_is_registered_with_nsqlookupd(
