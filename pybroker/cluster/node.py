@@ -164,13 +164,21 @@ class ClusterNode:
 
     # -- the handlers' and registrar's hooks --------------------------------------------
     def sub_refusal(self, name: str) -> str | None:
-        """Why a SUB to ``name`` is refused here (another node leads it), or None."""
+        """Why a SUB to ``name`` is refused here (this node does not lead it), or None.
+        A topic the cluster does not know yet may be subscribed to anywhere: that node
+        creates it and is its first replica (if another wins its election, the
+        consumer is closed and looks again)."""
         if is_ephemeral(name):
             return None
         r = self.replicas.get(name)
+        if r is not None and r.role == LEADER:
+            return None
+        if r is None and name not in self.assigned and name not in self.leaders:
+            return None
         leader = self.leaders.get(name, -1) if r is None else r.leader
         if leader < 0 or leader == self.id:
-            return None
+            return (f"topic {name} has no leader now (an election is under way); "
+                    "subscribe again shortly")
         reg = self.nodes.get(leader, {})
         return (f"topic {name} is led by node {leader} ({reg.get('tcp', '?')}); "
                 "subscribe there (nsqlookupd lists the leader)")

@@ -95,6 +95,7 @@ class Replica:
         self.role, self.epoch, self.leader = role, epoch, leader
         self.lead = None
         self.truncated_for = 0     # a new leader: find where the logs diverge first
+        self.chan_from_leader = 0  # and take its channel states whatever their version
         if role == FOLLOWER:
             log.info("CLUSTER: %s: following node %d at epoch %d", self.name, leader, epoch)
             self.kick_consumers(f"topic {self.name} is led by node {leader}")
@@ -311,6 +312,8 @@ class Replica:
         again."""
         topic = self.topic
         states = self.channels
+        log.info("CLUSTER: %s: channels taken over: %s", self.name,
+                 ", ".join(f"{n} at {st.get('cursor')}" for n, st in states.items()) or "none")
         if not states:
             return
         end = topic.log.written
@@ -336,7 +339,9 @@ class Replica:
         end = self.topic.log.written
         out: dict[str, Any] = {"role": self.role, "leader": self.leader,
                                "epoch": self.epoch, "isr": list(self.isr),
-                               "high_watermark": self.hw, "log_end": end}
+                               "high_watermark": self.hw, "log_end": end,
+                               "channel_states": (self.chan_version if self.role == LEADER
+                                                  else self.chan_from_leader)}
         lead = self.lead
         if lead is not None:
             lag = {}

@@ -311,6 +311,52 @@ def test_follower_retention_follows_the_leaders_channels(
                    what=f"node {i} to delete consumed segments")
 
 
+def test_channel_states_survive_two_failovers(cluster: Cluster) -> None:
+    """Consumer state is replicated from whichever node leads: after a second failover
+    the third leader starts from the second one's channel states, so what was finished
+    there is not delivered again."""
+    c = cluster
+    lead = _create(c)
+    cons = Consumers(c, TOPIC, "ch", 1)
+    try:
+        killed: list[int] = []
+        for round_ in range(2):
+            wait_until(lambda: cons.subscribed, 15, what="a consumer on the leader")
+            bodies = {f"round{round_}-{k}".encode() for k in range(300)}
+            for k, body in enumerate(sorted(bodies)):
+                assert _pub_answer(c, lead, body) == (FRAME_RESPONSE, b"OK"), (round_, k)
+            wait_until(lambda b=bodies: b <= cons.received(), 20, what="all consumed")
+            # the followers hold the leader's channel states from after the consumption
+            version = c.replication(lead, TOPIC)["channel_states"]  # type: ignore[index]
+            wait_until(lambda v=version, lead=lead: all(
+                (c.replication(i, TOPIC) or {}).get("channel_states", 0) > v
+                for i in c.nodes if i != lead and i not in killed), 10, 0.05,
+                what="channel states shipped")
+            before = cons.deliveries
+            c.nodes[lead].kill9()
+            killed.append(lead)
+            new = wait_until(lambda: c.leader(TOPIC, exclude=tuple(killed)), 15, 0.05,
+                             what="a new leader")
+            lead = int(new)     # type: ignore[call-overload]
+            wait_until(lambda lead=lead: cons.subscribed.get(0) == lead, 15, 0.05,
+                       what="the consumer on the new leader")
+            # whatever the new leader delivers again came after the states it holds
+            assert _pub_answer(c, lead, f"marker{round_}".encode()) == (FRAME_RESPONSE, b"OK")
+            wait_until(lambda r=round_: f"marker{r}".encode() in cons.received(), 15,
+                       what="the marker")
+            again = cons.deliveries - before - 1
+            assert again <= 60, (f"round {round_}: {again} finished messages delivered "
+                                 "again:\n" + "".join(
+                                     ln for i in c.nodes for ln in c.nodes[i].stderr_lines
+                                     if "CLUSTER" in ln and "fetching" not in ln))
+            if round_ == 0:     # the first node back (min-insync 2 needs two nodes)
+                back = killed.pop()
+                c.nodes[back].start()
+                wait_until(lambda: c.settled(TOPIC, 3), 20, 0.05, what="three in sync")
+    finally:
+        cons.stop()
+
+
 def test_hostile_replication_peers_are_dropped(cluster: Cluster) -> None:
     """The replication port (never an NSQ client's) drops a peer that sends an
     oversized frame, a head that is not JSON or an unknown request; the node goes on."""
