@@ -108,6 +108,9 @@ class Coordinator(SelectorLoop):
             self.etcd.revoke(old)
         sent = time.monotonic_ns()
         self.lease_id = self.etcd.grant(self.ttl_s)
+        # leaderships held on an earlier lease end here, whatever the clock says: a
+        # replica acknowledges only under the lease its leadership was taken with
+        self.node.lease_id = self.lease_id
         self.node.lease.renewed(sent)
         key = f"{ROOT}nodes/{self.node.id}"
         ok = self.etcd.txn([Compare(key, "CREATE", 0)],
@@ -239,7 +242,8 @@ class Coordinator(SelectorLoop):
             key = (role, epoch, leader, tuple(isr))
             if self._posted.get(name) != key:
                 self._posted[name] = key
-                r.topic.owner.call_soon_threadsafe(r.set_role, role, epoch, leader, isr)
+                r.topic.owner.call_soon_threadsafe(r.set_role, role, epoch, leader, isr,
+                                                   self.lease_id)
                 changed = True
         if changed:
             self._assign_fetchers()

@@ -50,6 +50,7 @@ class ClusterNode:
         self.factor = int(o.replication_factor)
         ttl_ns = int(o.cluster_lease_ttl)
         self.lease = LeaseClock(ttl_ns)
+        self.lease_id = 0         # the etcd lease of this node's current session
         self.lag_ns = ttl_ns
         self.ship_ns = 200_000_000
         self.durable = o.durability == "fsync"

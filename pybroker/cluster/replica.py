@@ -55,15 +55,20 @@ class Replica:
         self.chan_version = 0
         self.chan_from_leader = 0      # follower: the version it holds
         self.last_snap_ns = 0
+        self.lead_lease = 0            # leader: the etcd lease its leadership is held on
 
     def __repr__(self) -> str:
         return f"Replica({self.name} {self.role} e{self.epoch})"
 
     # -- roles (posted by the coordinator) ---------------------------------------------
-    def set_role(self, role: str, epoch: int, leader: int, isr: list[int]) -> None:
+    def set_role(self, role: str, epoch: int, leader: int, isr: list[int],
+                 lease: int = 0) -> None:
+        """``lease``: the etcd lease the leadership is held on (a leader)."""
         topic = self.topic
         was = self.role
         self.isr = sorted(isr)
+        if role == LEADER:
+            self.lead_lease = lease
         if role == LEADER and (was != LEADER or epoch != self.epoch):
             self.role, self.epoch, self.leader = LEADER, epoch, leader
             end = topic.log.written
@@ -121,12 +126,19 @@ class Replica:
         """Why a publish here would fail now (None: it may be appended)."""
         if self.role != LEADER or self.lead is None:
             return f"not the leader of {self.name}"
-        if not self.node.lease.valid(time.monotonic_ns()):
+        if not self.lease_ok():
             return "cluster lease expired (not acknowledging)"
         if not self.lead.enough():
             return (f"not enough in-sync replicas ({len(self.lead.isr)} of "
                     f"{self.lead.min_insync} required)")
         return None
+
+    def lease_ok(self) -> bool:
+        """The leadership's lease is valid by this node's clock, and is the lease of
+        the node's current etcd session (not one that expired and was replaced)."""
+        node = self.node
+        return node.lease.valid(time.monotonic_ns()) and self.lead_lease == node.lease_id \
+            and self.lead_lease != 0
 
     def fetched(self, node: int, acked: int, sent_end: int) -> None:
         """A follower's fetch (posted by the replication server)."""
@@ -144,7 +156,7 @@ class Replica:
         lead = self.lead
         if lead is None:
             return
-        if not self.node.lease.valid(time.monotonic_ns()):
+        if not self.lease_ok():
             if len(self.waiters):
                 self._fail_all(NotLeader("cluster lease expired before the replicas "
                                          "acknowledged"))
