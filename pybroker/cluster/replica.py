@@ -240,6 +240,11 @@ class Replica:
     def truncate(self, offset: int, done: Callable[[], None]) -> None:
         """Cut the log where it diverges from the leader's (posted by the fetcher)."""
         topic = self.topic
+        if getattr(topic.log, "head", topic.log.written) != topic.log.written:
+            # a publish appended this turn (refused at its answer: this node does not
+            # lead) is written at the turn's end: cut after that
+            topic.owner.call_later(1_000_000, self.truncate, offset, done)
+            return
         try:
             with topic.lock:
                 before = topic.log.written

@@ -219,6 +219,12 @@ class Publisher:
 
     def _take_one(self, name: str, payload: Payload, defer_ns: int, done: Done,
                   origin: EventLoop | None) -> None:
+        cl = self.cluster
+        if cl is not None:     # the topic's role may have changed since the publish came
+            why = f"not the leader of {name}" if cl.diverts(name) else cl.refusal(name)
+            if why is not None:
+                self._settle_one(done, origin, RuntimeError(why))
+                return
         if isinstance(payload, tuple) and len(payload[2]) > SLICE:
             self._slices.append(_SliceJob(name, payload, done, origin))
             return
@@ -284,6 +290,12 @@ class Publisher:
 
     def _run_slice(self) -> None:
         job = self._slices[0]
+        cl = self.cluster
+        if cl is not None and job.error is None:      # the role may have changed
+            why = f"not the leader of {job.name}" if cl.diverts(job.name) \
+                else cl.refusal(job.name)
+            if why is not None:
+                job.error = RuntimeError(why)
         if job.error is None:
             body, offs, lens = job.parts
             i, j = job.next, min(job.next + SLICE, len(job.parts[2]))
