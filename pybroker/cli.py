@@ -128,10 +128,11 @@ def _register_subcommands() -> None:
         return
     _registered = True
     from pybroker.bench.cli import register as register_bench
+    from pybroker.cluster.status import register as register_cluster
     from pybroker.spark.cli import register as register_spark
     from pybroker.tools import register as register_tools
 
-    for register in (register_tools, register_bench, register_spark):
+    for register in (register_tools, register_bench, register_spark, register_cluster):
         register(app)
 
 

@@ -231,6 +231,22 @@ SPECS: tuple[OptionSpec, ...] = (
                "most TCP clients at once; more are answered E_INVALID and closed (redis's "
                "maxclients; 0: no limit). A reserve of file descriptors is always kept",
                0, 2**31 - 1),
+    # replication (docs/replication.md): only with cluster_etcd set; the node's name in
+    # the cluster is its id (--node-id)
+    OptionSpec("cluster_etcd", "str", "",
+               "etcd endpoint (http://host:port) of the cluster this node joins; empty: "
+               "a single node. The node is named by --node-id in the cluster"),
+    OptionSpec("cluster_address", "str", "127.0.0.1:4153",
+               "address of the internal replication listener (followers fetch here)"),
+    OptionSpec("replication_factor", "int", 3,
+               "nodes that hold a copy of each topic (the topic's first node and the "
+               "next ones by id)", 1, 64),
+    OptionSpec("min_insync_replicas", "int", 2,
+               "in-sync replicas (the leader included) that must hold a publish before "
+               "it is answered OK; fewer in sync: publishes fail", 1, 64),
+    OptionSpec("cluster_lease_ttl", "duration", 5 * S,
+               "etcd lease of a node's membership and leaderships: a dead leader is "
+               "replaced after about this long", 1 * S, 300 * S),
 )
 
 SPEC_BY_KEY = {s.key: s for s in SPECS}
@@ -367,6 +383,16 @@ def _check(v: dict[str, Any]) -> None:
     if dlt and (not _TOPIC_RE.fullmatch(dlt) or len(dlt) > 64):
         raise ConfigError(f"dead_letter_topic: {dlt!r} is not a valid topic name "
                           "(1-64 characters of [.a-zA-Z0-9_-], not #ephemeral)")
+    if v["cluster_etcd"]:
+        if v["min_insync_replicas"] > v["replication_factor"]:
+            raise ConfigError("min_insync_replicas: must not exceed replication_factor")
+        try:
+            split_hostport(v["cluster_address"])
+        except ValueError as e:
+            raise ConfigError(f"cluster_address: {e}") from None
+        url = str(v["cluster_etcd"])
+        if not re.fullmatch(r"(http://)?[^/:\s]+(:\d+)?/?", url):
+            raise ConfigError(f"cluster_etcd: {url!r} is not http://host:port")
     if v["msg_timeout"] > v["max_msg_timeout"]:
         raise ConfigError("msg_timeout: must not exceed max_msg_timeout")
     if v["max_msg_size"] > v["max_body_size"]:

@@ -40,6 +40,9 @@ class Topic:
         self.deleted = False
         # every offset below released may be read by the channels
         self.released = log.written
+        # a replicated topic (pybroker.cluster): channels get records only below this
+        # (the high watermark); None: everything written
+        self.release_cap: int | None = None
         # where a first channel starts: everything before was consumed by channels that
         # are gone (nsqd hands a topic's buffer to its first channel, not old messages)
         self.orphan_start = log.oldest
@@ -125,7 +128,11 @@ class Topic:
                 raise
             if self.paused:
                 return epoch, n, []
-            self.released = log.written
+            cap = self.release_cap
+            to = log.written if cap is None else min(log.written, cap)
+            if to <= self.released:
+                return epoch, n, []
+            self.released = to
             return epoch, n, list(self.channels.values())
 
     def _discard(self) -> None:
@@ -181,9 +188,11 @@ class Topic:
         Returns the channels to wake."""
         with self.lock:
             self.paused = paused
-            if paused or self.log.written == self.released:
+            cap = self.release_cap
+            to = self.log.written if cap is None else min(self.log.written, cap)
+            if paused or to <= self.released:
                 return []
-            self.released = self.log.written
+            self.released = to
             return list(self.channels.values())
 
     def skip_gap(self, cursor: int) -> int:

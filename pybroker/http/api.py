@@ -386,9 +386,13 @@ class Api:
         return plan_stats(self.rt, topic, channel, include_clients).then(answer)
 
     def stats_document(self, c: Collected, memory: dict[str, Any] | None) -> dict[str, Any]:
-        return core_stats.document(NSQ_COMPAT_VERSION, self.health(), self.broker.start_time,
-                                   c.topics, memory, c.producers, _native.BACKEND,
-                                   self.server.figures()["refused"])
+        doc = core_stats.document(NSQ_COMPAT_VERSION, self.health(), self.broker.start_time,
+                                  c.topics, memory, c.producers, _native.BACKEND,
+                                  self.server.figures()["refused"])
+        if self.rt.cluster is not None:
+
+            self.rt.cluster.add_stats(doc)
+        return doc
 
     def metrics(self, req: Request) -> Gather[Response]:
         from pybroker.http import metrics  # Prometheus' format: loaded when first asked for
@@ -396,6 +400,9 @@ class Api:
         def answer(c: Collected) -> Response:
             body = metrics.render(c, self.health(), self.broker.start_time,
                                   self.server.figures())
+            if self.rt.cluster is not None:
+
+                body += self.rt.cluster.metrics_text()
             return Response(200, body, metrics.CONTENT_TYPE, nsq=False)
 
         return plan_stats(self.rt, include_clients=False, every_loop=True).then(answer)

@@ -219,6 +219,11 @@ def sub_line(c: "ClientConn", cmd: Command) -> Line:
 
 def sub(c: "ClientConn", line: Line, body: bytes) -> None:
     broker = c.loop.runtime.broker
+    cluster = c.loop.runtime.cluster
+    if cluster is not None:
+        why = cluster.sub_refusal(line[0])
+        if why is not None:
+            raise SubFailed(f"SUB failed {why}")
     try:
         topic = broker.get_topic(line[0])
         ch = broker.get_channel(topic, line[1])

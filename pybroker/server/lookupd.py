@@ -181,7 +181,10 @@ class LookupdRegistrar(SelectorLoop):
         with broker.lock:
             topics = list(broker.topics.values())
         want: set[Registration] = set()
+        cluster = self.runtime.cluster
         for t in topics:
+            if cluster is not None and not cluster.registers(t.name):
+                continue      # a replicated topic is registered by its leader only
             want.add((t.name, ""))
             for name in list(t.channels):
                 want.add((t.name, name))

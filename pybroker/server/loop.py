@@ -137,6 +137,11 @@ class EventLoop(SelectorLoop):
         for conn, target, ch in handover:
             if conn.closed or conn.closing_after_flush:
                 continue   # a failed publish before the SUB: it closes here
+            if conn.unconfirmed:
+                # a replicated topic's publish still waits for its replicas (its OK is
+                # in conn.out): the connection moves once it is answered
+                self._handover.append((conn, target, ch))
+                continue
             self.cancel(conn.hb_timer)
             self.cancel(conn.flush_timer)
             conn.hb_timer = conn.flush_timer = None

@@ -46,6 +46,7 @@ from pybroker.server.services import owner_loop
 from pybroker.storage import StorageError, StorageIOError
 
 if TYPE_CHECKING:
+    from pybroker.server.services import ClusterHooks
     from pybroker.core.topic import Topic
     from pybroker.server.connection import ClientConn
     from pybroker.server.loop import EventLoop
@@ -64,10 +65,11 @@ Record = tuple[int, int, bytes, int]
 class _Batch:
     """The publishes of one topic in one turn: all carried by the write of ``epoch``."""
 
-    __slots__ = ("epoch", "slots", "calls", "remote")
+    __slots__ = ("epoch", "slots", "calls", "remote", "end")
 
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch
+        self.end = 0          # once written: one past the last offset it carried
         # memory mode, connections of this loop: their OK already in conn.out at index i,
         # not flushed before the write (conn.unconfirmed); an error replaces it
         self.slots: list[tuple[ClientConn, int, type[ClientError], str]] = []
@@ -121,6 +123,10 @@ class Publisher:
         self._outbox: dict[EventLoop, list[Request]] = {}
         self._replies: dict[EventLoop, list[tuple[Done, Exception | None]]] = {}
         self._slices: deque[_SliceJob] = deque()
+        # clustering (pybroker.cluster; None on a single node): publishes to a topic
+        # another node leads are forwarded there, and a write's batch is answered once
+        # the in-sync replicas hold it
+        self.cluster: ClusterHooks | None = None
 
     def busy(self) -> bool:
         return bool(self._turn or self._slices or self._outbox or self._replies)
@@ -135,6 +141,16 @@ class Publisher:
             topic = loop.runtime.broker.get_topic(name)
         except Exiting as e:
             raise failed(f"{verb} failed {e}") from None
+        cl = self.cluster
+        if cl is not None:
+            if cl.diverts(name):
+                conn.awaiting_commit += 1
+                cl.divert(loop, name, payload, defer_ns,
+                          functools.partial(answer, conn, failed, verb))
+                return
+            why = cl.refusal(name)
+            if why is not None:
+                raise failed(f"{verb} failed {why}")
         owner = topic.owner
         whole = isinstance(payload, list)
         if owner is loop and (whole or len(payload[2]) <= SLICE):
@@ -174,6 +190,15 @@ class Publisher:
     def submit(self, name: str, payload: Payload, defer_ns: int, done: Done) -> None:
         """Publish to topic ``name`` from this loop's thread; ``done(None or error)``
         runs on this loop once the publish is settled (Exiting: the broker is exiting)."""
+        cl = self.cluster
+        if cl is not None:
+            if cl.diverts(name):
+                cl.divert(self.loop, name, payload, defer_ns, done)
+                return
+            why = cl.refusal(name)
+            if why is not None:
+                done(RuntimeError(why))
+                return
         owner = self.loop.runtime.broker.topic_owner(name)
         if owner is not self.loop:
             self._outbox.setdefault(owner_loop(owner), []).append((name, payload, defer_ns, done))
@@ -195,6 +220,12 @@ class Publisher:
 
     def _take_one(self, name: str, payload: Payload, defer_ns: int, done: Done,
                   origin: EventLoop | None) -> None:
+        cl = self.cluster
+        if cl is not None:     # the topic's role may have changed since the publish came
+            why = f"not the leader of {name}" if cl.diverts(name) else cl.refusal(name)
+            if why is not None:
+                self._settle_one(done, origin, RuntimeError(why))
+                return
         if isinstance(payload, tuple) and len(payload[2]) > SLICE:
             self._slices.append(_SliceJob(name, payload, done, origin))
             return
@@ -260,6 +291,12 @@ class Publisher:
 
     def _run_slice(self) -> None:
         job = self._slices[0]
+        cl = self.cluster
+        if cl is not None and job.error is None:      # the role may have changed
+            why = f"not the leader of {job.name}" if cl.diverts(job.name) \
+                else cl.refusal(job.name)
+            if why is not None:
+                job.error = RuntimeError(why)
         if job.error is None:
             body, offs, lens = job.parts
             i, j = job.next, min(job.next + SLICE, len(job.parts[2]))
@@ -315,12 +352,15 @@ class Publisher:
                 log.error("NSQ: storage: %s", err)
                 self._settle(batch, err)
                 continue
+            batch.end = topic.log.written
             if chans:
                 self.loop.wake(chans)
             if n and rt.health is not None:
                 rt.storage.write_ok(topic)      # a write of real records worked
-            if not self.durable or not n or topic.log.durable_epoch >= epoch:
+            if not n:
                 self._settle(batch, None)
+            elif not self.durable or topic.log.durable_epoch >= epoch:
+                self._written(topic, batch)
             else:
                 self._syncing.setdefault(topic, deque()).append(batch)
                 to_sync.append(topic)
@@ -349,11 +389,22 @@ class Publisher:
                 err = log.lost_by(epoch)
                 if err is None and epoch > log.durable_epoch:
                     break                       # a later fsync will cover it
-                self._settle(waiting.popleft(), err)
+                if err is None:
+                    self._written(topic, waiting.popleft())
+                else:
+                    self._settle(waiting.popleft(), err)
             if not waiting:
                 del self._syncing[topic]
 
     # -- settling -----------------------------------------------------------------------
+    def _written(self, topic: Topic, batch: _Batch) -> None:
+        """The batch is written (synced, in fsync mode) here: answer it, or, for a
+        replicated topic, once the in-sync replicas hold it too."""
+        cl = self.cluster
+        if cl is None or not cl.await_replicas(topic, batch.end,
+                                               functools.partial(self._settle, batch)):
+            self._settle(batch, None)
+
     def _settle(self, batch: _Batch, err: Exception | None) -> None:
         to_flush = self.loop.to_flush
         for conn, idx, failed, verb in batch.slots:

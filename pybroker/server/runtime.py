@@ -36,6 +36,7 @@ from pybroker.storage import StorageError
 from pybroker.storage.lock import DataPathLocked
 
 if TYPE_CHECKING:
+    from pybroker.server.services import ClusterHooks
     import ssl
 
     from pybroker.http.server import HttpServer
@@ -64,6 +65,9 @@ class Runtime:
         self.lookupd: LookupdRegistrar | None = None
         self.tls_context: ssl.SSLContext | None = None  # tls_cert + tls_key (TCP and HTTPS)
         self.auth: AuthClient | None = None  # when auth_http_addresses is set
+        # replication (pybroker.cluster), only when cluster_etcd is set: nothing of it
+        # is imported otherwise
+        self.cluster: ClusterHooks | None = None
         self._stop = threading.Event()
 
     # -- waking channels for publishers that are not loop threads (HTTP, start-up) ------
@@ -128,6 +132,12 @@ class Runtime:
             raise StartupError(f"data_path: cannot use {self.storage.data_path}: {e}") from None
         self.broker.on_change.append(self.storage.save_metadata)
         self.broker.on_delete_topic.append(self.storage.delete_topic)
+        if o.cluster_etcd:
+            from pybroker.cluster.node import ClusterNode
+
+            self.cluster = ClusterNode(self)
+            for loop in self.loops:
+                loop.publisher.cluster = self.cluster
         for ch in self.broker.all_channels():  # read restored backlogs once consumers come
             ch.owner.call_soon_threadsafe(ch.owner.mark_dirty, ch)
         sock = self.bound.tcp
@@ -149,6 +159,12 @@ class Runtime:
         self.lookupd = LookupdRegistrar(self, o.broadcast_tcp_port or sock.getsockname()[1],
                                         o.broadcast_http_port or http_port)
         self.lookupd.start()
+        if self.cluster is not None:
+            try:
+                self.cluster.start(_advertised(sock, o), f"{o.broadcast_address}:{http_port}")
+            except OSError as e:
+                raise StartupError(f"cluster_address: cannot listen on "
+                                   f"{o.cluster_address}: {e}") from None
 
     @staticmethod
     def _http_class() -> type[HttpServer] | None:
@@ -184,6 +200,8 @@ class Runtime:
             self.http.stop(timeout_s)
         if self.listener is not None:
             self.listener.home.call_soon_threadsafe(self.listener.close)
+        if self.cluster is not None:
+            self.cluster.stop(timeout_s)   # leaderships end now: the others take over
         for loop in self.loops:
             loop.stop()
         for loop in self.loops:
@@ -198,6 +216,14 @@ class Runtime:
         for loop in self.loops:
             loop.close()
         log.info("NSQ: bye")
+
+
+def _advertised(sock: Any, o: Options) -> str:
+    """host:port other nodes reach this node's TCP clients' port at."""
+    host, port = sock.getsockname()[:2]
+    if host in ("0.0.0.0", "::", ""):
+        host = o.broadcast_address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def raise_fd_limit() -> None:

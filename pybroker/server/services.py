@@ -7,7 +7,8 @@ checks every use and the dependencies are written down. Typing only: no behaviou
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
     import ssl
@@ -49,6 +50,7 @@ class LoopServices(Protocol):
     tls_context: ssl.SSLContext | None
     health: str | None
     loops: list[EventLoop]
+    cluster: ClusterHooks | None
 
     def request_stop(self) -> None: ...
     def storage_failed(self, err: BaseException, topic: Topic | None = None) -> None: ...
@@ -60,6 +62,7 @@ class RegistrarHost(Protocol):
 
     options: Options
     broker: Broker
+    cluster: ClusterHooks | None
 
 
 class HttpHost(Protocol):
@@ -73,6 +76,43 @@ class HttpHost(Protocol):
     loops: list[EventLoop]
     listener: Listener | None
     tls_context: ssl.SSLContext | None
+    cluster: ClusterHooks | None
 
     def request_stop(self) -> None: ...
     def storage_failed(self, err: BaseException, topic: Topic | None = None) -> None: ...
+
+
+class Notified(Protocol):
+    """Something told when what it reports changed (the nsqlookupd registrar)."""
+
+    def notify(self) -> None: ...
+
+
+class ClusterHost(Protocol):
+    """What a cluster node (pybroker.cluster.node) uses of the Runtime."""
+
+    options: Options
+    broker: Broker
+    storage: StorageManager
+    loops: list[EventLoop]
+
+    @property
+    def lookupd(self) -> Notified | None: ...
+
+
+class ClusterHooks(Protocol):
+    """What the server and the HTTP API ask of a cluster node (pybroker.cluster.node's
+    ``ClusterNode``; None on a single node): whether a topic's publishes and SUBs are
+    this node's to serve, forwarding, waiting for replicas, and its report."""
+
+    def start(self, tcp_address: str, http_address: str) -> None: ...
+    def stop(self, timeout_s: float) -> None: ...
+    def diverts(self, name: str) -> bool: ...
+    def refusal(self, name: str) -> str | None: ...
+    def divert(self, loop: EventLoop, name: str, payload: Any, defer_ns: int,
+               done: Callable[[Any], None], deadline_ns: int = 0) -> None: ...
+    def await_replicas(self, topic: Topic, end: int, done: Callable[[Any], None]) -> bool: ...
+    def sub_refusal(self, name: str) -> str | None: ...
+    def registers(self, name: str) -> bool: ...
+    def add_stats(self, doc: dict[str, Any]) -> None: ...
+    def metrics_text(self) -> bytes: ...

@@ -302,6 +302,105 @@ class TopicLog:
         self.head = first + len(items)
         return first
 
+    def append_raw(self, data: bytes | bytearray, first: int) -> int:
+        """Records already built elsewhere (a replica's copy of its leader's log:
+        pybroker.cluster): they must start at ``head`` and be whole and intact (offsets
+        in sequence, checksums); returns how many. Raises ValueError otherwise (nothing
+        is appended). Written by the next ``write_pending`` like any append."""
+        if first != self.head:
+            raise ValueError(f"records start at {first}, the log's head is {self.head}")
+        starts, used, (status, deferred, _) = _native.log_scan(
+            data, first, True, self.max_payload, 1 << 30)
+        if used != len(data) or status < 0:
+            raise ValueError(f"records from {first} are damaged or incomplete")
+        if not starts:
+            return 0
+        self._pending.append(bytes(data))
+        self._pending_deferred += deferred
+        self.head = first + len(starts)
+        return len(starts)
+
+    def truncate(self, offset: int) -> int:
+        """Cut the log back so that ``offset`` is the next offset written (a replica
+        dropping the tail its new leader does not have: pybroker.cluster). Nothing may
+        be pending. Segments after it are removed, the one holding it is cut and
+        rescanned (its index rebuilt); returns the new ``written``. Raises StorageError
+        on a file error. Caller holds the lock."""
+        assert not self._pending, "truncate with records pending"
+        if offset >= self.written:
+            return self.written
+        offset = max(offset, self.oldest)
+        blocks = self._blocks
+        while blocks and blocks[-1].first >= offset:
+            b = blocks.pop()
+            self._block_firsts.pop()
+            self._tail_records -= len(b.pos)
+            self._tail_bytes -= len(b.data)
+        if blocks and blocks[-1].end > offset:
+            b = blocks[-1]
+            keep = offset - b.first
+            cut = b.pos[keep]
+            self._tail_records -= len(b.pos) - keep
+            self._tail_bytes -= len(b.data) - cut
+            blocks[-1] = _Block(b.first, bytes(b.data[:cut]), b.pos[:keep], b.deferred)
+        if self.directory is not None and self._segs:
+            self._truncate_files(offset)
+        self.head = self.written = offset
+        self.tail_start = min(self.tail_start, offset)
+        self._durable_offset = min(self._durable_offset, offset)
+        self.recovered_dpubs = sorted({d for d in self.recovered_dpubs if d[0] < offset})
+        return offset
+
+    def _truncate_files(self, offset: int) -> None:
+        ops = self.fileops
+        while len(self._segs) > 1 and self._segs[-1].base >= offset:
+            seg = self._segs.pop()
+            try:
+                os.unlink(seg.path)
+            except OSError as e:
+                raise from_oserror("truncate", seg.path, e) from None
+            if self._fd is not None:
+                ops.close(self._fd)
+                self._fd = None
+        seg = self._segs[-1]
+        pos = self._file_pos(seg, offset)
+        try:
+            if self._fd is None:
+                self._fd = ops.open(seg.path, os.O_WRONLY)
+            ops.ftruncate(self._fd, pos)
+        except OSError as e:
+            raise from_oserror("truncate", seg.path, e) from None
+        self._cut_back = None
+        self._dir_dirty = True
+        again = self._scan_segment(seg.path, seg.base, last=True)
+        if again is not None:
+            self._segs[-1] = again
+
+    def _file_pos(self, seg: _Segment, offset: int) -> int:
+        """The file position of record ``offset`` of seg (its end if past the last)."""
+        if offset >= seg.end:
+            return seg.size
+        start_off, fpos = seg.index[bisect.bisect_right(seg.index, (offset, 1 << 62)) - 1]
+        fd = os.open(seg.path, os.O_RDONLY)
+        try:
+            while start_off < offset:
+                chunk = os.pread(fd, READ_CHUNK, fpos)
+                starts, used, _ = _native.log_scan(chunk, start_off, False, self.max_payload,
+                                                   offset - start_off)
+                if not starts:
+                    # a record larger than the chunk
+                    need = REC_HEADER + int.from_bytes(chunk[4:8], "big")
+                    if len(chunk) < 8 or need <= len(chunk):
+                        raise StorageError(f"{seg.path}: no record at offset {start_off}")
+                    fpos += need
+                    start_off += 1
+                    continue
+                start_off += len(starts)
+                fpos += used
+        finally:
+            os.close(fd)
+        return fpos
+
     def discard_pending(self) -> None:
         """Forget appended records not yet written (their publishes failed)."""
         self._pending = []

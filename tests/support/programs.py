@@ -9,7 +9,7 @@ then beside ``$NSQD``.
 
 What strict mode requires, all provided by ``.ci/run`` (or present in any CI clone):
 NSQ's programs (nsqd, nsqlookupd, nsqadmin, nsq_tail, nsq_to_file, nsq_stat, to_nsq,
-bench_writer/bench_reader), go-nsq's compiled test suite with its source directory
+bench_writer/bench_reader), etcd (Debian's etcd-server), go-nsq's compiled test suite with its source directory
 ($GO_NSQ_DIR) and a private network namespace to run it in, strace, curl, a Java runtime,
 the extras (pyspark, pyarrow, locust), git and a C compiler.
 

@@ -1,0 +1,357 @@
+"""Coordinator: this node's dealings with etcd, on its own thread (``cluster``).
+
+Keys under ``/pybroker/``:
+- ``nodes/<id>``: this node's addresses, on this node's lease (membership);
+- ``topics/<name>``: ``{"replicas": [ids]}``, written once by the node that first had
+  the topic (assign_replicas: it and the next live nodes by id);
+- ``state/<name>``: ``{"epoch", "leader", "isr"}``: the leader epoch and the in-sync set;
+- ``leader/<name>``: ``{"node", "epoch"}`` on the leader's lease (the lease is the
+  leadership: when it expires the key goes and an in-sync replica may take the next
+  epoch, in one transaction that also checks the state it read).
+
+The thread renews the lease every ttl/3 (``LeaseClock`` counts from when the renewal was
+sent), reads the whole prefix every ``POLL_NS`` (and at once when a topic appears
+here), and then: registers topics new here, creates the local topics etcd lists with
+this node as a replica, campaigns where there is no leader and this node is in sync,
+and posts each replica's role to its topic's owner loop. An in-sync change asked by a
+leader is a transaction that holds only while this node's leader key (and lease) does.
+Every etcd call has a deadline (pybroker.cluster.etcd); nothing here blocks a loop.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from pybroker.cluster.etcd import Compare, Etcd, EtcdError, put_op
+from pybroker.cluster.replica import FOLLOWER, LEADER, NONE, Replica
+from pybroker.cluster.rules import EpochHistory, assign_replicas
+from pybroker.evloop import SelectorLoop
+from pybroker.protocol.names import is_ephemeral
+from pybroker.server.services import owner_loop
+
+if TYPE_CHECKING:
+    from pybroker.cluster.node import ClusterNode
+
+log = logging.getLogger("pybroker")
+ROOT = "/pybroker/"
+POLL_NS = 200_000_000
+
+
+class Coordinator(SelectorLoop):
+    def __init__(self, node: ClusterNode, tcp: str, http: str, repl: str) -> None:
+        super().__init__("cluster")
+        self.node = node
+        o = node.options
+        self.etcd = Etcd(o.cluster_etcd, timeout_s=max(0.5, o.cluster_lease_ttl / 3e9))
+        self.ttl_s = max(1, int(o.cluster_lease_ttl // 1_000_000_000))
+        self.me = {"id": node.id, "tcp": tcp, "http": http, "repl": repl}
+        self.dir = os.path.join(os.path.abspath(o.data_path or "."), "cluster")
+        self.lease_id = 0
+        self._polling = False
+        self._poll_timer: Any = None
+        self._posted: dict[str, tuple[str, int, int, tuple[int, ...]]] = {}
+        self._leader_values: dict[str, str] = {}
+        self._state: dict[str, tuple[dict[str, Any], int]] = {}   # name -> (state, mod)
+        self._leader_kv: dict[str, tuple[dict[str, Any], int]] = {}  # name -> (value, lease)
+
+    # -- any thread ---------------------------------------------------------------------
+    def start(self) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        super().start()
+        self.call_soon_threadsafe(self._begin)
+        self.node.runtime.broker.on_change.append(self.poll_soon)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self.call_soon_threadsafe(self._end)
+        SelectorLoop.stop(self)
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+        self.close()
+
+    def poll_soon(self) -> None:
+        if not self._polling:
+            self._polling = True
+            self.call_soon_threadsafe(self._poll)
+
+    def change_isr(self, r: Replica, epoch: int, isr: list[int]) -> None:
+        self.call_soon_threadsafe(self._change_isr, r, epoch, isr)
+
+    def save_history(self, name: str, entries: list[list[int]]) -> None:
+        self.call_soon_threadsafe(self._save_history, name, entries)
+
+    def assign_fetchers(self) -> None:
+        self.call_soon_threadsafe(self._assign_fetchers)
+
+    # -- the session ------------------------------------------------------------------
+    def _begin(self) -> None:
+        try:
+            self._new_session()
+        except EtcdError as e:
+            log.error("CLUSTER: etcd: %s (retrying)", e)
+            self.call_later(500_000_000, self._begin)
+            return
+        self.call_later(self.ttl_s * 1_000_000_000 // 3, self._keepalive)
+        self._poll()
+
+    def _new_session(self) -> None:
+        path = os.path.join(self.dir, "lease")
+        try:
+            with open(path) as f:
+                old = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            old = 0
+        if old:
+            # this node's previous run: its leadership and membership end now, not at
+            # the lease's expiry (a restarted node rejoins at once)
+            self.etcd.revoke(old)
+        sent = time.monotonic_ns()
+        self.lease_id = self.etcd.grant(self.ttl_s)
+        # leaderships held on an earlier lease end here, whatever the clock says: a
+        # replica acknowledges only under the lease its leadership was taken with
+        self.node.lease_id = self.lease_id
+        self.node.lease.renewed(sent)
+        key = f"{ROOT}nodes/{self.node.id}"
+        ok = self.etcd.txn([Compare(key, "CREATE", 0)],
+                           [put_op(key, json.dumps(self.me), self.lease_id)])
+        if not ok:
+            found = self.etcd.get(key)
+            if found is not None and found.lease != self.lease_id:
+                log.error("CLUSTER: node id %d is registered by another process (%s); "
+                          "waiting for it to go", self.node.id, found.value)
+                self.etcd.revoke(self.lease_id)
+                raise EtcdError(f"node id {self.node.id} in use")
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(str(self.lease_id))
+        os.replace(tmp, path)
+        log.info("CLUSTER: node %d joined (lease %x, ttl %ds)", self.node.id,
+                 self.lease_id, self.ttl_s)
+
+    def _keepalive(self) -> None:
+        sent = time.monotonic_ns()
+        every = self.ttl_s * 1_000_000_000 // 3
+        try:
+            ttl = self.etcd.keepalive(self.lease_id)
+        except EtcdError as e:
+            log.error("CLUSTER: lease renewal failed: %s", e)
+            self.call_later(every // 2, self._keepalive)
+            return
+        if ttl > 0:
+            self.node.lease.renewed(sent)
+            self.call_later(every, self._keepalive)
+            return
+        log.error("CLUSTER: the lease expired: leaderships lost; joining again")
+        self.node.lease.lost()
+        self._posted.clear()
+        try:
+            self._new_session()
+        except EtcdError as e:
+            log.error("CLUSTER: etcd: %s", e)
+        self.call_later(every // 2, self._keepalive)
+        self._poll()
+
+    def _end(self) -> None:
+        if self.lease_id:
+            # leaderships end now rather than at expiry: failover without waiting
+            self.node.lease.lost()
+            self.etcd.revoke(self.lease_id)
+            try:
+                os.unlink(os.path.join(self.dir, "lease"))
+            except OSError:
+                pass
+
+    # -- polling ----------------------------------------------------------------------
+    def _poll(self) -> None:
+        self._polling = False
+        self.cancel(self._poll_timer)
+        self._poll_timer = self.call_later(POLL_NS, self._poll)
+        if not self.lease_id:
+            return
+        try:
+            _, kvs = self.etcd.get_prefix(ROOT)
+        except EtcdError as e:
+            log.error("CLUSTER: %s", e)
+            return
+        nodes: dict[int, dict[str, Any]] = {}
+        topics: dict[str, list[int]] = {}
+        self._state = {}
+        self._leader_kv = {}
+        for kv in kvs:
+            kind, _, name = kv.key[len(ROOT):].partition("/")
+            doc = kv.json()
+            if not isinstance(doc, dict):
+                continue
+            if kind == "nodes":
+                try:
+                    nodes[int(name)] = doc
+                except ValueError:
+                    continue
+            elif kind == "topics":
+                topics[name] = [int(n) for n in doc.get("replicas", [])]
+            elif kind == "state":
+                self._state[name] = (doc, kv.mod_revision)
+            elif kind == "leader":
+                self._leader_kv[name] = (doc, kv.lease)
+        node = self.node
+        node.nodes = nodes
+        node.live = set(nodes)
+        node.assigned = topics
+        node.leaders = {name: int(doc.get("node", -1))
+                        for name, (doc, _) in self._leader_kv.items()}
+        try:
+            self._reconcile(topics)
+        except EtcdError as e:
+            log.error("CLUSTER: %s", e)
+
+    def _reconcile(self, topics: dict[str, list[int]]) -> None:
+        node = self.node
+        broker = node.runtime.broker
+        me = node.id
+        for t in broker.all_topics():
+            if t.name not in topics and not is_ephemeral(t.name) and not t.deleted:
+                topics[t.name] = self._register(t.name)
+        changed = False
+        for name, replicas in topics.items():
+            if me not in replicas:
+                continue
+            r = node.replicas.get(name)
+            if r is None or r.topic.deleted:
+                try:
+                    topic = broker.get_topic(name)
+                except Exception:        # the broker is exiting
+                    return
+                r = Replica(node, topic, self._load_history(name))
+                node.replicas[name] = r
+            state, mod = self._state.get(name, ({}, 0))
+            isr = [int(n) for n in state.get("isr", [])]
+            lead = self._leader_kv.get(name)
+            if lead is None and mod and me in isr:
+                lead = self._campaign(name, state, mod, isr)
+                state, _ = self._state.get(name, (state, mod))
+                isr = [int(n) for n in state.get("isr", isr)]
+            if lead is None:
+                role, epoch, leader = NONE, int(state.get("epoch", 0)), -1
+            else:
+                doc, lease = lead
+                leader, epoch = int(doc.get("node", -1)), int(doc.get("epoch", 0))
+                role = LEADER if leader == me and lease == self.lease_id else FOLLOWER
+                if leader == me and role != LEADER:
+                    role, leader = NONE, -1      # an earlier run's key, about to expire
+            key = (role, epoch, leader, tuple(isr))
+            if self._posted.get(name) != key:
+                self._posted[name] = key
+                owner_loop(r.topic.owner).call_soon_threadsafe(r.set_role, role, epoch, leader, isr,
+                                                   self.lease_id)
+                changed = True
+        if changed:
+            self._assign_fetchers()
+
+    def _register(self, name: str) -> list[int]:
+        node = self.node
+        replicas = assign_replicas(node.id, sorted(node.live | {node.id}), node.factor)
+        key = f"{ROOT}topics/{name}"
+        state = {"epoch": 0, "leader": -1, "isr": replicas}
+        ok = self.etcd.txn([Compare(key, "CREATE", 0)],
+                           [put_op(key, json.dumps({"replicas": replicas})),
+                            put_op(f"{ROOT}state/{name}", json.dumps(state))])
+        if ok:
+            log.info("CLUSTER: topic %s replicated on nodes %s", name, replicas)
+            found = self.etcd.get(f"{ROOT}state/{name}")
+            if found is not None:
+                self._state[name] = (state, found.mod_revision)
+            return replicas
+        kv = self.etcd.get(key)
+        doc = kv.json() if kv is not None else None
+        if isinstance(doc, dict):
+            st = self.etcd.get(f"{ROOT}state/{name}")
+            if st is not None and isinstance(st.json(), dict):
+                self._state[name] = (st.json(), st.mod_revision)
+            return [int(n) for n in doc.get("replicas", [])]
+        return replicas
+
+    def _campaign(self, name: str, state: dict[str, Any], mod: int, isr: list[int]
+                  ) -> tuple[dict[str, Any], int] | None:
+        """Take the leadership of ``name`` at the next epoch (this node is in sync)."""
+        node = self.node
+        epoch = int(state.get("epoch", 0)) + 1
+        new_isr = sorted((set(isr) & node.live) | {node.id})
+        value = json.dumps({"node": node.id, "epoch": epoch})
+        new_state = {"epoch": epoch, "leader": node.id, "isr": new_isr}
+        lkey, skey = f"{ROOT}leader/{name}", f"{ROOT}state/{name}"
+        ok = self.etcd.txn([Compare(lkey, "CREATE", 0), Compare(skey, "MOD", mod)],
+                           [put_op(lkey, value, self.lease_id),
+                            put_op(skey, json.dumps(new_state))])
+        if not ok:
+            return None
+        st = self.etcd.get(skey)
+        self._state[name] = (new_state, st.mod_revision if st is not None else mod)
+        self._leader_values[name] = value
+        node.leaders[name] = node.id
+        log.info("CLUSTER: %s: elected leader at epoch %d (in sync %s)", name, epoch,
+                 new_isr)
+        doc = {"node": node.id, "epoch": epoch}
+        self._leader_kv[name] = (doc, self.lease_id)
+        return doc, self.lease_id
+
+    # -- requests from the loops -----------------------------------------------------
+    def _change_isr(self, r: Replica, epoch: int, isr: list[int]) -> None:
+        node = self.node
+        name = r.name
+        value = self._leader_values.get(name)
+        if value is None:
+            value = json.dumps({"node": node.id, "epoch": epoch})
+        isr = sorted(set(isr) | {node.id})
+        lkey = f"{ROOT}leader/{name}"
+        ok = False
+        try:
+            ok = self.etcd.txn(
+                [Compare(lkey, "VALUE", value), Compare(lkey, "LEASE", self.lease_id)],
+                [put_op(f"{ROOT}state/{name}",
+                        json.dumps({"epoch": epoch, "leader": node.id, "isr": isr}))])
+        except EtcdError as e:
+            log.error("CLUSTER: %s: in-sync change not written: %s", name, e)
+        if ok:
+            posted = self._posted.get(name)
+            if posted is not None:
+                self._posted[name] = (posted[0], posted[1], posted[2], tuple(isr))
+        owner_loop(r.topic.owner).call_soon_threadsafe(r.isr_changed, epoch, isr if ok else None)
+
+    def _assign_fetchers(self) -> None:
+        node = self.node
+        if node.fetchers is None:
+            return
+        by_leader: dict[int, list[Replica]] = {}
+        for name, (role, _, leader, _) in self._posted.items():
+            r = node.replicas.get(name)
+            if role == FOLLOWER and r is not None and leader in node.nodes:
+                by_leader.setdefault(leader, []).append(r)
+        node.fetchers.assign(by_leader, {n: str(reg.get("repl", ""))
+                                         for n, reg in node.nodes.items()})
+
+    # -- files -------------------------------------------------------------------------
+    def _history_path(self, name: str) -> str:
+        return os.path.join(self.dir, f"{name}.epochs")
+
+    def _load_history(self, name: str) -> EpochHistory:
+        try:
+            with open(self._history_path(name)) as f:
+                return EpochHistory([(int(e), int(s)) for e, s in json.load(f)])
+        except (OSError, ValueError, TypeError):
+            return EpochHistory()
+
+    def _save_history(self, name: str, entries: list[list[int]]) -> None:
+        path = self._history_path(name)
+        try:
+            with open(path + ".tmp", "w") as f:
+                json.dump(entries, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(path + ".tmp", path)
+        except OSError as e:
+            log.error("CLUSTER: %s: epoch history not saved: %s", name, e)
+
+
+__all__ = ["Coordinator", "POLL_NS", "ROOT"]

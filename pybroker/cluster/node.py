@@ -1,0 +1,247 @@
+"""ClusterNode: what the rest of the server sees of clustering (docs/replication.md).
+
+Built by the Runtime only when ``cluster_etcd`` is set (a single node imports nothing
+of pybroker.cluster). It owns the coordinator thread (etcd: membership, elections,
+in-sync sets), the replication server (followers fetch from here), the fetchers (this
+node's follower side) and one Replica per replicated topic. The hooks elsewhere are
+narrow: the Publisher asks ``diverts``/``divert``/``refusal`` before appending and
+``await_replicas`` before answering; the SUB handler asks ``sub_refusal``; the
+nsqlookupd registrar asks ``registers``; /stats and /metrics ask ``stats``.
+
+Threads: the ``diverts``, ``refusal``, ``sub_refusal``, ``registers`` and ``stats``
+reads may run on any thread (they read the replicas' fields, each written by one owner);
+everything else says where it runs.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from pybroker.cluster.forward import ForwardError, Forwarders
+from pybroker.cluster.replica import LEADER, NotLeader, Replica
+from pybroker.cluster.rules import LeaseClock
+from pybroker.protocol.names import is_ephemeral
+
+if TYPE_CHECKING:
+    from pybroker.cluster.coordinator import Coordinator
+    from pybroker.cluster.fetcher import Fetchers
+    from pybroker.cluster.serve import ReplicationServer
+    from pybroker.core.topic import Topic
+    from pybroker.server.loop import EventLoop
+    from pybroker.server.services import ClusterHost
+
+log = logging.getLogger("pybroker")
+Done = Callable[[Any], None]
+TICK_NS = 100_000_000          # leader checks (lease, lagging followers) per loop
+DIVERT_WAIT_NS = 10_000_000_000   # a publish waits this long for a leader to be known
+RETRY_NS = 50_000_000
+FORWARD_RETRY_NS = 200_000_000   # a leader that went away: ask again after a poll
+
+
+class ClusterNode:
+    def __init__(self, runtime: ClusterHost) -> None:
+        o = runtime.options
+        self.runtime = runtime
+        self.options = o
+        self.id = int(o.id)
+        self.min_insync = int(o.min_insync_replicas)
+        self.factor = int(o.replication_factor)
+        ttl_ns = int(o.cluster_lease_ttl)
+        self.lease = LeaseClock(ttl_ns)
+        self.lease_id = 0         # the etcd lease of this node's current session
+        self.lag_ns = ttl_ns
+        self.ship_ns = 200_000_000
+        self.durable = o.durability == "fsync"
+        self.replicas: dict[str, Replica] = {}
+        self.live: set[int] = set()
+        self.nodes: dict[int, dict[str, Any]] = {}      # id -> registration
+        self.assigned: dict[str, list[int]] = {}        # topic -> replica ids
+        self.leaders: dict[str, int] = {}               # topic -> leader id (etcd's view)
+        self._versions = itertools.count(1)
+        self.forwarders = Forwarders(self)
+        self.coordinator: Coordinator | None = None
+        self.server: ReplicationServer | None = None
+        self.fetchers: Fetchers | None = None
+        self._ticks: list[Any] = []
+
+    # -- start and stop (main thread) --------------------------------------------------
+    def start(self, tcp_address: str, http_address: str) -> None:
+        from pybroker.cluster.coordinator import Coordinator
+        from pybroker.cluster.fetcher import Fetchers
+        from pybroker.cluster.serve import ReplicationServer
+
+        self.server = ReplicationServer(self, self.options.cluster_address)
+        self.server.start()
+        self.fetchers = Fetchers(self)
+        self.coordinator = Coordinator(self, tcp_address, http_address,
+                                       self.server.address)
+        self.coordinator.start()
+        for loop in self.runtime.loops:
+            loop.call_soon_threadsafe(self._tick, loop)
+
+    def stop(self, timeout_s: float) -> None:
+        if self.coordinator is not None:
+            self.coordinator.stop(timeout_s)
+        if self.fetchers is not None:
+            self.fetchers.stop(timeout_s)
+        if self.server is not None:
+            self.server.stop(timeout_s)
+
+    def _tick(self, loop: EventLoop) -> None:
+        for r in list(self.replicas.values()):
+            if r.topic.owner is loop:
+                try:
+                    r.tick()
+                except Exception:
+                    log.exception("CLUSTER: %s: tick failed", r.name)
+        if not self.runtime.broker.exiting:
+            loop.call_later(TICK_NS, self._tick, loop)
+
+    # -- the Publisher's hooks ---------------------------------------------------------
+    def replicated(self, name: str) -> bool:
+        return not is_ephemeral(name)
+
+    def diverts(self, name: str) -> bool:
+        """A publish to ``name`` must not be appended here (another node leads it, or
+        no leader is known yet)."""
+        if is_ephemeral(name):
+            return False
+        r = self.replicas.get(name)
+        return r is None or r.role != LEADER
+
+    def refusal(self, name: str) -> str | None:
+        """Why a publish to a topic led here must fail now, or None."""
+        r = self.replicas.get(name)
+        if r is None or is_ephemeral(name):
+            return None
+        return r.refusal()
+
+    def divert(self, loop: EventLoop, name: str, payload: Any, defer_ns: int, done: Done,
+               deadline_ns: int = 0) -> None:
+        """On ``loop``: forward the publish to the topic's leader (answered with its
+        answer), or publish it here once this node leads, or wait for a leader; a
+        leader that went away before answering is replaced by the next one. All within
+        DIVERT_WAIT_NS of the publish's arrival, then it fails."""
+        now = time.monotonic_ns()
+        deadline_ns = deadline_ns or now + DIVERT_WAIT_NS
+        r = self.replicas.get(name)
+        leader = self.leaders.get(name, -1) if r is None else r.leader
+        if r is not None and r.role == LEADER:
+            loop.publisher.submit(name, payload, defer_ns, done)
+            return
+        if leader >= 0 and leader != self.id and leader in self.nodes:
+            def forwarded(err: Any) -> None:
+                if isinstance(err, ForwardError) and err.lost \
+                        and time.monotonic_ns() + FORWARD_RETRY_NS < deadline_ns:
+                    # the leader is gone (or not reachable): the next one takes it
+                    loop.call_later(FORWARD_RETRY_NS, self.divert, loop, name, payload,
+                                    defer_ns, done, deadline_ns)
+                else:
+                    done(err)
+
+            self.forwarders.forward(loop, leader, name, payload, defer_ns, forwarded)
+            return
+        if now >= deadline_ns:
+            done(NotLeader(f"no leader of {name} is known"))
+            return
+        if r is None and self.coordinator is not None:
+            self.coordinator.poll_soon()
+        loop.call_later(RETRY_NS, self.divert, loop, name, payload, defer_ns, done,
+                        deadline_ns)
+
+    def await_replicas(self, topic: Topic, end: int, done: Done) -> bool:
+        """On the topic's owner loop, after its write: False when the topic is not
+        replicated (answer at once); else done(None or error) runs later."""
+        r = self.replicas.get(topic.name)
+        if r is None:
+            if not self.replicated(topic.name):
+                return False
+            done(NotLeader(f"{topic.name} has no replica state yet"))
+            return True
+        r.await_replicas(end, done)
+        return True
+
+    # -- the handlers' and registrar's hooks --------------------------------------------
+    def sub_refusal(self, name: str) -> str | None:
+        """Why a SUB to ``name`` is refused here (this node does not lead it), or None.
+        A topic the cluster does not know yet may be subscribed to anywhere: that node
+        creates it and is its first replica (if another wins its election, the
+        consumer is closed and looks again)."""
+        if is_ephemeral(name):
+            return None
+        r = self.replicas.get(name)
+        if r is not None and r.role == LEADER:
+            return None
+        if r is None and name not in self.assigned and name not in self.leaders:
+            return None
+        leader = self.leaders.get(name, -1) if r is None else r.leader
+        if leader < 0 or leader == self.id:
+            return (f"topic {name} has no leader now (an election is under way); "
+                    "subscribe again shortly")
+        reg = self.nodes.get(leader, {})
+        return (f"topic {name} is led by node {leader} ({reg.get('tcp', '?')}); "
+                "subscribe there (nsqlookupd lists the leader)")
+
+    def registers(self, name: str) -> bool:
+        """Whether this node registers ``name`` with nsqlookupd (the leader only)."""
+        if is_ephemeral(name):
+            return True
+        r = self.replicas.get(name)
+        return r is not None and r.role == LEADER
+
+    def roles_changed(self) -> None:
+        lk = self.runtime.lookupd
+        if lk is not None:
+            lk.notify()
+        if self.coordinator is not None:
+            self.coordinator.assign_fetchers()
+
+    # -- its report (/stats, /metrics) -------------------------------------------------
+    def add_stats(self, doc: dict[str, Any]) -> None:
+        from pybroker.cluster.report import add_stats
+        add_stats(self, doc)
+
+    def metrics_text(self) -> bytes:
+        from pybroker.cluster.report import metrics_text
+        return metrics_text(self)
+
+    # -- for the replicas -------------------------------------------------------------
+    def replicas_of(self, name: str) -> list[int]:
+        return self.assigned.get(name, [])
+
+    def change_isr(self, r: Replica, epoch: int, isr: list[int]) -> None:
+        assert self.coordinator is not None
+        self.coordinator.change_isr(r, epoch, isr)
+
+    def save_history(self, r: Replica) -> None:
+        if self.coordinator is not None:
+            self.coordinator.save_history(r.name, r.history.to_list())
+
+    def wake_fetches(self, name: str) -> None:
+        if self.server is not None:
+            self.server.notify(name)
+
+    def next_version(self) -> int:
+        return next(self._versions)
+
+    def bytes_between(self, topic: Topic, lo: int, hi: int) -> int:
+        """About how many bytes of records [lo, hi) are (average record size)."""
+        n = hi - lo
+        if n <= 0 or not topic.message_count:
+            return 0
+        return n * (topic.message_bytes // max(1, topic.message_count) + 50)
+
+    # -- stats --------------------------------------------------------------------------
+    def stats(self, name: str) -> dict[str, Any] | None:
+        r = self.replicas.get(name)
+        return r.stats() if r is not None else None
+
+    def summary(self) -> dict[str, Any]:
+        return {"node_id": self.id, "lease_valid": self.lease.valid(time.monotonic_ns()),
+                "live_nodes": sorted(self.live),
+                "replication_address": self.server.address if self.server else ""}
+
+
+__all__ = ["ClusterNode"]

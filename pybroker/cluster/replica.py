@@ -1,0 +1,387 @@
+"""Replica: one replicated topic's role on this node, owned by the topic's owner loop.
+
+A leader: publishes written here wait (``await_replicas``) until the high watermark
+passes them (pybroker.cluster.rules.LeaderState), then the Publisher answers them;
+channels are given records only up to the high watermark (``Topic.release_cap``);
+followers' fetches (``fetched``) move it. A follower: records fetched from the leader
+are appended at the same offsets (``apply``), after the log was cut where it diverges
+from the leader's (``truncate``); the leader's channel states are kept to take over
+with (``install_channels``). Every method runs on the topic's owner loop unless it
+says otherwise; the coordinator and the fetcher post to it with call_soon_threadsafe.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Callable, cast
+
+from pybroker import _native
+from pybroker.cluster.rules import EpochHistory, LeaderState, Waiter
+from pybroker.server.services import owner_loop
+from pybroker.storage.topiclog import RecordBatch
+
+if TYPE_CHECKING:
+    from pybroker.cluster.node import ClusterNode
+    from pybroker.core.channel import Channel
+    from pybroker.core.lifecycle import ChannelState
+    from pybroker.core.topic import Topic
+
+log = logging.getLogger("pybroker")
+Done = Callable[[Any], None]
+LEADER, FOLLOWER, NONE = "leader", "follower", "none"
+
+
+class NotLeader(Exception):
+    """This node may not acknowledge publishes to the topic now."""
+
+
+class Replica:
+    def __init__(self, node: ClusterNode, topic: Topic, history: EpochHistory) -> None:
+        self.node = node
+        self.topic = topic
+        self.name = topic.name
+        self.role = NONE
+        self.epoch = 0
+        self.leader = -1               # the leader's node id (-1: none known)
+        self.history = history
+        self.lead: LeaderState | None = None
+        self.waiters: Waiter[Done] = Waiter()
+        self.local_end = 0             # leader: offsets below are written (and synced)
+        self.hw = 0                    # the high watermark (a follower: as last heard)
+        self.truncated_for = 0         # follower: the epoch whose divergence was cut
+        self.isr: list[int] = []
+        self.isr_asked = False         # an ISR change is with the coordinator
+        # channel states: a leader's newest snapshots (name -> state, taken on each
+        # channel's owner loop); a follower's copy of its leader's
+        self.channels: dict[str, ChannelState] = {}
+        self.chan_version = 0
+        self.chan_from_leader = 0      # follower: the version it holds
+        self.last_snap_ns = 0
+        self.lead_lease = 0            # leader: the etcd lease its leadership is held on
+
+    def __repr__(self) -> str:
+        return f"Replica({self.name} {self.role} e{self.epoch})"
+
+    # -- roles (posted by the coordinator) ---------------------------------------------
+    def set_role(self, role: str, epoch: int, leader: int, isr: list[int],
+                 lease: int = 0) -> None:
+        """``lease``: the etcd lease the leadership is held on (a leader)."""
+        topic = self.topic
+        was = self.role
+        self.isr = sorted(isr)
+        if role == LEADER:
+            self.lead_lease = lease
+        if role == LEADER and (was != LEADER or epoch != self.epoch):
+            self.role, self.epoch, self.leader = LEADER, epoch, leader
+            end = topic.log.written
+            self.history.begin(epoch, end)
+            self.node.save_history(self)
+            self.local_end = end
+            now = time.monotonic_ns()
+            self.lead = LeaderState(self.node.id, epoch, set(isr), self.node.min_insync,
+                                    self.node.lag_ns, self.hw, end, now)
+            self.install_channels()
+            log.info("CLUSTER: %s: leader at epoch %d (log end %d, high watermark %d, "
+                     "in sync %s)", self.name, epoch, end, self.hw, self.isr)
+            self.advance()
+        elif role == LEADER:
+            assert self.lead is not None
+            self.lead.isr = frozenset(isr) | {self.node.id}
+            self.advance()
+        elif role != was or epoch != self.epoch or leader != self.leader:
+            self._step_down(role, epoch, leader)
+        if role != was:
+            self.node.roles_changed()
+
+    def _step_down(self, role: str, epoch: int, leader: int) -> None:
+        if self.role == LEADER:
+            self._fail_all(NotLeader(f"leadership of {self.name} lost"))
+            self.kick_consumers(f"topic {self.name} is now led by node {leader}")
+            with self.topic.lock:
+                self.topic.release_cap = None   # a follower's log is all replicated
+        self.role, self.epoch, self.leader = role, epoch, leader
+        self.lead = None
+        self.truncated_for = 0     # a new leader: find where the logs diverge first
+        self.chan_from_leader = 0  # and take its channel states whatever their version
+        if role == FOLLOWER:
+            log.info("CLUSTER: %s: following node %d at epoch %d", self.name, leader, epoch)
+            self.kick_consumers(f"topic {self.name} is led by node {leader}")
+
+    def kick_consumers(self, why: str) -> None:
+        for ch in list(self.topic.channels.values()):
+            ch.owner.call_soon_threadsafe(_kick, ch, why)
+
+    # -- leader ----------------------------------------------------------------------
+    def await_replicas(self, end: int, done: Done) -> None:
+        """Records below ``end`` are written here (synced, in fsync mode): done(None)
+        once the in-sync replicas hold them, done(error) if that cannot be."""
+        if self.role != LEADER:
+            done(NotLeader(f"not the leader of {self.name}"))
+            return
+        if end > self.local_end:
+            self.local_end = end
+        self.waiters.add(end, done)
+        self.node.wake_fetches(self.name)
+        self.advance()
+
+    def refusal(self) -> str | None:
+        """Why a publish here would fail now (None: it may be appended)."""
+        if self.role != LEADER or self.lead is None:
+            return f"not the leader of {self.name}"
+        if not self.lease_ok():
+            return "cluster lease expired (not acknowledging)"
+        if not self.lead.enough():
+            return (f"not enough in-sync replicas ({len(self.lead.isr)} of "
+                    f"{self.lead.min_insync} required)")
+        return None
+
+    def lease_ok(self) -> bool:
+        """The leadership's lease is valid by this node's clock, and is the lease of
+        the node's current etcd session (not one that expired and was replaced)."""
+        node = self.node
+        return node.lease.valid(time.monotonic_ns()) and self.lead_lease == node.lease_id \
+            and self.lead_lease != 0
+
+    def fetched(self, node: int, acked: int, sent_end: int) -> None:
+        """A follower's fetch (posted by the replication server)."""
+        lead = self.lead
+        if lead is None:
+            return
+        now = time.monotonic_ns()
+        lead.fetched(node, acked, self.topic.log.written, now)
+        lead.answered(node, sent_end)
+        self.advance()
+        self.check_isr(now)
+
+    def advance(self) -> None:
+        """Move the high watermark; answer the publishes it passed; release to channels."""
+        lead = self.lead
+        if lead is None:
+            return
+        if not self.lease_ok():
+            if len(self.waiters):
+                self._fail_all(NotLeader("cluster lease expired before the replicas "
+                                         "acknowledged"))
+            return
+        if not lead.enough():
+            if len(self.waiters):
+                self._fail_all(NotLeader(f"not enough in-sync replicas ({len(lead.isr)} "
+                                         f"of {lead.min_insync} required)"))
+            return
+        hw = lead.high_watermark(self.local_end)
+        self.hw = hw
+        for done in self.waiters.ready(hw):
+            done(None)
+        self._release(hw)
+
+    def _release(self, hw: int) -> None:
+        topic = self.topic
+        with topic.lock:
+            topic.release_cap = hw
+            if topic.paused:
+                return
+            to = min(topic.log.written, hw)
+            if to <= topic.released:
+                return
+            topic.released = to
+            chans = list(topic.channels.values())
+        if chans:
+            owner_loop(topic.owner).wake(chans)
+
+    def _fail_all(self, err: Exception) -> None:
+        for done in self.waiters.all():
+            done(err)
+
+    def check_isr(self, now: int) -> None:
+        """Ask the coordinator to drop lagging followers or add caught-up ones."""
+        lead = self.lead
+        if lead is None or self.isr_asked:
+            return
+        drop = lead.lagging(now, self.node.live)
+        add = lead.caught_up(self.node.replicas_of(self.name), now, self.node.live)
+        if drop or add:
+            new = sorted((set(lead.isr) - drop) | add)
+            self.isr_asked = True
+            log.info("CLUSTER: %s: in-sync replicas %s -> %s", self.name,
+                     sorted(lead.isr), new)
+            self.node.change_isr(self, self.epoch, new)
+
+    def isr_changed(self, epoch: int, isr: list[int] | None) -> None:
+        """The coordinator's answer (None: refused; the state in etcd moved on)."""
+        self.isr_asked = False
+        if isr is not None and self.lead is not None and epoch == self.epoch:
+            self.isr = sorted(isr)
+            self.lead.isr = frozenset(isr) | {self.node.id}
+            self.advance()
+
+    def tick(self) -> None:
+        """Every tick (the node's timer on this loop): lease expiry, lagging followers,
+        channel snapshots to ship."""
+        if self.role != LEADER:
+            return
+        now = time.monotonic_ns()
+        self.advance()
+        self.check_isr(now)
+        if now - self.last_snap_ns >= self.node.ship_ns:
+            self.last_snap_ns = now
+            live = self.topic.channels
+            for name in [n for n in self.channels if n not in live]:
+                self.channels.pop(name, None)       # deleted here: not on takeover either
+                self.chan_version = self.node.next_version()
+            for ch in list(live.values()):
+                ch.owner.call_soon_threadsafe(self._snapshot, ch)
+
+    def _snapshot(self, ch: Channel) -> None:
+        # on the channel's owner loop
+        if ch.deleted or ch.ephemeral:
+            return
+        self.channels[ch.name] = ch.snapshot(time.time_ns(), time.monotonic_ns())
+        self.chan_version = self.node.next_version()
+
+    # -- follower ----------------------------------------------------------------------
+    def truncate(self, offset: int, done: Callable[[], None]) -> None:
+        """Cut the log where it diverges from the leader's (posted by the fetcher)."""
+        topic = self.topic
+        if getattr(topic.log, "head", topic.log.written) != topic.log.written:
+            # a publish appended this turn (refused at its answer: this node does not
+            # lead) is written at the turn's end: cut after that
+            owner_loop(topic.owner).call_later(1_000_000, self.truncate, offset, done)
+            return
+        try:
+            with topic.lock:
+                before = topic.log.written
+                end = topic.log.truncate(offset)
+                topic.released = min(topic.released, end)
+                for off in list(topic.dpubs.irange(end, None)):
+                    del topic.dpubs[off]
+            if end < before:
+                log.warning("CLUSTER: %s: log cut from %d back to %d (records the new "
+                            "leader does not have)", self.name, before, end)
+            self.history.truncate(end)
+            self.hw = min(self.hw, end)
+            self.truncated_for = self.epoch
+        except Exception:
+            log.exception("CLUSTER: %s: truncating to %d failed", self.name, offset)
+        finally:
+            done()
+
+    def apply(self, first: int, blob: bytes, hw: int, history: list[list[int]],
+              chans: dict[str, Any] | None, version: int, done: Callable[[], None]) -> None:
+        """Append a leader's records (posted by the fetcher); done() once written (and
+        synced, in fsync mode)."""
+        topic = self.topic
+        rt = self.node.runtime
+        try:
+            if chans is not None:
+                self.channels = chans
+                self.chan_from_leader = version
+                self._follow_floor(chans)
+            if blob:
+                with topic.lock:
+                    if topic.log.written != first or self.role != FOLLOWER:
+                        raise ValueError(f"records from {first}, log at {topic.log.written}")
+                    n = topic.log.append_raw(blob, first)
+                    self._note_dpubs(first, blob)
+                    topic.message_count += n
+                    topic.message_bytes += len(blob)
+                topic.write()
+            end = topic.log.written
+            before = list(self.history.entries)
+            self.history.adopt(EpochHistory([(e, s) for e, s in history]), end)
+            if self.history.entries != before:
+                self.node.save_history(self)
+            self.hw = max(self.hw, min(hw, end))
+            if blob and self.node.durable:
+                rt.storage.sync_topics([topic], lambda _t: done())
+                return
+        except Exception as e:
+            log.error("CLUSTER: %s: records from the leader not appended: %s", self.name, e)
+            self.truncated_for = 0
+        done()
+
+    def _follow_floor(self, chans: dict[str, Any]) -> None:
+        """Retention on a follower (which has no channels of its own) follows the
+        leader's channels: segments below the lowest offset they still need may go.
+        The states are up to ship_ns old, and a floor only rises, so this keeps at least
+        what the leader keeps. No channel there: everything is kept."""
+        floors = []
+        for st in chans.values():
+            try:
+                floors.append(min([int(st.get("cursor", 0))]
+                                  + [int(p[0]) for p in st.get("pending", [])]))
+            except (TypeError, ValueError, IndexError):
+                return
+        topic = self.topic
+        if floors and not topic.channels:
+            with topic.lock:
+                topic.orphan_start = max(topic.orphan_start, min(floors))
+
+    def _note_dpubs(self, first: int, blob: bytes) -> None:
+        # caller holds the topic's lock: DPUB records count as deferred until due
+        starts, _, (_, deferred, _) = _native.log_scan(blob, first, False,
+                                                       self.topic.log.max_payload, 1 << 30)
+        if deferred:
+            batch = RecordBatch(first, blob, starts, deferred)
+            for i in batch.deferred_indices(len(starts)):
+                self.topic.dpubs[first + i] = batch.deliver_at(i)
+
+    def install_channels(self) -> None:
+        """A new leader takes its old leader's channel states (cursors, pending, skip),
+        cut to what its log holds: only messages not finished there are delivered
+        again."""
+        topic = self.topic
+        states = self.channels
+        log.info("CLUSTER: %s: channels taken over: %s", self.name,
+                 ", ".join(f"{n} at {st.get('cursor')}" for n, st in states.items()) or "none")
+        if not states:
+            return
+        end = topic.log.written
+        now, wall = time.monotonic_ns(), time.time_ns()
+        for name, state in states.items():
+            st: ChannelState = cast("ChannelState", dict(state))
+            st["cursor"] = min(int(st.get("cursor", 0)), end)
+            st["pending"] = [p for p in st.get("pending", []) if p[0] < end]
+            st["skip"] = [o for o in st.get("skip", []) if o < end]
+            with topic.lock:
+                old = topic.channels.pop(name, None)
+                ch = topic.new_channel(name, st["cursor"])
+            if old is not None:
+                old.deleted = True
+                old.owner.call_soon_threadsafe(old.owner.close_channel, old)
+            ch.paused = bool(st.get("paused", False))
+            ch.owner.call_soon_threadsafe(_restore, ch, st, now, wall)
+        self.node.runtime.broker.notify_changed()
+
+    # -- stats ---------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """The extra /stats keys of this topic (any thread: a racy but safe read)."""
+        end = self.topic.log.written
+        out: dict[str, Any] = {"role": self.role, "leader": self.leader,
+                               "epoch": self.epoch, "isr": list(self.isr),
+                               "high_watermark": self.hw, "log_end": end,
+                               "channel_states": (self.chan_version if self.role == LEADER
+                                                  else self.chan_from_leader)}
+        lead = self.lead
+        if lead is not None:
+            lag = {}
+            for n, f in list(lead.followers.items()):
+                msgs = max(0, end - f.acked)
+                lag[str(n)] = {"messages": msgs, "bytes": self.node.bytes_between(
+                    self.topic, f.acked, end)}
+            out["lag"] = lag
+        return out
+
+
+def _kick(ch: Channel, why: str) -> None:
+    for c in list(ch.consumers):
+        close = getattr(c, "close", None)
+        if close is not None:
+            close(why)
+
+
+def _restore(ch: Channel, state: ChannelState, now: int, wall: int) -> None:
+    ch.restore(state, now, wall)
+    ch.owner.mark_dirty(ch)
+
+
+__all__ = ["FOLLOWER", "LEADER", "NONE", "NotLeader", "Replica"]

@@ -1,0 +1,64 @@
+"""The cluster's figures for /stats (extra keys) and /metrics (Prometheus text).
+
+/stats: each replicated topic gets a ``replication`` object (role, leader, epoch,
+in-sync set ``isr``, ``high_watermark``, and on the leader ``lag`` per follower in
+messages and bytes); the document gets ``cluster`` (this node's id, whether its lease
+is valid, the live nodes). /metrics: ``nsq_cluster_*`` families. Read on the HTTP
+thread from the replicas' fields (each written by one owner; a racy but safe read).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pybroker.cluster.node import ClusterNode
+
+_ROLE = {"leader": 2, "follower": 1, "none": 0}
+
+
+def add_stats(node: ClusterNode, doc: dict[str, Any]) -> None:
+    """Add the cluster's keys to a /stats JSON document (in place)."""
+    for t in doc.get("topics") or []:
+        extra = node.stats(t["topic_name"])
+        if extra is not None:
+            t["replication"] = extra
+    doc["cluster"] = node.summary()
+
+
+def metrics_text(node: ClusterNode) -> bytes:
+    """The ``nsq_cluster_*`` families."""
+    lines = [
+        "# HELP nsq_cluster_role Role of this node per replicated topic "
+        "(2 leader, 1 follower, 0 none).",
+        "# TYPE nsq_cluster_role gauge",
+    ]
+    stats = {name: r.stats() for name, r in list(node.replicas.items())}
+    for name, s in sorted(stats.items()):
+        lines.append(f'nsq_cluster_role{{topic="{name}"}} {_ROLE.get(s["role"], 0)}')
+    lines += ["# HELP nsq_cluster_leader_epoch Leader epoch of each replicated topic.",
+              "# TYPE nsq_cluster_leader_epoch gauge"]
+    for name, s in sorted(stats.items()):
+        lines.append(f'nsq_cluster_leader_epoch{{topic="{name}"}} {s["epoch"]}')
+    lines += ["# HELP nsq_cluster_insync_replicas Members of the in-sync set.",
+              "# TYPE nsq_cluster_insync_replicas gauge"]
+    for name, s in sorted(stats.items()):
+        lines.append(f'nsq_cluster_insync_replicas{{topic="{name}"}} {len(s["isr"])}')
+    lines += ["# HELP nsq_cluster_high_watermark Offset below which every in-sync "
+              "replica holds the log.", "# TYPE nsq_cluster_high_watermark gauge"]
+    for name, s in sorted(stats.items()):
+        lines.append(f'nsq_cluster_high_watermark{{topic="{name}"}} {s["high_watermark"]}')
+    for unit in ("messages", "bytes"):
+        lines += [f"# HELP nsq_cluster_replica_lag_{unit} How far each follower is behind "
+                  f"the leader ({unit}; on the leader).",
+                  f"# TYPE nsq_cluster_replica_lag_{unit} gauge"]
+        for name, s in sorted(stats.items()):
+            for follower, lag in sorted(s.get("lag", {}).items()):
+                lines.append(f'nsq_cluster_replica_lag_{unit}{{topic="{name}",'
+                             f'follower="{follower}"}} {lag[unit]}')
+    lines += ["# HELP nsq_cluster_lease_valid 1 while this node's etcd lease is valid "
+              "by its own clock.", "# TYPE nsq_cluster_lease_valid gauge",
+              f"nsq_cluster_lease_valid {int(node.summary()['lease_valid'])}"]
+    return ("\n".join(lines) + "\n").encode()
+
+
+__all__ = ["add_stats", "metrics_text"]

@@ -1,0 +1,291 @@
+"""ReplicationServer: the leader side of replication, on its own thread
+(``cluster-serve``), listening on ``cluster_address`` (a connection NSQ clients never
+see; frames of pybroker.cluster.wire).
+
+Requests (one at a time per connection, answered in order):
+- ``{"op": "epoch_end", "node", "topics": [{"name", "epoch"}]}``: where each asked
+  epoch ends in this leader's log (``EpochHistory.end_for_epoch``), for the follower's
+  truncation;
+- ``{"op": "fetch", "node", "wait_ms", "max_bytes", "topics": [{"name", "epoch",
+  "offset", "version"}]}``: ``offset`` is what the follower holds (its acknowledgement:
+  posted to the topic's owner loop, ``Replica.fetched``) and where it reads next. The
+  answer carries, per topic, records from there (raw log bytes in the blob), the high
+  watermark, the epoch history and, when the follower's ``version`` is older, the
+  channel states. With no record to send, the request waits (long poll) until a write
+  (``notify``) or ``wait_ms`` (at most MAX_WAIT_MS).
+
+Budgets: ``max_bytes`` is capped at MAX_FETCH_BYTES per answer; a request frame over
+MAX_REQUEST (or a head over the wire's limit) drops the connection from its header, so a
+connection buffers at most that much; at most MAX_CONNS connections.
+"""
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from pybroker.cluster.replica import LEADER
+from pybroker.cluster.wire import FrameReader, WireError, encode
+from pybroker.config import split_hostport
+from pybroker.evloop import SelectorLoop
+from pybroker.storage.topiclog import REC_HEADER, OffsetOutOfRange
+from pybroker.server.services import owner_loop
+
+if TYPE_CHECKING:
+    from pybroker.cluster.node import ClusterNode
+
+log = logging.getLogger("pybroker")
+MAX_FETCH_BYTES = 8 * 1024 * 1024
+MAX_WAIT_MS = 5000
+MAX_CONNS = 64
+MAX_REQUEST = 1024 * 1024     # a request frame (what a follower sends) at most
+
+
+def record_bytes(batch: Any, n: int) -> memoryview:
+    """The raw bytes of the first n records of a RecordBatch (one contiguous span)."""
+    buf, pos = batch.buf, batch.pos
+    last = pos[n - 1]
+    end = last + REC_HEADER + int.from_bytes(buf[last + 4:last + 8], "big")
+    return memoryview(buf)[pos[0]:end]
+
+
+class _Conn:
+    __slots__ = ("server", "sock", "reader", "out", "parked", "timer", "node")
+
+    def __init__(self, server: ReplicationServer, sock: socket.socket) -> None:
+        self.server = server
+        self.sock = sock
+        self.reader = FrameReader(MAX_REQUEST)
+        self.out: list[bytes] = []
+        self.parked: dict[str, Any] | None = None
+        self.timer: Any = None
+        self.node = -1
+
+    def on_readable(self) -> None:
+        try:
+            data = self.sock.recv(256 * 1024)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close("peer closed")
+            return
+        self.reader.feed(data)
+        try:
+            while self.parked is None:
+                frame = self.reader.next()
+                if frame is None:
+                    break
+                self.server.handle(self, frame[0])
+        except (WireError, ValueError, KeyError, TypeError) as e:
+            log.error("CLUSTER: replication peer %s: %s", self.node, e)
+            self.close(str(e))
+
+    def on_writable(self) -> None:
+        self.flush()
+
+    def send(self, bufs: list[bytes]) -> None:
+        self.out.extend(b for b in bufs if b)
+        self.flush()
+
+    def flush(self) -> None:
+        while self.out:
+            try:
+                n = self.sock.sendmsg(self.out[:64])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self.close("write error")
+                return
+            while n and self.out:
+                if n >= len(self.out[0]):
+                    n -= len(self.out.pop(0))
+                else:
+                    self.out[0] = self.out[0][n:]
+                    n = 0
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.out else 0)
+        try:
+            self.server.selector.modify(self.sock, events, self)
+        except (KeyError, ValueError):
+            pass
+
+    def close(self, why: str) -> None:
+        self.server.forget(self)
+        try:
+            self.server.selector.unregister(self.sock)
+        except (KeyError, ValueError):
+            pass
+        self.sock.close()
+
+
+class _Listener:
+    __slots__ = ("server", "sock")
+
+    def __init__(self, server: ReplicationServer, sock: socket.socket) -> None:
+        self.server = server
+        self.sock = sock
+
+    def on_readable(self) -> None:
+        try:
+            sock, _ = self.sock.accept()
+        except OSError:
+            return
+        if len(self.server.conns) >= MAX_CONNS:
+            sock.close()
+            return
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        c = _Conn(self.server, sock)
+        self.server.conns.add(c)
+        self.server.selector.register(sock, selectors.EVENT_READ, c)
+
+    def on_writable(self) -> None:
+        """Never registered for writing."""
+
+
+class ReplicationServer(SelectorLoop):
+    def __init__(self, node: ClusterNode, address: str) -> None:
+        super().__init__("cluster-serve")
+        self.node = node
+        host, port = split_hostport(address)
+        self.lsock = socket.create_server((host, port), reuse_port=False)
+        self.lsock.setblocking(False)
+        h, p = self.lsock.getsockname()[:2]
+        self.address = f"{h}:{p}"
+        self.conns: set[_Conn] = set()
+        self.selector.register(self.lsock, selectors.EVENT_READ, _Listener(self, self.lsock))
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        SelectorLoop.stop(self)
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+        for c in list(self.conns):
+            c.sock.close()
+        self.lsock.close()
+        self.close()
+
+    def notify(self, name: str) -> None:
+        """Records were written to ``name`` (any thread): answer parked fetches."""
+        self.call_soon_threadsafe(self._wake, name)
+
+    def _wake(self, name: str) -> None:
+        for c in list(self.conns):
+            req = c.parked
+            if req is not None and any(t.get("name") == name for t in req["topics"]):
+                self._unpark(c)
+
+    def _unpark(self, c: _Conn) -> None:
+        req = c.parked
+        c.parked = None
+        self.cancel(c.timer)
+        c.timer = None
+        if req is not None:
+            self.handle(c, req, final=True)
+            if c.parked is None:
+                self._more(c)
+
+    def _more(self, c: _Conn) -> None:
+        # frames that arrived while the fetch was parked
+        try:
+            while c.parked is None:
+                frame = c.reader.next()
+                if frame is None:
+                    break
+                self.handle(c, frame[0])
+        except (WireError, ValueError, KeyError, TypeError) as e:
+            c.close(str(e))
+
+    def forget(self, c: _Conn) -> None:
+        self.conns.discard(c)
+        self.cancel(c.timer)
+
+    # -- requests ----------------------------------------------------------------------
+    def handle(self, c: _Conn, req: dict[str, Any], final: bool = False) -> None:
+        c.node = int(req.get("node", -1))
+        op = req.get("op")
+        if op == "epoch_end":
+            c.send(encode({"topics": [self._epoch_end(t) for t in req["topics"]]}))
+        elif op == "fetch":
+            self._fetch(c, req, final)
+        else:
+            raise ValueError(f"unknown request {op!r}")
+
+    def _epoch_end(self, t: dict[str, Any]) -> dict[str, Any]:
+        name = str(t["name"])
+        r = self.node.replicas.get(name)
+        if r is None or r.role != LEADER:
+            return {"name": name, "error": "not_leader"}
+        e, end = r.history.end_for_epoch(int(t["epoch"]), r.topic.log.written)
+        return {"name": name, "epoch": e, "end": end, "leader_epoch": r.epoch}
+
+    def _fetch(self, c: _Conn, req: dict[str, Any], final: bool) -> None:
+        node = self.node
+        budget = min(int(req.get("max_bytes", MAX_FETCH_BYTES)), MAX_FETCH_BYTES)
+        out: list[dict[str, Any]] = []
+        blobs: list[memoryview] = []
+        at = 0
+        any_data = False
+        for t in req["topics"]:
+            name = str(t["name"])
+            r = node.replicas.get(name)
+            if r is None or r.role != LEADER:
+                out.append({"name": name, "error": "not_leader"})
+                any_data = True
+                continue
+            if int(t["epoch"]) != r.epoch:
+                out.append({"name": name, "error": "epoch", "epoch": r.epoch})
+                any_data = True
+                continue
+            lg = r.topic.log
+            offset = int(t["offset"])
+            written = lg.written
+            entry: dict[str, Any] = {"name": name, "hw": r.hw,
+                                     "history": r.history.to_list()}
+            if offset > written:
+                entry["error"] = "offset"      # it holds more: truncate again
+                out.append(entry)
+                any_data = True
+                continue
+            sent_to = offset
+            if r.chan_version > int(t.get("version", 0)):
+                entry["channels"] = dict(r.channels)
+                entry["version"] = r.chan_version
+                any_data = True
+            if offset < written and budget > 0:
+                try:
+                    batch = lg.read(offset, 100_000, budget)
+                except OffsetOutOfRange:
+                    entry["error"] = "out_of_range"
+                    out.append(entry)
+                    any_data = True
+                    continue
+                if batch.n and batch.first == offset:
+                    n = batch.n
+                    raw = record_bytes(batch, n)
+                    if len(raw) > budget and n > 1:
+                        n = 1
+                        raw = record_bytes(batch, 1)
+                    sent_to = offset + n
+                    entry["first"] = offset
+                    entry["blob"] = [at, len(raw)]
+                    blobs.append(raw)
+                    at += len(raw)
+                    budget -= len(raw)
+                    any_data = True
+            # what it holds is its acknowledgement; it caught up if this answer
+            # leaves nothing behind
+            owner_loop(r.topic.owner).call_soon_threadsafe(
+                r.fetched, c.node, offset, sent_to if sent_to < written else written)
+            out.append(entry)
+        wait_ms = min(int(req.get("wait_ms", 0)), MAX_WAIT_MS)
+        if not any_data and wait_ms > 0 and not final:
+            c.parked = req
+            c.timer = self.call_later(wait_ms * 1_000_000, self._unpark, c)
+            return
+        c.send(encode({"topics": out, "ts": time.time()}, b"".join(blobs)))
+
+
+__all__ = ["MAX_FETCH_BYTES", "ReplicationServer", "record_bytes"]

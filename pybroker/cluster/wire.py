@@ -1,0 +1,91 @@
+"""The replication connection's framing (sans-IO): a frame is ``[u32 size][u32 head
+size][head: JSON object][blob]``, size counting everything after itself. The head says
+what the frame is; the blob carries records (raw log bytes, referenced from the head
+as ``[position, length]``). No NSQ client ever speaks this: it is served on the
+cluster address only.
+
+Budgets: a frame over ``MAX_FRAME`` bytes, a head over ``MAX_HEAD`` or a head that is
+not a JSON object is a protocol error (the connection is dropped); a reader holds at
+most one frame plus one read.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+MAX_FRAME = 64 * 1024 * 1024
+MAX_HEAD = 4 * 1024 * 1024
+_HDR = struct.Struct(">II")
+
+
+class WireError(Exception):
+    """A peer sent something that is not a frame of this protocol."""
+
+
+def encode(head: dict[str, Any], blob: bytes | bytearray | memoryview = b"") -> list[bytes]:
+    """One frame as buffers for sendmsg (the blob is not copied)."""
+    h = json.dumps(head, separators=(",", ":")).encode()
+    if len(h) > MAX_HEAD or 4 + len(h) + len(blob) > MAX_FRAME:
+        raise WireError(f"frame too large ({len(h)} + {len(blob)} bytes)")
+    return [_HDR.pack(4 + len(h) + len(blob), len(h)) + h, bytes(blob) if blob else b""]
+
+
+def parse_header(hdr: bytes | bytearray, max_frame: int = MAX_FRAME) -> tuple[int, int]:
+    """(size, head size) of a frame's 8-byte header; WireError past the limits."""
+    size, hlen = _HDR.unpack_from(hdr, 0)
+    if size > max_frame or hlen > MAX_HEAD or hlen + 4 > size:
+        raise WireError(f"bad frame header (size {size}, head {hlen})")
+    return int(size), int(hlen)
+
+
+def parse_head(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """A frame's head: a JSON object, else WireError."""
+    try:
+        head = json.loads(bytes(raw))
+    except ValueError:
+        raise WireError("frame head is not JSON") from None
+    if not isinstance(head, dict):
+        raise WireError("frame head is not a JSON object")
+    return head
+
+
+class FrameReader:
+    """Bytes in, (head, blob) frames out; a frame over ``max_frame`` is refused from
+    its header (a request reader takes a small one: requests are small)."""
+
+    __slots__ = ("_buf", "max_frame")
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self._buf = bytearray()
+        self.max_frame = max_frame
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    def pending(self) -> int:
+        return len(self._buf)
+
+    def next(self) -> tuple[dict[str, Any], memoryview] | None:
+        buf = self._buf
+        if len(buf) < 8:
+            return None
+        size, hlen = parse_header(buf, self.max_frame)
+        if len(buf) < 4 + size:
+            return None
+        head = parse_head(buf[8:8 + hlen])
+        blob = memoryview(bytes(buf[8 + hlen:4 + size]))
+        del buf[:4 + size]
+        return head, blob
+
+
+def frame_need(buf: bytes | bytearray) -> int:
+    """Bytes still missing for the first frame of buf (0: complete or unknown yet)."""
+    if len(buf) < 8:
+        return 8 - len(buf)
+    size = int(_HDR.unpack_from(buf, 0)[0])
+    return max(0, 4 + size - len(buf))
+
+
+__all__ = ["MAX_FRAME", "FrameReader", "WireError", "encode", "frame_need", "parse_head",
+           "parse_header"]

@@ -1,0 +1,459 @@
+"""Replicated topics (docs/replication.md) with a real etcd and three real pybroker
+nodes on loopback: acknowledgement by min-insync replicas, refusal below it, a leader
+killed with -9 under load, a leader paused past its lease, a follower killed and
+restarted. Every wait has a deadline; each test is bounded (pytest-timeout)."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Callable, Iterator
+
+import pytest
+
+from pybroker.cluster.wire import encode
+from pybroker.testing import wait_until
+from tests.support.http import http_json
+from tests.support.nsqtools import start_nsqlookupd
+from tests.support.cluster import Cluster, Consumers, Publishers, _Conn
+from tests.support.wire import FRAME_ERROR, FRAME_RESPONSE, dpub, mpub, pub, sub
+
+pytestmark = pytest.mark.timeout(120)
+TOPIC = "orders"
+
+
+@pytest.fixture
+def make_cluster() -> Iterator[Callable[..., Cluster]]:
+    made: list[Cluster] = []
+
+    def make(*extra: str) -> Cluster:
+        made.append(Cluster(3, extra=list(extra)))
+        return made[-1]
+
+    yield make
+    problems = [p for c in made for p in c.close()]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.fixture
+def cluster(make_cluster: Callable[..., Cluster]) -> Cluster:
+    return make_cluster()
+
+
+def _create(c: Cluster, topic: str = TOPIC, members: int = 3) -> int:
+    """Publish the topic's first message on node 1; the leader once settled."""
+    status, body = c.http_pub(1, topic, b"first")
+    assert (status, body) == (200, b"OK"), (status, body)
+    lead = wait_until(lambda: c.settled(topic, members), 15, 0.05,
+                      what=f"{topic} to have a leader and {members} in sync")
+    assert isinstance(lead, int)
+    return lead
+
+
+def _pub_answer(c: Cluster, i: int, body: bytes, timeout_s: float = 20) -> tuple[int, bytes]:
+    conn = _Conn(c.nodes[i].tcp_address)     # type: ignore[arg-type]
+    try:
+        conn.sock.sendall(pub(TOPIC, body))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            got = conn.frames(0.5)
+            if got:
+                return got[0]
+        raise AssertionError(f"no answer to PUB within {timeout_s}s")
+    finally:
+        conn.close()
+
+
+def test_publish_is_acknowledged_once_min_insync_replicas_hold_it(cluster: Cluster) -> None:
+    c = cluster
+    lead = _create(c)
+    followers = [i for i in c.nodes if i != lead]
+    # through the leader and through a follower (forwarded): OK only once replicated
+    for n, i in enumerate([lead, *followers]):
+        assert _pub_answer(c, i, f"ack-{n}".encode()) == (FRAME_RESPONSE, b"OK")
+        # the leader answered after the high watermark passed the record: at least
+        # min-insync (2) nodes hold it already, checked at once (no waiting)
+        held = [j for j in c.nodes
+                if (c.replication(j, TOPIC) or {}).get("log_end", 0) >= n + 2]
+        assert len(held) >= 2 and lead in held, (n, held)
+    # MPUB and DPUB through a follower: forwarded as they are, answered after the leader
+    f = followers[0]
+    for cmd in (mpub(TOPIC, [b"batch-1", b"batch-2", b"batch-3"]),
+                dpub(TOPIC, 50, b"deferred")):
+        conn = _Conn(c.nodes[f].tcp_address)     # type: ignore[arg-type]
+        try:
+            conn.sock.sendall(cmd)
+            got = wait_until(lambda conn=conn: conn.frames(0.5), 20, what="an answer")
+        finally:
+            conn.close()
+        assert got == [(FRAME_RESPONSE, b"OK")], got
+    # a SUB on a follower is refused with the leader's name and address
+    conn = _Conn(c.nodes[f].tcp_address)         # type: ignore[arg-type]
+    try:
+        conn.sock.sendall(sub(TOPIC, "ch"))
+        got = wait_until(lambda: conn.frames(0.5), 10, what="the SUB's answer")
+    finally:
+        conn.close()
+    leader_addr = c.nodes[lead].tcp_hostport
+    assert got[0][0] == FRAME_ERROR and got[0][1].startswith(b"E_SUB_FAILED")  # type: ignore[index]
+    assert f"node {lead} ({leader_addr})".encode() in got[0][1]   # type: ignore[index]
+    r = c.replication(lead, TOPIC)
+    assert r is not None and r["high_watermark"] == 8 and sorted(r["isr"]) == [1, 2, 3]
+    assert set(r["lag"]) == {str(i) for i in followers}
+    # /metrics and `pybroker cluster status` say the same
+    with urllib.request.urlopen(c.nodes[lead].http_url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    assert f'nsq_cluster_role{{topic="{TOPIC}"}} 2' in text
+    assert f'nsq_cluster_insync_replicas{{topic="{TOPIC}"}} 3' in text
+    for i in followers:
+        assert f'nsq_cluster_replica_lag_messages{{topic="{TOPIC}",follower="{i}"}} 0' \
+            in text
+    out = subprocess.run([sys.executable, "-m", "pybroker", "cluster", "status",
+                          f"--cluster-etcd={c.etcd.url}", "--json"], capture_output=True,
+                         timeout=30, check=True).stdout
+    st = json.loads(out)["topics"][TOPIC]
+    assert st["leader"] == lead and sorted(st["isr"]) == [1, 2, 3] and st["epoch"] == 1
+    assert {k: v["messages"] for k, v in st["lag"].items()} == {str(i): 0 for i in followers}
+    text = subprocess.run([sys.executable, "-m", "pybroker", "cluster", "status",
+                           f"--cluster-etcd={c.etcd.url}"], capture_output=True,
+                          timeout=30, check=True).stdout.decode()
+    assert TOPIC in text and "LEADER" in text
+
+
+def test_min_insync_not_met_refuses_publishes(cluster: Cluster) -> None:
+    c = cluster
+    lead = _create(c)
+    f1, f2 = [i for i in c.nodes if i != lead]
+    c.nodes[f1].kill9()
+    c.nodes[f2].kill9()
+    # whatever is in flight when the followers die is never answered OK; once the
+    # in-sync set shrank to the leader alone, publishes are refused at once
+    answers = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        a = _pub_answer(c, lead, b"no-replicas")
+        answers.append(a)
+        if a[0] == FRAME_ERROR and b"in-sync" in a[1]:
+            break
+    assert all(a[0] == FRAME_ERROR and a[1].startswith(b"E_PUB_FAILED") for a in answers), \
+        answers
+    assert b"in-sync" in answers[-1][1], answers
+    r = c.replication(lead, TOPIC)
+    assert r is not None and r["isr"] == [lead], r
+    # HTTP says it too (nsqd's 500 PUB_FAILED)
+    status, _ = c.http_pub(lead, TOPIC, b"no-replicas-http")
+    assert status == 500
+    # one follower back: it catches up, rejoins the in-sync set, publishes work again
+    c.nodes[f1].start()
+    wait_until(lambda: c.settled(TOPIC, 2) == lead, 20, 0.05, what="follower back in sync")
+    assert _pub_answer(c, lead, b"replicated-again") == (FRAME_RESPONSE, b"OK")
+
+
+@pytest.mark.parametrize("durability", ["memory", "fsync"])
+def test_leader_killed_under_load_loses_no_acknowledged_message(
+        make_cluster: Callable[..., Cluster], durability: str) -> None:
+    c = make_cluster(f"--durability={durability}")
+    old = _create(c)
+    cons = Consumers(c, TOPIC, "ch", 4)
+    pubs = Publishers(c, TOPIC, 8)
+    try:
+        wait_until(lambda: len(cons.received()) >= 50 and pubs.count() >= 100, 30,
+                   what="traffic before the kill")
+        killed_at = time.monotonic()
+        c.nodes[old].kill9()
+        acked_before = pubs.count()
+        new = wait_until(lambda: c.leader(TOPIC, exclude=(old,)), 15, 0.05,
+                         what="a new leader")
+        wait_until(lambda: pubs.count() >= acked_before + 100, 30,
+                   what="publishes acknowledged by the new leader")
+        first = wait_until(lambda: cons.first_after(killed_at, old), 15, 0.05,
+                           what="a message delivered by the new leader")
+        assert isinstance(first, float)
+        assert first - killed_at < 10, f"consumers waited {first - killed_at:.1f}s"
+    finally:
+        acked = pubs.stop()
+    try:
+        wait_until(lambda: acked <= cons.received(), 30, 0.1,
+                   what="every acknowledged message delivered")
+    finally:
+        cons.stop()
+    missing = acked - cons.received()
+    assert not missing, f"{len(missing)} acknowledged messages lost: {sorted(missing)[:10]}"
+    assert new != old
+    # at least once: what is delivered again is what was in flight or finished after
+    # the last channel snapshot the new leader had (shipped every 200 ms)
+    again = cons.deliveries - len(cons.received())
+    print(f"{durability}: {len(acked)} acknowledged, {again} delivered again")
+    r = c.replication(int(new), TOPIC)     # type: ignore[call-overload]
+    assert r is not None and r["epoch"] >= 2 and old not in r["isr"]
+
+
+def test_paused_leader_stops_acknowledging_and_rejoins_as_follower(cluster: Cluster) -> None:
+    c = cluster
+    forwarded: set[bytes] = set()
+    old = _create(c)
+    epoch = c.replication(old, TOPIC)["epoch"]   # type: ignore[index]
+    pubs = Publishers(c, TOPIC, 4)
+    direct = _Conn(c.nodes[old].tcp_address)     # type: ignore[arg-type]
+    try:
+        wait_until(lambda: pubs.count() >= 50, 20, what="traffic before the pause")
+        c.nodes[old].proc.send_signal(signal.SIGSTOP)     # type: ignore[union-attr]
+        try:
+            # publishes sent to the paused leader wait in its socket
+            for k in range(20):
+                direct.sock.sendall(pub(TOPIC, f"during-pause-{k}".encode()))
+            new = wait_until(lambda: c.leader(TOPIC, exclude=(old,)), 20, 0.05,
+                             what="a new leader while the old one is paused")
+            acked_mid = pubs.count()
+            wait_until(lambda: pubs.count() >= acked_mid + 50, 20,
+                       what="the new leader acknowledging")
+        finally:
+            c.nodes[old].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+        # the old leader answers what waited in its socket: E_PUB_FAILED while it still
+        # thinks it leads (its lease is over by its own clock), or, once it knows it
+        # follows, OK after forwarding to the new leader; each OK is checked below
+        # (a message acknowledged by a leader without its lease would be cut from the
+        # log with its tail, and missed by the consumer)
+        answers = []
+        try:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and len(answers) < 20:
+                answers += direct.frames(0.5)
+        except ConnectionError:
+            pass                                   # E_PUB_FAILED is fatal: it closed
+        assert answers, "the old leader answered nothing"
+        oks = [a for a in answers if a == (FRAME_RESPONSE, b"OK")]
+        assert answers[:len(oks)] == oks, answers          # OKs, then at most one error
+        assert all(a[0] == FRAME_ERROR and a[1].startswith(b"E_PUB_FAILED")
+                   for a in answers[len(oks):]), answers
+        forwarded = {f"during-pause-{k}".encode() for k in range(len(oks))}
+        # it rejoins as a follower of the new leader at the new epoch
+        r = wait_until(lambda: (lambda x: x if x and x["role"] == "follower"
+                                and x["leader"] == new else None)(c.replication(old, TOPIC)),
+                       20, 0.05, what="the old leader to follow")
+        assert r["epoch"] > epoch     # type: ignore[index]
+    finally:
+        direct.close()
+        acked = pubs.stop()
+    assert not any(b.startswith(b"during-pause") for b in acked)
+    acked |= forwarded
+    # nothing acknowledged is lost: a consumer of the new leader gets all of it
+    cons = Consumers(c, TOPIC, "after", 2)
+    try:
+        wait_until(lambda: acked <= cons.received(), 30, 0.1,
+                   what="every acknowledged message delivered")
+    finally:
+        cons.stop()
+    # the old leader's unacknowledged tail was cut: all three logs end up the same,
+    # record for record (raw bytes: offsets, timestamps, checksums)
+    wait_until(lambda: len({(c.replication(i, TOPIC) or {}).get("log_end")
+                            for i in c.nodes}) == 1, 20, 0.05, what="the logs to converge")
+    logs = set()
+    for i in c.nodes:
+        with urllib.request.urlopen(f"{c.nodes[i].http_url}/topic/read?topic={TOPIC}"
+                                    "&offset=0&max_messages=1000000", timeout=10) as resp:
+            logs.add(resp.read())
+    assert len(logs) == 1 and len(logs.pop()) > 0
+
+
+def test_only_the_leader_is_registered_with_nsqlookupd(
+        make_cluster: Callable[..., Cluster]) -> None:
+    lookupd = start_nsqlookupd()
+    try:
+        c = make_cluster(f"--lookupd-tcp-address={lookupd.hostport('TCP')}",
+                         "--broadcast-address=127.0.0.1")
+
+        def listed() -> list[int] | None:
+            status, doc = http_json("GET", f"http://{lookupd.hostport()}/lookup?topic={TOPIC}")
+            if status != 200:
+                return None
+            return sorted(p["tcp_port"] for p in doc["producers"])  # type: ignore[index]
+
+        def port(i: int) -> int:
+            return c.nodes[i].tcp_address[1]    # type: ignore[index]
+
+        old = _create(c)
+        wait_until(lambda: listed() == [port(old)], 10, 0.05, what="lookupd to list the leader")
+        c.nodes[old].kill9()
+        new = wait_until(lambda: c.leader(TOPIC, exclude=(old,)), 15, 0.05,
+                         what="a new leader")
+        wait_until(lambda: listed() == [port(new)], 10, 0.05,   # type: ignore[arg-type]
+                   what="lookupd to list the new leader alone")
+    finally:
+        assert lookupd.stop() == 0, lookupd.text()
+
+
+def test_follower_retention_follows_the_leaders_channels(
+        make_cluster: Callable[..., Cluster]) -> None:
+    """Followers have no channels of their own: their segments go once the leader's
+    channels have consumed them (they would otherwise keep the whole log forever)."""
+    c = make_cluster("--max-bytes-per-file=4096", "--sync-timeout=200ms")
+    lead = _create(c)
+    cons = Consumers(c, TOPIC, "ch", 1)
+    try:
+        wait_until(lambda: cons.subscribed, 10, what="a consumer on the leader")
+        bodies = [f"r-{k}-".encode() + b"x" * 200 for k in range(300)]
+        for k in range(0, 300, 50):
+            conn = _Conn(c.nodes[lead].tcp_address)     # type: ignore[arg-type]
+            try:
+                conn.sock.sendall(mpub(TOPIC, bodies[k:k + 50]))
+                got = wait_until(lambda conn=conn: conn.frames(0.5), 20, what="an answer")
+            finally:
+                conn.close()
+            assert got == [(FRAME_RESPONSE, b"OK")], got
+        wait_until(lambda: set(bodies) <= cons.received(), 20, what="everything consumed")
+    finally:
+        cons.stop()
+
+    def oldest(i: int) -> int:
+        status, doc = http_json("GET", f"{c.nodes[i].http_url}/topic/offsets?topic={TOPIC}")
+        assert status == 200, doc
+        return int(doc["oldest_offset"])     # type: ignore[index]
+
+    for i in c.nodes:
+        wait_until(lambda i=i: oldest(i) > 200, 20, 0.1,
+                   what=f"node {i} to delete consumed segments")
+
+
+def test_channel_states_survive_two_failovers(cluster: Cluster) -> None:
+    """Consumer state is replicated from whichever node leads: after a second failover
+    the third leader starts from the second one's channel states, so what was finished
+    there is not delivered again."""
+    c = cluster
+    lead = _create(c)
+    cons = Consumers(c, TOPIC, "ch", 1)
+    try:
+        killed: list[int] = []
+        for round_ in range(2):
+            wait_until(lambda: cons.subscribed, 15, what="a consumer on the leader")
+            bodies = {f"round{round_}-{k}".encode() for k in range(300)}
+            for k, body in enumerate(sorted(bodies)):
+                assert _pub_answer(c, lead, body) == (FRAME_RESPONSE, b"OK"), (round_, k)
+            wait_until(lambda b=bodies: b <= cons.received(), 20, what="all consumed")
+            # the followers hold the leader's channel states from after the consumption
+            version = c.replication(lead, TOPIC)["channel_states"]  # type: ignore[index]
+            wait_until(lambda v=version, lead=lead: all(
+                (c.replication(i, TOPIC) or {}).get("channel_states", 0) > v
+                for i in c.nodes if i != lead and i not in killed), 10, 0.05,
+                what="channel states shipped")
+            before = cons.deliveries
+            c.nodes[lead].kill9()
+            killed.append(lead)
+            new = wait_until(lambda: c.leader(TOPIC, exclude=tuple(killed)), 15, 0.05,
+                             what="a new leader")
+            lead = int(new)     # type: ignore[call-overload]
+            wait_until(lambda lead=lead: cons.subscribed.get(0) == lead, 15, 0.05,
+                       what="the consumer on the new leader")
+            # whatever the new leader delivers again came after the states it holds
+            assert _pub_answer(c, lead, f"marker{round_}".encode()) == (FRAME_RESPONSE, b"OK")
+            wait_until(lambda r=round_: f"marker{r}".encode() in cons.received(), 15,
+                       what="the marker")
+            again = cons.deliveries - before - 1
+            assert again <= 60, (f"round {round_}: {again} finished messages delivered "
+                                 "again:\n" + "".join(
+                                     ln for i in c.nodes for ln in c.nodes[i].stderr_lines
+                                     if "CLUSTER" in ln and "fetching" not in ln))
+            if round_ == 0:     # the first node back (min-insync 2 needs two nodes)
+                back = killed.pop()
+                c.nodes[back].start()
+                wait_until(lambda: c.settled(TOPIC, 3), 20, 0.05, what="three in sync")
+    finally:
+        cons.stop()
+
+
+def test_hostile_replication_peers_are_dropped(cluster: Cluster) -> None:
+    """The replication port (never an NSQ client's) drops a peer that sends an
+    oversized frame, a head that is not JSON or an unknown request; the node goes on."""
+    c = cluster
+    lead = _create(c)
+    addr = c.summary(lead)["replication_address"]
+    host, _, port = addr.rpartition(":")
+    for junk in (struct.pack(">II", 1 << 30, 4), struct.pack(">II", 2 << 20, 4) + b"x" * 4096,
+                 struct.pack(">II", 12, 8) + b"notjson!",
+                 b"".join(encode({"op": "drop_tables"})), b"GET / HTTP/1.1\r\n\r\n"):
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(junk)
+            s.settimeout(5)
+            try:
+                assert s.recv(100) == b""        # closed without an answer
+            except ConnectionResetError:
+                pass
+    assert _pub_answer(c, lead, b"still-fine") == (FRAME_RESPONSE, b"OK")
+
+
+def test_killed_follower_restarts_and_catches_up(cluster: Cluster) -> None:
+    c = cluster
+    lead = _create(c)
+    f = next(i for i in c.nodes if i != lead)
+    c.nodes[f].kill9()
+    for k in range(200):       # min-insync 2 is still met by the leader and one follower
+        assert _pub_answer(c, lead, f"while-down-{k}".encode()) == (FRAME_RESPONSE, b"OK")
+    end = c.replication(lead, TOPIC)["log_end"]    # type: ignore[index]
+    assert end == 201
+    c.nodes[f].start()
+    wait_until(lambda: (c.replication(f, TOPIC) or {}).get("log_end", 0) == end
+               and c.settled(TOPIC, 3) == lead, 20, 0.05,
+               what="the restarted follower to catch up and rejoin the in-sync set")
+    r = c.replication(lead, TOPIC)
+    assert r is not None and r["lag"][str(f)]["messages"] == 0
+
+
+def test_gnsq_clients_work_unchanged_across_a_failover(
+        make_cluster: Callable[..., Cluster]) -> None:
+    """A real NSQ client library (gnsq): its producer talks to a follower (forwarded),
+    its consumer discovers the leader through a real nsqlookupd; the leader is killed;
+    every publish answered OK is delivered, the new leader's within 10 s."""
+    import gevent
+    import gnsq
+
+    from tests.support.each_once import green_wait
+
+    lookupd = start_nsqlookupd()
+    consumer = producer = None
+    try:
+        c = make_cluster(f"--lookupd-tcp-address={lookupd.hostport('TCP')}",
+                         "--broadcast-address=127.0.0.1")
+        old = _create(c)
+        f = next(i for i in c.nodes if i != old)
+        received: dict[bytes, float] = {}
+        consumer = gnsq.Consumer(TOPIC, "ch", lookupd_http_addresses=[lookupd.hostport()],
+                                 lookupd_poll_interval=1, lookupd_poll_jitter=0.1,
+                                 max_in_flight=50)
+
+        def handler(_consumer: object, message: gnsq.Message) -> None:
+            received.setdefault(message.body, time.monotonic())    # FIN'd on return
+
+        consumer.on_message.connect(handler, weak=False)
+        producer = gnsq.Producer(nsqd_tcp_addresses=[c.nodes[f].tcp_hostport])
+        consumer.start(block=False)
+        producer.start()
+
+        def publish(prefix: str, n: int) -> set[bytes]:
+            bodies = [f"{prefix}-{k}".encode() for k in range(n)]
+            results = [producer.publish(TOPIC, b, raise_error=False)  # type: ignore[union-attr]
+                       for b in bodies]
+            return {b for b, r in zip(bodies, results) if r.get(timeout=30) == b"OK"}
+
+        before = publish("before", 100)
+        assert len(before) == 100
+        green_wait(lambda: before <= set(received), "delivery before the kill", 20)
+        killed = time.monotonic()
+        c.nodes[old].kill9()
+        after = publish("after", 100)       # forwarded to the new leader once elected
+        assert after, "no publish acknowledged after the failover"
+        green_wait(lambda: (before | after) <= set(received),
+                   "every acknowledged publish delivered", 30)
+        first = min(t for b, t in received.items() if b in after)
+        assert first - killed < 10, f"{first - killed:.1f}s"
+    finally:
+        for client in (producer, consumer):
+            if client is not None:
+                client.close()
+                client.join(5)
+        gevent.sleep(0)
+        assert lookupd.stop() == 0, lookupd.text()

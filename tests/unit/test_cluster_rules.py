@@ -1,0 +1,297 @@
+"""pybroker.cluster.rules as a Hypothesis state machine: three replicas, a controller
+standing for etcd (leader epoch, leader key, in-sync set), leaders that append and
+acknowledge by the high watermark, followers that cut their logs where they diverge
+(epoch histories, KIP-101/279) and fetch, leases that expire (a leader paused or cut
+off keeps its state but may no longer acknowledge), nodes killed and restarted, time
+passing (lagging followers leave the in-sync set, caught-up ones rejoin).
+
+What must hold at every step: no offset is ever acknowledged with two different records
+(no two leaders acknowledge the same offset), every acknowledged record is in the log
+of the leader that holds the lease and of every live in-sync replica, and a follower's
+log, once cut, is a prefix of its leader's."""
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from pybroker.cluster.rules import EpochHistory, LeaderState, LeaseClock, Waiter, \
+    assign_replicas, divergence
+
+NODES = (1, 2, 3)
+MIN_INSYNC = 2
+LAG_NS = 1000
+Record = tuple[int, int]          # (epoch that appended it, unique id)
+
+
+class Node:
+    def __init__(self, nid: int) -> None:
+        self.id = nid
+        self.log: list[Record] = []
+        self.history = EpochHistory()
+        self.alive = True
+        self.lead: LeaderState | None = None
+        self.lease_valid = False
+        self.following: tuple[int, int] | None = None     # (leader, epoch)
+        self.truncated_for = 0
+        self.hw = 0
+
+
+class ReplicationRules(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes = {n: Node(n) for n in NODES}
+        self.now = 0
+        self.uid = 0
+        self.epoch = 0
+        self.leader: int | None = None          # the leader key (on its lease)
+        self.isr: set[int] = set(NODES)
+        self.acked: dict[int, Record] = {}
+        self.elect_on(1)
+
+    # -- the controller (etcd) -----------------------------------------------------------
+    def elect_on(self, c: int) -> None:
+        n = self.nodes[c]
+        self.epoch += 1
+        live = {i for i in NODES if self.nodes[i].alive}
+        self.isr = (self.isr & live) | {c}
+        self.leader = c
+        n.history.begin(self.epoch, len(n.log))
+        n.lead = LeaderState(c, self.epoch, set(self.isr), MIN_INSYNC, LAG_NS, n.hw,
+                             len(n.log), self.now)
+        n.lease_valid = True
+        n.following = None
+
+    def valid_leader(self) -> Node | None:
+        if self.leader is None:
+            return None
+        n = self.nodes[self.leader]
+        return n if n.alive and n.lease_valid and n.lead is not None else None
+
+    # -- rules ---------------------------------------------------------------------------
+    @rule(k=st.integers(1, 4))
+    def publish(self, k: int) -> None:
+        n = self.valid_leader()
+        if n is None or n.lead is None or not n.lead.enough():
+            return                       # refused (Replica.refusal)
+        for _ in range(k):
+            self.uid += 1
+            n.log.append((n.lead.epoch, self.uid))
+
+    @rule(f=st.sampled_from(NODES), most=st.integers(0, 5))
+    def fetch(self, f: int, most: int) -> None:
+        fo = self.nodes[f]
+        if not fo.alive or fo.following is None:
+            return
+        lid, epoch = fo.following
+        ld = self.nodes[lid]
+        if not ld.alive or ld.lead is None or ld.lead.epoch != epoch:
+            return                       # the leader is gone or moved on: error, retry
+        if fo.truncated_for != epoch:
+            answer = ld.history.end_for_epoch(fo.history.last_epoch(), len(ld.log))
+            cut = divergence(fo.history, len(fo.log), answer)
+            del fo.log[cut:]
+            fo.history.truncate(cut)
+            fo.hw = min(fo.hw, cut)
+            fo.truncated_for = epoch
+        assert fo.log == ld.log[:len(fo.log)], "a cut follower diverges from its leader"
+        held = len(fo.log)
+        ld.lead.fetched(f, held, len(ld.log), self.now)
+        sent = ld.log[held:held + most]
+        ld.lead.answered(f, held + len(sent) if held + len(sent) < len(ld.log)
+                         else len(ld.log))
+        fo.log += sent
+        fo.history.adopt(EpochHistory(ld.history.entries), len(fo.log))
+        fo.hw = max(fo.hw, min(ld.hw, len(fo.log)))
+
+    @rule()
+    def advance(self) -> None:
+        """The leader's high watermark moves; what it passes is acknowledged."""
+        n = self.valid_leader()
+        if n is None or n.lead is None or not n.lead.enough():
+            return
+        hw = n.lead.high_watermark(len(n.log))
+        n.hw = hw
+        for off in range(hw):
+            rec = n.log[off]
+            if rec[0] != n.lead.epoch:
+                continue                 # appended by an earlier leader, not a publish here
+            before = self.acked.setdefault(off, rec)
+            assert before == rec, f"offset {off} acknowledged as {before} and as {rec}"
+
+    @rule(dt=st.integers(0, 1500))
+    def tick(self, dt: int) -> None:
+        """Time passes; the leader writes in-sync changes (etcd first, then counts)."""
+        self.now += dt
+        n = self.valid_leader()
+        if n is None or n.lead is None:
+            return
+        live = {i for i in NODES if self.nodes[i].alive}
+        drop = n.lead.lagging(self.now, live)
+        add = n.lead.caught_up(list(NODES), self.now, live)
+        if drop or add:
+            self.isr = (set(n.lead.isr) - drop) | add
+            n.lead.isr = frozenset(self.isr) | {n.id}
+
+    @rule(f=st.sampled_from(NODES))
+    def poll(self, f: int) -> None:
+        """A node reads etcd: it follows the leader that holds the key."""
+        fo = self.nodes[f]
+        if not fo.alive or self.leader is None or self.leader == f and fo.lease_valid:
+            return
+        if fo.following != (self.leader, self.epoch):
+            fo.lead = None
+            fo.lease_valid = False
+            fo.following = (self.leader, self.epoch)
+            fo.truncated_for = 0
+
+    @rule()
+    def lease_expires(self) -> None:
+        """The leader is paused, cut off or dead past its lease: its key goes; it keeps
+        its state but its LeaseClock no longer lets it acknowledge."""
+        if self.leader is None:
+            return
+        self.nodes[self.leader].lease_valid = False
+        self.leader = None
+
+    @precondition(lambda self: self.leader is None)
+    @rule(c=st.sampled_from(NODES))
+    def campaign(self, c: int) -> None:
+        n = self.nodes[c]
+        if n.alive and c in self.isr:
+            self.elect_on(c)
+
+    @rule(x=st.sampled_from(NODES))
+    def kill(self, x: int) -> None:
+        n = self.nodes[x]
+        n.alive = False
+        n.lease_valid = False
+        n.lead = None
+        if self.leader == x:
+            self.leader = None          # its lease is revoked or expires
+
+    @rule(x=st.sampled_from(NODES))
+    def restart(self, x: int) -> None:
+        n = self.nodes[x]
+        if not n.alive:
+            n.alive = True                # the log and epoch history are on disk
+            n.following = None
+            n.truncated_for = 0
+
+    # -- what must hold ------------------------------------------------------------------
+    @invariant()
+    def acknowledged_records_are_kept(self) -> None:
+        n = self.valid_leader()
+        holders = [n] if n is not None else []
+        holders += [self.nodes[i] for i in self.isr
+                    if self.nodes[i].alive and self.leader is not None]
+        for h in holders:
+            for off, rec in self.acked.items():
+                assert off < len(h.log) and h.log[off] == rec, \
+                    f"acknowledged {rec} at {off} missing on node {h.id} ({h.log})"
+
+    @invariant()
+    def someone_can_lead(self) -> None:
+        # the in-sync set never loses its last member: a leader of the set stays in it
+        assert self.isr
+
+
+TestReplicationRules = ReplicationRules.TestCase
+TestReplicationRules.settings = settings(max_examples=300, stateful_step_count=60,
+                                         deadline=None)
+
+
+def test_lease_clock_stops_before_the_ttl() -> None:
+    clock = LeaseClock(ttl_ns=5_000, margin_ns=1_000)
+    assert not clock.valid(0)
+    clock.renewed(sent_ns=100)
+    assert clock.valid(100) and clock.valid(4_099) and not clock.valid(4_100)
+    clock.renewed(sent_ns=50)            # an older renewal answered late: no going back
+    assert clock.valid(4_099)
+    clock.lost()
+    assert not clock.valid(0)
+
+
+def test_waiter_releases_in_order_by_end() -> None:
+    w: Waiter[str] = Waiter()
+    w.add(3, "a")
+    w.add(5, "b")
+    assert w.ready(2) == [] and w.ready(4) == ["a"] and len(w) == 1
+    assert w.all() == ["b"] and len(w) == 0
+
+
+def test_assign_replicas_takes_the_next_nodes_by_id() -> None:
+    assert assign_replicas(2, [1, 2, 3, 4], 3) == [2, 3, 4]
+    assert assign_replicas(4, [1, 2, 3, 4], 3) == [4, 1, 2]
+    assert assign_replicas(1, [1], 3) == [1]
+
+
+def test_divergence_cuts_an_unacknowledged_tail() -> None:
+    leader = EpochHistory([(1, 0), (3, 5)])
+    mine = EpochHistory([(1, 0), (2, 5)])     # a deposed leader appended at epoch 2
+    answer = leader.end_for_epoch(mine.last_epoch(), 9)
+    assert answer == (1, 5)
+    assert divergence(mine, 8, answer) == 5
+
+
+def test_a_follower_rejoins_only_once_it_holds_the_epoch_start() -> None:
+    """A new leader's high watermark can lag what the old one acknowledged; a follower
+    that holds up to it but not up to the new epoch's start must stay out of the
+    in-sync set (else a later failover to it loses acknowledged records)."""
+    m = ReplicationRules()
+    m.poll(2)
+    m.poll(3)
+    m.publish(3)
+    for f in (2, 3):
+        m.fetch(f, 5)
+        m.fetch(f, 0)
+    m.advance()
+    assert sorted(m.acked) == [0, 1, 2]
+    m.tick(600)
+    m.fetch(2, 0)
+    m.tick(600)                      # node 3 has not caught up for LAG_NS: it leaves
+    assert m.isr == {1, 2}
+    m.publish(2)
+    m.fetch(2, 5)
+    m.fetch(2, 0)
+    m.advance()                      # offsets 3 and 4 acknowledged by nodes 1 and 2
+    assert sorted(m.acked) == [0, 1, 2, 3, 4]
+    m.lease_expires()
+    m.campaign(2)
+    assert m.nodes[2].lead is not None and m.nodes[2].lead.hw == 3
+    m.poll(3)
+    m.fetch(3, 0)                    # holds 3: the new leader's high watermark
+    m.tick(0)
+    assert 3 not in m.isr
+    m.acknowledged_records_are_kept()
+    m.fetch(3, 5)
+    m.fetch(3, 0)
+    m.tick(0)
+    assert 3 in m.isr
+    m.acknowledged_records_are_kept()
+
+
+def test_dead_followers_leave_the_in_sync_set_and_stay_out() -> None:
+    """Both followers gone: the in-sync set shrinks to the leader and stays so (a
+    follower dropped for lagging must not be taken back for holding the high
+    watermark, or two dead followers take turns and a publish waits forever)."""
+    m = ReplicationRules()
+    m.poll(2)
+    m.poll(3)
+    m.publish(1)
+    for f in (2, 3):
+        m.fetch(f, 5)
+        m.fetch(f, 0)
+    m.advance()
+    m.kill(2)
+    m.kill(3)
+    for _ in range(3):
+        m.tick(700)
+        if m.isr == {1}:
+            break
+    assert m.isr == {1}
+    for _ in range(4):
+        m.tick(700)
+        assert m.isr == {1}
+    lead = m.nodes[1].lead
+    assert lead is not None and not lead.enough()
