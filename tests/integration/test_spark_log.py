@@ -26,8 +26,8 @@ from tests.integration.test_spark_core import publish
 from tests.support.broker import BrokerProcess, project_root, unique_name, wait_until
 from tests.support.programs import missing, require_module
 
-require_module("pyspark", "pip install 'pybroker[spark]'")
-require_module("pyarrow", "pip install 'pybroker[spark]'")
+require_module("pyspark", "pip install '.[spark]' in the clone")
+require_module("pyarrow", "pip install '.[spark]' in the clone")
 
 from pybroker.spark.pipeline import find_java, spark_session  # noqa: E402 (needs pyspark)
 
