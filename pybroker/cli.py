@@ -39,7 +39,7 @@ def _serve(config: Optional[str], version: bool, **flags: Any) -> None:
 
 
 _METAVARS = {"int": "INT", "float": "FLOAT", "bool": "true|false", "duration": "DURATION",
-             "list": "TEXT", "str": "TEXT"}
+             "list": "TEXT", "str": "TEXT", "tls_required": "true|false|tcp-https"}
 _PATH_KEYS = {"data_path", "tls_cert", "tls_key", "tls_root_ca_file"}
 
 SERVE_EPILOG = (
@@ -60,6 +60,24 @@ def metavar(key: str, kind: str) -> str:
     return _METAVARS.get(kind, "TEXT")
 
 
+def _help_and_default(text: str, kind: str, default: Any) -> tuple[str, str]:
+    """An option's help and its default as click shows every other command's
+    (``  [default: X]``), in the words a user types (``false``, ``1m``), never Python's."""
+    if text.endswith(")") and "(default: " in text:     # a default said in words
+        text, _, said = text.rpartition(" (default: ")
+        return text, f"  [default: {said[:-1]}]"
+    if default in (None, "", []):
+        return text, ""
+    if kind == "duration":
+        return text, f"  [default: {format_duration(default)}]"
+    if kind == "tls_required":
+        return text, "  [default: false]" if not default else f"  [default: {default}]"
+    shown = str(default).lower() if isinstance(default, bool) else str(default)
+    if shown != shown.strip():
+        shown = f'"{shown}"'      # a prefix's trailing space, visible
+    return text, f"  [default: {shown}]"
+
+
 def _build_serve() -> Any:
     """A typer command whose flags are generated from config.SPECS (one per option)."""
     params = [
@@ -71,16 +89,10 @@ def _build_serve() -> Any:
     ]
     for spec in SPECS:
         annotation: Any = Optional[List[str]] if spec.kind == "list" else Optional[str]
-        default = spec.default
-        if default in (None, "", []):
-            shown = ""
-        elif spec.kind == "duration":
-            shown = f" (default: {format_duration(default)})"
-        else:
-            shown = f" (default: {str(default).lower() if isinstance(default, bool) else default})"
+        help_text, shown = _help_and_default(spec.help, spec.kind, spec.default)
         params.append(inspect.Parameter(
             spec.key, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
-            default=typer.Option(None, spec.flag_name, help=spec.help + shown,
+            default=typer.Option(None, spec.flag_name, help=help_text + shown,
                                  metavar=metavar(spec.key, spec.kind), show_default=False)))
 
     def serve(**kw: Any) -> None:

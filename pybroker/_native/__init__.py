@@ -309,9 +309,19 @@ _force_pure = os.environ.get("PYBROKER_PURE", "") not in ("", "0")
 FALLBACK_REASON = ""
 if c_backend is None and not _force_pure:
     # never silently slower: one line now, and the broker's log and /stats say it too
+    _tree = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if os.path.isfile(os.path.join(_tree, "setup.py")) and \
+            os.path.isdir(os.path.join(_tree, "csrc")):
+        # `python -m pybroker` in a clone imports the clone's sources, not what
+        # `pip install .` built and installed
+        _advice = (f"pybroker was imported from its source tree {_tree}, where it is not "
+                   "built: run the installed `pybroker` command (or `python -m pybroker` "
+                   "outside the tree), or build the tree in place with `pip install -e .`")
+    else:
+        _advice = "install with a C compiler (pip install .) for the C one"
     FALLBACK_REASON = (f"the C codec (pybroker._native._nsqframe) is not built "
                        f"({_import_error}); using the pure-Python codec, which is slower: "
-                       "install with a C compiler (pip install .) for the C one")
+                       + _advice)
     if logging.getLogger("pybroker").hasHandlers():   # the broker's log is set up
         logging.getLogger("pybroker").warning("%s", FALLBACK_REASON)
     else:

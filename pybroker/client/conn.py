@@ -103,7 +103,11 @@ class Conn:
             OSError: dial failure. IdentifyError, AuthError: refused handshake.
         """
         host, port = split_address(self.address)
-        sock = socket.create_connection((host, port), timeout=self.config.dial_timeout)
+        try:
+            sock = socket.create_connection((host, port), timeout=self.config.dial_timeout)
+        except OSError as e:     # the same error, saying which address failed
+            why = f"cannot connect to {self.address}: {e.strerror or e}"
+            raise (type(e)(e.errno, why) if e.errno is not None else type(e)(why)) from e
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(self.config.read_timeout)
         self._sock = sock

@@ -133,7 +133,9 @@ class Producer:
             try:
                 conn.connect()
             except OSError as e:
-                raise NotConnectedError(f"{self.address}: {e}") from e
+                said = str(e)      # a failed dial names the address already
+                raise NotConnectedError(said if self.address in said
+                                        else f"{self.address}: {said}") from e
             with self._tx_lock:
                 self._transactions[conn] = deque()
                 self._conn = conn

@@ -112,12 +112,20 @@ def answer(conn: ClientConn, failed: type[ClientError], verb: str,
         conn.process()
 
 
+def _unwaited(topics: list[Topic]) -> None:
+    """The end of a sync_every fsync (on the storage thread): no publish waits for it."""
+
+
 class Publisher:
     """The publish policy of one event loop (its thread only; see the module)."""
 
     def __init__(self, loop: EventLoop) -> None:
         self.loop = loop
         self.durable = loop.options.durability == "fsync"
+        # memory durability: an fsync (not waited for) every sync_every records per topic,
+        # besides the storage thread's every sync_timeout (nsqd's --sync-every)
+        self.sync_every = loop.options.sync_every
+        self._unsynced: dict[Topic, int] = {}
         self._turn: dict[Topic, _Batch] = {}            # appended this turn
         self._syncing: dict[Topic, deque[_Batch]] = {}  # fsync mode: written, not synced
         self._outbox: dict[EventLoop, list[Request]] = {}
@@ -331,6 +339,7 @@ class Publisher:
         turn, self._turn = self._turn, {}
         rt = self.loop.runtime
         to_sync: list[Topic] = []
+        sync_every: list[Topic] = []
         for topic, batch in turn.items():
             try:
                 epoch, n, chans = topic.write()
@@ -361,11 +370,21 @@ class Publisher:
                 self._settle(batch, None)
             elif not self.durable or topic.log.durable_epoch >= epoch:
                 self._written(topic, batch)
+                if not self.durable:
+                    count = self._unsynced.get(topic, 0) + n
+                    if count >= self.sync_every:
+                        count = 0
+                        sync_every.append(topic)
+                    self._unsynced[topic] = count
             else:
                 self._syncing.setdefault(topic, deque()).append(batch)
                 to_sync.append(topic)
         if to_sync:
             rt.storage.sync_topics(to_sync, self._post_synced)
+        if sync_every:
+            for topic in [t for t in self._unsynced if t.deleted]:
+                del self._unsynced[topic]
+            rt.storage.sync_topics(sync_every, _unwaited)
 
     def _post_synced(self, topics: list[Topic]) -> None:
         # on the storage thread

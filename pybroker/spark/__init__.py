@@ -30,7 +30,7 @@ class MissingSpark(ImportError):
 
 def require_pyspark() -> None:
     """Raises MissingSpark with the install hint when pyspark cannot be imported."""
-    hint = "pybroker.spark needs PySpark 4.2+ and pyarrow: pip install 'pybroker[spark]'"
+    hint = "pybroker.spark needs PySpark 4.2+ and pyarrow: pip install '.[spark]' in the clone"
     try:
         import pyarrow  # type: ignore[import-untyped]  # noqa: F401
         import pyspark

@@ -35,58 +35,60 @@ def _conf_pairs(items: list[str]) -> dict[str, str]:
 
 
 def archive(
-    topic: str = typer.Option(..., "--topic", help="the topic to archive"),
-    channel: str = typer.Option("spark_archive", "--channel",
+    topic: str = typer.Option(..., "--topic", metavar="TEXT", help="the topic to archive"),
+    channel: str = typer.Option("spark_archive", "--channel", metavar="TEXT",
                                 help="mode log: the channel whose cursor follows what is "
                                      "written (so retention can delete it); mode channel: "
                                      "the channel to consume (FIN'd once written)"),
-    output: str = typer.Option(..., "--output", help="the output directory (or URI)"),
-    mode: str = typer.Option("log", "--mode",
+    output: str = typer.Option(..., "--output", metavar="PATH", help="the output directory (or URI)"),
+    mode: str = typer.Option("log", "--mode", metavar="log|channel",
                              help="log: offset ranges of pybroker's log read in parallel, "
                                   "exactly once into files (needs --nsqd-http-address); "
                                   "channel: consume a channel of any nsqd, FIN after "
                                   "commit (at least once)"),
-    nsqd_http_address: str = typer.Option("", "--nsqd-http-address",
+    nsqd_http_address: str = typer.Option("", "--nsqd-http-address", metavar="HOST:PORT",
                                           help="mode log: the broker's HTTP address"),
-    starting_offsets: str = typer.Option("earliest", "--starting-offsets",
+    starting_offsets: str = typer.Option("earliest", "--starting-offsets", metavar="TEXT",
                                          help="mode log, first run only (then the "
                                               "checkpoint's offsets): earliest, latest, "
                                               "an offset, {\"ts\": UNIX_MS} or an ISO "
                                               "8601 time"),
-    max_offsets_per_trigger: int = typer.Option(0, "--max-offsets-per-trigger",
+    max_offsets_per_trigger: int = typer.Option(0, "--max-offsets-per-trigger", metavar="INT",
                                                 help="mode log: messages per micro-batch "
                                                      "at most (0: all available)"),
-    num_partitions: int = typer.Option(2, "--num-partitions",
+    num_partitions: int = typer.Option(2, "--num-partitions", metavar="INT",
                                        help="Spark partitions (parallel reads) per "
                                             "micro-batch"),
-    nsqd_tcp_address: list[str] | None = typer.Option(None, "--nsqd-tcp-address",
+    nsqd_tcp_address: list[str] | None = typer.Option(None, "--nsqd-tcp-address", metavar="HOST:PORT",
                                                help="nsqd TCP address (repeatable)"),
-    lookupd_http_address: list[str] | None = typer.Option(None, "--lookupd-http-address",
+    lookupd_http_address: list[str] | None = typer.Option(None, "--lookupd-http-address", metavar="HOST:PORT",
                                                    help="nsqlookupd HTTP address "
                                                         "(repeatable)"),
-    master: str = typer.Option("local[*]", "--master",
-                               help="Spark master URL (default: a local Spark)"),
-    fmt: str = typer.Option("parquet", "--format", help="parquet, orc or json"),
-    trigger: str = typer.Option("10s", "--trigger", help="micro-batch interval"),
+    master: str = typer.Option("local[*]", "--master", metavar="URL",
+                               help="Spark master URL (local[*]: a local Spark with a core per "
+                                    "CPU; spark://HOST:7077: a standalone cluster)"),
+    fmt: str = typer.Option("parquet", "--format", metavar="parquet|orc|json", help="parquet, orc or json"),
+    trigger: str = typer.Option("10s", "--trigger", metavar="DURATION", help="micro-batch interval"),
     available_now: bool = typer.Option(False, "--available-now",
                                        help="archive what was published until now, then "
                                             "exit (for batch/cron runs)"),
-    checkpoint: str = typer.Option("", "--checkpoint",
-                                   help="checkpoint directory (default: "
-                                        "OUTPUT/_checkpoint)"),
-    json_schema: str = typer.Option("", "--json-schema",
+    checkpoint: str = typer.Option("", "--checkpoint", metavar="PATH",
+                                   help="checkpoint directory",
+                                   show_default="OUTPUT/_checkpoint"),
+    json_schema: str = typer.Option("", "--json-schema", metavar="DDL",
                                     help="parse JSON bodies into columns with this DDL "
                                          "schema, e.g. 'user string, amount double'"),
-    max_in_flight: int = typer.Option(2500, "--max-in-flight",
+    max_in_flight: int = typer.Option(2500, "--max-in-flight", metavar="INT",
                                       help="mode channel: messages held un-FIN'd at most"),
-    batch_size: int = typer.Option(0, "--batch-size",
+    batch_size: int = typer.Option(0, "--batch-size", metavar="INT",
                                    help="mode channel: messages per micro-batch at most "
-                                        "(default and maximum: half of --max-in-flight)"),
-    drain_timeout: str = typer.Option("2s", "--drain-timeout",
+                                        "(no more than half of --max-in-flight)",
+                                   show_default="half of --max-in-flight"),
+    drain_timeout: str = typer.Option("2s", "--drain-timeout", metavar="DURATION",
                                       help="mode channel, --available-now: idle time, with "
                                            "every server heard from, that means the "
                                            "channel is drained"),
-    conf: list[str] | None = typer.Option(None, "--conf", help="Spark setting KEY=VALUE "
+    conf: list[str] | None = typer.Option(None, "--conf", metavar="KEY=VALUE", help="Spark setting KEY=VALUE "
                                                        "(repeatable)"),
 ) -> None:
     """Stream a topic into files partitioned by date and hour (Parquet by default)."""

@@ -11,7 +11,7 @@
 
 The live topic and the archive share one schema (options.SCHEMA_DDL); archive rows have
 no id, attempts or offset, channel rows no offset. Spark pickles these classes by reference, so executors need
-pybroker installed (``pip install 'pybroker[spark]'``).
+pybroker installed with the spark extra (``pip install '.[spark]'`` in the clone).
 """
 from __future__ import annotations
 

@@ -24,7 +24,14 @@ _FALSE = {"0", "f", "false"}
 
 
 class GoFlagsCommand(TyperCommand):
-    """A typer command accepting Go's ``-boolflag=true|false`` spelling."""
+    """A typer command accepting Go's ``-boolflag=true|false`` spelling; its arguments'
+    help shows their placeholder alone (``ID``), not typer's Python type (``ID <str>``)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        for p in self.params:
+            if getattr(p, "param_type_name", "") == "argument" and p.metavar:
+                setattr(p, "display_type_rich", lambda ctx: None)  # noqa: B010
+        super().format_help(ctx, formatter)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         names = [(name.lstrip("-"), bool(getattr(p, "is_flag", False)))

@@ -12,9 +12,13 @@ republished). Envelope format: docs/dead-letters.md.
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -22,6 +26,7 @@ import typer
 
 from pybroker.client import Config, Consumer, Message, Producer
 from pybroker.client.config import parse_duration
+from pybroker.client.lookupd import http_url
 from pybroker.protocol.deadletter import DeadLetter, EnvelopeError, parse_envelope
 from pybroker.tools._common import GoFlagsCommand, fatal, opt, setup_logging
 
@@ -111,12 +116,32 @@ def _matches(h: Held, ids: list[str]) -> bool:
     return h.id in ids or (h.letter is not None and h.letter.id in ids)
 
 
+def _check_topic(topic: str, http_address: str) -> None:
+    """Refuse a topic the broker does not have (a SUB would create it: a misspelt name
+    would leave an empty topic behind and list nothing)."""
+    query = urllib.parse.urlencode({"format": "json", "topic": topic,
+                                    "include_clients": "false"})
+    try:
+        with urllib.request.urlopen(http_url(http_address, "/stats?" + query),
+                                    timeout=10) as resp:
+            stats = json.loads(resp.read(8 << 20))
+    except (OSError, ValueError) as e:
+        fatal(f"cannot read /stats of {http_address}: {e}")
+    names = [t.get("topic_name") for t in stats.get("topics") or []]
+    if topic not in names:
+        fatal(f"no topic {topic} on {http_address}: nothing was dead-lettered to it yet, "
+              "or the name is misspelt (a dead-letter topic is <topic>.dead unless "
+              "dead_letter_topic names another)")
+
+
 def _open(topic: str, channel: str, nsqd_tcp_address: str, max_messages: int,
-          wait: str) -> Session:
+          wait: str, nsqd_http_address: str = "") -> Session:
     if not topic:
         fatal("--topic required (the dead-letter topic, e.g. orders.dead)")
     if not nsqd_tcp_address:
         fatal("--nsqd-tcp-address required")
+    if nsqd_http_address:
+        _check_topic(topic, nsqd_http_address)
     try:
         wait_s = parse_duration(wait)
     except ValueError as e:
@@ -131,16 +156,21 @@ def _open(topic: str, channel: str, nsqd_tcp_address: str, max_messages: int,
 _TOPIC = opt("", "topic", help="the dead-letter topic (e.g. orders.dead)")
 _CHANNEL = opt(KEEP_CHANNEL, "channel", help="channel to read it through")
 _TCP = opt("", "nsqd-tcp-address", help="pybroker TCP address")
-_MAX = opt(10000, "max", help="most dead letters to take at once", min=1, max=100000)
+_HTTP = opt("", "nsqd-http-address", help="pybroker HTTP address: when given, a topic the "
+            "broker does not have is refused instead of created by the SUB")
+# nsqd's default --max-rdy-count: more than the broker's max_rdy_count cannot be in flight
+_MAX = opt(2500, "max", help="most dead letters to take at once (at most the broker's "
+           "--max-rdy-count)", min=1, max=100000)
 _WAIT = opt("1s", "wait", help="stop reading after no message came for this long",
             metavar="DURATION")
 
 
 @app.command("list", cls=GoFlagsCommand)
 def list_command(topic: str = _TOPIC, channel: str = _CHANNEL, nsqd_tcp_address: str = _TCP,
-                 max_messages: int = _MAX, wait: str = _WAIT) -> None:
+                 max_messages: int = _MAX, wait: str = _WAIT,
+                 nsqd_http_address: str = _HTTP) -> None:
     """One line per dead letter: id, original topic/channel/id, attempts, age, body."""
-    s = _open(topic, channel, nsqd_tcp_address, max_messages, wait)
+    s = _open(topic, channel, nsqd_tcp_address, max_messages, wait, nsqd_http_address)
     now_ms = int(time.time() * 1000)
     try:
         typer.echo("ID                ORIGINAL                                ATTEMPTS  AGE  BODY")
@@ -161,9 +191,10 @@ def list_command(topic: str = _TOPIC, channel: str = _CHANNEL, nsqd_tcp_address:
 def show_command(msg_id: str = typer.Argument(..., metavar="ID",
                                               help="dead-letter id or original message id"),
                  topic: str = _TOPIC, channel: str = _CHANNEL, nsqd_tcp_address: str = _TCP,
-                 max_messages: int = _MAX, wait: str = _WAIT) -> None:
+                 max_messages: int = _MAX, wait: str = _WAIT,
+                 nsqd_http_address: str = _HTTP) -> None:
     """The header of one dead letter, then its original body."""
-    s = _open(topic, channel, nsqd_tcp_address, max_messages, wait)
+    s = _open(topic, channel, nsqd_tcp_address, max_messages, wait, nsqd_http_address)
     try:
         found = [h for h in s.held if _matches(h, [msg_id])]
         if not found:
@@ -192,7 +223,7 @@ def republish_command(
                                         "ago than this", metavar="DURATION"),
         all_letters: bool = opt(False, "all", help="every dead letter"),
         topic: str = _TOPIC, channel: str = _CHANNEL, nsqd_tcp_address: str = _TCP,
-        max_messages: int = _MAX, wait: str = _WAIT) -> None:
+        max_messages: int = _MAX, wait: str = _WAIT, nsqd_http_address: str = _HTTP) -> None:
     """Publish dead letters to their original topic again, then FIN them."""
     if not msg_ids and older_than is None and not all_letters:
         fatal("choose what to republish: --id, --older-than or --all")
@@ -202,7 +233,7 @@ def republish_command(
             min_age_ms = int(parse_duration(older_than) * 1000)
         except ValueError as e:
             fatal(f"--older-than: {e}")
-    s = _open(topic, channel, nsqd_tcp_address, max_messages, wait)
+    s = _open(topic, channel, nsqd_tcp_address, max_messages, wait, nsqd_http_address)
     now_ms = int(time.time() * 1000)
     done = dups = failed = 0
     producer = Producer(nsqd_tcp_address)

@@ -49,9 +49,11 @@ def rewind_command(
     topic: str = opt("", "topic", help="NSQ topic"),
     channel: str = opt("", "channel", help="NSQ channel"),
     offset: Optional[int] = opt(None, "offset", help="deliver again from this topic-log "
-                                "offset (a message id is its offset in hex)", min=0),
+                                "offset (a message id is its offset in hex)", min=0,
+                                metavar="INT"),
     ts: Optional[int] = opt(None, "ts", help="deliver again from the first message "
-                            "published at or after this time (Unix milliseconds)", min=0),
+                            "published at or after this time (Unix milliseconds)", min=0,
+                            metavar="INT"),
     nsqd_http_address: List[str] = opt([], "nsqd-http-address", help="pybroker HTTP "
                                        "address (may be given multiple times)"),
 ) -> None:

@@ -68,7 +68,8 @@ class TailPrinter:
 
 def tail_command(
     topic: List[str] = opt([], "topic", help="NSQ topic (may be given multiple times)"),
-    channel: str = opt("", "channel", help="NSQ channel (default: tailNNNNNN#ephemeral)"),
+    channel: str = opt("", "channel", help="NSQ channel",
+                       show_default="tailNNNNNN#ephemeral"),
     max_in_flight: int = opt(200, "max-in-flight",
                              help="max number of messages to allow in flight"),
     # nsq_tail's -n; Go's --n spelling is accepted too (GoFlagsCommand)

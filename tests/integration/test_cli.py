@@ -19,7 +19,8 @@ from tests.support.tools import TOOL, reap_tools, run_tool, spawn  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
 
-COMMANDS = ["serve", "tail", "to-file", "pub", "stat", "rewind"]
+COMMANDS = ["serve", "tail", "to-file", "pub", "stat", "rewind", "spark archive",
+            "dead-letters list", "dead-letters show", "dead-letters republish"]
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -76,7 +77,7 @@ def test_bare_number_duration_in_toml_is_milliseconds(tmp_path: object) -> None:
 
 
 def _help(cmd: str) -> str:
-    r = _cli(cmd, "--help", env={"COLUMNS": "80"})
+    r = _cli(*cmd.split(), "--help", env={"COLUMNS": "80"})
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -86,7 +87,9 @@ def _flag_names(cmd: str) -> list[str]:
     from pybroker.cli import full_app
     import typer.main
     group = typer.main.get_command(full_app())
-    command = group.commands[cmd]  # type: ignore[attr-defined]
+    command = group
+    for name in cmd.split():
+        command = command.commands[name]  # type: ignore[attr-defined]
     return [o for p in command.params for o in getattr(p, "opts", []) if o.startswith("--")]
 
 
@@ -112,7 +115,25 @@ def test_serve_help_names_value_types() -> None:
                        ("--queue-scan-refresh-interval", "DURATION"),
                        ("--queue-scan-selection-count", "INT")]:
         assert re.search(rf"^  {re.escape(flag)} {re.escape(meta)}\b", text, re.M), flag
-    assert "(default: 1m)" in text and "(default: 10000)" in text
+    assert "[default: 1m]" in text and "[default: 10000]" in text
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_help_says_defaults_one_way_and_only_possible_ones(cmd: str) -> None:
+    """`[default: X]` as click writes it everywhere, never `(default: X)`; no Python
+    types as placeholders; an option with a numeric range has a numeric placeholder."""
+    text = " ".join(_help(cmd).split())
+    assert "(default:" not in text, text
+    assert not re.search(r"<(str|int|float|bool|list\[\w+\])>", text), text
+    assert not re.search(r"\bTEXT\s+(?:(?!--)[^\[])*\[(x>=|\d+<=x)", text), text
+    assert text.count("[default:") == len(re.findall(r"\[default:[^\]]*\]", text))
+
+
+def test_serve_help_shows_possible_defaults() -> None:
+    text = " ".join(_help("serve").split())
+    assert re.search(r"--tls-required true\|false\|tcp-https .*?\[default: false\]", text)
+    assert '[default: "[pybroker] "]' in text
+    assert "[default: from hostname]" in text
 
 
 def test_tool_help_texts() -> None:
@@ -222,3 +243,15 @@ def test_to_file_logs_at_info_by_default(broker: BrokerProcess, tmp_path: object
     assert proc.returncode == 0, bytes(seen)
     text = bytes(seen).decode()
     assert re.search(r"^\[to-file\] \d{4}/\d\d/\d\d \d\d:\d\d:\d\d INFO: ", text, re.M), text
+
+
+@pytest.mark.parametrize("args", [["tail", "--topic=t"], ["dead-letters", "list", "--topic=t"],
+                                  ["to-file", "--topic=t", "--output-dir=."]])
+def test_a_refused_connection_names_the_address(args: list[str]) -> None:
+    import socket
+    with socket.socket() as s:           # a port that was free a moment ago: refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = _cli(*args, f"--nsqd-tcp-address=127.0.0.1:{port}")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert f"cannot connect to 127.0.0.1:{port}: Connection refused" in r.stderr, r.stderr

@@ -1,6 +1,7 @@
-"""Two loop threads: publishers on one loop feeding channels the other loop owns.
+"""Two loop threads: the cross-loop paths, in the one module that runs them (the rest of
+the suite runs the default single loop, as users do).
 
-Each publish is written by the publisher's loop, which then tells the channel's owner
+Publishers on one loop feed channels the other loop owns: each publish is written by the publisher's loop, which then tells the channel's owner
 (once per turn) that its channel has new records. Publishers must not come to wait on
 the other loop turn after turn: their round trips stay bounded over the whole run (no
 drift from the first seconds to the last), and every message reaches its consumer.
@@ -8,16 +9,25 @@ drift from the first seconds to the last), and every message reaches its consume
 Connections are given to the loops in turn as they are accepted (the first to loop 0),
 and a channel belongs to loop ``crc32("topic:channel") % loops`` (Broker.pick_owner):
 the test opens its connections one at a time and picks names to place them.
+
+The protocol cases below run on one shared two-loop broker with the channel on each loop
+in turn, so one of the two always moves the consumer's connection at SUB: FIN, REQ,
+TOUCH, a timeout, a deferred publish, HTTP publishes, pause/empty/delete over HTTP and
+a dead letter published by the channel's loop to a topic another loop may own.
 """
 from __future__ import annotations
 
 import statistics
 import threading
 import time
+import urllib.parse
 import zlib
 from collections.abc import Callable
 
-from tests.support.broker import BrokerProcess, unique_name
+import pytest
+
+from tests.support.broker import BrokerProcess, unique_name, wait_until
+from tests.support.durability import channel_stats, http, http_pub, topic_stats
 from tests.support.wire import FRAME_MESSAGE, WireClient, fin, parse_message, rdy
 
 MakeBroker = Callable[..., BrokerProcess]
@@ -102,9 +112,11 @@ def test_publishers_on_one_loop_feed_channels_of_the_other(make_broker: MakeBrok
         t.start()
     for t in threads[len(consumers):]:
         t.join(SECONDS + 30)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(received[t] != sent[t] for t in topics):
-        time.sleep(0.05)
+    try:
+        wait_until(lambda: all(received[t] == sent[t] for t in topics), 20, 0.05,
+                   what="every message at its consumer")
+    except AssertionError:
+        pass            # the assertions below say which were missing
     stop_consuming.set()
     for t in threads[:len(consumers)]:
         t.join(5)
@@ -131,3 +143,95 @@ def test_publishers_on_one_loop_feed_channels_of_the_other(make_broker: MakeBrok
     p99 = statistics.quantiles([rtt for _, rtt in samples], n=100)[98]
     assert p99 < 0.25, f"p99 round trip {p99 * 1000:.1f} ms"
     assert "Traceback" not in b.stderr_text()
+
+
+# -- the protocol across loops -------------------------------------------------------------
+TWO_LOOPS = ("--loop-threads=2", "--msg-timeout=1s", "--max-attempts=3")
+
+
+@pytest.fixture
+def two_loops(make_module_broker: Callable[..., BrokerProcess]) -> BrokerProcess:
+    return make_module_broker(*TWO_LOOPS)
+
+
+def _placed(owner: int, what: str) -> str:
+    return _owned_by(owner, 2, unique_name(what) + "-", "ch")
+
+
+def _q(**kw: str) -> str:
+    return urllib.parse.urlencode(kw)
+
+
+@pytest.mark.parametrize("owner", [0, 1])
+def test_fin_req_touch_and_dpub_on_either_loop(two_loops: BrokerProcess, owner: int) -> None:
+    b = two_loops
+    assert b.tcp_address is not None
+    topic = _placed(owner, "xl_fin")
+    with WireClient.connect(b.tcp_address) as c:
+        c.sub(topic, "ch")
+        c.rdy(5)
+        c.pub(topic, b"tcp")
+        http_pub(b, topic, b"http")
+        got = {m.body: m for m in c.read_messages(2, timeout=10)}
+        assert set(got) == {b"tcp", b"http"}
+        c.send(fin(got[b"tcp"].id))
+        c.req(got[b"http"].id, 0)
+        again = c.read_message(timeout=10)
+        assert (again.body, again.attempts) == (b"http", 2)
+        for _ in range(3):                         # held past the 1 s msg_timeout
+            time.sleep(0.4)
+            c.touch(again.id)
+        c.fin(again.id)
+        c.dpub(topic, 300, b"later")
+        t0 = time.monotonic()
+        later = c.read_message(timeout=10)
+        assert later.body == b"later" and time.monotonic() - t0 >= 0.25
+        c.fin(later.id)
+        wait_until(lambda: (channel_stats(b, topic, "ch") or {}).get("in_flight_count") == 0,
+                   10, what="every FIN to land")
+        st = channel_stats(b, topic, "ch")
+        assert st is not None
+        assert (st["depth"], st["timeout_count"], st["requeue_count"]) == (0, 0, 1), st
+
+
+@pytest.mark.parametrize("owner", [0, 1])
+def test_timeouts_then_a_dead_letter_across_loops(two_loops: BrokerProcess,
+                                                  owner: int) -> None:
+    b = two_loops
+    assert b.tcp_address is not None
+    topic = _placed(owner, "xl_dead")
+    with WireClient.connect(b.tcp_address) as c:
+        c.sub(topic, "ch")
+        c.rdy(1)
+        c.pub(topic, b"never finished")
+        attempts = [c.read_message(timeout=10).attempts for _ in range(3)]
+        assert attempts == [1, 2, 3]               # each one timed out (1 s), unanswered
+        wait_until(lambda: (channel_stats(b, topic, "ch") or {}).get(
+            "dead_letter_count") == 1, 10, what="the dead letter")
+        c.expect_nothing(0.3)
+    dead = topic_stats(b, topic + ".dead")
+    assert dead is not None and dead["message_count"] == 1, dead
+
+
+@pytest.mark.parametrize("owner", [0, 1])
+def test_pause_empty_and_delete_over_http_reach_the_owner_loop(two_loops: BrokerProcess,
+                                                                owner: int) -> None:
+    b = two_loops
+    assert b.tcp_address is not None
+    topic = _placed(owner, "xl_admin")
+    with WireClient.connect(b.tcp_address) as c:
+        c.sub(topic, "ch")
+        assert http(b, "POST", "/channel/pause?" + _q(topic=topic, channel="ch"))[0] == 200
+        c.rdy(10)
+        http_pub(b, topic, b"held back")
+        c.expect_nothing(0.3)
+        assert http(b, "POST", "/channel/empty?" + _q(topic=topic, channel="ch"))[0] == 200
+        assert (channel_stats(b, topic, "ch") or {}).get("depth") == 0
+        assert http(b, "POST", "/channel/unpause?" + _q(topic=topic, channel="ch"))[0] == 200
+        c.pub(topic, b"after")
+        m = c.read_message(timeout=10)
+        assert m.body == b"after"
+        c.fin(m.id)
+        assert http(b, "POST", "/channel/delete?" + _q(topic=topic, channel="ch"))[0] == 200
+        c.assert_closed()
+    assert channel_stats(b, topic, "ch") is None

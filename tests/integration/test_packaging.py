@@ -170,7 +170,12 @@ def test_python_m_pybroker_from_the_checkout_after_install(with_compiler: Path,
         assert _stats(b)["codec"] == "pure"
     finally:
         text = _stop_clean(b)
-    assert len([ln for ln in text.splitlines() if WARNING in ln]) == 1, text
+    warnings = [ln for ln in text.splitlines() if WARNING in ln]
+    assert len(warnings) == 1, text
+    # the advice names the cause (the source tree was imported), not `pip install .`,
+    # which is what the user did
+    assert f"imported from its source tree {checkout}" in warnings[0], warnings[0]
+    assert "(pip install .)" not in warnings[0]
 
 
 def test_werror_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:

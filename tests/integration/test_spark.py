@@ -28,8 +28,8 @@ from tests.support.broker import BrokerProcess, unique_name, wait_until
 from tests.support.lookupd import FakeLookupd
 from tests.support.programs import missing, require_module
 
-require_module("pyspark", "pip install 'pybroker[spark]'")
-require_module("pyarrow", "pip install 'pybroker[spark]'")
+require_module("pyspark", "pip install '.[spark]' in the clone")
+require_module("pyarrow", "pip install '.[spark]' in the clone")
 
 from pybroker.spark.pipeline import (  # noqa: E402 (needs pyspark)
     ArchiveJob,

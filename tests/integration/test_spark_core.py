@@ -211,7 +211,7 @@ def test_without_pyspark_the_cli_still_loads_and_says_what_to_install() -> None:
                           "--nsqd-http-address=127.0.0.1:1"], capture_output=True, text=True,
                          timeout=60, check=False, cwd=project_root())
     assert ran.returncode == 1, ran.stderr
-    assert "pip install 'pybroker[spark]'" in ran.stderr
+    assert "pip install '.[spark]' in the clone" in ran.stderr
     assert "Traceback" not in ran.stderr
 
 
@@ -232,7 +232,7 @@ def test_checkpoint_commit_log_is_read_for_this_run_only(tmp_path: Path) -> None
 
 
 def test_publisher_mpub_batches_and_refusals(make_broker: Callable[..., BrokerProcess]) -> None:
-    pa = require_module("pyarrow", "the spark extra: pip install 'pybroker[spark]'")
+    pa = require_module("pyarrow", "the spark extra: pip install '.[spark]' in the clone")
     from pybroker.spark.publisher import PublishError
     from pybroker.spark.publisher import publish as mpub
 

@@ -25,8 +25,8 @@ from tests.integration.test_spark_core import publish
 from tests.support.broker import BrokerProcess, unique_name, wait_until
 from tests.support.programs import require_module
 
-require_module("pyspark", "pip install 'pybroker[spark]'")
-require_module("pyarrow", "pip install 'pybroker[spark]'")
+require_module("pyspark", "pip install '.[spark]' in the clone")
+require_module("pyarrow", "pip install '.[spark]' in the clone")
 
 from pybroker.spark.stream_reader import PyBrokerStreamReader  # noqa: E402 (needs pyspark)
 

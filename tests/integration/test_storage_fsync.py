@@ -181,3 +181,27 @@ def test_memory_mode_does_not_sync_per_publish(make_broker: MakeBroker, strace_p
         # the record is handed to the kernel before the OK (so kill -9 cannot lose it)...
         assert any(_is_file_write(c) and m.decode() in c[2] for c in span), names
         assert not {"fsync", "fdatasync"} & set(names), names   # ...and not synced first
+
+
+def test_memory_mode_syncs_a_topic_every_sync_every_records(
+        make_broker: MakeBroker, strace_path: str, tmp_path: Path) -> None:
+    """nsqd's --sync-every: after that many records written to a topic its log is
+    fsynced (not waited for by any publish), long before sync_timeout comes."""
+    b = make_broker("--durability=memory", "--sync-every=4", "--sync-timeout=1h")
+    topic = unique_name("every")
+    create_channel(b, topic, "ch")
+    _publish(b, "PUB", topic, b"warm-up")
+    assert b.proc is not None
+    trace = Trace(strace_path, b.proc.pid, tmp_path / "strace.out")
+    first = [f"MARK-{i}-{time.time_ns()}".encode() for i in range(2)]
+    for m in first:                                  # 3 records written with the warm-up
+        _publish(b, "PUB", topic, m)
+
+    def syncs() -> int:
+        return sum(c[0] in ("fsync", "fdatasync") for c in trace.calls())
+
+    assert syncs() == 0
+    last = f"MARK-last-{time.time_ns()}".encode()
+    _publish(b, "PUB", topic, last)                  # the 4th: a sync follows
+    wait_until(lambda: syncs() >= 1, 10, what="an fsync after 4 records")
+    trace.stop(last.decode(), "OK")

