@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -40,7 +39,7 @@ from pybroker.http.response import (
     plain_error,
     tls_required,
 )
-from pybroker.server.sockio import send_some
+from pybroker.server.sockio import scratch, send_some
 
 if TYPE_CHECKING:
     from pybroker.http.views import ConnServer
@@ -58,16 +57,6 @@ LINGER_NS = 2_000_000_000  # after a close-response: wait this long for the peer
 LINGER_BYTES = 16 * 1024 * 1024
 
 
-_local = threading.local()
-
-
-def _scratch() -> memoryview:
-    """This thread's receive buffer (RECV_SIZE bytes, kept for the thread's life)."""
-    try:
-        view: memoryview = _local.view
-    except AttributeError:
-        view = _local.view = memoryview(bytearray(RECV_SIZE))
-    return view
 
 
 class _HeaderTooLarge(Exception):
@@ -196,7 +185,7 @@ class HttpConn:
     def on_readable(self) -> None:
         """Receive into the thread's kept buffer and parse (httptools copies what it
         hands to the callbacks, so nothing keeps a view of the buffer)."""
-        buf = _scratch()
+        buf = scratch(RECV_SIZE)
         pending = getattr(self.sock, "pending", None)   # TLS: records decrypted already
         while True:
             try:

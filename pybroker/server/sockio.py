@@ -1,14 +1,31 @@
-"""Non-blocking socket writes shared by the TCP and HTTP connections.
+"""Socket I/O shared by the TCP and HTTP connections: non-blocking writes, and the
+receive buffer each thread keeps.
 
-No state of its own: called on the thread that owns the connection being written.
+State: one receive buffer per thread and size (``scratch``); everything else is called
+on the thread that owns the connection.
 """
 from __future__ import annotations
 
 import errno
 import logging
 import socket
+import threading
 
 log = logging.getLogger("pybroker")
+_local = threading.local()
+
+
+def scratch(size: int) -> memoryview:
+    """This thread's receive buffer of ``size`` bytes, kept for the thread's life: a
+    connection reads into it and copies out what it keeps (docs/io.md)."""
+    try:
+        views: dict[int, memoryview] = _local.views
+    except AttributeError:
+        views = _local.views = {}
+    view = views.get(size)
+    if view is None:
+        view = views[size] = memoryview(bytearray(size))
+    return view
 
 
 def send_some(sock: socket.socket, out: list[bytes], who: str) -> tuple[bytes, int] | None:

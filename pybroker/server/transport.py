@@ -30,7 +30,7 @@ turn takes: a deflate bomb inflates ``PIECE`` bytes at a time, only as fast as t
 connection's commands run, and not at all while its reading is paused.
 
 Receiving allocates only what arrived: the socket is read with ``recv_into`` a buffer
-of RECV_SIZE that each loop thread keeps (``_scratch``; a connection only ever reads
+of RECV_SIZE that each loop thread keeps (``sockio.scratch``; a connection only ever reads
 on its owner loop's thread), TLS decrypts into that buffer too, and only the bytes
 received are copied out as the bytes object the decoder keeps. A fresh RECV_SIZE
 object per read (``sock.recv(RECV_SIZE)``) is above glibc's mmap threshold: an mmap,
@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import select
 import socket
-import threading
 from typing import TYPE_CHECKING, Any, Callable, cast
+
+from pybroker.server.sockio import scratch
 
 if TYPE_CHECKING:
     import ssl
@@ -51,16 +52,6 @@ if TYPE_CHECKING:
 
 RECV_SIZE = 256 * 1024   # bytes of one socket read (and of plaintext per TLS read)
 PIECE = 8 * 1024         # plaintext handed to the command decoder at a time
-_local = threading.local()
-
-
-def _scratch() -> memoryview:
-    """This thread's receive buffer (RECV_SIZE bytes, kept for the thread's life)."""
-    try:
-        view: memoryview = _local.view
-    except AttributeError:
-        view = _local.view = memoryview(bytearray(RECV_SIZE))
-    return view
 
 
 class TransportError(OSError):
@@ -176,7 +167,7 @@ class Transport:
     def _read_lower(self) -> bytes | None:
         """Bytes from the socket, through TLS when it is on (b"" at EOF, None: a partial
         record or the handshake)."""
-        buf = _scratch()
+        buf = scratch(RECV_SIZE)
         if self._ssl is None:
             n = self.sock.recv_into(buf)
             return bytes(buf[:n]) if n else b""

@@ -36,32 +36,21 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from pybroker import _native
 
 from .errors import from_oserror
-from .records import _WHY, REC_HEADER, OffsetOutOfRange, RecordBatch
+from .records import _WHY, REC_HEADER, LogBounds, OffsetOutOfRange, RecordBatch
 from .segments import Block, Segment
 
-if TYPE_CHECKING:
-    import threading
 
-
-class LogFiles(Protocol):
+class LogFiles(LogBounds, Protocol):
     """What a cursor reads of its log (storage.topiclog.TopicLog, under its lock): the
     bounds, the memory tail's blocks, the segment list, and the two repairs it asks
     for on damage. The cursor is the log's own reader, split off; it names the log's
     internals through this, so the log may import the cursor and not the reverse."""
 
-    @property
-    def lock(self) -> threading.Lock: ...
-    @property
-    def oldest(self) -> int: ...
-    @property
-    def written(self) -> int: ...
-    @property
-    def max_payload(self) -> int: ...
     @property
     def _blocks(self) -> Sequence[Block]: ...
     @property
@@ -69,7 +58,6 @@ class LogFiles(Protocol):
     @property
     def _segs(self) -> Sequence[Segment]: ...
 
-    def count_read(self, nbytes: int) -> None: ...
     def _set_aside(self, seg: Segment) -> None: ...
     def _resync(self, f: Any, pos: int, off: int) -> tuple[int, int] | None: ...
 

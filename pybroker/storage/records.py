@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from pybroker import _native
+
+if TYPE_CHECKING:
+    import threading
 
 __all__ = ["REC_HEADER", "OffsetOutOfRange", "RecordBatch"]
 
@@ -64,3 +68,19 @@ class RecordBatch:
         p = self.pos[i]
         plen = int.from_bytes(self.buf[p + 4:p + 8], "big")
         return bytes(self.buf[p + REC_HEADER:p + REC_HEADER + plen])
+
+
+class LogBounds(Protocol):
+    """What every reader of a log asks of it (storage.topiclog.TopicLog), under its
+    lock: the offsets it holds, the largest record, and where to count bytes read."""
+
+    @property
+    def lock(self) -> threading.Lock: ...
+    @property
+    def oldest(self) -> int: ...
+    @property
+    def written(self) -> int: ...
+    @property
+    def max_payload(self) -> int: ...
+
+    def count_read(self, nbytes: int) -> None: ...

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from pybroker import _native
 
-if TYPE_CHECKING:
-    import threading
+from pybroker.storage.records import LogBounds
 
+if TYPE_CHECKING:
     from pybroker.storage.records import RecordBatch
 
 
@@ -54,24 +54,15 @@ class TimedSegment(Protocol):
     def times(self) -> TimeIndex: ...
 
 
-class TimedLog(Protocol):
+class TimedLog(LogBounds, Protocol):
     """What a lookup by time reads of a log (storage.topiclog.TopicLog), which owns
     the time indexes and calls ``offset_for_time``: named here, not imported."""
 
-    @property
-    def lock(self) -> threading.Lock: ...
-    @property
-    def oldest(self) -> int: ...
-    @property
-    def written(self) -> int: ...
-    @property
-    def max_payload(self) -> int: ...
     @property
     def directory(self) -> str | None: ...
     @property
     def _segs(self) -> Sequence[TimedSegment]: ...
 
-    def count_read(self, nbytes: int) -> None: ...
     def read(self, offset: int, max_records: int, max_bytes: int) -> RecordBatch: ...
 
 EVERY = 64 * 1024           # bytes of segment between two entries
