@@ -24,7 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from pybroker.cluster.replica import FOLLOWER
-from pybroker.cluster.rules import divergence
+from pybroker.cluster.rules import EpochHistory, divergence
 from pybroker.cluster.wire import WireError, encode, parse_head, parse_header
 from pybroker.config import split_hostport
 from pybroker.server.services import owner_loop
@@ -153,8 +153,9 @@ class Fetcher:
                 if "error" in ans or int(ans.get("leader_epoch", -1)) != r.epoch:
                     cd.done()
                     continue
-                cut = divergence(r.history, r.topic.log.written,
-                                 (int(ans["epoch"]), int(ans["end"])))
+                leader = EpochHistory([(int(e), int(s)) for e, s in ans["history"]])
+                cut = divergence(r.history, r.topic.log.written, leader,
+                                 int(ans["written"]))
                 owner_loop(r.topic.owner).call_soon_threadsafe(r.truncate, cut, cd.done)
             cd.event.wait(IO_SLACK_S)
             topics = [r for r in topics if r.truncated_for == r.epoch]

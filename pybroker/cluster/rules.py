@@ -86,20 +86,33 @@ class EpochHistory:
         return [[e, s] for e, s in self.entries]
 
 
-def divergence(mine: EpochHistory, my_end: int, answer: tuple[int, int]) -> int:
-    """Where a follower cuts its log, given the leader's answer ``(e, end)`` to
-    ``end_for_epoch(mine.last_epoch())`` (KIP-279: when the leader does not know that
-    epoch it names the largest one below it, and both logs agree up to the end of
-    that one in each)."""
-    epoch, end = answer
-    if not mine.entries:
-        return min(my_end, end)
-    if epoch == 0 and end == 0:
-        return 0
-    if epoch == mine.last_epoch():
-        return min(my_end, end)
-    _, my_epoch_end = mine.end_for_epoch(epoch, my_end)
-    return min(my_end, end, my_epoch_end)
+def divergence(mine: EpochHistory, my_end: int, leader: EpochHistory,
+               leader_end: int) -> int:
+    """Where a follower cuts its log, given the leader's whole epoch history and log
+    end: the first offset at which the two logs' epochs differ (records at the same
+    offset written in the same epoch are the same record: one leader per epoch, and it
+    only appends), else the shorter log's end. Exact where Kafka's single
+    OffsetsForLeaderEpoch answer (KIP-101) is not: a follower that lacks the epoch the
+    leader names may differ before it (KIP-279 asks again; here both histories are
+    small and sent whole)."""
+    end = min(my_end, leader_end)
+    bounds = sorted({s for _, s in mine.entries} | {s for _, s in leader.entries} | {0})
+    for b in bounds:
+        if b >= end:
+            break
+        if _epoch_at(mine, b) != _epoch_at(leader, b):
+            return b
+    return end
+
+
+def _epoch_at(h: EpochHistory, offset: int) -> int:
+    """The epoch whose leader wrote ``offset`` (0: before every entry)."""
+    e = 0
+    for epoch, start in h.entries:
+        if start > offset:
+            break
+        e = epoch
+    return e
 
 
 class Follower:

@@ -219,7 +219,8 @@ class ReplicationServer(SelectorLoop):
         if r is None or r.role != LEADER:
             return {"name": name, "error": "not_leader"}
         e, end = r.history.end_for_epoch(int(t["epoch"]), r.topic.log.written)
-        return {"name": name, "epoch": e, "end": end, "leader_epoch": r.epoch}
+        return {"name": name, "epoch": e, "end": end, "leader_epoch": r.epoch,
+                "history": r.history.to_list(), "written": r.topic.log.written}
 
     def _fetch(self, c: _Conn, req: dict[str, Any], final: bool) -> None:
         node = self.node

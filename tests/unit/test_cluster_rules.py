@@ -88,8 +88,7 @@ class ReplicationRules(RuleBasedStateMachine):
         if not ld.alive or ld.lead is None or ld.lead.epoch != epoch:
             return                       # the leader is gone or moved on: error, retry
         if fo.truncated_for != epoch:
-            answer = ld.history.end_for_epoch(fo.history.last_epoch(), len(ld.log))
-            cut = divergence(fo.history, len(fo.log), answer)
+            cut = divergence(fo.history, len(fo.log), ld.history, len(ld.log))
             del fo.log[cut:]
             fo.history.truncate(cut)
             fo.hw = min(fo.hw, cut)
@@ -229,9 +228,19 @@ def test_assign_replicas_takes_the_next_nodes_by_id() -> None:
 def test_divergence_cuts_an_unacknowledged_tail() -> None:
     leader = EpochHistory([(1, 0), (3, 5)])
     mine = EpochHistory([(1, 0), (2, 5)])     # a deposed leader appended at epoch 2
-    answer = leader.end_for_epoch(mine.last_epoch(), 9)
-    assert answer == (1, 5)
-    assert divergence(mine, 8, answer) == 5
+    assert leader.end_for_epoch(mine.last_epoch(), 9) == (1, 5)
+    assert divergence(mine, 8, leader, 9) == 5
+
+
+def test_divergence_before_the_epoch_the_leader_names() -> None:
+    """The follower lacks the epoch the leader's OffsetsForLeaderEpoch answer names
+    (2): its record at offset 0 (epoch 1) differs from the leader's (epoch 2), though
+    a single such answer would keep it (the case the state machine found)."""
+    leader = EpochHistory([(2, 0), (4, 1)])
+    mine = EpochHistory([(1, 0), (3, 1)])
+    assert leader.end_for_epoch(mine.last_epoch(), 1) == (2, 1)
+    assert divergence(mine, 1, leader, 1) == 0
+    assert divergence(EpochHistory([(2, 0)]), 1, leader, 1) == 1   # the same record
 
 
 def test_a_follower_rejoins_only_once_it_holds_the_epoch_start() -> None:
