@@ -43,6 +43,9 @@ from collections import deque
 from typing import Any, Callable, Protocol, TypeVarTuple, Unpack
 
 log = logging.getLogger("pybroker")
+# timers run per turn at most: 500 handshakes reaching their deadline together (each
+# logs and closes) would otherwise hold one turn ~75 ms; the rest run next turn
+TIMERS_PER_TURN = 64
 monotonic_ns = time.monotonic_ns
 Call = tuple[Callable[..., object], tuple[object, ...]]   # fn and its arguments
 Ts = TypeVarTuple("Ts")
@@ -60,7 +63,7 @@ class Timers(Protocol):
 
     def add(self, deadline_ns: int, item: Call) -> Any: ...
     def remove(self, handle: Any) -> bool: ...
-    def pop_expired(self, now_ns: int) -> list[Call]: ...
+    def pop_expired(self, now_ns: int, limit: int = 0) -> list[Call]: ...
     def next_deadline(self) -> int | None: ...
 
 
@@ -86,10 +89,10 @@ class HeapTimers:
         handle[2] = None
         return alive
 
-    def pop_expired(self, now_ns: int) -> list[Call]:
+    def pop_expired(self, now_ns: int, limit: int = 0) -> list[Call]:
         heap = self._heap
-        out = []
-        while heap and heap[0][0] <= now_ns:
+        out: list[Call] = []
+        while heap and heap[0][0] <= now_ns and not (limit and len(out) >= limit):
             item = heapq.heappop(heap)[2]
             if item is not None:
                 out.append(item)
@@ -256,7 +259,7 @@ class SelectorLoop:
                 obj.on_readable()
             except Exception:
                 self.on_error(obj)
-        due = self.timers.pop_expired(monotonic_ns())
+        due = self.timers.pop_expired(monotonic_ns(), TIMERS_PER_TURN)
         for fn, args in due:
             try:
                 fn(*args)

@@ -55,17 +55,28 @@ class TimeoutWheel(Generic[T]):
         self._len -= 1
         return True
 
-    def pop_expired(self, now_ns: int) -> list[T]:
-        """Remove and return every item whose deadline is <= now_ns, earliest first."""
+    def pop_expired(self, now_ns: int, limit: int = 0) -> list[T]:
+        """Remove and return every item whose deadline is <= now_ns, earliest first (at
+        most ``limit`` when it is > 0: the rest stay, due, for the next call)."""
         keys = self._keys
         if not keys or keys[0] * self._res > now_ns:
             return []
         idx = keys.bisect_right(now_ns // self._res)
         out: list[T] = []
-        pop = self._buckets.pop
+        buckets = self._buckets
+        done = 0
         for b in keys.islice(0, idx):
-            out.extend(pop(b).values())
-        del keys[:idx]
+            bucket = buckets[b]
+            if limit and len(out) + len(bucket) > limit:
+                for k in list(bucket)[:limit - len(out)]:
+                    out.append(bucket.pop(k))
+                break
+            out.extend(bucket.values())
+            del buckets[b]
+            done += 1
+            if limit and len(out) >= limit:
+                break
+        del keys[:done]
         self._len -= len(out)
         return out
 

@@ -40,6 +40,10 @@ monotonic_ns = time.monotonic_ns
 # and run until this much time has gone, then the rest waits for the next turn
 # (EventLoop.read_again), so one flooding client delays the others by about this much
 TURN_BUDGET_NS = 2_000_000
+# TLS handshake steps one loop runs per turn (each server flight costs a signature,
+# ~1-2 ms): past this, handshaking clients wait for the next turn, so 64 starting at once
+# cannot hold the loop ~100 ms (docs/hostile-peers.md)
+HANDSHAKE_TURN_NS = 4_000_000
 # a consumer whose socket is this far behind gets no more messages until it catches up
 HIGH_WATER = 4 * 1024 * 1024
 # a client whose unread replies pass this is not read until they drain below OUT_LOW
@@ -172,7 +176,23 @@ class ClientConn:
     # -- reading ------------------------------------------------------------------------
     def on_readable(self) -> None:
         """Read and run pieces of input until none is left in hand or this turn's budget
-        (TURN_BUDGET_NS) is spent; then the rest waits for the next turn."""
+        (TURN_BUDGET_NS) is spent; then the rest waits for the next turn. A TLS
+        handshake step waits for the next turn once the loop's handshakes have used
+        HANDSHAKE_TURN_NS in this one."""
+        if not self.transport.handshaking:
+            self._read_input()
+            return
+        loop = self.loop
+        if loop.handshake_ns >= HANDSHAKE_TURN_NS:
+            loop.read_again(self)
+            return
+        t0 = monotonic_ns()
+        try:
+            self._read_input()
+        finally:
+            loop.handshake_ns += monotonic_ns() - t0
+
+    def _read_input(self) -> None:
         if not self.reading or self.closed or self.moving:
             return
         t = self.transport

@@ -27,6 +27,10 @@ from typing import Any
 from pybroker.protocol.encoder import encode_error
 
 log = logging.getLogger("pybroker")
+# connections accepted per loop turn: each new one's first commands (IDENTIFY, a TLS
+# start) run in the same turn, so a burst of hundreds would hold the loop for others;
+# the rest stay in the backlog (the socket stays readable) for the next turn
+ACCEPTS_PER_TURN = 32
 TCP_RESERVE = 64   # descriptors the TCP listener leaves free (HTTP, log files, AUTH)
 HTTP_RESERVE = 16  # descriptors the HTTP listener leaves free
 
@@ -120,7 +124,7 @@ class Listener:
         """Never registered for writing (SelectorLoop's Pollable)."""
 
     def on_readable(self) -> None:
-        for _ in range(256):
+        for _ in range(ACCEPTS_PER_TURN):
             try:
                 sock, addr = self.sock.accept()
             except (BlockingIOError, InterruptedError):

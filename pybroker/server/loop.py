@@ -59,6 +59,7 @@ class EventLoop(SelectorLoop):
         self.connections: set[ClientConn] = set()
         self.dirty: dict[Channel, None] = {}
         self.to_flush: dict[ClientConn, None] = {}
+        self.handshake_ns = 0   # TLS handshake work this turn (ClientConn.on_readable)
         self.durable = self.options.durability == "fsync"
         # every publish to the topics this loop owns, and this loop's publishes to others'
         self.publisher = Publisher(self)
@@ -218,6 +219,7 @@ class EventLoop(SelectorLoop):
         self.runtime.request_stop()
 
     def end_of_turn(self) -> None:
+        self.handshake_ns = 0
         self._flush_all()
 
     def _flush_all(self) -> None:

@@ -53,3 +53,26 @@ def test_removed_items_do_not_fire_and_len_tracks() -> None:
     assert len(w) == 50
     assert w.pop_expired(5_000_000) == list(range(1, 100, 2))
     assert len(w) == 0 and w.pop_expired(10**12) == []
+
+
+def test_pop_expired_with_a_limit_leaves_the_rest_due_in_order() -> None:
+    w: TimeoutWheel[int] = TimeoutWheel(resolution_ns=10)
+    handles = [w.add(5 if i < 6 else 25, i) for i in range(10)]   # two buckets
+    assert w.pop_expired(100, limit=4) == [0, 1, 2, 3]
+    assert len(w) == 6
+    assert w.remove(handles[5])            # a handle into a half-taken bucket still works
+    assert not w.remove(handles[2])        # one already taken does not
+    assert w.pop_expired(100, limit=2) == [4, 6]
+    assert w.pop_expired(100) == [7, 8, 9]
+    assert len(w) == 0 and w.pop_expired(100) == []
+
+
+def test_heap_timers_pop_with_a_limit() -> None:
+    from pybroker.evloop import HeapTimers
+
+    h = HeapTimers()
+    for i in range(5):
+        h.add(i, (print, (i,)))
+    assert [a for _, a in h.pop_expired(10, limit=3)] == [(0,), (1,), (2,)]
+    assert h.next_deadline() == 3
+    assert [a for _, a in h.pop_expired(10)] == [(3,), (4,)]
