@@ -83,7 +83,8 @@ class Consumer:
         self._handlers_stopped = False
         self._connected_flag = False
         self._counts = {"received": 0, "finished": 0, "requeued": 0}
-        self._lookupd = LookupdPoller(topic, cfg, self._on_discovered, self._stop_flag)
+        self._lookupd = LookupdPoller(topic, cfg, self._on_discovered, self._stop_flag,
+                                      self._live_connections)
         self._loop.start()
         self._loop.call_later(cfg.rdy_redistribute_interval, self._redistribute_tick)
         if handler is not None:
@@ -223,6 +224,10 @@ class Consumer:
             conn = self._connections.get(address)
         if conn is not None:
             conn.close("disconnect requested")
+
+    def _live_connections(self) -> int:
+        with self._lock:
+            return len(self._connections)
 
     def _on_discovered(self, addresses: list[str]) -> None:
         for address in addresses:

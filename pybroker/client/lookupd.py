@@ -3,7 +3,11 @@
 ``LookupdPoller`` is owned by a Consumer: a thread that asks ``/lookup?topic=`` every
 ``lookupd_poll_interval`` (after a random jitter, as go-nsq does), round-robin over the
 configured lookupds, retrying the next one up to three times, and hands the producers'
-``broadcast_address:tcp_port`` to the consumer. The helpers below serve the tools.
+``broadcast_address:tcp_port`` to the consumer. While a query leaves the consumer with
+no connection (its nsqd went away and the topic's new home is not registered yet, or
+the topic is not yet anywhere) it asks again soon: after FAST_RETRY_S, doubling up to
+the poll interval, so a consumer is back within moments of a failover, not a minute.
+The helpers below serve the tools.
 """
 from __future__ import annotations
 
@@ -89,14 +93,18 @@ def lookupd_topics(address: str, timeout_s: float = 5.0) -> list[str]:
     return [str(t) for t in data.get("topics") or []]
 
 
+FAST_RETRY_S = 0.1
+
+
 class LookupdPoller:
     """Polls nsqlookupd for a Consumer. Owned by the Consumer; runs its own thread."""
 
     def __init__(self, topic: str, config: Config, on_producers: Callable[[list[str]], None],
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, connections: Callable[[], int] | None = None) -> None:
         self.topic = topic
         self.config = config
         self.on_producers = on_producers
+        self.connections = connections     # the consumer's live connections
         self._stop = stop
         self._lock = threading.Lock()
         self._urls: list[str] = []
@@ -136,17 +144,28 @@ class LookupdPoller:
         """Query again soon (a connection closed)."""
         self._recheck.set()
 
+    def _alone(self) -> bool:
+        return self.connections is not None and self.connections() == 0
+
     def _run(self) -> None:
         interval = self.config.lookupd_poll_interval
+        fast = FAST_RETRY_S if self._alone() else 0.0
         jitter = random.random() * self.config.lookupd_poll_jitter * interval
-        if self._stop.wait(jitter):
-            return
+        wait = min(fast, jitter) if fast else jitter
+        jittering = True        # the first wait: the poll starts after it (go-nsq's)
         while not self._stop.is_set():
-            self._recheck.wait(interval)
+            woke = self._recheck.wait(wait)
             if self._stop.is_set():
                 return
+            if jittering and not woke and not fast:
+                jittering, wait = False, interval
+                continue
+            jittering = False
             self._recheck.clear()
             self.query()
+            # no connection after this answer: ask again soon, backing off to interval
+            fast = min(interval, max(FAST_RETRY_S, fast * 2)) if self._alone() else 0.0
+            wait = fast or interval
 
     def _next_url(self) -> str:
         with self._lock:

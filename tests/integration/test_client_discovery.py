@@ -125,6 +125,38 @@ def test_lookupd_unknown_topic_then_registered(make_broker: Callable[..., Broker
             c.close()
 
 
+def test_a_consumer_left_without_a_connection_asks_lookupd_again_soon(
+        make_broker: Callable[..., BrokerProcess]) -> None:
+    """The topic moves (its broker goes away; lookupd lists another a moment later, as
+    after a failover): with the default poll interval (60 s) the consumer is back on
+    the new broker within seconds, asking again while it has no connection."""
+    a, b = make_broker(), make_broker()
+    topic = unique_name("disc_moved")
+    got = Bodies()
+    with FakeLookupd() as lookupd:
+        lookupd.add_producer(topic, a)
+        c = Consumer(topic, "ch", got)
+        assert c.config.lookupd_poll_interval >= 60
+        try:
+            c.connect_to_nsqlookupd(lookupd.http_hostport)
+            wait_until(lambda: len(c.conns()) == 1, 5, what="the first broker")
+            lookupd.remove_producers(topic)
+            assert a.stop() == 0                 # gone; the new home is not listed yet
+            wait_until(lambda: c.conns() == [], 5, what="the consumer to see it go")
+            asked = lookupd.lookup_count(topic)
+            wait_until(lambda: lookupd.lookup_count(topic) >= asked + 2, 5,
+                       what="lookupd asked again while alone")
+            lookupd.add_producer(topic, b)
+            wait_until(lambda: len(c.conns()) == 1, 5, what="the new broker")
+            with Producer(b.tcp_hostport) as p:
+                p.publish(topic, b"moved")
+            wait_until(lambda: got.bodies() == [b"moved"], 5, what="the message")
+            settled = lookupd.lookup_count(topic)
+        finally:
+            c.close()
+    assert lookupd.lookup_count(topic) <= settled + 1     # connected: back to the interval
+
+
 # -- a real nsqlookupd ---------------------------------------------------------------
 @pytest.fixture
 def nsqlookupd() -> Iterator[NsqDaemon]:
