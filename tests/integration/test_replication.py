@@ -457,3 +457,67 @@ def test_gnsq_clients_work_unchanged_across_a_failover(
                 client.join(5)
         gevent.sleep(0)
         assert lookupd.stop() == 0, lookupd.text()
+
+
+def test_pybroker_client_finds_the_new_leader_at_once(
+        make_cluster: Callable[..., Cluster]) -> None:
+    """pybroker.client with its default lookupd poll interval (60 s): its consumer,
+    left without a connection when the leader dies, asks nsqlookupd again until the new
+    leader is listed, and receives from it within 10 s; its producer (on a follower)
+    has its publishes forwarded."""
+    import threading
+
+    from pybroker.client import Consumer, Message, Producer
+
+    lookupd = start_nsqlookupd()
+    consumer = producer = None
+    try:
+        c = make_cluster(f"--lookupd-tcp-address={lookupd.hostport('TCP')}",
+                         "--broadcast-address=127.0.0.1")
+        old = _create(c)
+        f = next(i for i in c.nodes if i != old)
+        received: dict[bytes, float] = {}
+        lock = threading.Lock()
+
+        def handler(message: Message) -> None:
+            with lock:
+                received.setdefault(message.body, time.monotonic())
+
+        consumer = Consumer(TOPIC, "ch", handler, max_in_flight=50)
+        assert consumer.config.lookupd_poll_interval >= 60
+        consumer.connect_to_nsqlookupd(lookupd.hostport())
+        producer = Producer(c.nodes[f].tcp_hostport)
+
+        def publish(prefix: str, n: int) -> set[bytes]:
+            acked = set()
+            for k in range(n):
+                body = f"{prefix}-{k}".encode()
+                try:
+                    producer.publish(TOPIC, body, 30)     # type: ignore[union-attr]
+                except Exception:
+                    continue                              # refused: not acknowledged
+                acked.add(body)
+            return acked
+
+        def seen() -> set[bytes]:
+            with lock:
+                return set(received)
+
+        before = publish("before", 50)
+        assert len(before) == 50
+        wait_until(lambda: before <= seen(), 20, what="delivery before the kill")
+        killed = time.monotonic()
+        c.nodes[old].kill9()
+        after = publish("after", 50)
+        assert after, "no publish acknowledged after the failover"
+        wait_until(lambda: (before | after) <= seen(), 30,
+                   what="every acknowledged publish delivered")
+        with lock:
+            first = min(t for b, t in received.items() if b in after)
+        assert first - killed < 10, f"{first - killed:.1f}s"
+    finally:
+        if producer is not None:
+            producer.stop()
+        if consumer is not None:
+            consumer.close()
+        assert lookupd.stop() == 0, lookupd.text()
