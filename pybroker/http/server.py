@@ -28,7 +28,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from pybroker.config import TLS_REQUIRED, split_hostport
+from pybroker.config import TLS_REQUIRED
 from pybroker.evloop import SelectorLoop
 from pybroker.http.api import Api, build_router
 from pybroker.http.conn import HttpConn
@@ -39,6 +39,7 @@ from pybroker.http.response import DateCache, Response, error
 from pybroker.http.statstext import go_duration
 from pybroker.http.views import HttpFigures
 from pybroker.server.listener import HTTP_RESERVE, Admission
+from pybroker.server.sockets import bind_address
 from pybroker.server.services import HttpHost
 
 if TYPE_CHECKING:
@@ -65,21 +66,6 @@ class _Pending:
         self.results: list[Any] = [MISSING] * len(gather.jobs)
         self.remaining = len(gather.jobs)
         self.deadline_ns = monotonic_ns() + int(gather.timeout_s * 1e9)
-
-
-def _bind(address: str) -> socket.socket:
-    host, port = split_hostport(address)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(1024)
-    except OSError:
-        sock.close()
-        raise
-    sock.setblocking(False)
-    return sock
 
 
 class _Accepting:
@@ -148,7 +134,7 @@ class HttpServer(SelectorLoop):
                https_sock: socket.socket | None = None) -> str:
         """Serve the listening sockets (bound here when not given) and start the ``http``
         thread; returns "host:port". Raises OSError."""
-        self.sock = sock if sock is not None else _bind(self.options.http_address)
+        self.sock = sock if sock is not None else bind_address(self.options.http_address)
         host, port = self.sock.getsockname()[:2]
         self.port = port
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -161,7 +147,7 @@ class HttpServer(SelectorLoop):
         if ctx is not None and self.options.https_address:
             # matches nsqd: HTTPS listens only when TLS is configured
             self.https_sock = (https_sock if https_sock is not None
-                               else _bind(self.options.https_address))
+                               else bind_address(self.options.https_address))
             host, port = self.https_sock.getsockname()[:2]
             self.https_port = port
             log.info("HTTPS: listening on %s", f"[{host}]:{port}" if ":" in host else
