@@ -7,46 +7,20 @@ with a real nsqd 1.3.0 when one is on PATH.
 """
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from tests.support.http import broker_json as http
+from tests.support.http import the_channel as channel_stats
 from tests.support import wire
 from tests.support.broker import BrokerProcess, unique_name, wait_until
 from tests.support.wire import FRAME_ERROR, FRAME_MESSAGE, WireClient, subscribe
 
 Connect = Callable[..., WireClient]
 SLACK_S = {"pybroker": 1.5, "nsqd": 5.5}   # nsqd scans a new channel within 5 s
-
-
-def http(b: BrokerProcess, method: str, path: str, **query: Any) -> tuple[int, Any]:
-    url = f"http://{b.http_hostport}{path}?{urllib.parse.urlencode(query)}"
-    req = urllib.request.Request(url, data=b"" if method == "POST" else None, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            raw, status = r.read(), r.status
-    except urllib.error.HTTPError as e:
-        raw, status = e.read(), e.code
-    try:
-        return status, json.loads(raw) if raw else None
-    except ValueError:
-        return status, raw
-
-
-def channel_stats(b: BrokerProcess, topic: str, channel: str) -> dict[str, Any]:
-    _, d = http(b, "GET", "/stats", format="json", topic=topic, channel=channel)
-    for t in d["topics"]:
-        if t["topic_name"] == topic:
-            for c in t["channels"]:
-                if c["channel_name"] == channel:
-                    return dict(c)
-    raise AssertionError(f"no channel {topic}/{channel} in /stats")
 
 
 def counts(st: dict[str, Any]) -> tuple[int, ...]:

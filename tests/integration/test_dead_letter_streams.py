@@ -6,7 +6,6 @@ the cycle refused when ``POST /channel/config`` can see it.
 """
 from __future__ import annotations
 
-import json
 import time
 import urllib.error
 import urllib.parse
@@ -17,36 +16,14 @@ from typing import Any
 import pytest
 
 from pybroker.protocol.deadletter import parse_envelope
+from tests.support.http import broker_json as http
+from tests.support.http import the_channel as channel_stats
 from tests.support import wire
 from tests.support.broker import BrokerProcess, rss_kb, unique_name, wait_until
 from tests.support.wire import WireClient, subscribe
 
 Connect = Callable[..., WireClient]
 pytestmark = pytest.mark.timeout(240)
-
-
-def http(b: BrokerProcess, method: str, path: str, **query: Any) -> tuple[int, Any]:
-    url = f"http://{b.http_hostport}{path}?{urllib.parse.urlencode(query)}"
-    req = urllib.request.Request(url, data=b"" if method == "POST" else None, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            raw, status = r.read(), r.status
-    except urllib.error.HTTPError as e:
-        raw, status = e.read(), e.code
-    try:
-        return status, json.loads(raw) if raw else None
-    except ValueError:
-        return status, raw
-
-
-def channel_stats(b: BrokerProcess, topic: str, channel: str) -> dict[str, Any]:
-    _, d = http(b, "GET", "/stats", format="json", topic=topic)
-    for t in d["topics"]:
-        if t["topic_name"] == topic:
-            for c in t["channels"]:
-                if c["channel_name"] == channel:
-                    return dict(c)
-    raise AssertionError(f"no channel {topic}/{channel} in /stats")
 
 
 def topic_stats(b: BrokerProcess, topic: str) -> dict[str, Any]:

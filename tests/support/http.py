@@ -73,6 +73,13 @@ def channel_stats(b: BrokerProcess, topic: str, channel: str) -> dict[str, Any] 
     return None
 
 
+def the_channel(b: BrokerProcess, topic: str, channel: str) -> dict[str, Any]:
+    """channel_stats for a channel that must exist."""
+    c = channel_stats(b, topic, channel)
+    assert c is not None, f"no channel {topic}/{channel} in /stats"
+    return c
+
+
 def wait_all_finished(b: BrokerProcess, topic: str, channel: str,
                       timeout_s: float = 10.0) -> None:
     """Wait until the channel holds nothing: no message queued, deferred or in flight,
