@@ -32,9 +32,10 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pybroker.testing import BrokerProcess, find_nsqd  # noqa: E402
 from tests.support import wire  # noqa: E402
+from tests.support.broker import rss_kb  # noqa: E402
 from tests.support.certs import make_certs  # noqa: E402
 from tests.support.hostile import (SNAPPY_STREAM_ID, AuthServer, TlsFlood, deflate_bomb,  # noqa: E402
-                                   probing, rss_kb, snappy_attack, stalled_tls_handshakes)
+                                   probing, snappy_attack, stalled_tls_handshakes)
 from tests.support.layers import client_context  # noqa: E402
 from tests.support.wire import WireClient  # noqa: E402
 

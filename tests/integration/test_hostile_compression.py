@@ -20,9 +20,9 @@ import pytest
 import snappy
 
 from tests.support import wire
-from tests.support.broker import BrokerProcess, unique_name, wait_until
+from tests.support.broker import BrokerProcess, rss_kb, unique_name, wait_until
 from tests.support.hostile import (SNAPPY_STREAM_ID, CompressedConn, deflate_bomb, probing,
-                                   rss_kb, snappy_attack)
+                                   snappy_attack)
 
 MEDIAN_MS = 50.0
 WORST_MS = 300.0

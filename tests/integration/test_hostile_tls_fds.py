@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from tests.support import wire
-from tests.support.broker import BrokerProcess, unique_name, wait_until
+from tests.support.broker import BrokerProcess, rss_kb, unique_name, wait_until
 from tests.support.certs import CertSet, make_certs
-from tests.support.hostile import (TlsFlood, probing, rss_kb, stalled_tls_handshakes)
+from tests.support.hostile import TlsFlood, probing, stalled_tls_handshakes
 from tests.support.layers import client_context
 from tests.support.wire import WireClient
 

@@ -35,18 +35,6 @@ from tests.support.wire import ConnectionClosed, WireClient
 SNAPPY_STREAM_ID = b"\xff\x06\x00\x00sNaPpY"
 
 
-def rss_kb(pid: int) -> int:
-    """VmRSS of a process, in kB (0 if unknown)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def open_fds(pid: int) -> int:
     try:
         return len(os.listdir(f"/proc/{pid}/fd"))
