@@ -446,3 +446,124 @@ int64_t nsqf_log_frames(uint8_t *out, size_t cap, const uint8_t *buf,
     }
     return (int64_t)total;
 }
+
+
+/* A byte a topic name may hold (the caller checks the whole name). */
+static int lane_name_byte(uint8_t c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')
+        || c == '.' || c == '_' || c == '-' || c == '#';
+}
+
+/*
+ * One connection's bytes p[0, len): FAST (0) with its parts stored from
+ * offs/lens[*np] (offsets relative to base), or SLOW (1) with *np unchanged.
+ */
+static int lane_one(const uint8_t *p, size_t len, uint32_t base, const nsqf_limits *lim,
+                    uint32_t max_count, uint32_t *offs, uint32_t *lens, uint32_t cap,
+                    uint32_t *np, uint32_t *r)
+{
+    size_t pos = 0;
+    uint32_t got = *np, cmds = 0, name_off = 0, name_len = 0, first_mpub = 0;
+
+    if (len == 0)
+        return NSQF_LANE_SLOW;
+    while (pos < len) {
+        size_t at = pos, name, end;
+        int mpub;
+        int32_t size;
+
+        if (len - at >= 4 && memcmp(p + at, "PUB ", 4) == 0) {
+            mpub = 0;
+            name = at + 4;
+        } else if (len - at >= 5 && memcmp(p + at, "MPUB ", 5) == 0) {
+            mpub = 1;
+            name = at + 5;
+        } else {
+            return NSQF_LANE_SLOW;
+        }
+        end = name;
+        while (end < len && end - at < lim->max_line && lane_name_byte(p[end]))
+            end++;
+        if (end >= len || p[end] != '\n' || end == name)
+            return NSQF_LANE_SLOW;
+        if (cmds == 0) {
+            name_off = (uint32_t)name;
+            name_len = (uint32_t)(end - name);
+            first_mpub = (uint32_t)mpub;
+        } else if (end - name != name_len || memcmp(p + name, p + name_off, name_len) != 0) {
+            return NSQF_LANE_SLOW;
+        }
+        pos = end + 1;
+        if (len - pos < 4)
+            return NSQF_LANE_SLOW;
+        size = get_i32(p + pos);
+        pos += 4;
+        if (size <= 0 || (uint32_t)size > (mpub ? lim->max_body_size : lim->max_msg_size)
+                || len - pos < (size_t)size)
+            return NSQF_LANE_SLOW;
+        if (!mpub) {
+            if (got >= cap)
+                return NSQF_LANE_SLOW;
+            offs[got] = base + (uint32_t)pos;
+            lens[got] = (uint32_t)size;
+            got++;
+        } else {
+            const uint8_t *b = p + pos;
+            size_t blen = (size_t)size, bp = 4;
+            int32_t count, i;
+
+            if (blen < 4)
+                return NSQF_LANE_SLOW;
+            count = get_i32(b);
+            if (count <= 0 || (uint32_t)count > max_count || (uint32_t)count > cap - got)
+                return NSQF_LANE_SLOW;
+            for (i = 0; i < count; i++) {
+                int32_t part;
+
+                if (blen - bp < 4)
+                    return NSQF_LANE_SLOW;
+                part = get_i32(b + bp);
+                bp += 4;
+                if (part <= 0 || (uint32_t)part > lim->max_msg_size
+                        || blen - bp < (size_t)part)
+                    return NSQF_LANE_SLOW;
+                offs[got] = base + (uint32_t)(pos + bp);
+                lens[got] = (uint32_t)part;
+                got++;
+                bp += (size_t)part;
+            }
+            if (bp != blen)
+                return NSQF_LANE_SLOW;
+        }
+        pos += (size_t)size;
+        cmds++;
+    }
+    r[1] = base + name_off;
+    r[2] = name_len;
+    r[3] = cmds;
+    r[4] = (got - *np) | (first_mpub << 31);
+    *np = got;
+    return NSQF_LANE_FAST;
+}
+
+/*
+ * nsqf_pub_lane: see nsqframe.h. A SLOW connection stores nothing: its parts
+ * are rolled back by leaving *np where it was.
+ */
+int nsqf_pub_lane(const uint8_t *buf, const uint32_t *starts, const uint32_t *lens_in,
+                  int n, const nsqf_limits *lim, uint32_t max_count,
+                  uint32_t *offs, uint32_t *lens, uint32_t parts_cap, uint32_t *res)
+{
+    uint32_t np = 0;
+    int i;
+
+    for (i = 0; i < n; i++) {
+        uint32_t *r = res + (size_t)NSQF_LANE_FIELDS * (size_t)i;
+
+        r[1] = r[2] = r[3] = r[4] = 0;
+        r[0] = (uint32_t)lane_one(buf + starts[i], lens_in[i], starts[i], lim, max_count,
+                                  offs, lens, parts_cap, &np, r);
+    }
+    return (int)np;
+}

@@ -191,4 +191,33 @@ int nsqf_log_scan(const uint8_t *buf, size_t len, uint64_t first, int check_crc,
 int64_t nsqf_log_frames(uint8_t *out, size_t cap, const uint8_t *buf,
                         const uint32_t *pos, uint32_t n, int32_t attempts);
 
+/* ---- the publish lane (server/lane.py) ------------------------------------------
+ * One call per loop turn over the bytes just received from every publishing
+ * connection: which of them hold only complete, well-formed PUB/MPUB commands to
+ * one topic (answered without a Command object each), and the message parts.
+ */
+#define NSQF_LANE_FAST 0   /* complete PUB/MPUB commands, one topic, all valid */
+#define NSQF_LANE_SLOW 1   /* anything else: the caller runs the general path */
+#define NSQF_LANE_FIELDS 5 /* uint32s per connection in res[] */
+
+/*
+ * Connection i's bytes are buf[starts[i], starts[i] + lens_in[i]). FAST when
+ * they are one or more whole commands, each exactly "PUB <name>\n" + int32 size
+ * + body (0 < size <= max_msg_size) or "MPUB <name>\n" + int32 size + body
+ * (0 < size <= max_body_size, a valid MPUB body as nsqf_mpub_split checks it,
+ * with at most max_count parts), all naming the same topic (name bytes in
+ * [A-Za-z0-9._#-], 1..max_line - 5 of them; the caller checks the name itself),
+ * and the parts fit in offs/lens. Anything else (another verb, a '\r', an
+ * extra parameter, an incomplete command, a size or body that nsqd refuses) is
+ * SLOW, with nothing stored for it, so the general path answers it as ever.
+ * Outputs: res[5 i .. 5 i + 4] = status, name offset (in buf), name length,
+ *          commands, messages (1 << 31 added when the first command is MPUB);
+ *          the messages of FAST connections, in connection order, at
+ *          offs/lens[0, returned) (offsets into buf).
+ * Returns: the number of parts stored.
+ */
+int nsqf_pub_lane(const uint8_t *buf, const uint32_t *starts, const uint32_t *lens_in,
+                  int n, const nsqf_limits *lim, uint32_t max_count,
+                  uint32_t *offs, uint32_t *lens, uint32_t parts_cap, uint32_t *res);
+
 #endif /* NSQFRAME_H */

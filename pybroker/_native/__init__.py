@@ -32,6 +32,9 @@ from pybroker._native._pure import (
     E_MPUB_PART_SIZE,
     E_MPUB_TRAILING,
     E_MSG_SIZE,
+    LANE_FAST,
+    LANE_FIELDS,
+    LANE_SLOW,
     NEED_MORE,
     ScanError,
     Span,
@@ -52,6 +55,10 @@ __all__ = [
     "E_MPUB_TRAILING",
     "E_MSG_SIZE",
     "NEED_MORE",
+    "LANE_FAST",
+    "LANE_FIELDS",
+    "LANE_SLOW",
+    "PubLane",
     "ScanError",
     "ScanResult",
     "Scanner",
@@ -93,7 +100,8 @@ def _check_header() -> None:
         "E_MPUB_COUNT_READ", "E_MPUB_COUNT", "E_MPUB_PART_READ", "E_MPUB_PART_SIZE",
         "E_MPUB_PART_BIG", "E_MPUB_PART_SHORT", "E_MPUB_TRAILING", "E_CAPACITY",
         "E_FRAME_SIZE", "REC_HEADER", "PAYLOAD_HEAD", "LOG_END", "LOG_PARTIAL", "LOG_FULL",
-        "LOG_BAD_LENGTH", "LOG_BAD_CRC", "LOG_BAD_OFFSET",
+        "LOG_BAD_LENGTH", "LOG_BAD_CRC", "LOG_BAD_OFFSET", "LANE_FAST", "LANE_SLOW",
+        "LANE_FIELDS",
     ]
     pairs = [(n, getattr(_lib, "NSQF_" + n, None), getattr(_pure, n)) for n in names]
     pairs.append(("MAX_BODY", getattr(_lib, "NSQF_MAX_BODY", None), _pure.MAX_BODY))
@@ -227,7 +235,7 @@ def c_mpub_parts(
     return offs[:n], lens[:n]
 
 
-def c_log_build(first: int, ts_ns: int, deliver_at_ns: int, src: bytes | memoryview,
+def c_log_build(first: int, ts_ns: int, deliver_at_ns: int, src: bytes | bytearray | memoryview,
                 offs: Sequence[int], lens: Sequence[int]) -> tuple[bytearray, "array.array[int]"]:
     """nsqf_log_build; same contract as _pure.log_build (positions as an array)."""
     n = len(lens)
@@ -328,6 +336,51 @@ if c_backend is None and not _force_pure:
         sys.stderr.write(f"pybroker: warning: {FALLBACK_REASON}\n")
 
 BACKEND: str = "pure" if _force_pure or c_backend is None else "c"
+
+
+class PubLane:
+    """The publish lane's scan (nsqf_pub_lane; csrc/nsqframe.h): one call per loop turn
+    over the bytes every publishing connection sent. Owned by one event loop (its
+    scratch arrays are not shared). ``scan(buf, starts, lens, n)`` returns (res, offs,
+    lens, parts): res[5 i:5 i + 5] = status (LANE_FAST or LANE_SLOW), name offset, name
+    length, commands, messages (| 1 << 31 when the first command is MPUB); the messages
+    of FAST connections, in order, at offs/lens[0, parts) (offsets into buf)."""
+
+    __slots__ = ("_lim", "_max_count", "_offs", "_lens", "_res", "_max_line",
+                 "_max_msg", "_max_body")
+
+    def __init__(self, max_line: int, max_msg_size: int, max_body_size: int,
+                 parts_cap: int) -> None:
+        self._max_line = check_u32("max_line", max_line)
+        self._max_msg = check_u32("max_msg_size", max_msg_size)
+        self._max_body = check_u32("max_body_size", max_body_size)
+        self._max_count = max(0, (self._max_body - 4) // 5)
+        self._offs = array.array("I", bytes(4 * parts_cap))
+        self._lens = array.array("I", bytes(4 * parts_cap))
+        self._res = array.array("I")
+        self._lim: Any = None
+        if BACKEND == "c":
+            self._lim = _ffi.new("nsqf_limits *", (self._max_line, self._max_msg,
+                                                   self._max_body))
+
+    def scan(self, buf: bytearray, starts: "array.array[int]", lens: "array.array[int]",
+             n: int) -> "tuple[Sequence[int], Sequence[int], Sequence[int], int]":
+        if BACKEND != "c":
+            return _pure.pub_lane(buf, starts, lens, n, self._max_line, self._max_msg,
+                                  self._max_body, self._max_count, len(self._offs))
+        res = self._res
+        need = LANE_FIELDS * n
+        if len(res) < need:
+            res.extend([0] * (need - len(res)))
+        with _ffi.from_buffer("uint8_t[]", buf) as bp, \
+                _ffi.from_buffer("uint32_t[]", starts) as sp, \
+                _ffi.from_buffer("uint32_t[]", lens) as lp, \
+                _ffi.from_buffer("uint32_t[]", self._offs) as op, \
+                _ffi.from_buffer("uint32_t[]", self._lens) as ln, \
+                _ffi.from_buffer("uint32_t[]", res) as rp:
+            got = _lib.nsqf_pub_lane(bp, sp, lp, n, self._lim, self._max_count, op, ln,
+                                     len(self._offs), rp)
+        return res, self._offs, self._lens, got
 
 
 class Scanner:

@@ -225,7 +225,7 @@ _REC_HEAD = struct.Struct(">IIQ")
 _LEN_OFF = struct.Struct(">IQ")
 
 
-def log_build(first: int, ts_ns: int, deliver_at_ns: int, src: bytes | memoryview,
+def log_build(first: int, ts_ns: int, deliver_at_ns: int, src: bytes | bytearray | memoryview,
               offs: Sequence[int], lens: Sequence[int]) -> tuple[bytes, list[int]]:
     """Records for bodies src[offs[i]:offs[i]+lens[i]] with offsets first, first+1, ...
     -> (the records back to back, where each starts)."""
@@ -294,3 +294,96 @@ def log_frames(buf: bytes | memoryview, pos: Sequence[int], attempts: int) -> by
         msg[8:10] = min(a, 0xFFFF).to_bytes(2, "big")
         out.append(struct.pack(">ii", len(msg) + 4, 2) + bytes(msg))
     return b"".join(out)
+
+
+# -- the publish lane (csrc/nsqframe.h nsqf_pub_lane) ----------------------------------
+LANE_FAST = 0
+LANE_SLOW = 1
+LANE_FIELDS = 5
+_LANE_NAME = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-#")
+
+
+def _lane_one(buf: bytes | bytearray | memoryview, start: int, length: int, max_line: int,
+              max_msg: int, max_body: int, max_count: int,
+              parts: list[tuple[int, int]], cap: int) -> tuple[int, int, int, int] | None:
+    """One connection's bytes: (name offset, name length, commands, flags|messages) with
+    its parts appended to ``parts``, or None (SLOW; ``parts`` as it was)."""
+    end_all = start + length
+    pos = start
+    mark = len(parts)
+    cmds = 0
+    name_off = name_len = first_mpub = 0
+    if length == 0:
+        return None
+    while pos < end_all:
+        at = pos
+        if bytes(buf[at:at + 4]) == b"PUB ":
+            mpub, name = 0, at + 4
+        elif bytes(buf[at:at + 5]) == b"MPUB ":
+            mpub, name = 1, at + 5
+        else:
+            break
+        end = name
+        while end < end_all and end - at < max_line and buf[end] in _LANE_NAME:
+            end += 1
+        if end >= end_all or buf[end] != 0x0A or end == name:
+            break
+        if cmds == 0:
+            name_off, name_len, first_mpub = name, end - name, mpub
+        elif end - name != name_len or bytes(buf[name:end]) != bytes(
+                buf[name_off:name_off + name_len]):
+            break
+        pos = end + 1
+        if end_all - pos < 4:
+            break
+        size = int.from_bytes(buf[pos:pos + 4], "big", signed=True)
+        pos += 4
+        if size <= 0 or size > (max_body if mpub else max_msg) or end_all - pos < size:
+            break
+        if not mpub:
+            if len(parts) >= cap:
+                break
+            parts.append((pos, size))
+        else:
+            blen, bp = size, 4
+            if blen < 4:
+                break
+            count = int.from_bytes(buf[pos:pos + 4], "big", signed=True)
+            if count <= 0 or count > max_count or count > cap - len(parts):
+                break
+            ok = True
+            for _ in range(count):
+                if blen - bp < 4:
+                    ok = False
+                    break
+                part = int.from_bytes(buf[pos + bp:pos + bp + 4], "big", signed=True)
+                bp += 4
+                if part <= 0 or part > max_msg or blen - bp < part:
+                    ok = False
+                    break
+                parts.append((pos + bp, part))
+                bp += part
+            if not ok or bp != blen:
+                break
+        pos += size
+        cmds += 1
+    else:
+        return name_off, name_len, cmds, (len(parts) - mark) | (first_mpub << 31)
+    del parts[mark:]
+    return None
+
+
+def pub_lane(buf: bytes | bytearray | memoryview, starts: Sequence[int],
+             lens_in: Sequence[int], n: int, max_line: int, max_msg: int, max_body: int,
+             max_count: int, parts_cap: int) -> tuple[list[int], list[int], list[int], int]:
+    """nsqf_pub_lane's spec: (res, offs, lens, parts stored)."""
+    res = [0] * (LANE_FIELDS * n)
+    parts: list[tuple[int, int]] = []
+    for i in range(n):
+        r = _lane_one(buf, starts[i], lens_in[i], max_line, max_msg, max_body, max_count,
+                      parts, parts_cap)
+        if r is None:
+            res[LANE_FIELDS * i] = LANE_SLOW
+        else:
+            res[LANE_FIELDS * i + 1:LANE_FIELDS * i + 5] = r
+    return res, [p[0] for p in parts], [p[1] for p in parts], len(parts)

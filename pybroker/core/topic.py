@@ -77,7 +77,7 @@ class Topic:
             self.message_bytes += sum(map(len, bodies))
             return first
 
-    def publish_parts(self, src: bytes, offs: Sequence[int], lens: Sequence[int],
+    def publish_parts(self, src: bytes | bytearray, offs: Sequence[int], lens: Sequence[int],
                       ts_ns: int) -> int:
         """Append the parts src[offs[i]:offs[i] + lens[i]] of an MPUB body (as
         mpub_parts found them) in one C call, with no object per part."""

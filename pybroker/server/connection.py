@@ -21,7 +21,7 @@ from pybroker.core.channel import Channel
 from pybroker.errors import ClientError, SubFailed, TooManyConsumers
 from pybroker.protocol.decoder import CommandDecoder
 from pybroker.protocol.encoder import HEARTBEAT_FRAME, OK_FRAME, encode_error
-from pybroker.protocol.session import Session
+from pybroker.protocol.session import INIT, Session
 from pybroker.protocol.wire import MAGIC_V2, ClientState
 from pybroker.server import verbs
 from pybroker.server.services import owner_loop
@@ -160,7 +160,7 @@ class ClientConn:
         if now >= deadline and self.reading and self.transport.input_ready():
             # the loop was late (a stall) and the peer's bytes wait unread: read them
             # before judging it silent (nsqd's deadline is on its own read call)
-            self.on_readable()
+            self.read_now()
             if self.closed or self.moving:
                 return
             now = monotonic_ns()
@@ -179,6 +179,13 @@ class ClientConn:
         (TURN_BUDGET_NS) is spent; then the rest waits for the next turn. A TLS
         handshake step waits for the next turn once the loop's handshakes have used
         HANDSHAKE_TURN_NS in this one."""
+        if self.loop.lane_on and self.lane_ready():
+            self.loop.lane.conns.append(self)   # read with the turn's other publishers
+            return
+        self.read_now()
+
+    def read_now(self) -> None:
+        """on_readable without the publish lane: read and run now."""
         if not self.transport.handshaking:
             self._read_input()
             return
@@ -235,6 +242,29 @@ class ClientConn:
             if now >= deadline:
                 self.loop.read_again(self)
                 return
+
+    def lane_ready(self) -> bool:
+        """In the plain steady state the publish lane reads (server/lane.py): nothing
+        held, half-parsed or waiting, not subscribed, plain bytes."""
+        s = self.session
+        return (self.has_magic and self.reading and not self.awaiting_commit
+                and self.held is None and not self.closing_after_flush and not self.moving
+                and not self.closed and s.state is INIT and not s.upgrading
+                and (s.tls or not s.tls_required) and self.out_bytes < OUT_CAP
+                and not self.input_held and self.transport.plain_idle()
+                and not self.decoder.buffered() and not self.decoder.ready())
+
+    def take_input(self, data: bytes) -> None:
+        """Bytes the publish lane read for this connection and did not publish itself:
+        the general path runs them (b"": the peer closed)."""
+        if not data:
+            self._at_eof()
+            return
+        self.last_read_ns = monotonic_ns()
+        if self.closing_after_flush:
+            return
+        self.decoder.receive(data)
+        self._run()
 
     def _may_read(self) -> bool:
         """Commands may run and more input may be decoded now (the decoder is drained)."""

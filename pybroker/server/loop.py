@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from pybroker.core.channel import Channel
 from pybroker.core.timeouts import TimeoutWheel
 from pybroker.evloop import SelectorLoop
+from pybroker.server.lane import Lane
 from pybroker.server.publish import Publisher
 
 if TYPE_CHECKING:
@@ -63,6 +64,9 @@ class EventLoop(SelectorLoop):
         self.durable = self.options.durability == "fsync"
         # every publish to the topics this loop owns, and this loop's publishes to others'
         self.publisher = Publisher(self)
+        # plain publishers read and published together at the end of the turn
+        self.lane = Lane(self)
+        self.lane_on = False    # set each turn (Lane.enabled)
         # connections that SUBscribed to another loop's channel: handed over at the end
         # of this turn
         self._handover: list[tuple[ClientConn, EventLoop, Channel]] = []
@@ -203,10 +207,12 @@ class EventLoop(SelectorLoop):
 
     def run(self) -> None:
         self.yield_gil = len(self.runtime.loops) > 1
+        self.lane_on = self.lane.enabled()
         super().run()
 
     def busy(self) -> bool:
-        return bool(self.dirty or self.to_flush or self.publisher.busy() or self._handover)
+        return bool(self.dirty or self.to_flush or self.publisher.busy() or self._handover
+                    or self.lane.conns)
 
     def on_error(self, obj: Any) -> None:
         log.exception("[%s] unexpected error; closing the connection", obj)
@@ -226,6 +232,9 @@ class EventLoop(SelectorLoop):
         """Write topics published to (then answer their publishes, hand publishes and
         answers to other loops), dispatch dirty channels, wake other loops' channels,
         flush connections."""
+        if self.lane.conns:
+            self.lane.run()
+        self.lane_on = self.lane.enabled()
         publisher = self.publisher
         if publisher.busy():
             publisher.end_of_turn()

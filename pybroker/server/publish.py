@@ -40,8 +40,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, Union
 
-from pybroker.errors import ClientError, Exiting
-from pybroker.protocol.encoder import encode_error
+from pybroker.errors import ClientError, Exiting, MpubFailed, PubFailed
+from pybroker.protocol.encoder import OK_FRAME, encode_error
 from pybroker.server.services import owner_loop
 from pybroker.storage import StorageError, StorageIOError
 
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pybroker")
 # messages of a big MPUB appended per loop turn (a few milliseconds of work)
 SLICE = 20_000
+LANE_MPUB = 1 << 31   # the lane's flag on a connection's message count: first verb MPUB
 Parts = tuple[bytes, Sequence[int], Sequence[int]]   # an MPUB body, offsets, lengths
 Payload = Union[list[bytes], Parts]
 Done = Callable[[Union[Exception, None]], None]      # called with None (OK) or the error
@@ -106,6 +107,21 @@ def answer(conn: ClientConn, failed: type[ClientError], verb: str,
         return
     if err is None:
         conn.send_ok()
+    else:
+        conn.fail(failed(f"{verb} failed {err}"))
+    if not conn.awaiting_commit:
+        conn.process()
+
+
+def answer_many(conn: ClientConn, failed: type[ClientError], verb: str, count: int,
+                err: Exception | None) -> None:
+    """Answer ``count`` publishes of one connection read by the lane (server/lane.py)
+    in one turn: an OK each, or the error (which closes the connection)."""
+    conn.awaiting_commit -= 1
+    if conn.closed:
+        return
+    if err is None:
+        conn.send_frame(OK_FRAME if count == 1 else OK_FRAME * count)
     else:
         conn.fail(failed(f"{verb} failed {err}"))
     if not conn.awaiting_commit:
@@ -194,6 +210,41 @@ class Publisher:
             self._slices.append(_SliceJob(name, payload, done, None))
         else:
             self._outbox.setdefault(owner_loop(owner), []).append((name, payload, defer_ns, done))
+
+    def lane_publish(self, topic: Topic, src: bytearray, offs: Sequence[int],
+                     lens: Sequence[int], ts_ns: int,
+                     conns: list[tuple[ClientConn, int, int]]) -> bool:
+        """The lane's messages for one topic this loop owns (server/lane.py): appended
+        with one record build, and each connection's commands answered with this turn's
+        batch. conns: (connection, commands, messages | LANE_MPUB when its first
+        command is an MPUB). False: the topic is being deleted (nothing appended)."""
+        try:
+            topic.publish_parts(src, offs, lens, ts_ns)
+        except Exiting:
+            return False
+        epoch = topic.log.epoch
+        batch = self._turn.get(topic)
+        if batch is None:
+            batch = self._turn[topic] = _Batch(epoch)
+        assert batch.epoch == epoch, f"{topic} was written outside its Publisher"
+        name = topic.name
+        durable = self.durable
+        to_flush = self.loop.to_flush
+        for conn, cmds, msgs in conns:
+            failed, verb = (MpubFailed, "MPUB") if msgs & LANE_MPUB else (PubFailed, "PUB")
+            counts = conn.pub_counts
+            counts[name] = counts.get(name, 0) + (msgs & ~LANE_MPUB)
+            if durable:
+                conn.awaiting_commit += 1
+                batch.calls.append(functools.partial(answer_many, conn, failed, verb, cmds))
+            else:
+                frame = OK_FRAME if cmds == 1 else OK_FRAME * cmds
+                conn.out.append(frame)
+                conn.out_bytes += len(frame)
+                to_flush[conn] = None
+                batch.slots.append((conn, len(conn.out) - 1, failed, verb))
+                conn.unconfirmed += 1
+        return True
 
     def submit(self, name: str, payload: Payload, defer_ns: int, done: Done) -> None:
         """Publish to topic ``name`` from this loop's thread; ``done(None or error)``
@@ -464,4 +515,4 @@ def publish_now(topic: Topic, records: list[Record]) -> int:
     return first
 
 
-__all__ = ["SLICE", "Publisher", "answer", "publish_now"]
+__all__ = ["LANE_MPUB", "SLICE", "Publisher", "answer", "answer_many", "publish_now"]

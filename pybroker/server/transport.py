@@ -93,6 +93,12 @@ class Transport:
     def layered(self) -> bool:
         return self._ssl is not None or self.snappy or self.deflate
 
+    def plain_idle(self) -> bool:
+        """Plain bytes straight from the socket (no TLS, no compression, none coming),
+        and nothing read but not handed out: the publish lane may read it (server/lane)."""
+        return (self._ssl is None and self._codec is None and not self.snappy
+                and not self.deflate and not self.tls_queued and not self._plain)
+
     @property
     def backlog(self) -> bool:
         """Input already read that ``recv`` has not handed out yet: more plaintext is

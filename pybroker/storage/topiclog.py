@@ -276,7 +276,7 @@ class TopicLog:
         self.head = first + len(bodies)
         return first
 
-    def append_parts(self, src: bytes, offs: Sequence[int], lens: Sequence[int],
+    def append_parts(self, src: bytes | bytearray, offs: Sequence[int], lens: Sequence[int],
                      ts_ns: int) -> int:
         """Records for the parts src[offs[i]:offs[i] + lens[i]] (an MPUB body as
         mpub_split found it): one C call, no object per part."""

@@ -1,0 +1,169 @@
+"""The publish lane: a loop turn's plain publishing connections read and published in
+one pass (docs/io.md, "The publish lane").
+
+Why: a producer that sends one PUB (or a small MPUB) and waits for its OK costs the
+general path a trip through Python per command (a Command object, the verbs table, the
+handler, an append of its own, a settlement of its own). nsqd pays a goroutine's few
+microseconds. Here, the connections that became readable in a turn and are in the plain
+steady state (``ClientConn.lane_ready``: magic read, no TLS or compression, nothing
+held or half-parsed, not subscribed, no publish waiting, auth and clustering off) are
+collected by ``take`` instead of being read at once. At the end of the turn, before the
+Publisher writes, ``run`` receives each one's bytes into one kept buffer (one
+``recv_into`` each), and one C call (``nsqf_pub_lane``) says which of them hold only
+complete, valid PUB/MPUB commands to one topic, and where their messages are. Those are
+appended with one record build per topic (``Publisher.lane_publish``) and answered like
+any publish (an OK per command once the write of their epoch worked). Every other
+connection's bytes go to its general path (``ClientConn.take_input``) unchanged, so
+errors, odd input and every other verb are answered exactly as before.
+
+Budget: at most PIECE bytes per connection per turn (the rest is read next turn: the
+selector is level-triggered), the buffer is BUF bytes, reused every turn; at most
+PARTS messages per C call. Ownership: the loop's thread only.
+"""
+from __future__ import annotations
+
+import array
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from pybroker import _native
+from pybroker.errors import Exiting
+from pybroker.protocol.names import is_valid_name
+from pybroker.protocol.wire import MAX_LINE
+from pybroker.server.publish import LANE_MPUB
+
+if TYPE_CHECKING:
+    from pybroker.core.topic import Topic
+    from pybroker.server.connection import ClientConn
+    from pybroker.server.loop import EventLoop
+
+log = logging.getLogger("pybroker")
+monotonic_ns = time.monotonic_ns
+PIECE = 64 * 1024        # bytes read per connection per turn
+BUF = 2 * 1024 * 1024    # the kept receive buffer: BUF // PIECE connections per C call
+PARTS = 32 * 1024        # messages per C call (more: the connection takes the general path)
+NAMES = 4096             # valid topic names remembered (then forgotten, and checked again)
+_FAST = _native.LANE_FAST
+_FIELDS = _native.LANE_FIELDS
+
+
+class Lane:
+    """One per event loop (see the module)."""
+
+    def __init__(self, loop: EventLoop) -> None:
+        self.loop = loop
+        o = loop.options
+        self.conns: list[ClientConn] = []
+        self.buf = bytearray(BUF)
+        self.view = memoryview(self.buf)
+        self.scanner = _native.PubLane(MAX_LINE, o.max_msg_size, o.max_body_size, PARTS)
+        self._names: dict[bytes, str] = {}
+
+    def enabled(self) -> bool:
+        """The lane applies to this loop's connections now: no auth server to ask, no
+        cluster to forward to, no per-command debug log."""
+        loop = self.loop
+        return (loop.runtime.auth is None and loop.publisher.cluster is None
+                and not log.isEnabledFor(logging.DEBUG))
+
+    def run(self) -> None:
+        """Read and publish for every connection taken this turn (end of the turn)."""
+        conns, self.conns = self.conns, []
+        view = self.view
+        starts = array.array("I")
+        lens = array.array("I")
+        batch: list[ClientConn] = []
+        pos = 0
+        for conn in conns:
+            if not conn.lane_ready():    # changed since it was taken (a timer, a call)
+                conn.read_now()
+                continue
+            if pos + PIECE > BUF:
+                self._publish(batch, starts, lens)
+                starts = array.array("I")
+                lens = array.array("I")
+                batch = []
+                pos = 0
+            try:
+                n = conn.sock.recv_into(view[pos:pos + PIECE])
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError as e:
+                conn.close(f"read error: {e.strerror}")
+                continue
+            if not n:
+                conn.take_input(b"")
+                continue
+            starts.append(pos)
+            lens.append(n)
+            batch.append(conn)
+            pos += n
+        if batch:
+            self._publish(batch, starts, lens)
+
+    def _publish(self, batch: list[ClientConn], starts: array.array[int],
+                 lens: array.array[int]) -> None:
+        res, offs, plens, _ = self.scanner.scan(self.buf, starts, lens, len(batch))
+        loop = self.loop
+        broker = loop.runtime.broker
+        names = self._names
+        now = monotonic_ns()
+        # topic -> (its parts' index ranges, its connections with their commands)
+        groups: dict[Topic, tuple[list[int], list[tuple[ClientConn, int, int]]]] = {}
+        slow: list[int] = []
+        part = 0
+        for i, conn in enumerate(batch):
+            conn.last_read_ns = now
+            k = _FIELDS * i
+            if res[k] != _FAST:
+                slow.append(i)
+                continue
+            msgs = res[k + 4]
+            first = part
+            part += msgs & ~LANE_MPUB
+            raw = bytes(self.view[res[k + 1]:res[k + 1] + res[k + 2]])
+            name = names.get(raw)
+            if name is None:
+                if not is_valid_name(raw):
+                    slow.append(i)     # its handler answers E_BAD_TOPIC
+                    continue
+                if len(names) >= NAMES:
+                    names.clear()
+                name = names[raw] = raw.decode()
+            try:
+                topic = broker.get_topic(name)
+            except Exiting:
+                slow.append(i)
+                continue
+            if topic.owner is not loop:
+                slow.append(i)          # handed to its owner by the general path
+                continue
+            group = groups.get(topic)
+            if group is None:
+                group = groups[topic] = ([], [])
+            ranges = group[0]
+            if ranges and ranges[-1] == first:
+                ranges[-1] = part
+            else:
+                ranges += (first, part)
+            group[1].append((conn, res[k + 3], msgs))
+        publisher = loop.publisher
+        ts = time.time_ns()
+        for topic, (ranges, conns) in groups.items():
+            if len(ranges) == 2:
+                o, ln = offs[ranges[0]:ranges[1]], plens[ranges[0]:ranges[1]]
+            else:
+                o, ln = array.array("I"), array.array("I")
+                for j in range(0, len(ranges), 2):
+                    o.extend(offs[ranges[j]:ranges[j + 1]])
+                    ln.extend(plens[ranges[j]:ranges[j + 1]])
+            if not publisher.lane_publish(topic, self.buf, o, ln, ts, conns):
+                # deleted meanwhile: the general path finds (or makes) the topic anew
+                slow.extend(batch.index(c) for c, _, _ in conns)
+        for i in slow:
+            batch[i].take_input(bytes(self.view[starts[i]:starts[i] + lens[i]]))
+
+
+
+__all__ = ["BUF", "Lane", "PIECE"]

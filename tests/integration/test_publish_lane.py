@@ -1,0 +1,99 @@
+"""Many plain publishers at once (the case server/lane.py reads and publishes in one pass
+per loop turn): pipelined PUBs and MPUBs answered OK each, every message delivered once,
+and, in the same turns, connections with bad or unusual input answered exactly as nsqd
+answers them. Runs against pybroker and a real nsqd (when on PATH) with the same
+assertions."""
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+from tests.support import wire
+from tests.support.broker import BrokerProcess, unique_name
+from tests.support.wire import WireClient, subscribe
+
+Connect = Callable[..., WireClient]
+
+
+def _drain(c: WireClient, n: int) -> list[bytes]:
+    msgs = c.read_messages(n, timeout=20)
+    c.send(b"".join(wire.fin(m.id) for m in msgs))
+    return [m.body for m in msgs]
+
+
+def test_many_connections_pipelining_publishes_get_an_ok_each(any_broker: BrokerProcess,
+                                                             connect: Connect) -> None:
+    topic = unique_name()
+    conns = [connect(any_broker) for _ in range(24)]
+    sent: list[bytes] = []
+    per_conn: list[int] = []
+    for i, c in enumerate(conns):
+        bodies = [b"c%d-%d" % (i, j) for j in range(8)]
+        # PUB, PUB, MPUB of 5, PUB: four commands in one send
+        data = (wire.pub(topic, bodies[0]) + wire.pub(topic, bodies[1])
+                + wire.mpub(topic, bodies[2:7]) + wire.pub(topic, bodies[7]))
+        c.send(data)
+        sent += bodies
+        per_conn.append(4)
+    for c, n in zip(conns, per_conn):
+        for _ in range(n):
+            c.expect_response(b"OK")
+        c.assert_alive()
+    reader = connect(any_broker)
+    subscribe(reader, topic, "ch", rdy=len(sent))
+    got = _drain(reader, len(sent))
+    assert sorted(got) == sorted(sent)
+    reader.expect_nothing(0.3)          # each message once
+
+
+def test_bad_and_odd_publishers_beside_good_ones(any_broker: BrokerProcess,
+                                                 connect: Connect) -> None:
+    topic, other = unique_name(), unique_name()
+    good = [connect(any_broker) for _ in range(6)]
+    bad_name, zero, bad_count, two_topics, half, crlf, extra = (
+        connect(any_broker) for _ in range(7))
+    half_cmd = wire.pub(topic, b"half")
+    for c in good:
+        c.send(wire.pub(topic, b"good"))
+    bad_name.send(wire.pub("bad*name", b"x"))
+    zero.send(b"PUB " + topic.encode() + b"\n" + struct.pack(">i", 0))
+    bad_count.send(b"MPUB " + topic.encode() + b"\n" + wire.sized(struct.pack(">i", 0)))
+    two_topics.send(wire.pub(topic, b"two-a") + wire.pub(other, b"two-b"))
+    half.send(half_cmd[:-2])
+    crlf.send(b"PUB " + topic.encode() + b"\r\n" + wire.sized(b"crlf"))
+    extra.send(b"PUB " + topic.encode() + b" extra\n" + wire.sized(b"extra"))
+    for c in good:
+        c.expect_response(b"OK")
+    bad_name.expect_error("E_BAD_TOPIC")
+    zero.expect_error("E_BAD_MESSAGE", prefix="E_BAD_MESSAGE PUB invalid message body size 0")
+    bad_count.expect_error("E_BAD_BODY", prefix="E_BAD_BODY MPUB invalid message count 0")
+    two_topics.expect_response(b"OK")
+    two_topics.expect_response(b"OK")
+    crlf.expect_response(b"OK")
+    extra.expect_response(b"OK")
+    half.expect_nothing(0.3)             # waits for the rest of its command
+    half.send(half_cmd[-2:])
+    half.expect_response(b"OK")
+    reader = connect(any_broker)
+    subscribe(reader, topic, "ch", rdy=20)
+    want = [b"good"] * 6 + [b"two-a", b"half", b"crlf", b"extra"]
+    assert sorted(_drain(reader, len(want))) == sorted(want)
+    reader.expect_nothing(0.3)
+    r2 = connect(any_broker)
+    subscribe(r2, other, "ch", rdy=5)
+    assert _drain(r2, 1) == [b"two-b"]
+
+
+def test_a_publisher_that_subscribes_later_is_served_as_a_consumer(
+        any_broker: BrokerProcess, connect: Connect) -> None:
+    topic = unique_name()
+    c = connect(any_broker)
+    c.send(wire.pub(topic, b"one") + wire.mpub(topic, [b"two", b"three"]))
+    c.expect_response(b"OK")
+    c.expect_response(b"OK")
+    c.send(wire.sub(topic, "ch") + wire.rdy(3))
+    c.expect_response(b"OK")
+    assert sorted(_drain(c, 3)) == [b"one", b"three", b"two"]
+    c.send(wire.pub(topic, b"four"))     # a consumer may still publish
+    c.expect_response(b"OK")
+    assert _drain(c, 1) == [b"four"]

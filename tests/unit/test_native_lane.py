@@ -1,0 +1,165 @@
+"""The publish lane's scan (csrc/nsqframe.h nsqf_pub_lane): the C code agrees with the
+pure-Python spec, and whatever it calls FAST is exactly what the general decoder would
+have run as valid PUB/MPUB commands to one topic, with the same messages."""
+
+from __future__ import annotations
+
+import array
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pybroker import _native
+from pybroker._native import _pure
+from pybroker.errors import ClientError
+from pybroker.protocol.decoder import CommandDecoder
+
+MAX_LINE, MAX_MSG, MAX_BODY = 64, 40, 120
+MAX_COUNT = (MAX_BODY - 4) // 5
+SETTINGS = settings(max_examples=300, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+def pub(topic: bytes, body: bytes, size: int | None = None) -> bytes:
+    return b"PUB " + topic + b"\n" + struct.pack(">i", len(body) if size is None else size) + body
+
+
+def mpub(topic: bytes, bodies: list[bytes], count: int | None = None) -> bytes:
+    body = struct.pack(">i", len(bodies) if count is None else count)
+    body += b"".join(struct.pack(">i", len(b)) + b for b in bodies)
+    return b"MPUB " + topic + b"\n" + struct.pack(">i", len(body)) + body
+
+
+def lay_out(chunks: list[bytes]) -> tuple[bytearray, array.array[int], array.array[int]]:
+    buf = bytearray()
+    starts, lens = array.array("I"), array.array("I")
+    for c in chunks:
+        starts.append(len(buf))
+        lens.append(len(c))
+        buf += c
+    return buf, starts, lens
+
+
+def c_scan(chunks: list[bytes], cap: int = 1024) -> tuple[list[int], list[bytes]]:
+    buf, starts, lens = lay_out(chunks)
+    lane = _native.PubLane(MAX_LINE, MAX_MSG, MAX_BODY, cap)
+    res, offs, plens, n = lane.scan(buf, starts, lens, len(chunks))
+    return list(res[:5 * len(chunks)]), [bytes(buf[offs[i]:offs[i] + plens[i]])
+                                         for i in range(n)]
+
+
+def pure_scan(chunks: list[bytes], cap: int = 1024) -> tuple[list[int], list[bytes]]:
+    buf, starts, lens = lay_out(chunks)
+    res, offs, plens, n = _pure.pub_lane(buf, starts, lens, len(chunks), MAX_LINE, MAX_MSG,
+                                         MAX_BODY, MAX_COUNT, cap)
+    return res, [bytes(buf[o:o + ln]) for o, ln in zip(offs, plens)]
+
+
+def general(data: bytes) -> tuple[bytes, int, list[bytes]] | None:
+    """What the general path makes of one connection's bytes, when it is nothing but
+    complete valid PUB/MPUB commands to one topic: (topic, commands, messages)."""
+    d = CommandDecoder(MAX_MSG, MAX_BODY, MAX_LINE)
+    d.receive(data)
+    topics, msgs, cmds = set(), [], 0
+    while True:
+        try:
+            cmd = d.next_command()
+        except ClientError:
+            return None
+        if cmd is None:
+            break
+        if cmd.pending or cmd.body_error is not None or cmd.body is None:
+            return None
+        if len(cmd.params) != 2 or cmd.params[0] not in (b"PUB", b"MPUB"):
+            return None
+        topics.add(cmd.params[1])
+        if cmd.params[0] == b"PUB":
+            msgs.append(cmd.body)
+        else:
+            try:
+                offs, lens = _native.mpub_parts(cmd.body, MAX_MSG, MAX_COUNT)
+            except _native.ScanError:
+                return None
+            msgs += [cmd.body[o:o + ln] for o, ln in zip(offs, lens)]
+        cmds += 1
+    if d.buffered() or len(topics) != 1 or not cmds:
+        return None
+    return topics.pop(), cmds, msgs
+
+
+def test_the_cases_by_hand() -> None:
+    chunks = [pub(b"t", b"hello"),
+              pub(b"t", b"a") + mpub(b"t", [b"x", b"yy"]),   # two commands, one topic
+              b"NOP\n",                                      # another verb
+              pub(b"t", b"abc")[:-1],                        # incomplete
+              pub(b"a", b"1") + pub(b"b", b"2"),             # two topics
+              mpub(b"zz", [b"q"]),
+              b"PUB t\r\n" + struct.pack(">i", 1) + b"x",    # a '\r': the general path
+              pub(b"t", b"", 0),                             # size 0: an error to answer
+              pub(b"t", b"x" * (MAX_MSG + 1)),               # too big
+              mpub(b"t", [b"x"], count=2),                   # count and parts disagree
+              b"PUB t extra\n" + struct.pack(">i", 1) + b"x"]
+    res, msgs = pure_scan(chunks)
+    status = res[0::5]
+    assert status == [0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 1]
+    assert res[3:5] == [1, 1] and res[8:10] == [2, 3]
+    assert res[28:30] == [1, 1 | 1 << 31]                    # first command MPUB: flagged
+    assert msgs == [b"hello", b"a", b"x", b"yy", b"q"]
+    if _native.c_backend is not None and _native.BACKEND == "c":
+        assert c_scan(chunks) == (res, msgs)
+
+
+def test_parts_past_the_capacity_send_the_connection_the_general_way() -> None:
+    chunks = [mpub(b"t", [b"a", b"b", b"c"]), pub(b"t", b"d")]
+    res, msgs = pure_scan(chunks, cap=2)
+    assert res[0::5] == [1, 0] and msgs == [b"d"]
+
+
+name_st = st.sampled_from([b"t", b"topic", b"a.b_c-d", b"x#ephemeral", b"", b"t t", b"t\r",
+                           b"bad*name", b"t" * 70])
+body_st = st.binary(max_size=MAX_MSG + 2)
+command_st = st.one_of(
+    st.builds(pub, name_st, body_st),
+    st.builds(lambda n, b, s: pub(n, b, s), name_st, body_st, st.integers(-2, MAX_MSG + 3)),
+    st.builds(mpub, name_st, st.lists(body_st, max_size=6)),
+    st.builds(lambda n, bs, c: mpub(n, bs, c), name_st, st.lists(body_st, max_size=4),
+              st.integers(-1, 8)),
+    st.sampled_from([b"NOP\n", b"FIN 0000000000000000\n", b"RDY 1\n", b"\n"]),
+    st.binary(max_size=30),
+)
+conn_st = st.lists(command_st, min_size=1, max_size=4).map(b"".join) | \
+    st.lists(command_st, min_size=1, max_size=3).map(b"".join).flatmap(
+        lambda b: st.integers(0, len(b)).map(lambda k: b[:k]))
+
+
+@SETTINGS
+@given(st.lists(conn_st, min_size=1, max_size=6))
+def test_fast_means_exactly_what_the_general_path_would_publish(chunks: list[bytes]) -> None:
+    res, msgs = pure_scan(chunks)
+    at = 0
+    for i, data in enumerate(chunks):
+        want = general(data)
+        status, name_off, name_len, cmds, flags = res[5 * i:5 * i + 5]
+        if status == _pure.LANE_SLOW:
+            # SLOW is always safe; it must not miss the plain case with a valid name
+            if (want is not None and want[0] and b"\r" not in data
+                    and set(want[0]) <= _pure._LANE_NAME and len(want[0]) < MAX_LINE - 5):
+                pytest.fail(f"valid publishes {data!r} sent the general way")
+            continue
+        assert want is not None, f"FAST for {data!r}, which the general path refuses"
+        n = flags & ~(1 << 31)
+        topic = bytes(bytearray(b"".join(chunks))[name_off:name_off + name_len])
+        assert (topic, cmds, msgs[at:at + n]) == want
+        assert bool(flags >> 31) == data.startswith(b"MPUB ")
+        at += n
+    assert at == len(msgs)
+
+
+@pytest.mark.skipif(_native.c_backend is None or _native.BACKEND != "c",
+                    reason="C codec not built (or PYBROKER_PURE=1)")
+@SETTINGS
+@given(st.lists(conn_st, min_size=1, max_size=6), st.integers(1, 12))
+def test_c_agrees_with_the_spec(chunks: list[bytes], cap: int) -> None:
+    assert c_scan(chunks, cap) == pure_scan(chunks, cap)
