@@ -26,6 +26,13 @@ Scenarios:
   early (its rate then counts idle time: give a larger backlog).
 - ``bulk``: ``bench_writer`` (MPUB 200, 2 connections) then ``bench_reader`` (RDY
   2500) on what it wrote: the bulk flows of loadtest/bench_topic_log.py.
+- ``pubsub``: ``bench_writer`` (MPUB 200) and ``bench_reader`` (RDY 2500) at the same
+  time, on a fresh topic: both rates.
+- ``e2e``: ``loadtest/e2e_latency.c`` publishes single-message PUBs over 32 connections
+  at half of nsqd's single-message maximum (nsqd's ``pub1`` median of this invocation,
+  measured first when ``pub1`` is not run; ``--e2e-rate`` sets it) and 4 consumers at
+  RDY 1000 (default output buffering, as users get it) FIN each message as read:
+  percentiles of publish-to-delivery latency, the first second left out.
 - ``client1``: the client library against nsqd at ``max_in_flight`` 1 beside gnsq's
   Consumer (gevent) at 1, on a backlog in nsqd: the consumer process's CPU per message.
 
@@ -47,6 +54,7 @@ import tempfile
 import textwrap
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -114,11 +122,11 @@ def scenario_pub1(b: BrokerProcess, a: argparse.Namespace) -> Row:
     return writer(b, a, 1, 32)
 
 
-def rdy_reader_binary() -> str:
-    """loadtest/rdy_reader.c compiled (once per source version) with the C compiler."""
-    src = ROOT / "loadtest" / "rdy_reader.c"
+def rdy_reader_binary(name: str = "rdy_reader") -> str:
+    """loadtest/<name>.c compiled (once per source version) with the C compiler."""
+    src = ROOT / "loadtest" / f"{name}.c"
     digest = hashlib.sha1(src.read_bytes()).hexdigest()[:12]
-    out = Path(tempfile.gettempdir()) / f"pybroker-rdy_reader-{digest}"
+    out = Path(tempfile.gettempdir()) / f"pybroker-{name}-{digest}"
     if not out.exists():
         cc = os.environ.get("CC", "cc")
         tmp = out.with_suffix(f".{os.getpid()}")
@@ -153,6 +161,43 @@ def scenario_bulk(b: BrokerProcess, a: argparse.Namespace) -> Row:
     r = reader(b, a, 2500, None)
     return {"pub msg/s": w["msg/s"], "pub us/msg": w["us/msg"],
             "sub msg/s": r["msg/s"], "sub us/msg": r["us/msg"], "drained": r["drained"]}
+
+
+def scenario_pubsub(b: BrokerProcess, a: argparse.Namespace) -> Row:
+    """bench_writer and bench_reader at once; the broker's CPU per message counts both
+    directions (a message published and delivered)."""
+    wargs = ["bench_writer", f"--nsqd-tcp-address={b.tcp_address}", f"--topic={TOPIC}",
+             f"--runfor={a.seconds}s", f"--size={a.size}", "--batch-size=200"]
+    rargs = ["bench_reader", f"--nsqd-tcp-address={b.tcp_address}", f"--topic={TOPIC}",
+             "--channel=ch", f"--runfor={a.seconds}s", f"--size={a.size}", "--rdy=2500"]
+    cpu0 = b.cpu_s()
+    with ThreadPoolExecutor(2) as pool:
+        rf = pool.submit(_tool, rargs, a.seconds)
+        time.sleep(0.2)     # the reader's channel exists before the first publish
+        wf = pool.submit(_tool, wargs, a.seconds)
+        (pub, pdur), (sub, sdur) = wf.result(), rf.result()
+    cpu = b.cpu_s() - cpu0
+    msgs = max(pub * pdur, sub * sdur)
+    return {"pub msg/s": pub, "sub msg/s": sub, "us/msg": cpu / msgs * 1e6 if msgs else 0.0}
+
+
+E2E_RE = re.compile(r"rate ([0-9.]+)/s p50 ([0-9.]+) p99 ([0-9.]+) p999 ([0-9.]+) "
+                    r"max ([0-9.]+)")
+
+
+def scenario_e2e(b: BrokerProcess, a: argparse.Namespace) -> Row:
+    args = [rdy_reader_binary("e2e_latency"), b.tcp_address, "e2e", str(a.e2e_rate), "32",
+            "4", str(a.size), str(a.seconds)]
+    cpu0 = b.cpu_s()
+    out = subprocess.run(args, capture_output=True, text=True, timeout=a.seconds + 120)
+    cpu = b.cpu_s() - cpu0
+    m = E2E_RE.search(out.stdout)
+    if out.returncode != 0 or m is None:
+        raise RuntimeError(f"e2e_latency failed ({out.returncode}): {out.stderr[-2000:]}")
+    rate = float(m.group(1))
+    return {"sent msg/s": rate, "p50 us": float(m.group(2)), "p99 us": float(m.group(3)),
+            "p999 us": float(m.group(4)), "max us": float(m.group(5)),
+            "us/msg": cpu / (rate * a.seconds) * 1e6 if rate else 0.0}
 
 
 CLIENT_PROGRAMS = {
@@ -219,6 +264,8 @@ SCENARIOS: dict[str, Callable[[BrokerProcess, argparse.Namespace], Row]] = {
     "rdy8": _backlog_reader(8),
     "rdy1": _backlog_reader(1),
     "bulk": scenario_bulk,
+    "pubsub": scenario_pubsub,
+    "e2e": scenario_e2e,
 }
 
 
@@ -259,6 +306,8 @@ def main() -> int:
     p.add_argument("--backlog-rdy1", type=int, default=500_000,
                    help="messages published before rdy1 reads")
     p.add_argument("--client-backlog", type=int, default=100_000)
+    p.add_argument("--e2e-rate", type=float, default=0.0,
+                   help="e2e: messages per second (default: half of nsqd's pub1 median)")
     p.add_argument("--only", nargs="*", default=[*SCENARIOS, "client1"],
                    choices=[*SCENARIOS, "client1"])
     p.add_argument("--nsqd", default=shutil.which("nsqd"))
@@ -278,7 +327,18 @@ def main() -> int:
         kinds["baseline"] = ("pybroker", {"PYTHONPATH": str(Path(a.baseline_src).resolve()),
                                           "PYTHONSAFEPATH": "1"})
     kinds["nsqd"] = ("nsqd", {})
+    nsqd_pub1: list[float] = []
     for name in a.only:
+        if name == "e2e" and not a.e2e_rate:
+            if not nsqd_pub1:
+                b = BrokerProcess("nsqd", nsqd_path=a.nsqd).start()
+                try:
+                    nsqd_pub1.append(scenario_pub1(b, a)["msg/s"])
+                finally:
+                    b.stop()
+            a.e2e_rate = round(statistics.median(nsqd_pub1) / 2)
+            print(f"  e2e at {a.e2e_rate:,} msg/s: half of nsqd's single-message "
+                  f"maximum ({statistics.median(nsqd_pub1):,.0f} msg/s)", flush=True)
         if name == "client1":
             order = ["pybroker.client", "gnsq"]
             results: dict[str, dict[str, list[float]]] = {k: {} for k in order}
@@ -307,6 +367,8 @@ def main() -> int:
                     b.stop()
                 for k, v in got.items():
                     results[kind].setdefault(k, []).append(v)
+                if name == "pub1" and kind == "nsqd":
+                    nsqd_pub1.append(got["msg/s"])
                 print(f"  {name} run {run + 1} {kind}: "
                       + ", ".join(f"{k} {v:,.1f}" for k, v in got.items()), flush=True)
         table(name, a.runs, results, "nsqd")
