@@ -46,6 +46,11 @@ class RecordBatch:
         record's stored attempts + 1."""
         return _native.log_frames(self.buf, self.pos[i:j], -1 if attempts is None else attempts)
 
+    def end_of(self, i: int) -> int:
+        """Where record i ends in buf."""
+        p = self.pos[i]
+        return p + REC_HEADER + int.from_bytes(self.buf[p + 4:p + 8], "big")
+
     def deferred_indices(self, count: int) -> list[int]:
         """Indices below count of the records with a deliver_at (DPUBs)."""
         if not self.deferred:

@@ -212,6 +212,37 @@ class ChannelModel(RuleBasedStateMachine):
         c.rdy = 0
         got = c.got[before:]
         assert [(o, a) for o, a, _ in got] == expected, (got, expected)
+        self._took(c, got, dead, batches)
+
+    @rule(rooms=st.lists(st.integers(0, 3), min_size=2, max_size=2))
+    def deliver_to_all(self, rooms: list[int]) -> None:
+        """Every client ready at once (a dispatch serves them round-robin, one read for
+        all in the common case): together they get what one client with their summed
+        room would, each at most its own room."""
+        clients = sorted(self.clients.values(), key=lambda c: c.name)
+        rooms = rooms[:len(clients)]
+        expected, dead = self._predict(sum(rooms))
+        before = {c.name: len(c.got) for c in clients}
+        for c, room in zip(clients, rooms):
+            c.rdy = c.in_flight_count + room
+        batches = len(self.owner.batches)
+        self.ch.dispatch(self.now, self.wall())
+        while self.owner.dirty:
+            self.owner.dirty = False
+            self.ch.dispatch(self.now, self.wall())
+        got_all = []
+        for c, room in zip(clients, rooms):
+            c.rdy = 0
+            got = c.got[before[c.name]:]
+            assert len(got) <= room
+            got_all += [(o, a) for o, a, _ in got]
+        assert sorted(got_all) == sorted(expected), (got_all, expected)
+        for c in clients:
+            self._took(c, c.got[before[c.name]:], dead if c is clients[0] else [],
+                       batches if c is clients[0] else len(self.owner.batches))
+
+    def _took(self, c: Client, got: list[tuple[int, int, bytes]], dead: list[int],
+              batches: int) -> None:
         for off, attempts, body in got:
             assert off not in self.flight, f"{off} delivered while in flight"
             assert body == body_of(off)
