@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from pybroker.jsonvalue import Json
 
@@ -57,8 +57,9 @@ def closing(r: Response) -> Response:
     return Response(r.status, r.body, r.content_type, r.nsq, r.headers, True, r.raw)
 
 
-# a JSON body: a decoded-JSON value, or a document with a TypedDict shape
-JsonBody = Json | Mapping[str, object]
+# a JSON body: a decoded-JSON value, a document with a TypedDict shape, or a list (an
+# option's value)
+JsonBody = Json | Mapping[str, object] | Sequence[object]
 
 
 def _dumps(data: JsonBody) -> bytes:
