@@ -4,9 +4,10 @@ Go's types, and pybroker's extra keys marked as such.
 
 core.stats and core.snapshot build these; http/ renders them (JSON, the text format,
 /metrics, statsd). Fields nsqd leaves out when empty (``omitempty``) are NotRequired.
-"""
-from __future__ import annotations
 
+Annotations are evaluated here (no ``from __future__ import annotations``), so that
+NotRequired is seen at run time too (``__required_keys__``).
+"""
 from typing import Literal, NotRequired, TypedDict
 
 
