@@ -13,12 +13,14 @@ spark); ``pybroker-nsqd`` (nsqd_cli.py) is the same broker under nsqd's command 
 from __future__ import annotations
 
 import inspect
-from typing import Any, List, Optional
+from collections.abc import Callable
+from typing import List, Optional
 
 import typer
 
 from pybroker import NSQ_COMPAT_VERSION, __version__
 from pybroker.config import SPECS, format_duration
+from pybroker.optiontypes import OptionValue
 from pybroker.logfmt import setup_logging
 
 __all__ = ["app", "full_app", "run_typer", "setup_logging"]
@@ -29,7 +31,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=N
                   help="pybroker: a message broker that speaks NSQ's protocols.")
 
 
-def _serve(config: Optional[str], version: bool, **flags: Any) -> None:
+# a flag's value as click hands it over (lists: the repeats of a repeatable flag)
+FlagArg = str | list[str] | None
+
+
+def _serve(config: Optional[str], version: bool, **flags: FlagArg) -> None:
     if version:
         typer.echo(f"pybroker v{__version__} (nsqd protocol v{NSQ_COMPAT_VERSION})")
         raise typer.Exit(0)
@@ -60,7 +66,7 @@ def metavar(key: str, kind: str) -> str:
     return _METAVARS.get(kind, "TEXT")
 
 
-def _help_and_default(text: str, kind: str, default: Any) -> tuple[str, str]:
+def _help_and_default(text: str, kind: str, default: OptionValue | None) -> tuple[str, str]:
     """An option's help and its default as click shows every other command's
     (``  [default: X]``), in the words a user types (``false``, ``1m``), never Python's."""
     if text.endswith(")") and "(default: " in text:     # a default said in words
@@ -68,7 +74,7 @@ def _help_and_default(text: str, kind: str, default: Any) -> tuple[str, str]:
         return text, f"  [default: {said[:-1]}]"
     if default in (None, "", []):
         return text, ""
-    if kind == "duration":
+    if kind == "duration" and isinstance(default, int):
         return text, f"  [default: {format_duration(default)}]"
     if kind == "tls_required":
         return text, "  [default: false]" if not default else f"  [default: {default}]"
@@ -78,7 +84,7 @@ def _help_and_default(text: str, kind: str, default: Any) -> tuple[str, str]:
     return text, f"  [default: {shown}]"
 
 
-def _build_serve() -> Any:
+def _build_serve() -> Callable[..., None]:
     """A typer command whose flags are generated from config.SPECS (one per option)."""
     params = [
         inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
@@ -88,17 +94,15 @@ def _build_serve() -> Any:
                           default=typer.Option(False, "--version", help="print the version")),
     ]
     for spec in SPECS:
-        annotation: Any = Optional[List[str]] if spec.kind == "list" else Optional[str]
+        annotation: object = Optional[List[str]] if spec.kind == "list" else Optional[str]
         help_text, shown = _help_and_default(spec.help, spec.kind, spec.default)
         params.append(inspect.Parameter(
             spec.key, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
             default=typer.Option(None, spec.flag_name, help=help_text + shown,
                                  metavar=metavar(spec.key, spec.kind), show_default=False)))
 
-    def serve(**kw: Any) -> None:
+    def serve(config: Optional[str] = None, version: bool = False, **kw: FlagArg) -> None:
         """Run the broker (nsqd's TCP protocol V2) until SIGTERM or SIGINT."""
-        config = kw.pop("config")
-        version = kw.pop("version")
         flags = {k: (v or None) if isinstance(v, list) else v for k, v in kw.items()}
         _serve(config, version, **flags)
 

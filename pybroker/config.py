@@ -13,9 +13,10 @@ import os
 import re
 import socket
 import zlib
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable, Mapping
 
 from pybroker.errors import ConfigError
+from pybroker.optiontypes import OptionFields, OptionValue
 
 NS = 1
 MS = 1_000_000
@@ -80,7 +81,7 @@ class OptionSpec:
 
     __slots__ = ("key", "kind", "default", "help", "low", "high", "flag")
 
-    def __init__(self, key: str, kind: str, default: Any, help: str,
+    def __init__(self, key: str, kind: str, default: OptionValue | None, help: str,
                  low: float | None = None, high: float | None = None,
                  flag: str | None = None) -> None:
         self.key = key
@@ -256,30 +257,27 @@ SPEC_BY_KEY = {s.key: s for s in SPECS}
 LOG_LEVEL_NAMES = frozenset(("debug", "info", "warn", "warning", "error", "fatal"))
 
 
-class Options:
-    """Resolved settings, one attribute per key (hot paths read them per command).
+class Options(OptionFields):
+    """Resolved settings, one attribute per key (hot paths read them per command); their
+    types are declared by pybroker.optiontypes.OptionFields.
 
     Durations are integers in nanoseconds.
     """
 
-    def __init__(self, values: dict[str, Any]) -> None:
+    def __init__(self, values: Mapping[str, OptionValue | None]) -> None:
         self.__dict__.update(values)
 
-    if TYPE_CHECKING:  # attributes come from SPECS
-        def __getattr__(self, name: str) -> Any: ...
-        def __setattr__(self, name: str, value: Any) -> None: ...
-
     @property
-    def values(self) -> dict[str, Any]:
+    def values(self) -> dict[str, OptionValue]:
         return {s.key: getattr(self, s.key) for s in SPECS}
 
-    def with_overrides(self, **kw: Any) -> "Options":
+    def with_overrides(self, **kw: OptionValue) -> "Options":
         merged = self.values
         merged.update(kw)
         return Options(merged)
 
 
-def _coerce(spec: OptionSpec, value: Any, where: str) -> Any:
+def _coerce(spec: OptionSpec, value: object, where: str) -> OptionValue:
     """Turn a TOML or command-line value into the option's type, or raise ConfigError."""
     name = where or f"config key {spec.key}"
     kind = spec.kind
@@ -288,7 +286,7 @@ def _coerce(spec: OptionSpec, value: Any, where: str) -> Any:
             if isinstance(value, bool):
                 raise ValueError("expected a duration")
             if isinstance(value, int):
-                out: Any = value * MS  # a bare number is milliseconds
+                out: OptionValue = value * MS  # a bare number is milliseconds
             elif isinstance(value, str):
                 out = parse_duration(value)
             else:
@@ -335,7 +333,7 @@ def _coerce(spec: OptionSpec, value: Any, where: str) -> Any:
     return out
 
 
-def load_toml(path: str) -> dict[str, Any]:
+def load_toml(path: str) -> dict[str, object]:
     """Read a TOML config file into a dict of raw values."""
     import tomllib
 
@@ -350,10 +348,10 @@ def load_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path!r} cannot be read: {e.strerror}") from None
 
 
-def resolve(file_values: dict[str, Any], flag_values: dict[str, Any],
-            validators: tuple[Callable[[dict[str, Any]], None], ...] = ()) -> Options:
+def resolve(file_values: Mapping[str, object], flag_values: Mapping[str, object],
+            validators: tuple[Callable[[Options], None], ...] = ()) -> Options:
     """Merge defaults < config file < flags, validate, and return Options."""
-    values: dict[str, Any] = {s.key: s.default for s in SPECS}
+    values: dict[str, OptionValue | None] = {s.key: s.default for s in SPECS}
     for key, raw in file_values.items():
         spec = SPEC_BY_KEY.get(key)
         if spec is None:
@@ -370,46 +368,48 @@ def resolve(file_values: dict[str, Any], flag_values: dict[str, Any],
         values["broadcast_address"] = socket.gethostname()
     if values["loop_threads"] == 0:
         values["loop_threads"] = os.cpu_count() or 1
-    _check(values)
+    options = Options(values)
+    _check(options)
     for v in validators:
-        v(values)
-    return Options(values)
+        v(options)
+    return options
 
 
-def _check(v: dict[str, Any]) -> None:
+def _check(v: Options) -> None:
     """Cross-field checks (nsqd's, in nsqd.New, plus pybroker's own)."""
     _check_tls(v)
-    if v["durability"] not in ("memory", "fsync"):
-        raise ConfigError(f"durability: {v['durability']!r} is not \"memory\" or \"fsync\"")
-    dlt = v["dead_letter_topic"]
+    if v.durability not in ("memory", "fsync"):
+        raise ConfigError(f"durability: {v.durability!r} is not \"memory\" or \"fsync\"")
+    dlt = v.dead_letter_topic
     if dlt and (not _TOPIC_RE.fullmatch(dlt) or len(dlt) > 64):
         raise ConfigError(f"dead_letter_topic: {dlt!r} is not a valid topic name "
                           "(1-64 characters of [.a-zA-Z0-9_-], not #ephemeral)")
-    if v["cluster_etcd"]:
-        if v["min_insync_replicas"] > v["replication_factor"]:
+    if v.cluster_etcd:
+        if v.min_insync_replicas > v.replication_factor:
             raise ConfigError("min_insync_replicas: must not exceed replication_factor")
         try:
-            split_hostport(v["cluster_address"])
+            split_hostport(v.cluster_address)
         except ValueError as e:
             raise ConfigError(f"cluster_address: {e}") from None
-        url = str(v["cluster_etcd"])
+        url = str(v.cluster_etcd)
         if not re.fullmatch(r"(http://)?[^/:\s]+(:\d+)?/?", url):
             raise ConfigError(f"cluster_etcd: {url!r} is not http://host:port")
-    if v["msg_timeout"] > v["max_msg_timeout"]:
+    if v.msg_timeout > v.max_msg_timeout:
         raise ConfigError("msg_timeout: must not exceed max_msg_timeout")
-    if v["max_msg_size"] > v["max_body_size"]:
+    if v.max_msg_size > v.max_body_size:
         raise ConfigError("max_msg_size: must not exceed max_body_size")
-    if v["min_output_buffer_timeout"] > v["max_output_buffer_timeout"]:
+    if v.min_output_buffer_timeout > v.max_output_buffer_timeout:
         raise ConfigError("min_output_buffer_timeout: must not exceed max_output_buffer_timeout")
-    for key in ("tcp_address", "http_address"):
-        if v[key] or key == "tcp_address":
+    for key, addr in (("tcp_address", v.tcp_address), ("http_address", v.http_address)):
+        if addr or key == "tcp_address":
             try:
-                split_hostport(v[key])
+                split_hostport(addr)
             except ValueError as e:
-                raise ConfigError(f"{key}: {e}{_unix_hint(v[key])}") from None
-    # matches nsqd: the flag may repeat and each value may be a comma-separated list
+                raise ConfigError(f"{key}: {e}{_unix_hint(addr)}") from None
+    # matches nsqd: the flag may repeat and each value may be a comma-separated list (the
+    # values are still as given here: strings or numbers; floats from here on)
     percentiles: list[float] = []
-    for raw in v["e2e_processing_latency_percentiles"]:
+    for raw in v.e2e_processing_latency_percentiles:
         parts = raw.split(",") if isinstance(raw, str) else [raw]
         for p in parts:
             try:
@@ -421,7 +421,7 @@ def _check(v: dict[str, Any]) -> None:
             if not 0 < f <= 1:
                 raise ConfigError(f"e2e_processing_latency_percentiles: {p!r} is not in (0, 1]")
             percentiles.append(f)
-    v["e2e_processing_latency_percentiles"] = percentiles
+    v.e2e_processing_latency_percentiles = percentiles
 
 
 # tls_required: nsqd's TLSNotRequired, TLSRequiredExceptHTTP, TLSRequired
@@ -430,7 +430,7 @@ _GO_BOOLS = {"1": True, "t": True, "true": True, "0": False, "f": False, "false"
 TLS_MIN_VERSIONS = ("tls1.0", "tls1.1", "tls1.2", "tls1.3")
 
 
-def parse_tls_required(value: Any) -> int:
+def parse_tls_required(value: object) -> int:
     """nsqd's tlsRequiredOption: "tcp-https", or a Go bool ("true", "1", "f", ...)."""
     if isinstance(value, bool):
         return TLS_REQUIRED if value else TLS_NOT_REQUIRED
@@ -444,34 +444,34 @@ def parse_tls_required(value: Any) -> int:
     return TLS_REQUIRED if _GO_BOOLS[text] else TLS_NOT_REQUIRED
 
 
-def _check_tls(v: dict[str, Any]) -> None:
+def _check_tls(v: Options) -> None:
     """nsqd's TLS and auth start-up rules (apps/nsqd options and nsqd.New)."""
-    version = str(v["tls_min_version"]).lower()
+    version = str(v.tls_min_version).lower()
     if version and version not in TLS_MIN_VERSIONS:
         # matches nsqd: "ssl3.0" is named in its help text but refused when parsed
-        raise ConfigError(f"tls_min_version: unknown version {v['tls_min_version']!r} "
+        raise ConfigError(f"tls_min_version: unknown version {v.tls_min_version!r} "
                           f"(use {', '.join(TLS_MIN_VERSIONS)})")
-    v["tls_min_version"] = version or "tls1.0"
-    policy = v["tls_client_auth_policy"]
+    v.tls_min_version = version or "tls1.0"
+    policy = v.tls_client_auth_policy
     if policy not in ("", "require", "require-verify"):
         raise ConfigError(f"tls_client_auth_policy: {policy!r} is not 'require' or "
                           "'require-verify'")
-    if policy and v["tls_required"] == TLS_NOT_REQUIRED:
-        v["tls_required"] = TLS_REQUIRED  # matches nsqd: a client policy implies TLS
-    if bool(v["tls_cert"]) != bool(v["tls_key"]):
+    if policy and v.tls_required == TLS_NOT_REQUIRED:
+        v.tls_required = TLS_REQUIRED  # matches nsqd: a client policy implies TLS
+    if bool(v.tls_cert) != bool(v.tls_key):
         raise ConfigError("tls_cert: tls_cert and tls_key must be given together")
-    if not v["tls_cert"] and v["tls_required"] != TLS_NOT_REQUIRED:
+    if not v.tls_cert and v.tls_required != TLS_NOT_REQUIRED:
         raise ConfigError("tls_required: cannot require TLS client connections without "
                           "TLS key and cert")
-    if v["tls_cert"] and v["https_address"]:
+    if v.tls_cert and v.https_address:
         try:
-            split_hostport(v["https_address"])
+            split_hostport(v.https_address)
         except ValueError as e:
-            raise ConfigError(f"https_address: {e}{_unix_hint(v['https_address'])}") from None
-    method = str(v["auth_http_request_method"]).lower()
+            raise ConfigError(f"https_address: {e}{_unix_hint(v.https_address)}") from None
+    method = str(v.auth_http_request_method).lower()
     if method not in ("get", "post"):
         raise ConfigError("auth_http_request_method: must be post or get")
-    v["auth_http_request_method"] = method
+    v.auth_http_request_method = method
 
 
 def _unix_hint(addr: str) -> str:

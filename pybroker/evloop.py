@@ -59,12 +59,19 @@ class Pollable(Protocol):
 
 
 class Timers(Protocol):
-    """A deadline-ordered store of timer entries (owner thread only)."""
+    """A deadline-ordered store of timer entries (owner thread only). Each store has
+    its own handle type (the heap's entry, the wheel's (bucket, seq)); the loop hands
+    back to ``remove`` what ``add`` returned, so the Protocol leaves handles untyped."""
 
     def add(self, deadline_ns: int, item: Call) -> Any: ...
     def remove(self, handle: Any) -> bool: ...
     def pop_expired(self, now_ns: int, limit: int = 0) -> list[Call]: ...
     def next_deadline(self) -> int | None: ...
+
+
+# (deadline_ns, seq, [call, or None once removed]): seq is unique, so entries compare by
+# the two integers only
+HeapEntry = tuple[int, int, list[Call | None]]
 
 
 class HeapTimers:
@@ -73,34 +80,35 @@ class HeapTimers:
     __slots__ = ("_heap", "_seq")
 
     def __init__(self) -> None:
-        self._heap: list[list[Any]] = []   # [deadline_ns, seq, call or None]
+        self._heap: list[HeapEntry] = []
         self._seq = itertools.count()
 
     def __len__(self) -> int:
         return len(self._heap)
 
-    def add(self, deadline_ns: int, item: Call) -> list[Any]:
-        entry = [deadline_ns, next(self._seq), item]
+    def add(self, deadline_ns: int, item: Call) -> HeapEntry:
+        entry: HeapEntry = (deadline_ns, next(self._seq), [item])
         heapq.heappush(self._heap, entry)
         return entry
 
-    def remove(self, handle: list[Any]) -> bool:
-        alive = handle[2] is not None
-        handle[2] = None
+    def remove(self, handle: HeapEntry) -> bool:
+        cell = handle[2]
+        alive = cell[0] is not None
+        cell[0] = None
         return alive
 
     def pop_expired(self, now_ns: int, limit: int = 0) -> list[Call]:
         heap = self._heap
         out: list[Call] = []
         while heap and heap[0][0] <= now_ns and not (limit and len(out) >= limit):
-            item = heapq.heappop(heap)[2]
+            item = heapq.heappop(heap)[2][0]
             if item is not None:
                 out.append(item)
         return out
 
     def next_deadline(self) -> int | None:
         heap = self._heap
-        while heap and heap[0][2] is None:
+        while heap and heap[0][2][0] is None:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 

@@ -23,7 +23,7 @@ no backtracking pattern).
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from typing import Callable, Union
 
 # kinds: Go's flag types. "list" is a repeatable string flag (nsqd's app.StringArray),
 # "floats" a repeatable comma-separated float list (app.FloatArray), "value" a flag.Value
@@ -44,6 +44,11 @@ _FLOAT = re.compile(r"[+-]?(?:inf(?:inity)?|nan|(?:\d[\d_]*(?:\.[\d_]*)?|\.\d[\d
                     r"(?:e[+-]?\d+)?|0x[\da-f_.]+(?:p[+-]?\d+)?)", re.I)
 
 
+# a parsed flag's value (and a Flag's shown default): LIST and FLOATS flags collect
+# their repeats in one list
+FlagValue = Union[None, bool, int, float, str, list[str | float]]
+
+
 class FlagError(Exception):
     """A command line Go's flag package refuses; str() is Go's message (exit status 2)."""
 
@@ -58,8 +63,8 @@ class Flag:
 
     __slots__ = ("name", "kind", "default", "usage", "parse")
 
-    def __init__(self, name: str, kind: str, default: Any, usage: str,
-                 parse: Callable[[str], Any] | None = None) -> None:
+    def __init__(self, name: str, kind: str, default: object, usage: str,
+                 parse: Callable[[str], FlagValue] | None = None) -> None:
         self.name = name
         self.kind = kind
         self.default = default
@@ -142,10 +147,10 @@ def _quote(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _set(flag: Flag, raw: str, actual: dict[str, Any]) -> None:
+def _set(flag: Flag, raw: str, actual: dict[str, FlagValue]) -> None:
     kind = flag.kind
     if kind == BOOL:
-        value: Any = parse_bool(raw)
+        value: FlagValue = parse_bool(raw)
     elif kind == INT:
         value = parse_int(raw)
     elif kind == DURATION:
@@ -156,14 +161,18 @@ def _set(flag: Flag, raw: str, actual: dict[str, Any]) -> None:
     elif kind == STRING:
         value = raw
     elif kind == LIST:
-        actual.setdefault(flag.name, []).append(raw)  # in place: linear in repeats
+        got = actual.setdefault(flag.name, [])
+        if isinstance(got, list):
+            got.append(raw)  # in place: linear in repeats
         return
     elif kind == FLOATS:
         try:
             floats = [parse_float(p) for p in raw.split(",")]
         except ValueError:
             raise ValueError(f"could not parse {_quote(raw)} as floats") from None
-        actual.setdefault(flag.name, []).extend(floats)  # sorted once parsing is done
+        got = actual.setdefault(flag.name, [])
+        if isinstance(got, list):
+            got.extend(floats)  # sorted once parsing is done
         return
     else:
         assert flag.parse is not None
@@ -171,10 +180,10 @@ def _set(flag: Flag, raw: str, actual: dict[str, Any]) -> None:
     actual[flag.name] = value
 
 
-def parse(flags: dict[str, Flag], argv: list[str]) -> tuple[dict[str, Any], list[str]]:
+def parse(flags: dict[str, Flag], argv: list[str]) -> tuple[dict[str, FlagValue], list[str]]:
     """Parse argv as Go's FlagSet.Parse; returns (flags set -> parsed value, the
     arguments after the flags). Raises FlagError or HelpRequested."""
-    actual: dict[str, Any] = {}
+    actual: dict[str, FlagValue] = {}
     args = list(argv)
     i = 0
     while i < len(args):
@@ -213,9 +222,9 @@ def parse(flags: dict[str, Flag], argv: list[str]) -> tuple[dict[str, Any], list
             _set(flag, value, actual)
         except ValueError as e:
             raise FlagError(f"invalid value {_quote(value)} for flag -{name}: {e}") from None
-    for name, value in actual.items():
-        if flags[name].kind == FLOATS:
-            value.sort(reverse=True)  # matches nsqd's FloatArray: largest first
+    for name, got in actual.items():
+        if flags[name].kind == FLOATS and isinstance(got, list):
+            got.sort(key=float, reverse=True)  # matches nsqd's FloatArray: largest first
     return actual, args[i:]
 
 
@@ -230,7 +239,7 @@ def usage(prog: str, flags: dict[str, Flag]) -> str:
             head += " " + kind
         text = f.usage.replace("\n", "\n    \t")
         if f.default not in (None, "", False, 0, []):
-            shown = _quote(f.default) if f.kind == STRING else f.default
+            shown = _quote(str(f.default)) if f.kind == STRING else f.default
             text += f" (default {str(shown).lower() if isinstance(shown, bool) else shown})"
         lines.append(head + ("\t" if len(name) == 1 and not kind else "\n    \t") + text)
     return "\n".join(lines) + "\n"

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import gc
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pybroker.start import serve
+
+if TYPE_CHECKING:
+    from pybroker.config import OptionSpec
 
 # Go's boolean flags (a bare -snappy is true), nsqd's deprecated no-ops, and the values a
 # boolean option of serve takes after a space (serve's own "--snappy false")
@@ -25,7 +28,7 @@ _BOOL_WORDS = frozenset(("1", "0", "t", "f", "true", "false", "yes", "no", "y", 
                          "off", "tcp-https"))
 
 
-def _names() -> tuple[dict[str, Any], set[str]]:
+def _names() -> tuple[dict[str, OptionSpec], set[str]]:
     from pybroker.config import SPECS
 
     by_flag = {s.flag_name[2:]: s for s in SPECS}
@@ -76,12 +79,13 @@ def go_style_args(args: list[str]) -> list[str]:
     return out
 
 
-def plain_serve_args(args: list[str]) -> tuple[str | None, dict[str, Any]] | None:
+def plain_serve_args(args: list[str]) -> tuple[str | None, dict[str, object]] | None:
     """(config path, {key: raw value}) for a command line of plain options only, as
     click would read it; None for anything else (typer reads it then)."""
     by_flag, _ = _names()
     config: str | None = None
-    flags: dict[str, Any] = {}
+    flags: dict[str, object] = {}
+    lists: dict[str, list[str]] = {}     # the repeatable options
     i = 0
     while i < len(args):
         arg = args[i]
@@ -104,9 +108,10 @@ def plain_serve_args(args: list[str]) -> tuple[str | None, dict[str, Any]] | Non
         if spec is None:
             return None
         if spec.kind == "list":
-            flags.setdefault(spec.key, []).append(value)
+            lists.setdefault(spec.key, []).append(value)
         else:
             flags[spec.key] = value
+    flags.update(lists)
     return config, flags
 
 

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import gc
 import sys
-from typing import Any
+from typing import Callable
 
 from pybroker import DROPIN_VERSION
 from pybroker.goflags import (BOOL, BOOLVALUE, DURATION, FLOATS, INT, LIST, STRING, VALUE,
-                              Flag, FlagError, HelpRequested, parse, parse_bool, parse_float,
+                              Flag, FlagError, FlagValue, HelpRequested, parse, parse_bool, parse_float,
                               usage)
 
 PROG = "pybroker-nsqd"
@@ -80,7 +80,7 @@ def _tls_min_version(s: str) -> str:
     return s
 
 
-_VALUE_PARSERS = {"log_level": _log_level, "tls_required": _tls_required,
+_VALUE_PARSERS: dict[str, Callable[[str], FlagValue]] = {"log_level": _log_level, "tls_required": _tls_required,
                   "tls_min_version": _tls_min_version, "queue_scan_dirty_percent": parse_float}
 _KINDS = {"str": STRING, "int": INT, "duration": DURATION, "bool": BOOL, "list": LIST,
           "float": VALUE, "tls_required": BOOLVALUE}
@@ -103,7 +103,7 @@ def flag_table() -> tuple[dict[str, Flag], dict[str, str]]:
         elif spec.key in _VALUE_PARSERS:
             kind = BOOLVALUE if spec.kind == "tls_required" else VALUE
         default = NSQD_DEFAULTS.get(spec.key, spec.default)
-        if spec.kind == "duration" and default is not None:
+        if spec.kind == "duration" and isinstance(default, int):
             default = format_duration(default)
         if spec.key == "id":
             default = None  # a hash of the hostname
@@ -113,18 +113,18 @@ def flag_table() -> tuple[dict[str, Flag], dict[str, str]]:
     return flags, keys
 
 
-def flag_values(actual: dict[str, Any], keys: dict[str, str]) -> dict[str, Any]:
+def flag_values(actual: dict[str, FlagValue], keys: dict[str, str]) -> dict[str, FlagValue]:
     """Parsed flags -> raw option values for config.resolve (which checks ranges)."""
     from pybroker.config import SPEC_BY_KEY
     from pybroker.errors import ConfigError
 
-    out: dict[str, Any] = {}
+    out: dict[str, FlagValue] = {}
     for name, value in actual.items():
         key = keys.get(name)
         if key is None:
             continue  # -version, -config, and nsqd's deprecated no-ops
         kind = SPEC_BY_KEY[key].kind
-        if kind == "duration":
+        if kind == "duration" and isinstance(value, int):
             if value < 0:
                 raise ConfigError(f"flag -{name}: a negative duration is not allowed "
                                   f"({value}ns)")
@@ -137,7 +137,7 @@ def flag_values(actual: dict[str, Any], keys: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def file_values(path: str) -> tuple[dict[str, Any], list[str]]:
+def file_values(path: str) -> tuple[dict[str, object], list[str]]:
     """nsqd's config file: (values of known keys, keys ignored as nsqd ignores them)."""
     from pybroker.config import SPEC_BY_KEY, load_toml
 
@@ -167,9 +167,10 @@ def main(argv: list[str] | None = None) -> int:
 
     ignored: list[str] = []
     try:
-        from_file: dict[str, Any] = dict(NSQD_DEFAULTS)
-        if actual.get("config"):
-            known, ignored = file_values(actual["config"])
+        from_file: dict[str, object] = dict(NSQD_DEFAULTS)
+        config = actual.get("config")
+        if config:
+            known, ignored = file_values(str(config))
             from_file.update(known)
         options = resolve(from_file, flag_values(actual, keys))
         _log_level(options.log_level)  # the config file's, as nsqd's cfg.Validate

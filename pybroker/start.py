@@ -8,11 +8,12 @@ and below the command lines, which import it; it imports neither of them.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 
 __all__ = ["serve"]
 
 
-def serve(config: str | None, flags: dict[str, object]) -> int:
+def serve(config: str | None, flags: Mapping[str, object]) -> int:
     """Resolve the options, bind every listener, then import the server and run it;
     returns the exit status (2 for a bad configuration, with one line naming the key)."""
     from pybroker.config import LOG_LEVEL_NAMES, load_toml, resolve

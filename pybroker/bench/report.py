@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
+from pybroker.bench.results import BenchResult, Summary, number
 from pybroker.bench.stats import human_bytes
 
 # (scenario, figure key, label, format); "bytes" figures are shown as sizes
@@ -33,7 +32,7 @@ ROWS: list[tuple[str, str, str, str]] = [
 ]
 
 
-def _fmt(value: Any, fmt: str) -> str:
+def _fmt(value: float | None, fmt: str) -> str:
     if value is None:
         return "-"
     if fmt == "bytes":
@@ -41,7 +40,7 @@ def _fmt(value: Any, fmt: str) -> str:
     return format(value, fmt)
 
 
-def table(result: dict[str, Any]) -> str:
+def table(result: BenchResult) -> str:
     """Medians per scenario and broker, with pybroker/nsqd when both ran (Markdown)."""
     summary = result["summary"]
     names = list(result["brokers"])
@@ -58,7 +57,8 @@ def table(result: dict[str, Any]) -> str:
             cells.append("-" if r is None else f"{r:.2f}x")
         lines.append("| " + " | ".join(cells) + " |")
     runs = result["runs"]
-    counts = sorted({e[n]["ok_runs"] for e in summary.values() for n in names if n in e})
+    counts = sorted({int(e[n]["ok_runs"] or 0) for e in summary.values() for n in names
+                     if n in e})
     lines.append("")
     lines.append(f"Medians of {runs} run(s) per scenario and broker"
                  + ("" if counts == [runs] else f" (successful runs: {counts})") + "."
@@ -78,7 +78,7 @@ TARGETS = [("publish", "pub", "pub_msgs_s", True, 0.5),
            ("p99 latency", "latency", "e2e_p99_ms", False, 2.0)]
 
 
-def targets(summary: dict[str, Any]) -> list[tuple[str, float, str, float, bool]]:
+def targets(summary: Summary) -> list[tuple[str, float, str, float, bool]]:
     """Each target whose ratio was measured: (label, ratio, ">="/"<=", goal, met)."""
     out = []
     for label, scenario, key, higher, goal in TARGETS:
@@ -89,7 +89,7 @@ def targets(summary: dict[str, Any]) -> list[tuple[str, float, str, float, bool]
     return out
 
 
-def settings_line(result: dict[str, Any]) -> str:
+def settings_line(result: BenchResult) -> str:
     c, m = result["config"], result["machine"]
     return (f"{m['cores']} cores ({m['cpu'] or 'unknown CPU'}), "
             f"{m['memory_bytes'] / 2**30:.0f} GiB, Linux {m['kernel']}, Python {m['python']}; "
@@ -98,23 +98,23 @@ def settings_line(result: dict[str, Any]) -> str:
             f" memory {c['memory_messages']:,} x {c['memory_size']} B")
 
 
-def write_json(result: dict[str, Any], path: str | Path) -> None:
+def write_json(result: BenchResult, path: str | Path) -> None:
     Path(path).write_text(json.dumps(result, indent=2, default=str) + "\n")
 
 
-def _spread(result: dict[str, Any], name: str, keys: list[tuple[str, str]],
+def _spread(result: BenchResult, name: str, keys: list[tuple[str, str]],
             medians: list[float], scale: float) -> tuple[list[float], list[float]]:
     """Distances from each median down to the runs' minimum and up to their maximum."""
     lo, hi = [], []
     for (scenario, key), mid in zip(keys, medians):
-        vals = [r[key] / scale for r in result["records"] if r["broker"] == name
-                and r["scenario"] == scenario and r.get(key) is not None]
+        vals = [v / scale for r in result["records"] if r["broker"] == name
+                and r["scenario"] == scenario and (v := number(r.get(key))) is not None]
         lo.append(mid - min(vals) if vals else 0.0)
         hi.append(max(vals) - mid if vals else 0.0)
     return lo, hi
 
 
-def write_plot(result: dict[str, Any], path: str | Path) -> None:
+def write_plot(result: BenchResult, path: str | Path) -> None:
     """Throughput bars, latency percentile bars and latency over time (matplotlib PNG)."""
     try:
         import matplotlib
@@ -158,7 +158,9 @@ def write_plot(result: dict[str, Any], path: str | Path) -> None:
         recs = [r for r in result["records"] if r["broker"] == name
                 and r["scenario"] == "latency" and r.get("samples")]
         if recs:
-            xs, ys = zip(*recs[-1]["samples"])
+            samples = recs[-1]["samples"]
+            assert isinstance(samples, list)
+            xs, ys = zip(*samples)
             ax3.plot(xs, ys, ".", markersize=2, label=f"{name} (run {recs[-1]['run']})")
     ax3.set_yscale("log")
     ax3.set_xlabel("s since start")

@@ -16,9 +16,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
 from pybroker.bench.brokers import Broker, BrokerProcess, ExternalBroker, nsqd_version
+from pybroker.bench.results import BenchResult, Figure, Figures, MachineInfo, Summary, number
 from pybroker.bench.scenarios import RUNNERS, BenchConfig
 from pybroker.bench.stats import median, ratio
 
@@ -35,7 +34,7 @@ class Target:
     name: str
     make: Callable[[list[str]], Broker]
     description: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, str] = field(default_factory=dict)
 
 
 def pybroker_target(args: list[str], env: dict[str, str] | None = None) -> Target:
@@ -60,7 +59,7 @@ def scenario_args(scenario: str, cfg: BenchConfig) -> list[str]:
     return []
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info() -> MachineInfo:
     cpu = ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -90,16 +89,16 @@ def machine_info() -> dict[str, Any]:
 
 
 def run_bench(targets: list[Target], scenarios: list[str], cfg: BenchConfig, runs: int,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
+              log: Callable[[str], None] = print) -> BenchResult:
     """Run every scenario ``runs`` times on every target; figures, medians and ratios."""
-    records: list[dict[str, Any]] = []
+    records: list[Figures] = []
     tag = uuid.uuid4().hex[:8]
     for run in range(1, runs + 1):
         order = targets if run % 2 else list(reversed(targets))
         for scenario in scenarios:
             for target in order:
                 topic = f"bench_{scenario}_{tag}_{run}_{target.name}"
-                rec = {"broker": target.name, "scenario": scenario, "run": run}
+                rec: Figures = {"broker": target.name, "scenario": scenario, "run": run}
                 broker = target.make(scenario_args(scenario, cfg))
                 t0 = time.monotonic()
                 try:
@@ -125,18 +124,18 @@ def run_bench(targets: list[Target], scenarios: list[str], cfg: BenchConfig, run
             "records": records, "summary": summarize(records, [t.name for t in targets])}
 
 
-def summarize(records: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+def summarize(records: list[Figures], names: list[str]) -> Summary:
     """Per scenario: each broker's median of each numeric figure, and pybroker/nsqd."""
-    out: dict[str, Any] = {}
-    for scenario in dict.fromkeys(r["scenario"] for r in records):
-        entry: dict[str, Any] = {}
+    out: Summary = {}
+    for scenario in dict.fromkeys(str(r["scenario"]) for r in records):
+        entry: dict[str, dict[str, float | None]] = {}
         for name in names:
             recs = [r for r in records if r["scenario"] == scenario and r["broker"] == name
                     and "error" not in r]
             keys = dict.fromkeys(k for r in recs for k, v in r.items()
                                  if isinstance(v, (int, float)) and not isinstance(v, bool)
                                  and k != "run")
-            entry[name] = {k: median(r.get(k) for r in recs) for k in keys}
+            entry[name] = {k: median(number(r.get(k)) for r in recs) for k in keys}
             entry[name]["ok_runs"] = len(recs)
         if "pybroker" in entry and "nsqd" in entry:
             entry["ratio"] = paired_ratios([r for r in records if r["scenario"] == scenario])
@@ -144,19 +143,20 @@ def summarize(records: list[dict[str, Any]], names: list[str]) -> dict[str, Any]
     return out
 
 
-def paired_ratios(records: list[dict[str, Any]]) -> dict[str, float]:
+def paired_ratios(records: list[Figures]) -> dict[str, float | None]:
     """pybroker/nsqd per figure: the median over runs of each run's ratio.
 
     The two brokers of one run are measured back to back, so pairing them cancels most
     of the drift in what else the machine is doing between runs.
     """
-    by_run: dict[int, dict[str, dict[str, Any]]] = {}
+    by_run: dict[Figure, dict[Figure, Figures]] = {}
     for r in records:
         if "error" not in r:
             by_run.setdefault(r["run"], {})[r["broker"]] = r
-    out: dict[str, float] = {}
+    out: dict[str, float | None] = {}
     for k in (*HIGHER_BETTER, *LOWER_BETTER):
-        rs = [ratio(pair["pybroker"].get(k), pair["nsqd"].get(k)) for pair in by_run.values()
+        rs = [ratio(number(pair["pybroker"].get(k)), number(pair["nsqd"].get(k)))
+              for pair in by_run.values()
               if "pybroker" in pair and "nsqd" in pair]
         m = median(rs)
         if m is not None:
@@ -164,7 +164,7 @@ def paired_ratios(records: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def format_record(rec: dict[str, Any], cfg: BenchConfig) -> str:
+def format_record(rec: Figures, cfg: BenchConfig) -> str:
     """One line per measurement, in the spirit of bench_writer's output."""
     head = f"[bench] run {rec['run']} {rec['scenario']:<7} {rec['broker']:<8}"
     if "error" in rec:
@@ -179,8 +179,8 @@ def format_record(rec: dict[str, Any], cfg: BenchConfig) -> str:
                      f" lost {rec['lost']}")
     if "bytes_per_msg" in rec:
         parts.append(f"{rec['messages']:,} x {rec['body_size']} B queued: RSS +"
-                     f"{rec['rss_growth'] / 2**20:,.1f} MiB = {rec['bytes_per_msg']:.0f} B/msg"
+                     f"{(number(rec['rss_growth']) or 0) / 2**20:,.1f} MiB = {rec['bytes_per_msg']:.0f} B/msg"
                      + (f", drained {rec['drained']:,}" if "drained" in rec else ""))
-    parts.append(f"peak RSS {rec.get('peak_rss', 0) / 2**20:,.1f} MiB"
+    parts.append(f"peak RSS {(number(rec.get('peak_rss')) or 0) / 2**20:,.1f} MiB"
                  f" cpu {rec.get('broker_cpu_pct', 0):.0f}%")
     return f"{head} " + " - ".join(parts)

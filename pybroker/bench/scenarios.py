@@ -13,10 +13,9 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
 from pybroker.bench import workers
 from pybroker.bench.brokers import Broker
+from pybroker.bench.results import Figures, WorkerResult
 from pybroker.bench.wire import NsqConn, publish_cmd
 
 MB = 1024 * 1024
@@ -44,18 +43,18 @@ class BenchConfig:
     memory_verify: bool = True      # drain the memory scenario's queue and count it
     samples: int = 2000             # latency samples kept for the plot
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, int | float | bool]:
         return asdict(self)
 
 
-Job = tuple[Callable[..., dict[str, Any]], dict[str, Any]]
+Job = tuple[Callable[..., WorkerResult], dict[str, object]]   # a load process and its keywords
 
 
 class WorkerError(RuntimeError):
     """A load process failed or did not finish."""
 
 
-def _run(jobs: list[Job], limit_s: float) -> tuple[list[dict[str, Any]], float]:
+def _run(jobs: list[Job], limit_s: float) -> tuple[list[WorkerResult], float]:
     """Run ``jobs`` as processes from one common start; their results (in job order)."""
     ctx = mp.get_context("spawn")
     ready, results = ctx.Queue(), ctx.Queue()
@@ -68,7 +67,7 @@ def _run(jobs: list[Job], limit_s: float) -> tuple[list[dict[str, Any]], float]:
                         name=f"bench-{fn.__name__}-{i}", daemon=True)
         p.start()
         procs.append(p)
-    out: dict[int, dict[str, Any]] = {}
+    out: dict[int, WorkerResult] = {}
     try:
         waiting = len(jobs)
         deadline = time.monotonic() + 60
@@ -132,10 +131,10 @@ def _sub_jobs(broker: Broker, cfg: BenchConfig, topic: str, channel: str) -> lis
     return [(workers.consumer, kw) for _ in range(cfg.connections)]
 
 
-def _pub_figures(results: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, Any]:
+def _pub_figures(results: list[WorkerResult], cfg: BenchConfig) -> Figures:
     count = sum(r["count"] for r in results)
     elapsed = max(r["elapsed_s"] for r in results)
-    out: dict[str, Any] = {"pub_messages": count, "pub_elapsed_s": elapsed}
+    out: Figures = {"pub_messages": count, "pub_elapsed_s": elapsed}
     out.update(_rates(count, elapsed, cfg.size, "pub_"))
     req = [r["req_ms"] for r in results if r["req_ms"]]
     if req:
@@ -144,39 +143,37 @@ def _pub_figures(results: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, A
     return out
 
 
-def _sub_figures(results: list[dict[str, Any]], cfg: BenchConfig,
-                 start: float) -> dict[str, Any]:
+def _sub_figures(results: list[WorkerResult], cfg: BenchConfig, start: float) -> Figures:
     count = sum(r["count"] for r in results)
     last = max((r["last"] for r in results if r["count"]), default=start)
     drained = all(r["elapsed_s"] < cfg.duration_s - 1e-3 for r in results)
     # drained early: the rate is over the time until the last message arrived
     elapsed = (last - start) if drained and count else cfg.duration_s
-    out: dict[str, Any] = {"sub_messages": count, "sub_elapsed_s": elapsed,
-                           "sub_drained": drained}
+    out: Figures = {"sub_messages": count, "sub_elapsed_s": elapsed, "sub_drained": drained}
     out.update(_rates(count, elapsed, cfg.size, "sub_"))
     return out
 
 
-def _measured(broker: Broker, body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _measured(broker: Broker, body: Callable[[], Figures]) -> Figures:
     cpu0, t0 = broker.cpu_s(), time.monotonic()
     out = body()
     out["broker_cpu_pct"] = 100.0 * (broker.cpu_s() - cpu0) / max(time.monotonic() - t0, 1e-9)
     return out
 
 
-def run_pub(broker: Broker, cfg: BenchConfig, topic: str) -> dict[str, Any]:
+def run_pub(broker: Broker, cfg: BenchConfig, topic: str) -> Figures:
     """Publishers only (bench_writer): one channel exists, so every message is queued."""
     ensure_channel(broker.tcp_address, topic, "ch")
     return _measured(broker, lambda: _pub_figures(
         _run(_pub_jobs(broker, cfg, topic), cfg.duration_s)[0], cfg))
 
 
-def run_sub(broker: Broker, cfg: BenchConfig, topic: str) -> dict[str, Any]:
+def run_sub(broker: Broker, cfg: BenchConfig, topic: str) -> Figures:
     """Consumers only (bench_reader), on a channel filled by a pub phase just before."""
     ensure_channel(broker.tcp_address, topic, "ch")
     fill = _pub_figures(_run(_pub_jobs(broker, cfg, topic), cfg.duration_s)[0], cfg)
 
-    def body() -> dict[str, Any]:
+    def body() -> Figures:
         results, start = _run(_sub_jobs(broker, cfg, topic, "ch"), cfg.duration_s)
         return _sub_figures(results, cfg, start)
 
@@ -185,12 +182,12 @@ def run_sub(broker: Broker, cfg: BenchConfig, topic: str) -> dict[str, Any]:
     return out
 
 
-def run_pubsub(broker: Broker, cfg: BenchConfig, topic: str) -> dict[str, Any]:
+def run_pubsub(broker: Broker, cfg: BenchConfig, topic: str) -> Figures:
     """Publishers and consumers at once, ``connections`` of each."""
     ensure_channel(broker.tcp_address, topic, "ch")
     jobs = _pub_jobs(broker, cfg, topic) + _sub_jobs(broker, cfg, topic, "ch")
 
-    def body() -> dict[str, Any]:
+    def body() -> Figures:
         results, _ = _run(jobs, cfg.duration_s)
         n = cfg.connections
         out = _pub_figures(results[:n], cfg)
@@ -202,10 +199,10 @@ def run_pubsub(broker: Broker, cfg: BenchConfig, topic: str) -> dict[str, Any]:
     return _measured(broker, body)
 
 
-def run_latency(broker: Broker, cfg: BenchConfig, topic: str) -> dict[str, Any]:
+def run_latency(broker: Broker, cfg: BenchConfig, topic: str) -> Figures:
     """One paced publisher at ``rate`` msgs/s and one consumer: publish-to-receipt times."""
     ensure_channel(broker.tcp_address, topic, "ch")
-    identify: dict[str, Any] = {}
+    identify: dict[str, str | int | bool] = {}
     if cfg.obuf_size:
         identify["output_buffer_size"] = cfg.obuf_size
     if cfg.obuf_timeout_ms:
@@ -221,7 +218,7 @@ def run_latency(broker: Broker, cfg: BenchConfig, topic: str) -> dict[str, Any]:
                                    "batch": cfg.latency_batch, "duration_s": cfg.duration_s}),
     ]
 
-    def body() -> dict[str, Any]:
+    def body() -> Figures:
         (sub, pub), _ = _run(jobs, cfg.duration_s + 15)
         lat = sub.get("latency_ms", {})
         return {"rate_target": cfg.rate, "rate_achieved": pub["count"] / cfg.duration_s,
@@ -247,7 +244,7 @@ def _settled_rss(broker: Broker, timeout_s: float = 15.0) -> int:
     return prev
 
 
-def run_memory(broker: Broker, cfg: BenchConfig, topic: str) -> dict[str, Any]:
+def run_memory(broker: Broker, cfg: BenchConfig, topic: str) -> Figures:
     """RSS with ``memory_messages`` bodies of ``memory_size`` bytes queued on one channel.
 
     The broker must keep them all in memory (``--mem-queue-size`` at least that count;
@@ -268,7 +265,7 @@ def run_memory(broker: Broker, cfg: BenchConfig, topic: str) -> dict[str, Any]:
             sent = n
     fill_s = time.monotonic() - t0
     after = _settled_rss(broker)
-    out: dict[str, Any] = {
+    out: Figures = {
         "messages": n, "body_size": cfg.memory_size, "fill_msgs_s": n / max(fill_s, 1e-9),
         "rss_before": before, "rss_after": after, "rss_growth": after - before,
         "bytes_per_msg": (after - before) / n if n else 0.0,
@@ -281,7 +278,7 @@ def run_memory(broker: Broker, cfg: BenchConfig, topic: str) -> dict[str, Any]:
     return out
 
 
-RUNNERS: dict[str, Callable[[Broker, BenchConfig, str], dict[str, Any]]] = {
+RUNNERS: dict[str, Callable[[Broker, BenchConfig, str], Figures]] = {
     "pub": run_pub, "sub": run_sub, "pubsub": run_pubsub,
     "latency": run_latency, "memory": run_memory,
 }

@@ -13,7 +13,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Self
+from typing import Self
 
 MAGIC_V2 = b"  V2"
 FRAME_RESPONSE, FRAME_ERROR, FRAME_MESSAGE = 0, 1, 2
@@ -37,7 +37,7 @@ class NsqError(Exception):
 
 # -- command encoding ------------------------------------------------------------------------
 
-def identify_cmd(**fields: Any) -> bytes:
+def identify_cmd(**fields: str | int | bool) -> bytes:
     body = json.dumps(fields).encode()
     return b"IDENTIFY\n" + _u32.pack(len(body)) + body
 
@@ -92,15 +92,16 @@ class NsqConn:
     """
 
     def __init__(self, address: str, timeout_s: float = 10.0,
-                 client_id: str = "bench", **identify: Any) -> None:
+                 client_id: str = "bench", **identify: str | int | bool) -> None:
         host, _, port = address.rpartition(":")
         self.sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._timeout: float | None = timeout_s
         self.buf = b""
         self._rbuf = memoryview(bytearray(RECV_SIZE))
-        fields = {"client_id": client_id, "hostname": client_id,
-                  "user_agent": "pybroker-bench/1.0", "feature_negotiation": False}
+        fields: dict[str, str | int | bool] = {
+            "client_id": client_id, "hostname": client_id,
+            "user_agent": "pybroker-bench/1.0", "feature_negotiation": False}
         fields.update(identify)
         self.sock.sendall(MAGIC_V2 + identify_cmd(**fields))
         self.expect_ok("IDENTIFY")

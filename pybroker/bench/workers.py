@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import time
 from array import array
-from typing import Any
+from collections.abc import Callable
 
+from pybroker.bench.results import Go, Ready, Results, StartAt, WorkerResult
 from pybroker.bench.stats import percentiles
 from pybroker.bench.wire import (
     NsqConn,
@@ -27,7 +28,7 @@ monotonic = time.monotonic
 monotonic_ns = time.monotonic_ns
 
 
-def _wait_start(ready: Any, go: Any, start_at: Any, idx: int) -> float:
+def _wait_start(ready: Ready, go: Go, start_at: StartAt, idx: int) -> float:
     ready.put(idx)
     if not go.wait(120):
         raise TimeoutError("no start signal")
@@ -38,7 +39,8 @@ def _wait_start(ready: Any, go: Any, start_at: Any, idx: int) -> float:
     return start
 
 
-def _guard(fn: Any, results: Any, idx: int, kw: dict[str, Any]) -> None:
+def _guard(fn: Callable[..., WorkerResult], results: Results, idx: int,
+           kw: dict[str, object]) -> None:
     try:
         out = fn(idx=idx, **kw)
     except BaseException as e:  # noqa: BLE001 - any failure is reported to the parent
@@ -48,7 +50,7 @@ def _guard(fn: Any, results: Any, idx: int, kw: dict[str, Any]) -> None:
 
 
 def publisher(idx: int, address: str, topic: str, size: int, batch: int, duration_s: float,
-              depth: int, ready: Any, go: Any, start_at: Any) -> dict[str, Any]:
+              depth: int, ready: Ready, go: Go, start_at: StartAt) -> WorkerResult:
     """Publish one prebuilt batch again and again until the end instant (bench_writer)."""
     conn = NsqConn(address, client_id=f"writer{idx}")
     cmd = publish_cmd(topic, [b"x" * size] * batch)
@@ -78,15 +80,15 @@ def publisher(idx: int, address: str, topic: str, size: int, batch: int, duratio
 
 
 def consumer(idx: int, address: str, topic: str, channel: str, rdy: int, duration_s: float,
-             idle_s: float, ready: Any, go: Any, start_at: Any, latency: bool = False,
-             warmup_s: float = 0.0, identify: dict[str, Any] | None = None,
-             samples: int = 0) -> dict[str, Any]:
+             idle_s: float, ready: Ready, go: Go, start_at: StartAt, latency: bool = False,
+             warmup_s: float = 0.0, identify: dict[str, str | int | bool] | None = None,
+             samples: int = 0) -> WorkerResult:
     """Receive and FIN until the end instant, or until ``idle_s`` passes with nothing.
 
     With ``latency``, also collect each body's publish-to-receipt time (bodies published
     at least ``warmup_s`` after the start) and stop only once the stream dries up.
     """
-    conn = NsqConn(address, client_id=f"reader{idx}", **(identify or {}))
+    conn = NsqConn(address, 10.0, f"reader{idx}", **(identify or {}))
     conn.subscribe(topic, channel)
     start = _wait_start(ready, go, start_at, idx)
     conn.send(rdy_cmd(rdy))
@@ -123,7 +125,7 @@ def consumer(idx: int, address: str, topic: str, channel: str, rdy: int, duratio
             count += len(ids)
             conn.send(fin_cmds(ids))
     conn.close()
-    out: dict[str, Any] = {"count": count, "start": start, "first": first, "last": last,
+    out: WorkerResult = {"count": count, "start": start, "first": first, "last": last,
                            "elapsed_s": min(monotonic(), end) - start}
     if latency:
         out["latency_ms"] = {k: v / 1e6 for k, v in
@@ -137,7 +139,7 @@ def consumer(idx: int, address: str, topic: str, channel: str, rdy: int, duratio
 
 
 def paced_publisher(idx: int, address: str, topic: str, size: int, rate: float, batch: int,
-                    duration_s: float, ready: Any, go: Any, start_at: Any) -> dict[str, Any]:
+                    duration_s: float, ready: Ready, go: Go, start_at: StartAt) -> WorkerResult:
     """Publish ``rate`` stamped messages a second, ``batch`` per command, pipelined."""
     conn = NsqConn(address, client_id=f"paced{idx}")
     start = _wait_start(ready, go, start_at, idx)

@@ -1,6 +1,6 @@
 """Broker: the registry of topics, and the thread-safe entry points other layers use.
 
-Any thread may call these methods. Work on a channel's state is forwarded to the
+Every thread may call these methods. Work on a channel's state is forwarded to the
 channel's owner loop through ``owner.call_soon_threadsafe``; ``wake`` (injected by the
 server) tells owner loops that their channels have new records to read. Publishing is
 not here: a topic is appended to and written only by its owner loop's Publisher

@@ -22,12 +22,13 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pybroker.core.flight import Consumer, Deferred, Flight, offset_of
 from pybroker.core.lifecycle import ChannelState, Lifecycle
 from pybroker.errors import TooManyConsumers
-from pybroker.protocol.deadletter import KEEP_CHANNEL, dead_letter_target, wrap
+from pybroker.protocol.deadletter import (KEEP_CHANNEL, DeadLetterSettings, dead_letter_target,
+                                          wrap)
 
 if TYPE_CHECKING:
     from pybroker.core.seams import Batch, LogReader, Owner, TopicView
@@ -68,7 +69,7 @@ class Channel(Lifecycle):
         self.e2e: LatencyWindow | None = None
         # dead letters: settings given for this channel (over HTTP; kept in nsqd.dat),
         # else the topic's defaults (from the config)
-        self.dl_settings: dict[str, Any] = {}
+        self.dl_settings: DeadLetterSettings = {}
         self.max_attempts = 0
         self.dead_letter_topic: str | None = None   # where dead letters go (None: nowhere)
         self.configure_dead_letters({})
@@ -104,10 +105,10 @@ class Channel(Lifecycle):
                 r.release()
 
     # -- dead letters ---------------------------------------------------------------
-    def configure_dead_letters(self, settings: dict[str, Any]) -> None:
+    def configure_dead_letters(self, settings: DeadLetterSettings) -> None:
         """Take this channel's own settings (``max_attempts``, ``dead_letter_topic``;
         a missing key means the topic's default) and resolve where dead letters go."""
-        self.dl_settings = dict(settings)
+        self.dl_settings = settings.copy()
         default_max, default_topic = self.topic.dl_defaults
         self.max_attempts = int(settings.get("max_attempts", default_max))
         name = str(settings.get("dead_letter_topic", default_topic))

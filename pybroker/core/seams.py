@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, TypeVarTuple, Unpack
 if TYPE_CHECKING:
     from pybroker.core.flight import Deferred, Flight
 
-__all__ = ["Batch", "Log", "LogReader", "Owner", "Segment", "TopicView"]
+__all__ = ["Batch", "DeliverAt", "Log", "LogReader", "Owner", "Segment", "TopicView"]
 Ts = TypeVarTuple("Ts")
 C = TypeVar("C")   # the channel type (core.channel.Channel)
 
@@ -120,6 +120,13 @@ class Log(Protocol):
     def delete(self) -> None: ...
 
 
+class DeliverAt(Protocol):
+    """A topic's deferred publishes: offset -> deliver-at in wall-clock ns (a
+    sortedcontainers.SortedDict, whose package has no annotations); what a channel reads."""
+
+    def get(self, offset: int, default: int = 0, /) -> int: ...
+
+
 class TopicView(Protocol):
     """What a channel (and its lifecycle) asks of its topic (pybroker.core.topic.Topic):
     read on the channel's owner loop; ``released`` only grows there."""
@@ -139,7 +146,7 @@ class TopicView(Protocol):
     @property
     def gaps(self) -> Sequence[tuple[int, int]]: ...   # emptied ranges, never read
     @property
-    def dpubs(self) -> Any: ...            # a SortedDict offset -> deliver-at (untyped)
+    def dpubs(self) -> DeliverAt: ...
 
     def deferred_ahead(self, cursor: int, wall_ns: int) -> int: ...
     def gap_count(self, cursor: int) -> int: ...

@@ -7,13 +7,19 @@ Each runs on the owner loop of what it reads (the HTTP thread posts it there).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pybroker.core.stats import LatencyPart, LatencyWindow, client_stats
+from pybroker.core.statsdoc import (ChannelCounts, ChannelExtras, ChannelStats, E2eResult,
+                                    TopicStats)
 
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
     from pybroker.core.topic import Topic
+
+# what channel_snapshot reads on the owner loop: nsqd's counts, pybroker's keys, and the
+# latency window's halves
+ChannelSnapshot = tuple[ChannelCounts, ChannelExtras, list[LatencyPart]]
 
 
 def record_latency(ch: Channel, latency_ns: int, now_ns: int, window_ns: int) -> None:
@@ -26,8 +32,9 @@ def record_latency(ch: Channel, latency_ns: int, now_ns: int, window_ns: int) ->
 
 
 def channel_snapshot(ch: Channel, include_clients: bool, topic_filter: str,
-                     now_ns: int, wall_ns: int) -> tuple[dict[str, Any], list[LatencyPart]]:
-    """nsqd's ChannelStats without the latency result, plus the latency samples.
+                     now_ns: int, wall_ns: int) -> ChannelSnapshot:
+    """nsqd's ChannelStats without the latency result, pybroker's keys, and the latency
+    samples.
 
     Runs on the channel's owner loop, so counts and clients are one consistent view.
     ``clients`` is null when clients are not requested (nsqd leaves the slice nil).
@@ -35,7 +42,7 @@ def channel_snapshot(ch: Channel, include_clients: bool, topic_filter: str,
     window = ch.e2e
     parts = window.snapshot(now_ns) if window is not None else []
     consumers = list(ch.consumers)
-    d = {
+    d: ChannelCounts = {
         "channel_name": ch.name,
         "depth": ch.depth(wall_ns),
         "backend_depth": ch.backend_depth(),
@@ -47,6 +54,8 @@ def channel_snapshot(ch: Channel, include_clients: bool, topic_filter: str,
         "client_count": len(consumers),
         "clients": [client_stats(c, topic_filter) for c in consumers] if include_clients else None,
         "paused": ch.paused,
+    }
+    extras: ChannelExtras = {
         "cursor": ch.cursor,
         "max_attempts": ch.max_attempts,
         "dead_letter_topic": ch.dead_letter_topic or "",
@@ -54,11 +63,10 @@ def channel_snapshot(ch: Channel, include_clients: bool, topic_filter: str,
         "dead_letter_pending": len(ch.dying),
         "dead_letter_cycles": ch.dead_letter_cycles,
     }
-    return d, parts
+    return d, extras, parts
 
 
-def topic_stats(t: Topic, channels: list[dict[str, Any]],
-                e2e: dict[str, Any]) -> dict[str, Any]:
+def topic_stats(t: Topic, channels: list[ChannelStats], e2e: E2eResult) -> TopicStats:
     """nsqd's TopicStats around already-built channel dicts."""
     return {
         "topic_name": t.name,

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
+
+from pybroker.core.statsdoc import (ClientAuthPubs, ClientBase, ClientStats, ClientTls, E2eResult,
+                                    PubCount, StatsDocument, TopicStats)
 
 # one half of a latency window as (exact count, sampled values)
 LatencyPart = tuple[int, list[int]]
@@ -94,7 +97,7 @@ def quantiles(parts: Iterable[LatencyPart], percentiles: Sequence[float]) -> lis
     return out
 
 
-def e2e_result(percentiles: Sequence[float], parts: list[LatencyPart] | None) -> dict[str, Any]:
+def e2e_result(percentiles: Sequence[float], parts: list[LatencyPart] | None) -> E2eResult:
     """nsqd's quantile.Result: ``{"count": N, "percentiles": [{"quantile", "value"}]}``.
 
     ``parts`` is None where nsqd has no stream (e2e not configured, or a topic without
@@ -129,7 +132,7 @@ class StatsClient(Protocol):
     def state(self) -> int: ...
 
 
-def client_stats(c: StatsClient, topic_filter: str = "") -> dict[str, Any]:
+def client_stats(c: StatsClient, topic_filter: str = "") -> ClientStats:
     """nsqd's ClientV2Stats (run on the connection's loop).
 
     ``pub_counts`` is left out when empty (nsqd's omitempty), and holds only
@@ -137,7 +140,7 @@ def client_stats(c: StatsClient, topic_filter: str = "") -> dict[str, Any]:
     ``break`` in clientV2.Stats); every topic is listed here, sorted by name.
     """
     t = getattr(c, "transport", None)
-    d: dict[str, Any] = {
+    base: ClientBase = {
         "client_id": c.client_id,
         "hostname": c.hostname,
         "version": "V2",
@@ -154,6 +157,7 @@ def client_stats(c: StatsClient, topic_filter: str = "") -> dict[str, Any]:
         "snappy": bool(getattr(t, "snappy", False)),
         "user_agent": c.user_agent,
     }
+    d: ClientAuthPubs = {}
     auth = getattr(c, "auth_state", None)
     if auth is not None and auth.authorizations:
         # matches nsqd: authed, auth_identity and auth_identity_url are omitempty
@@ -165,43 +169,39 @@ def client_stats(c: StatsClient, topic_filter: str = "") -> dict[str, Any]:
     pubs = c.pub_counts
     if pubs:
         names = [topic_filter] if topic_filter else sorted(pubs)
-        counts = [{"topic": n, "count": pubs[n]} for n in names if n in pubs]
+        counts: list[PubCount] = [{"topic": n, "count": pubs[n]} for n in names if n in pubs]
         if counts:
             d["pub_counts"] = counts
+    tls: ClientTls = {"tls": False, "tls_cipher_suite": "", "tls_version": "",
+                      "tls_negotiated_protocol": "", "tls_negotiated_protocol_is_mutual": False}
     tls_stats = getattr(t, "tls_stats", None)
     if tls_stats:
-        d.update(tls_stats)
+        tls.update(tls_stats)
         if getattr(t, "common_name", ""):  # not in nsqd 1.3.0's /stats: the client certificate's name
-            d["tls_client_cert_common_name"] = t.common_name  # type: ignore[union-attr]
-    else:
-        d.update(tls=False, tls_cipher_suite="", tls_version="", tls_negotiated_protocol="",
-                 tls_negotiated_protocol_is_mutual=False)
-    return d
+            tls["tls_client_cert_common_name"] = t.common_name  # type: ignore[union-attr]
+    return {**base, **d, **tls}
 
 
-def producer_stats(conns: Iterable[StatsClient], topic_filter: str = "") -> list[dict[str, Any]]:
+def producer_stats(conns: Iterable[StatsClient], topic_filter: str = "") -> list[ClientStats]:
     """Clients that have published (nsqd's typeProducer), in connection order."""
     return [client_stats(c, topic_filter)
             for c in sorted((c for c in conns if c.pub_counts), key=lambda c: c.id)]
 
 
-# -- channels and topics ----------------------------------------------------------------
-# pybroker's keys in a channel's stats, after nsqd's own
-EXTRA_CHANNEL_KEYS = ("cursor", "max_attempts", "dead_letter_topic", "dead_letter_count",
-                      "dead_letter_pending", "dead_letter_cycles")
-
-def document(version: str, health: str, start_time: int, topics: list[dict[str, Any]] | None,
-             memory: dict[str, Any] | None,
-             producers: list[dict[str, Any]] | None, codec: str = "",
-             refused: dict[str, int] | None = None) -> dict[str, Any]:
+def document(version: str, health: str, start_time: int, topics: list[TopicStats] | None,
+             memory: dict[str, int] | None,
+             producers: list[ClientStats] | None, codec: str = "",
+             refused: dict[str, int] | None = None) -> StatsDocument:
     """The /stats?format=json body; ``memory`` is left out when None (omitempty).
     ``codec`` and ``refused`` (connections refused by the descriptor reserve or
     max_connections, per listener) are pybroker additions."""
-    doc: dict[str, Any] = {"version": version, "health": health, "start_time": start_time,
-                           "topics": topics}
-    if memory is not None:
-        doc["memory"] = memory
-    doc["producers"] = producers
+    doc: StatsDocument
+    if memory is None:
+        doc = {"version": version, "health": health, "start_time": start_time,
+               "topics": topics, "producers": producers}
+    else:   # nsqd's order: memory before producers
+        doc = {"version": version, "health": health, "start_time": start_time,
+               "topics": topics, "memory": memory, "producers": producers}
     if codec:
         doc["codec"] = codec
     if refused is not None:

@@ -14,8 +14,7 @@ import logging
 import re
 import socket
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from pybroker import NSQ_COMPAT_VERSION, _native
 from pybroker.core import stats as core_stats
@@ -27,12 +26,13 @@ from pybroker.http.options import ConfigEndpoint
 from pybroker.http.reader import LogReader, then
 from pybroker.http.request import Request, first, parse_query
 from pybroker.http.response import TEXT, Response, empty, error, ok_json, ok_text
-from pybroker.http.routes import Router
+from pybroker.http.routes import Handler, Router
 from pybroker.protocol.names import is_valid_name
 from pybroker.server.services import owner_loop
 
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
+    from pybroker.core.statsdoc import StatsDocument
     from pybroker.core.topic import Topic
     from pybroker.http.views import ServerView
     from pybroker.server.loop import EventLoop
@@ -385,13 +385,14 @@ class Api:
 
         return plan_stats(self.rt, topic, channel, include_clients).then(answer)
 
-    def stats_document(self, c: Collected, memory: dict[str, Any] | None) -> dict[str, Any]:
+    def stats_document(self, c: Collected, memory: dict[str, int] | None) -> StatsDocument:
         doc = core_stats.document(NSQ_COMPAT_VERSION, self.health(), self.broker.start_time,
                                   c.topics, memory, c.producers, _native.BACKEND,
                                   self.server.figures()["refused"])
         if self.rt.cluster is not None:
-
-            self.rt.cluster.add_stats(doc)
+            # the cluster adds "cluster", and "replication" to replicated topics; its hook
+            # (server.services.ClusterHooks) takes the document as a plain dict
+            self.rt.cluster.add_stats(cast("dict[str, object]", doc))
         return doc
 
     def metrics(self, req: Request) -> Gather[Response]:
@@ -416,9 +417,9 @@ class _Answer(Exception):
         self.response = response
 
 
-def guarded(fn: Callable[[Request], Any]) -> Callable[[Request], Any]:
+def guarded(fn: Handler) -> Handler:
     """Turn an _Answer raised by a check into the handler's result."""
-    def handler(req: Request) -> Any:
+    def handler(req: Request) -> Response | Gather[Response]:
         try:
             return fn(req)
         except _Answer as a:

@@ -12,9 +12,9 @@ channel's owner loop. See docs/dead-letters.md.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
-from pybroker.protocol.deadletter import (MAX_ATTEMPTS, check_dead_letter_topic, closes_cycle,
+from pybroker.protocol.deadletter import (MAX_ATTEMPTS, DeadLetterSettings, check_dead_letter_topic, closes_cycle,
                                           dead_letter_target)
 from pybroker.http.gather import Gather
 from pybroker.http.request import Request, first
@@ -25,15 +25,26 @@ if TYPE_CHECKING:
     from pybroker.http.views import ApiView
 
 
-def settings_of(ch: Channel) -> dict[str, Any]:
+class ChannelConfig(TypedDict):
+    """What /channel/config answers."""
+
+    topic: str
+    channel: str
+    max_attempts: int
+    dead_letter_topic: str
+    dead_letter_count: int
+    configured: DeadLetterSettings
+
+
+def settings_of(ch: Channel) -> ChannelConfig:
     """What GET answers (and POST, after the change)."""
     return {"topic": ch.topic_name, "channel": ch.name, "max_attempts": ch.max_attempts,
             "dead_letter_topic": ch.dead_letter_topic or "",
             "dead_letter_count": ch.dead_letter_count,
-            "configured": dict(ch.dl_settings)}
+            "configured": ch.dl_settings.copy()}
 
 
-def _configure(ch: Channel, settings: dict[str, Any]) -> dict[str, Any]:
+def _configure(ch: Channel, settings: DeadLetterSettings) -> ChannelConfig:
     """On ch's owner loop: take the new settings; requeued messages now out of
     attempts go at the next dispatch."""
     if not ch.deleted:
@@ -64,7 +75,7 @@ def post_config(api: ApiView, req: Request) -> Response | Gather[Response]:
     raw_max, raw_topic = first(q, b"max_attempts"), first(q, b"dead_letter_topic")
     if raw_max is None and raw_topic is None:
         return error(400, "MISSING_ARG_MAX_ATTEMPTS_OR_DEAD_LETTER_TOPIC")
-    settings = dict(ch.dl_settings)
+    settings = ch.dl_settings.copy()
     if raw_max is not None:
         if not raw_max.isdigit() or len(raw_max) > 5 or int(raw_max) > MAX_ATTEMPTS:
             return error(400, "INVALID_ARG_MAX_ATTEMPTS")
@@ -85,7 +96,7 @@ def post_config(api: ApiView, req: Request) -> Response | Gather[Response]:
             closes_cycle(ch.topic_name, target, lambda t: _targets_of(api, t)):
         return error(400, "DEAD_LETTER_CYCLE")
 
-    def done(results: list[Any]) -> Response:
+    def done(results: list[object]) -> Response:
         api.broker.notify_changed()   # saved in nsqd.dat at once, as a pause is
         got = results[0] if results and isinstance(results[0], dict) else settings_of(ch)
         return ok_json(got)

@@ -9,10 +9,11 @@ producers form a consistent view. ``Collected`` holds the assembled answer.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from pybroker.core.snapshot import channel_snapshot, topic_stats
-from pybroker.core.stats import EXTRA_CHANNEL_KEYS, LatencyPart, e2e_result, producer_stats
+from pybroker.core.snapshot import ChannelSnapshot, channel_snapshot, topic_stats
+from pybroker.core.stats import LatencyPart, e2e_result, producer_stats
+from pybroker.core.statsdoc import ChannelStats, ClientStats, TopicStats
 from pybroker.http.gather import MISSING, Gather, Job
 
 if TYPE_CHECKING:
@@ -28,8 +29,8 @@ class LoopSnapshot:
 
     __slots__ = ("channels", "connections", "name", "owned", "producers")
 
-    def __init__(self, name: str, channels: dict[int, tuple[dict[str, Any], list[LatencyPart]]],
-                 producers: list[dict[str, Any]], connections: int) -> None:
+    def __init__(self, name: str, channels: dict[int, ChannelSnapshot],
+                 producers: list[ClientStats], connections: int) -> None:
         self.name = name
         self.channels = channels
         self.producers = producers
@@ -53,8 +54,8 @@ class Collected:
 
     __slots__ = ("loops", "producers", "topics")
 
-    def __init__(self, topics: list[dict[str, Any]] | None,
-                 producers: list[dict[str, Any]] | None, loops: list[LoopSnapshot]) -> None:
+    def __init__(self, topics: list[TopicStats] | None,
+                 producers: list[ClientStats] | None, loops: list[LoopSnapshot]) -> None:
         self.topics = topics
         self.producers = producers
         self.loops = loops
@@ -97,13 +98,13 @@ def plan_stats(runtime: HttpHost, topic_filter: str = "", channel_filter: str = 
     def finish(results: list[object]) -> Collected:
         snaps = [r for r in results if isinstance(r, LoopSnapshot)]   # else MISSING
         answered = {id(job[0]) for job, r in zip(jobs, results) if r is not MISSING}
-        found: dict[int, tuple[dict[str, Any], list[LatencyPart]]] = {}
+        found: dict[int, ChannelSnapshot] = {}
         for s in snaps:
             found.update(s.channels)
         now = time.monotonic_ns()
         out = []
         for t, chans in plan:
-            ch_dicts = []
+            ch_dicts: list[ChannelStats] = []
             topic_parts: list[LatencyPart] = []
             for ch in chans:
                 entry = found.get(id(ch))
@@ -114,16 +115,15 @@ def plan_stats(runtime: HttpHost, topic_filter: str = "", channel_filter: str = 
                     entry = channel_snapshot(ch, False, topic_filter, now, time.time_ns())
                     if include_clients:
                         entry[0]["clients"] = []
-                d, parts = entry
-                d["e2e_processing_latency"] = e2e_result(percentiles, parts)
-                for key in EXTRA_CHANNEL_KEYS:   # pybroker's extra keys after nsqd's
-                    d[key] = d.pop(key)
+                counts, extras, parts = entry
+                # nsqd's keys, the latency result, then pybroker's keys
+                ch_dicts.append({**counts, "e2e_processing_latency": e2e_result(percentiles, parts),
+                                 **extras})
                 topic_parts.extend(parts)
-                ch_dicts.append(d)
             # matches nsqd: a topic's latency merges its channels'; none without channels
             out.append(topic_stats(t, ch_dicts,
                                    e2e_result(percentiles, topic_parts if chans else None)))
-        producers: list[dict[str, Any]] = []
+        producers: list[ClientStats] = []
         for s in snaps:
             producers.extend(s.producers)
         for s in snaps:

@@ -24,7 +24,7 @@ import logging
 import socket
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httptools
 
@@ -66,7 +66,8 @@ class _HeaderTooLarge(Exception):
 class HttpConn:
     """See the module docstring. Every method runs on the HTTP thread."""
 
-    def __init__(self, server: ConnServer[HttpConn], sock: socket.socket, addr: Any) -> None:
+    def __init__(self, server: ConnServer[HttpConn], sock: socket.socket,
+                 addr: tuple[str, int] | tuple[str, int, int, int] | str) -> None:
         self.server = server
         self.sock = sock
         self.remote = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)

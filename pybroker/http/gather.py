@@ -18,7 +18,7 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, Generic, Protocol, TypeVar, Unpack
+from typing import Final, Generic, Protocol, TypeVar, Unpack
 
 from pybroker.evloop import Ts
 
@@ -42,7 +42,7 @@ class _Missing:
         return "MISSING"
 
 
-MISSING: Any = _Missing()
+MISSING: Final = _Missing()
 
 
 class Gather(Generic[T]):

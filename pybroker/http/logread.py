@@ -29,7 +29,8 @@ the disk answers. The cursor move is a job on the channel's owner loop.
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from pybroker.http.gather import Gather
 from pybroker.http.reader import CursorCache
@@ -40,6 +41,7 @@ from pybroker.storage.topiclog import REC_HEADER, OffsetOutOfRange
 
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
+    from pybroker.core.seams import LogReader as LogCursor
     from pybroker.core.topic import Topic
     from pybroker.http.views import ApiView
 
@@ -80,7 +82,7 @@ def _busy(api: ApiView) -> Response | None:
     return error(503, "TOO_MANY_READS") if api.reader.busy() else None
 
 
-def _answer(results: list[Any]) -> Response:
+def _answer(results: list[object]) -> Response:
     got = results[0] if results else None
     return got if isinstance(got, Response) else error(500, "INTERNAL_ERROR")
 
@@ -110,7 +112,7 @@ def _offsets(t: Topic, ts: int | None) -> Response:
     return ok_json(doc)
 
 
-def _records_end(buf: Any, pos: Any, k: int) -> int:
+def _records_end(buf: bytes | bytearray, pos: Sequence[int], k: int) -> int:
     """Position in buf just past record k - 1 (records are back to back)."""
     if k < len(pos):
         return int(pos[k])
@@ -170,7 +172,7 @@ def _read(t: Topic, offset: int, max_messages: int, max_bytes: int,
             cur.release()
 
 
-def _page(t: Topic, cur: Any, offset: int, max_messages: int,
+def _page(t: Topic, cur: LogCursor, offset: int, max_messages: int,
           max_bytes: int) -> tuple[Response, int]:
     """The answer, and the offset the next page starts at (-1: an error)."""
     lg = t.log
@@ -256,7 +258,7 @@ def channel_commit(api: ApiView, req: Request) -> Response | Gather[Response]:
     created = t.find_channel(name.decode()) is None
     ch = api.broker.get_channel(t, name.decode())
 
-    def done(results: list[Any]) -> Response:
+    def done(results: list[object]) -> Response:
         if not results or not isinstance(results[0], int) or results[0] < 0:
             return error(404, "CHANNEL_NOT_FOUND")
         return ok_json({"offset": results[0]})

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pybroker import NSQ_COMPAT_VERSION, __version__
+from pybroker.core.statsdoc import ChannelFigure, TopicFigure
 from pybroker.http.collect import Collected
 from pybroker.http.process import process_figures
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 # (name, type, help, key in the topic dict)
-_TOPIC = (
+_TOPIC: tuple[tuple[str, str, str, TopicFigure], ...] = (
     ("nsq_topic_depth", "gauge", "Messages waiting in the topic (memory and disk).", "depth"),
     ("nsq_topic_backend_depth", "gauge", "Messages of the topic on disk.", "backend_depth"),
     ("nsq_topic_messages_total", "counter", "Messages published to the topic.", "message_count"),
@@ -32,7 +33,7 @@ _TOPIC = (
      "Bytes read back from the topic's segment files (by channels, /topic/read, lookups).",
      "log_bytes_read"),
 )
-_CHANNEL = (
+_CHANNEL: tuple[tuple[str, str, str, ChannelFigure], ...] = (
     ("nsq_channel_depth", "gauge", "Messages waiting in the channel (memory and disk).",
      "depth"),
     ("nsq_channel_backend_depth", "gauge", "Messages of the channel on disk.", "backend_depth"),
@@ -65,7 +66,10 @@ def _labels(pairs: Iterable[tuple[str, str]]) -> str:
     return "{" + inner + "}" if inner else ""
 
 
-def _num(v: Any) -> str:
+Sample = tuple[Iterable[tuple[str, str]], int | float | bool]
+
+
+def _num(v: int | float | bool) -> str:
     if isinstance(v, bool):
         return "1" if v else "0"
     if isinstance(v, float):
@@ -78,7 +82,7 @@ class _Out:
         self.lines: list[str] = []
 
     def family(self, name: str, kind: str, text: str,
-               samples: Iterable[tuple[Iterable[tuple[str, str]], Any]]) -> None:
+               samples: Iterable[Sample]) -> None:
         self.lines.append(f"# HELP {name} {text}")
         self.lines.append(f"# TYPE {name} {kind}")
         for labels, value in samples:
@@ -95,12 +99,12 @@ def render(stats: Collected, health: str, start_time: int, http: HttpFigures) ->
     o.family("nsq_start_time_seconds", "gauge", "When the broker started (Unix time).",
              [((), start_time)])
     o.family("nsq_topics", "gauge", "Topics.", [((), len(topics))])
-    for name, kind, text, key in _TOPIC:
-        o.family(name, kind, text, [((("topic", t["topic_name"]),), t[key]) for t in topics])
+    for name, kind, text, tkey in _TOPIC:
+        o.family(name, kind, text, [((("topic", t["topic_name"]),), t[tkey]) for t in topics])
     chans = [(t["topic_name"], c) for t in topics for c in t["channels"]]
-    for name, kind, text, key in _CHANNEL:
+    for name, kind, text, ckey in _CHANNEL:
         o.family(name, kind, text,
-                 [((("topic", tn), ("channel", c["channel_name"])), c[key]) for tn, c in chans])
+                 [((("topic", tn), ("channel", c["channel_name"])), c[ckey]) for tn, c in chans])
     t_lat = [((("topic", t["topic_name"]), ("quantile", str(p["quantile"]))), p["value"] / 1e9)
              for t in topics for p in t["e2e_processing_latency"]["percentiles"] or ()]
     c_lat = [((("topic", tn), ("channel", c["channel_name"]), ("quantile", str(p["quantile"]))),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pybroker.config import SPEC_BY_KEY
 from pybroker.http.request import Request
@@ -17,6 +17,7 @@ from pybroker.http.response import Response, error, ok_json, ok_text
 
 if TYPE_CHECKING:
     from pybroker.http.views import ServerView
+    from pybroker.optiontypes import OptionValue
     from pybroker.server.services import HttpHost
 
 
@@ -39,7 +40,7 @@ class ConfigEndpoint:
         self.setters: dict[str, Callable[[bytes], bool]] = {
             "nsqlookupd_tcp_addresses": self._set_lookupd, "log_level": self._set_log_level}
 
-    def value(self, key: str) -> tuple[bool, Any]:
+    def value(self, key: str) -> tuple[bool, OptionValue | None]:
         """(known, value) of an option by nsqd's config name, in nsqd's JSON types."""
         if key not in SPEC_BY_KEY:
             return False, None

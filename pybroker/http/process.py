@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, ClassVar
+from typing import ClassVar
 
 try:
     import resource
@@ -42,7 +42,7 @@ class GcPauses:
                 cls._installed = True
 
     @classmethod
-    def _callback(cls, phase: str, info: dict[str, Any]) -> None:
+    def _callback(cls, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             cls._start = time.perf_counter_ns()
         elif cls._start:

@@ -27,16 +27,19 @@ import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, Unpack, cast
+from typing import TYPE_CHECKING, Generic, TypeVar, Unpack, cast
 
-from pybroker.http.gather import MISSING, Job, Poster, run_jobs
-from pybroker.evloop import Ts
+from pybroker.http.gather import MISSING, Job, Posted, Poster, run_jobs
+from pybroker.evloop import Call, Ts
+
+if TYPE_CHECKING:
+    from pybroker.core.seams import Log, LogReader as LogCursor
 
 log = logging.getLogger("pybroker")
 MAX_QUEUED = 64
 CURSORS = 8
 IDLE_S = 30.0
-_STOP = object()
+R = TypeVar("R")
 
 
 class CursorCache:
@@ -45,19 +48,19 @@ class CursorCache:
 
     def __init__(self, size: int = CURSORS) -> None:
         self.size = size
-        self._items: OrderedDict[tuple[int, int], tuple[Any, Any]] = OrderedDict()
+        self._items: OrderedDict[tuple[int, int], tuple[Log, LogCursor]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def take(self, log: Any, offset: int) -> Any:
+    def take(self, log: Log, offset: int) -> LogCursor | None:
         """The cursor a page of ``log`` left at ``offset`` (now the caller's), or None."""
         got = self._items.pop((id(log), offset), None)
         if got is None or got[0] is not log:
             return None
         return got[1]
 
-    def put(self, log: Any, cursor: Any, offset: int) -> None:
+    def put(self, log: Log, cursor: LogCursor, offset: int) -> None:
         """Keep cursor for the page of log that starts at offset."""
         old = self._items.pop((id(log), offset), None)
         if old is not None:
@@ -76,7 +79,7 @@ class CursorCache:
 class LogReader:
     def __init__(self, name: str = "logread") -> None:
         self.name = name
-        self._jobs: queue.Queue[Any] = queue.Queue()
+        self._jobs: queue.Queue[Call | None] = queue.Queue()   # None: stop
         self._lock = threading.Lock()       # between HTTP (start) and stop
         self._thread: threading.Thread | None = None
         self._stopped = False
@@ -104,7 +107,7 @@ class LogReader:
             except queue.Empty:
                 self.cursors.clear()        # idle: no descriptor or buffer kept
                 continue
-            if item is _STOP:
+            if item is None:
                 self.cursors.clear()
                 return
             fn, args = item
@@ -120,31 +123,32 @@ class LogReader:
             self._stopped = True
             thread = self._thread
         if thread is not None:
-            self._jobs.put(_STOP)
+            self._jobs.put(None)
             thread.join(timeout_s)
 
 
-class _Then:
+class _Then(Generic[R]):
     """A Gather job target: ``first(*args)`` on one thread, then ``second(result)`` on
     another; the job's result is the second's."""
 
     __slots__ = ("reader", "first", "args", "loop", "second")
 
-    def __init__(self, reader: Any, first: Callable[..., Any], args: tuple[Any, ...],
-                 loop: Any, second: Callable[[Any], Any]) -> None:
+    def __init__(self, reader: Poster, first: Callable[..., R], args: tuple[object, ...],
+                 loop: Poster, second: Callable[[R], object]) -> None:
         self.reader = reader
         self.first = first
         self.args = args
         self.loop = loop
         self.second = second
 
-    def call_soon_threadsafe(self, _run_jobs: Any, jobs: list[tuple[Any, Any, Any]]) -> None:
+    def call_soon_threadsafe(self, _run_jobs: Callable[[list[Posted]], None],
+                             jobs: list[Posted]) -> None:
         """Posted like a loop's jobs (``run_jobs, [(fn, args, deliver)]``); runs its own
         two steps for each, delivering the second's result."""
         for _fn, _args, deliver in jobs:
             self._post(deliver)
 
-    def _post(self, deliver: Callable[[Any], None]) -> None:
+    def _post(self, deliver: Callable[[object], None]) -> None:
         def step() -> None:
             try:
                 got = self.first(*self.args)
@@ -152,13 +156,14 @@ class _Then:
                 log.exception("HTTP: a log read failed")
                 deliver(MISSING)
                 return
-            self.loop.call_soon_threadsafe(run_jobs, [(self.second, (got,), deliver)])
+            posted: list[Posted] = [(self.second, (got,), deliver)]
+            self.loop.call_soon_threadsafe(run_jobs, posted)
 
         self.reader.call_soon_threadsafe(step)
 
 
-def then(reader: Any, first: Callable[..., Any], args: tuple[Any, ...], loop: Any,
-         second: Callable[[Any], Any]) -> Job:
+def then(reader: Poster, first: Callable[..., R], args: tuple[object, ...], loop: Poster,
+         second: Callable[[R], object]) -> Job:
     """A Gather job that runs first(*args) on reader, then second(result) on loop."""
     return (cast(Poster, _Then(reader, first, args, loop, second)), _unused, ())  # posts like one
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from collections.abc import Mapping, Sequence
+
+from pybroker.jsonvalue import Json
 
 NSQ_HEADER = b"X-Nsq-Content-Type: nsq; version=1.0\r\n"
 TEXT = b"text/plain; charset=utf-8"
@@ -55,7 +57,12 @@ def closing(r: Response) -> Response:
     return Response(r.status, r.body, r.content_type, r.nsq, r.headers, True, r.raw)
 
 
-def _dumps(data: Any) -> bytes:
+# a JSON body: a decoded-JSON value, a document with a TypedDict shape, or a list (an
+# option's value)
+JsonBody = Json | Mapping[str, object] | Sequence[object]
+
+
+def _dumps(data: JsonBody) -> bytes:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -69,7 +76,7 @@ def empty() -> Response:
     return Response(200)
 
 
-def ok_json(data: Any) -> Response:
+def ok_json(data: JsonBody) -> Response:
     return Response(200, _dumps(data), JSON)
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable
-from typing import Any
 
+from pybroker.http.gather import Gather
 from pybroker.http.request import Request
 from pybroker.http.response import HTML, Response, error
 
-Handler = Callable[[Request], Any]  # returns a Response or a Gather of one
+Handler = Callable[[Request], Response | Gather[Response]]
 
 
 class Route:

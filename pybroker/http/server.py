@@ -32,7 +32,7 @@ from pybroker.config import TLS_REQUIRED
 from pybroker.evloop import SelectorLoop
 from pybroker.http.api import Api, build_router
 from pybroker.http.conn import HttpConn
-from pybroker.http.gather import MISSING, Gather, run_jobs
+from pybroker.http.gather import MISSING, Gather, Posted, Poster, run_jobs
 from pybroker.http.process import GcPauses
 from pybroker.http.request import Request
 from pybroker.http.response import DateCache, Response, error
@@ -63,7 +63,7 @@ class _Pending:
         self.conn = conn
         self.req = req
         self.gather = gather
-        self.results: list[Any] = [MISSING] * len(gather.jobs)
+        self.results: list[object] = [MISSING] * len(gather.jobs)
         self.remaining = len(gather.jobs)
         self.deadline_ns = monotonic_ns() + int(gather.timeout_s * 1e9)
 
@@ -117,7 +117,7 @@ class HttpServer(SelectorLoop):
         self.to_process: dict[HttpConn, None] = {}  # out of budget last turn
         self._pending: dict[int, _Pending] = {}
         # this turn's Gather jobs, posted at its end: one call per loop per turn
-        self._outbox: dict[Any, list[tuple[Any, tuple[Any, ...], Any]]] = {}
+        self._outbox: dict[Poster, list[Posted]] = {}
         self._tokens = itertools.count(1)
         self.requests: dict[int, int] = {}
         self._sweeps = 0
@@ -193,9 +193,10 @@ class HttpServer(SelectorLoop):
             for loop, jobs in outbox.items():
                 loop.call_soon_threadsafe(run_jobs, jobs)
 
-    def on_error(self, obj: Any) -> None:
+    def on_error(self, obj: object) -> None:
         log.exception("%r: unexpected error; closing the connection", obj)
-        obj.close()
+        if isinstance(obj, (HttpConn, _Accepting)):   # the only objects registered here
+            obj.close()
 
     def on_exit(self) -> None:
         self._close_all()
@@ -259,6 +260,7 @@ class HttpServer(SelectorLoop):
                 assert ctx is not None   # HTTPS listens only with a TLS context
                 from pybroker.server.tls import TlsSocket  # with tls_cert only (ssl)
 
+                # socket.socket's manners, not its class (HttpConn and send_some take one)
                 tls_sock: Any = TlsSocket(ctx, sock)
                 conn = HttpConn(self, tls_sock, addr)
                 conn.tls = True
@@ -357,11 +359,11 @@ class HttpServer(SelectorLoop):
             deliver = functools.partial(self._deliver, token, i)
             self._outbox.setdefault(loop, []).append((fn, args, deliver))
 
-    def _deliver(self, token: int, index: int, value: Any) -> None:
+    def _deliver(self, token: int, index: int, value: object) -> None:
         # on a loop thread: hand the result to the http thread
         self.call_soon_threadsafe(self._job_done, token, index, value)
 
-    def _job_done(self, token: int, index: int, value: Any) -> None:
+    def _job_done(self, token: int, index: int, value: object) -> None:
         p = self._pending.get(token)
         if p is None:
             return  # finished at its deadline already

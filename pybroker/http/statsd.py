@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pybroker.config import split_hostport
 from pybroker.http.collect import plan_stats
@@ -18,6 +18,7 @@ from pybroker.http.gather import run_blocking
 from pybroker.http.process import memory_stats
 
 if TYPE_CHECKING:
+    from pybroker.core.statsdoc import TopicStats
     from pybroker.server.services import HttpHost
     from pybroker.http.views import ServerView
 
@@ -29,7 +30,7 @@ def _pct_key(q: float) -> str:
     return f"{q * 100.0:.0f}"
 
 
-def stat_lines(topics: list[dict[str, Any]], last: dict[str, int], prefix: str,
+def stat_lines(topics: list[TopicStats], last: dict[str, int], prefix: str,
                exclude_ephemeral: bool = False) -> list[str]:
     """nsqd's statsd lines for one push; ``last`` holds the previous counters (updated)."""
     lines: list[str] = []

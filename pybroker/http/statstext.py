@@ -2,9 +2,12 @@
 value formats it uses (time.Duration strings, RFC 3339 times, NanoSecondToHuman)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pybroker import NSQ_COMPAT_VERSION, __version__
+
+if TYPE_CHECKING:
+    from pybroker.core.statsdoc import ClientStats, E2eResult, StatsDocument
 
 
 def go_duration(ns: int) -> str:
@@ -55,11 +58,11 @@ def ns_to_human(v: float) -> str:
     return f"{v:0.1f}ns"
 
 
-def _e2e(result: dict[str, Any]) -> str:
+def _e2e(result: E2eResult) -> str:
     return ", ".join(ns_to_human(p["value"]) for p in result.get("percentiles") or ())
 
 
-def client_line(c: dict[str, Any], now_s: float) -> str:
+def client_line(c: ClientStats, now_s: float) -> str:
     """nsqd's ClientV2Stats.String(): a producer line if it has pub_counts, else a consumer line."""
     connected = go_duration(max(0, int(now_s) - c["connect_ts"]) * 1_000_000_000)
     port = c["remote_address"].rpartition(":")[2]
@@ -76,7 +79,7 @@ def client_line(c: dict[str, Any], now_s: float) -> str:
             f"connected: {connected}")
 
 
-def render(doc: dict[str, Any], now_s: float, uptime_ns: int) -> bytes:
+def render(doc: StatsDocument, now_s: float, uptime_ns: int) -> bytes:
     """The text body of /stats for a stats document (core.stats.document)."""
     out = [f"nsqd v{NSQ_COMPAT_VERSION} (pybroker v{__version__})\n",
            f"start_time {rfc3339(doc['start_time'])}\n",

@@ -33,7 +33,6 @@ before offset N``).
 from __future__ import annotations
 
 import zlib
-from typing import Any
 
 import cramjam
 
@@ -196,8 +195,8 @@ class Deflate:
 
     def __init__(self, level: int) -> None:
         self.level = level
-        self._zip: Any = zlib.compressobj(level, zlib.DEFLATED, -15)
-        self._unzip: Any = zlib.decompressobj(-15)
+        self._zip = zlib.compressobj(level, zlib.DEFLATED, -15)
+        self._unzip = zlib.decompressobj(-15)
         self._in = b""        # compressed input; self._pos is the first byte not consumed
         self._pos = 0
         self._more = False    # the last read filled its limit: zlib may hold more output

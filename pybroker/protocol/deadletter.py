@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypedDict
 
 from pybroker.protocol.names import is_ephemeral, is_valid_name
 
@@ -65,10 +66,17 @@ def check_dead_letter_topic(topic: str, configured: str) -> str | None:
     return None
 
 
-def dead_letter_settings(extra: dict[str, object]) -> dict[str, object]:
+class DeadLetterSettings(TypedDict, total=False):
+    """A channel's own dead-letter settings (a missing key: the topic's default)."""
+
+    max_attempts: int
+    dead_letter_topic: str
+
+
+def dead_letter_settings(extra: dict[str, object]) -> DeadLetterSettings:
     """A channel's own settings from its ``nsqd.dat`` entry (extra keys nsqd ignores);
     a value of the wrong shape is dropped (the default applies)."""
-    out: dict[str, object] = {}
+    out: DeadLetterSettings = {}
     n = extra.get("max_attempts")
     if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_ATTEMPTS:
         out["max_attempts"] = n

@@ -17,9 +17,12 @@ topic-to-Parquet pipeline (cli.py, pipeline.py).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pybroker.spark.options import COLUMNS, SCHEMA_DDL, OptionError
+
+if TYPE_CHECKING:   # pyspark is imported when a job starts, never at import time
+    from pyspark.sql import SparkSession
 
 __all__ = ["COLUMNS", "SCHEMA_DDL", "MissingSpark", "OptionError", "register"]
 
@@ -42,7 +45,7 @@ def require_pyspark() -> None:
         raise MissingSpark(f"{hint} (found PySpark {pyspark.__version__})")
 
 
-def register(spark: Any) -> None:
+def register(spark: SparkSession) -> None:
     """Register the ``pybroker`` data source with a SparkSession."""
     require_pyspark()
     from pybroker.spark.source import PyBrokerDataSource

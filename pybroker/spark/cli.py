@@ -10,11 +10,16 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from pybroker.client.config import parse_duration
+
+if TYPE_CHECKING:   # pyspark is imported when a job starts
+    from pyspark.sql import SparkSession
+
+    from pybroker.spark.pipeline import ArchiveJob
 
 _HELP = "Process topics with Apache Spark (needs PySpark: the 'spark' extra)."
 
@@ -137,7 +142,7 @@ def archive(
     raise typer.Exit(code)
 
 
-def _run(spark: Any, job: Any) -> int:
+def _run(spark: SparkSession, job: ArchiveJob) -> int:
     from pybroker.spark.pipeline import batch_rows, start_archive
 
     stop = threading.Event()
@@ -152,7 +157,8 @@ def _run(spark: Any, job: Any) -> int:
         typer.echo(f"archiving {source} to {job.output} "
                    f"(checkpoint {job.checkpoint_dir})", err=True)
         while query.isActive and not stop.is_set():
-            query.awaitTermination(0.5)
+            # pyspark annotates whole seconds; it takes a float (int(timeout * 1000) ms)
+            query.awaitTermination(0.5)  # type: ignore[arg-type]
             seen.update(batch_rows(query))
         if query.isActive:
             query.stop()

@@ -20,13 +20,12 @@ from __future__ import annotations
 import array
 import logging
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from pybroker import _native
 from pybroker.spark.checkpoint import committed_offset
@@ -123,8 +122,20 @@ def decode(data: bytes, first: int, topic: str) -> pa.RecordBatch:
     ], schema=LOG_ARROW_SCHEMA)
 
 
-def _offset(topic: str, offset: int) -> dict[str, Any]:
+# the offset Spark keeps in its checkpoint (a JSON object): the next record of the log
+LogOffset = dict[str, str | int]
+
+
+def _offset(topic: str, offset: int) -> LogOffset:
     return {"topic": topic, "offset": offset}
+
+
+def _offset_of(o: Mapping[str, object]) -> int:
+    """The ``offset`` of a LogOffset Spark hands back (a number, or its text)."""
+    v = o["offset"]
+    if isinstance(v, (int, float, str)):
+        return int(v)
+    raise LogError(f"not a log offset: {o!r}")
 
 
 class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -162,7 +173,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                            f"[{got.oldest}, {got.end})")
         return start
 
-    def initialOffset(self) -> dict[str, Any]:
+    def initialOffset(self) -> LogOffset:
         """Only for a query without a checkpoint: a new start. The channel is pinned
         there (created, or moved back from an earlier query's commits) so that
         retention keeps what this query is about to read."""
@@ -178,7 +189,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         start, e)
         return _offset(o.topic, start)
 
-    def getDefaultReadLimit(self) -> Any:
+    def getDefaultReadLimit(self) -> ReadLimit:
         from pyspark.sql.streaming.datasource import ReadAllAvailable
 
         if self.opts.max_offsets_per_trigger:
@@ -188,11 +199,10 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._broker().offsets(self.opts.topic).end
 
-    def latestOffset(self, start: dict[str, Any] | None = None,
-                     limit: object = None) -> dict[str, Any]:
-        if start is None:
-            start = self.initialOffset()
-        at = int(start["offset"])
+    # Spark hands back the offsets it was given, as the JSON objects it checkpointed
+    def latestOffset(self, start: dict[str, object] | None = None,
+                     limit: object = None) -> LogOffset:
+        at = _offset_of(start if start is not None else self.initialOffset())
         self._from_checkpoint()
         end = self._broker().offsets(self.opts.topic).end
         if self._target is not None:
@@ -201,8 +211,8 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end = min(end, at + max(1, limit.max_rows))
         return _offset(self.opts.topic, max(at, end))
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[OffsetRange]:
-        lo, hi = int(start["offset"]), int(end["offset"])
+    def partitions(self, start: dict[str, object], end: dict[str, object]) -> list[OffsetRange]:
+        lo, hi = _offset_of(start), _offset_of(end)
         return [OffsetRange(self.opts.topic, a, b)
                 for a, b in split_range(lo, hi, self.opts.num_partitions)]
 
@@ -224,9 +234,10 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.warning("could not move channel %s/%s to %d: %s", self.opts.topic,
                         self.opts.channel, offset, e)
 
-    def commit(self, end: dict[str, Any]) -> None:
-        if self._committed is None or int(end["offset"]) > self._committed:
-            self._commit(int(end["offset"]))
+    def commit(self, end: dict[str, object]) -> None:
+        at = _offset_of(end)
+        if self._committed is None or at > self._committed:
+            self._commit(at)
 
     def stop(self) -> None:
         self._from_checkpoint()

@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pybroker.spark import register, require_pyspark
 from pybroker.spark.checkpoint import local_path
@@ -25,6 +25,10 @@ from pybroker.spark.options import (
     OptionError,
     parse_starting_offsets,
 )
+
+if TYPE_CHECKING:   # pyspark is imported where a job starts, never at import time
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
 
 FORMATS = ("parquet", "orc", "json")
 PARTITION_COLUMNS = ("date", "hour")
@@ -120,7 +124,7 @@ def find_java() -> str | None:
 
 
 def spark_session(master: str = "local[*]", app_name: str = "pybroker",
-                  conf: dict[str, str] | None = None) -> Any:
+                  conf: dict[str, str] | None = None) -> SparkSession:
     """A SparkSession with the pybroker data source registered.
 
     A local master runs the Python workers with this interpreter (unless
@@ -147,7 +151,7 @@ def spark_session(master: str = "local[*]", app_name: str = "pybroker",
     return spark
 
 
-def existing_session() -> Any | None:
+def existing_session() -> SparkSession | None:
     """The SparkSession already active in this thread (an embedding program's), if any."""
     require_pyspark()
     from pyspark.sql import SparkSession
@@ -155,7 +159,7 @@ def existing_session() -> Any | None:
     return SparkSession.getActiveSession()
 
 
-def archive_frame(spark: Any, job: ArchiveJob) -> Any:
+def archive_frame(spark: SparkSession, job: ArchiveJob) -> DataFrame:
     """The streaming DataFrame the job writes: source columns, parsed JSON, date, hour.
 
     Raises:
@@ -184,7 +188,7 @@ def archive_frame(spark: Any, job: ArchiveJob) -> Any:
               .withColumn("hour", F.hour("timestamp")))
 
 
-def start_archive(spark: Any, job: ArchiveJob) -> Any:
+def start_archive(spark: SparkSession, job: ArchiveJob) -> StreamingQuery:
     """Start the archive query; returns the StreamingQuery.
 
     Raises:
@@ -205,7 +209,7 @@ def start_archive(spark: Any, job: ArchiveJob) -> Any:
     return writer.start()
 
 
-def batch_rows(query: Any) -> dict[int, int]:
+def batch_rows(query: StreamingQuery) -> dict[int, int]:
     """{batch id: input rows} of the query's recent progress reports."""
     out: dict[int, int] = {}
     for p in query.recentProgress or []:

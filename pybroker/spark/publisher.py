@@ -3,7 +3,7 @@
 Rows arrive as Arrow record batches with a ``body`` column (binary or string) and,
 when no topic option is given, a ``topic`` column. Bodies are cut into MPUBs of at most
 ``batch_size`` messages and ``batch_bytes`` bytes; up to ``pipeline`` MPUBs wait for
-their answers at once. Any answer but OK (or none within ``timeout``) raises, so
+their answers at once. An answer other than OK (or none within ``timeout``) raises, so
 Spark fails the task and retries it: delivery is at least once, and a retried task
 publishes its rows again.
 """

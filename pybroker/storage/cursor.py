@@ -36,7 +36,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-from typing import Any, Protocol, Sequence
+from typing import BinaryIO, Protocol, Sequence
 
 from pybroker import _native
 
@@ -59,7 +59,7 @@ class LogFiles(LogBounds, Protocol):
     def _segs(self) -> Sequence[Segment]: ...
 
     def _set_aside(self, seg: Segment) -> None: ...
-    def _resync(self, f: Any, pos: int, off: int) -> tuple[int, int] | None: ...
+    def _resync(self, f: BinaryIO, pos: int, off: int) -> tuple[int, int] | None: ...
 
 log = logging.getLogger("pybroker.storage.topiclog")
 

@@ -40,7 +40,7 @@ class StorageAccessError(StorageError):
 
 
 class StorageIOError(StorageError):
-    """Any other OS error (EIO, ENOTDIR, ENOENT on a data file, ...)."""
+    """Every other OS error (EIO, ENOTDIR, ENOENT on a data file, ...)."""
 
 
 class MetadataError(StorageError):

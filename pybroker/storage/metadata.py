@@ -23,7 +23,6 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 from ._fsutil import atomic_write, tmp_path, unique_aside
 from .errors import MetadataError, from_oserror
@@ -107,7 +106,7 @@ def _name_paused(d: object, what: str) -> tuple[str, bool, dict[str, object]]:
     return name, paused, d
 
 
-def _list(v: object, what: str) -> list[Any]:
+def _list(v: object, what: str) -> list[object]:
     if v is None:               # Go marshals an empty slice that was never set as null
         return []
     if not isinstance(v, list):

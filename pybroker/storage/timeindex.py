@@ -27,7 +27,7 @@ import bisect
 import os
 import struct
 from array import array
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 from pybroker import _native
 
@@ -84,7 +84,7 @@ class TimeIndex:
     def __len__(self) -> int:
         return len(self.offs)
 
-    def add(self, buf: Any, starts: Sequence[int], first: int, buf_pos: int,
+    def add(self, buf: bytes | bytearray | memoryview, starts: Sequence[int], first: int, buf_pos: int,
             max_ts_before: int, max_payload: int) -> None:
         """Records ``first``.. were written to (or found in) the segment: record i
         starts at ``buf[starts[i]]``, file position ``buf_pos + starts[i]``.
@@ -123,7 +123,7 @@ def offset_for_time(log: TimedLog, ts_ns: int) -> int:
     """The first offset of log whose publish time is >= ts_ns (``written`` if none):
     a bisect in the first segment new enough and one read of at most EVERY bytes plus
     a record. A log without segments (memory only) is scanned (it holds at most its
-    memory tail). Any thread; the read happens outside the log's lock."""
+    memory tail). Called on every thread; the read happens outside the log's lock."""
     for _ in range(3):
         with log.lock:
             oldest, written = log.oldest, log.written

@@ -56,7 +56,7 @@ import struct
 import threading
 import zlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import BinaryIO, Sequence
 
 from pybroker import _native
 
@@ -223,7 +223,7 @@ class TopicLog:
         seg.size = pos
         return seg
 
-    def _resync(self, f: Any, pos: int, off: int) -> tuple[int, int] | None:
+    def _resync(self, f: BinaryIO, pos: int, off: int) -> tuple[int, int] | None:
         """After a bad record at file position pos (offset off): the position and
         offset of the next intact record within RESYNC_LIMIT, or None."""
         f.seek(pos)

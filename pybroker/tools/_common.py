@@ -12,12 +12,18 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import Any, Callable, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, TextIO
 
 import typer
 from typer.core import TyperCommand
 
 from pybroker.client.config import Config, parse_duration
+
+if TYPE_CHECKING:
+    from signal import _HANDLER   # what signal.signal returns (typeshed's name)
+
+    # the click that typer bundles: TyperCommand's methods take its classes
+    from typer._click import Context, HelpFormatter
 
 _TRUE = {"1", "t", "true"}
 _FALSE = {"0", "f", "false"}
@@ -27,13 +33,13 @@ class GoFlagsCommand(TyperCommand):
     """A typer command accepting Go's ``-boolflag=true|false`` spelling; its arguments'
     help shows their placeholder alone (``ID``), not typer's Python type (``ID <str>``)."""
 
-    def format_help(self, ctx: Any, formatter: Any) -> None:
+    def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
         for p in self.params:
             if getattr(p, "param_type_name", "") == "argument" and p.metavar:
                 setattr(p, "display_type_rich", lambda ctx: None)  # noqa: B010
         super().format_help(ctx, formatter)
 
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
         names = [(name.lstrip("-"), bool(getattr(p, "is_flag", False)))
                  for p in self.params for name in getattr(p, "opts", [])]
         flags = {n for n, is_flag in names if is_flag}
@@ -58,24 +64,29 @@ class GoFlagsCommand(TyperCommand):
         return super().parse_args(ctx, out)
 
 
-def opt(default: Any, name: str, *extra: str, help: str, **kw: Any) -> Any:
+def opt(default: object, name: str, *extra: str, help: str, metavar: str | None = None,
+        show_default: bool | str | None = None, min: int | None = None,
+        max: int | None = None) -> Any:   # typer.Option's own type: any parameter's default
     """``typer.Option`` with Go's single-dash alias (``--topic`` and ``-topic``).
 
     The value's placeholder in --help names its type (INT, HOST:PORT, TEXT), and a
     default holding control characters is shown escaped (``\\n``), never raw.
     """
-    if "metavar" not in kw and not isinstance(default, bool):
+    if metavar is None and not isinstance(default, bool):
         if name.endswith("-address"):
-            kw["metavar"] = "HOST:PORT"
+            metavar = "HOST:PORT"
         elif isinstance(default, int):
-            kw["metavar"] = "INT"
+            metavar = "INT"
         elif isinstance(default, float):
-            kw["metavar"] = "FLOAT"
+            metavar = "FLOAT"
         else:
-            kw["metavar"] = "TEXT"
-    if isinstance(default, str) and default and not default.isprintable():
-        kw.setdefault("show_default", default.encode("unicode_escape").decode("ascii"))
-    return typer.Option(default, f"--{name}", f"-{name}", *extra, help=help, **kw)
+            metavar = "TEXT"
+    if show_default is None:
+        show_default = True     # typer's default
+        if isinstance(default, str) and default and not default.isprintable():
+            show_default = default.encode("unicode_escape").decode("ascii")
+    return typer.Option(default, f"--{name}", f"-{name}", *extra, help=help, metavar=metavar,
+                        show_default=show_default, min=min, max=max)
 
 
 def fatal(message: str) -> NoReturn:
@@ -130,7 +141,7 @@ class StopSignals:
         self.stop = threading.Event()
         self.signal: int | None = None
         self._hup = hup
-        self._saved: dict[int, Any] = {}
+        self._saved: dict[int, _HANDLER] = {}
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signal = signum
@@ -249,7 +260,7 @@ class Progress:
             pass
 
 
-def _isatty(stream: Any) -> bool:
+def _isatty(stream: TextIO) -> bool:
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError):

@@ -18,13 +18,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable
+from typing import BinaryIO, Callable
 
 from pybroker.client import Config, Consumer, Message
 from pybroker.tools.files import (GzipMemberWriter, compute_filename_format,
                                   exclusive_rename, make_parent_dir, strftime, with_rev)
 
 log = logging.getLogger("pybroker.tools")
+# what the router thread acts on: ("msg", a message), or "term", "hup", "tick" or
+# "stopped" with None
+Event = tuple[str, Message | None]
 
 
 @dataclass
@@ -65,7 +68,7 @@ class FileLogger:
             rotating=opts.rotate_size > 0 or opts.rotate_interval > 0,
             work_dir_differs=opts.work_dir != opts.output_dir, host=opts.host)
         self.on_written = on_written
-        self._events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
+        self._events: queue.Queue[Event] = queue.Queue(maxsize=1)
         self._control: queue.Queue[str] = queue.Queue()
         self.consumer = Consumer(topic, opts.channel, self._handle, config)
         self._out: BinaryIO | None = None
@@ -128,8 +131,8 @@ class FileLogger:
                     else:
                         self._update_file()
                 sync = True
-            elif kind == "msg":
-                msg: Message = payload
+            elif kind == "msg" and payload is not None:
+                msg = payload
                 if self._needs_rotation():
                     self._update_file()
                     sync = True
@@ -150,7 +153,7 @@ class FileLogger:
             if exit_:
                 return
 
-    def _next_event(self, next_tick: float | None, terminating: bool) -> tuple[str, Any]:
+    def _next_event(self, next_tick: float | None, terminating: bool) -> Event:
         while True:
             try:
                 return (self._control.get_nowait(), None)

@@ -18,12 +18,13 @@ import time
 import urllib.error
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import List, Optional
 
 import typer
 
 from pybroker import __version__
 from pybroker.client.lookupd import get_json, http_url, lookup_producers, producer_http_address
+from pybroker.jsonvalue import Json, JsonObject
 from pybroker.tools._common import StopSignals, duration, fatal, opt, setup_logging
 
 HEADER = ("%s+%s+%s" % ("------rate------", "----------------depth----------------",
@@ -55,13 +56,25 @@ class ChannelStats:
     def memory_depth(self) -> int:
         return self.depth - self.backend_depth
 
-    def add(self, c: dict[str, Any]) -> None:
+    def add(self, c: JsonObject) -> None:
         for name in ("depth", "backend_depth", "in_flight_count", "deferred_count",
                      "requeue_count", "timeout_count", "message_count", "client_count"):
-            setattr(self, name, getattr(self, name) + int(c.get(name) or 0))
+            setattr(self, name, getattr(self, name) + _count(c.get(name)))
         self.paused = self.paused or bool(c.get("paused"))
-        self.max_attempts = max(self.max_attempts, int(c.get("max_attempts") or 0))
-        self.dead_letter_count += int(c.get("dead_letter_count") or 0)
+        self.max_attempts = max(self.max_attempts, _count(c.get("max_attempts")))
+        self.dead_letter_count += _count(c.get("dead_letter_count"))
+
+
+def _count(v: Json) -> int:
+    """A count of a /stats document (0 when missing or null; a number as text is read)."""
+    if isinstance(v, (int, float, str)) and v:
+        return int(v)
+    return 0
+
+
+def _objects(v: Json) -> list[JsonObject]:
+    """The objects of a /stats array (none when missing or null)."""
+    return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
 
 
 def format_row(cur: ChannelStats, old: ChannelStats, interval_s: float,
@@ -81,10 +94,10 @@ def format_row(cur: ChannelStats, old: ChannelStats, interval_s: float,
 _tls: ssl.SSLContext | None = None
 
 
-def _stats(address: str, query: dict[str, str], timeout_s: float) -> dict[str, Any]:
+def _stats(address: str, query: dict[str, str], timeout_s: float) -> JsonObject:
     url = http_url(address, "/stats?" + urllib.parse.urlencode(query),
                    "https" if _tls is not None else "http")
-    data = get_json(url, timeout_s, _tls)
+    data: Json = get_json(url, timeout_s, _tls)
     return data if isinstance(data, dict) else {}
 
 
@@ -117,7 +130,7 @@ def topic_producers(topic: str, nsqd_http: list[str], lookupd_http: list[str],
     for addr in nsqd_http:
         data = _stats(addr, {"format": "json", "topic": topic, "include_clients": "false"},
                       timeout_s)
-        if any(t.get("topic_name") == topic for t in data.get("topics") or []):
+        if any(t.get("topic_name") == topic for t in _objects(data.get("topics"))):
             out.append(addr)
     return out
 
@@ -129,10 +142,10 @@ def channel_stats(producers: list[str], topic: str, channel: str,
     for addr in producers:
         data = _stats(addr, {"format": "json", "topic": topic, "channel": channel,
                              "include_clients": "false"}, timeout_s)
-        for t in data.get("topics") or []:
+        for t in _objects(data.get("topics")):
             if t.get("topic_name") != topic:
                 continue
-            for c in t.get("channels") or []:
+            for c in _objects(t.get("channels")):
                 if c.get("channel_name") == channel:
                     total = total or ChannelStats()
                     total.add(c)
