@@ -3,7 +3,8 @@
 Threads: one IOLoop (reads every connection, answers heartbeats, fires RDY timers),
 ``concurrency`` handler threads fed by a queue, and a lookupd poller when discovery is
 used. The loop hands a turn's messages to the queue at the end of the turn, just before
-it sleeps again, so a woken handler thread finds the GIL free (docs/client.md). Returning from the handler FINs the message; raising REQueues it (with backoff).
+it sleeps again, so a woken handler thread finds the GIL free (docs/client.md).
+Returning from the handler FINs the message; raising REQueues it (with backoff).
 Flow control lives in ``rdy.FlowController``. Names follow go-nsq (ConnectToNSQD,
 ConnectToNSQLookupd, ChangeMaxInFlight, Stop/StopChan, MaxAttempts...).
 """

@@ -8,7 +8,7 @@ takes seconds and may be called from any thread: it returns a Timer whose
 ``cancel()`` is safe from any thread too. ``stop()`` goes through the call queue and
 joins the thread. ``end_of_turn``, given by the owner, runs on the loop thread after
 every turn, just before the loop sleeps in ``select()`` again: a Consumer hands the
-turn's messages to its handler threads there (see Consumer.on_message).
+turn's messages to its handler threads there (Consumer._hand_over).
 """
 from __future__ import annotations
 
