@@ -249,13 +249,9 @@ class Consumer:
         self._received.append(message)
 
     def _hand_over(self) -> None:
-        """End of a loop turn: queue the turn's messages for the handler threads.
-
-        Waking a handler thread in the middle of the turn (when the message is decoded)
-        lets it preempt the loop thread while that still holds the GIL: the handler
-        then sleeps again on the GIL, and each message costs a further pair of context
-        switches. Here the loop is a few steps from ``select()``, which releases it.
-        """
+        """End of a loop turn (a few steps from ``select()``, which releases the GIL):
+        queue the turn's messages. A handler woken mid-turn would find the GIL held
+        and sleep on it again: two more context switches a message (docs/client.md)."""
         received = self._received
         if received:
             self._received = []
