@@ -34,7 +34,9 @@ Scenarios:
   RDY 1000 (default output buffering, as users get it) FIN each message as read:
   percentiles of publish-to-delivery latency, the first second left out.
 - ``client1``: the client library against nsqd at ``max_in_flight`` 1 beside gnsq's
-  Consumer (gevent) at 1, on a backlog in nsqd: the consumer process's CPU per message.
+  Consumer (gevent) at 1, on a backlog in nsqd (``--client-backlog``): the consumer
+  process's CPU per message. With ``--baseline-src`` the same consumer program also runs
+  importing that tree (``baseline.client``).
 
 Prints a table per scenario: medians over ``--runs`` (min-max) and ratios to nsqd
 (client1: pybroker.client to gnsq). Figures from a shared machine are indicative only.
@@ -248,10 +250,14 @@ CLIENT_PROGRAMS = {
 
 def run_client(kind: str, b: BrokerProcess, a: argparse.Namespace) -> Row:
     fill(b, TOPIC, a.client_backlog, a.size)
+    env = dict(os.environ)
+    if kind == "baseline.client":   # the same program, importing the baseline tree
+        env.update(PYTHONPATH=str(Path(a.baseline_src).resolve()), PYTHONSAFEPATH="1")
+        kind = "pybroker.client"
     prog = textwrap.dedent(CLIENT_PROGRAMS[kind])
     out = subprocess.run([sys.executable, "-c", prog, b.tcp_address, TOPIC, str(a.seconds)],
                          capture_output=True, text=True, timeout=a.seconds + 120,
-                         cwd=str(ROOT))
+                         cwd=str(ROOT), env=env)
     if out.returncode != 0:
         raise RuntimeError(f"{kind} consumer failed: {out.stderr[-2000:]}")
     n, dur, cpu = (float(x) for x in out.stdout.split()[-3:])
@@ -305,7 +311,8 @@ def main() -> int:
                    help="messages published before rdy8 reads")
     p.add_argument("--backlog-rdy1", type=int, default=500_000,
                    help="messages published before rdy1 reads")
-    p.add_argument("--client-backlog", type=int, default=100_000)
+    p.add_argument("--client-backlog", type=int, default=300_000,
+                   help="messages published before each client1 run (more than it drains)")
     p.add_argument("--e2e-rate", type=float, default=0.0,
                    help="e2e: messages per second (default: half of nsqd's pub1 median)")
     p.add_argument("--only", nargs="*", default=[*SCENARIOS, "client1"],
@@ -340,7 +347,8 @@ def main() -> int:
             print(f"  e2e at {a.e2e_rate:,} msg/s: half of nsqd's single-message "
                   f"maximum ({statistics.median(nsqd_pub1):,.0f} msg/s)", flush=True)
         if name == "client1":
-            order = ["pybroker.client", "gnsq"]
+            order = ["pybroker.client", *(["baseline.client"] if a.baseline_src else []),
+                     "gnsq"]
             results: dict[str, dict[str, list[float]]] = {k: {} for k in order}
             for run in range(a.runs):
                 for kind in order if run % 2 == 0 else order[::-1]:

@@ -13,7 +13,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from pybroker.client import protocol as P
 from pybroker.client.config import Config
@@ -78,7 +78,7 @@ class Conn:
         # writers wait while this much output is pending (producers); 0: never wait
         # (consumers, which write RDY/FIN with their flow-control lock held)
         self.max_pending_write = _MAX_PENDING_WRITE
-        self._sock: Any = None  # socket.socket, or TlsSocket once TLS is negotiated
+        self._sock: socket.socket | TlsSocket | None = None  # TlsSocket once TLS is on
         self._codec: Snappy | Deflate | None = None  # snappy or deflate, once negotiated
         self._reader = P.FrameReader()
         self._rbuf: memoryview | None = None   # the kept receive buffer (first read)
@@ -141,6 +141,7 @@ class Conn:
         """What the server granted, in nsqd's order: TLS, then snappy or deflate, each
         confirmed by an OK read through the new layer (go-nsq's upgrade sequence)."""
         if resp.tls_v1:
+            assert isinstance(self._sock, socket.socket)   # TLS comes first, once
             try:
                 ssl_sock = tls_context(self.config).wrap_socket(self._sock,
                                                                 server_hostname=host)
@@ -207,11 +208,14 @@ class Conn:
 
     def _recv(self) -> memoryview:
         """One socket read into the connection's kept buffer: a view of what arrived
-        (empty at EOF), valid until the next read. Raises what the socket raises."""
-        buf = self._rbuf
+        (empty at EOF, and once the socket is closed), valid until the next read.
+        Raises what the socket raises."""
+        sock, buf = self._sock, self._rbuf
+        if sock is None:
+            return memoryview(b"")
         if buf is None:
             buf = self._rbuf = memoryview(bytearray(_RECV_SIZE))
-        return buf[:self._sock.recv_into(buf)]
+        return buf[:sock.recv_into(buf)]
 
     # -- running (IOLoop thread reads) --------------------------------------------------
     def start(self) -> None:

@@ -2,7 +2,9 @@
 
 Threads: one IOLoop (reads every connection, answers heartbeats, fires RDY timers),
 ``concurrency`` handler threads fed by a queue, and a lookupd poller when discovery is
-used. Returning from the handler FINs the message; raising REQueues it (with backoff).
+used. The loop hands a turn's messages to the queue at the end of the turn, just before
+it sleeps again, so a woken handler thread finds the GIL free (docs/client.md).
+Returning from the handler FINs the message; raising REQueues it (with backoff).
 Flow control lives in ``rdy.FlowController``. Names follow go-nsq (ConnectToNSQD,
 ConnectToNSQLookupd, ChangeMaxInFlight, Stop/StopChan, MaxAttempts...).
 """
@@ -13,7 +15,7 @@ import queue
 import random
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from pybroker.client import protocol as P
 from pybroker.client.config import Config
@@ -26,9 +28,8 @@ from pybroker.client.rdy import BackoffSignal, FlowController, RdyHook
 
 log = logging.getLogger("pybroker.client")
 
-Handler = Callable[[Message], Any]
-GiveUpHook = Callable[[Message], Any]
-_STOP = object()
+Handler = Callable[[Message], object]     # its return value is ignored
+GiveUpHook = Callable[[Message], object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,7 @@ class Consumer:
     def __init__(self, topic: str, channel: str, handler: Handler | None = None,
                  config: Config | None = None, *, concurrency: int = 1,
                  on_rdy: RdyHook | None = None, on_give_up: GiveUpHook | None = None,
-                 **options: Any) -> None:
+                 **options: object) -> None:
         if not P.is_valid_topic_name(topic):
             raise ValueError(f"invalid topic name {topic!r}")
         if not P.is_valid_channel_name(channel):
@@ -73,9 +74,11 @@ class Consumer:
         self._connections: dict[str, Conn] = {}
         self._pending: set[str] = set()
         self.nsqd_tcp_addresses: list[str] = []
-        self._loop = IOLoop(name=f"nsq-consumer-{topic}")
+        self._loop = IOLoop(name=f"nsq-consumer-{topic}", end_of_turn=self._hand_over)
         self.flow = FlowController(cfg, self._loop, self.conns, on_rdy)
-        self._incoming: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # messages for the handler threads; None tells one handler thread to exit
+        self._incoming: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
+        self._received: list[Message] = []   # this loop turn's, not yet handed over
         self._handlers: list[threading.Thread] = []
         self._running_handlers = 0
         self._stop_flag = threading.Event()
@@ -111,7 +114,7 @@ class Consumer:
         give_up = self.on_give_up or getattr(handler, "log_failed_message", None)
         while True:
             msg = self._incoming.get()
-            if msg is _STOP:
+            if msg is None:
                 break
             if isinstance(msg.delegate, Conn):
                 self.flow.on_dispatched(msg.delegate)
@@ -243,7 +246,17 @@ class Consumer:
         with self._lock:
             self._counts["received"] += 1
         self.flow.on_message(conn)
-        self._incoming.put(message)
+        self._received.append(message)
+
+    def _hand_over(self) -> None:
+        """End of a loop turn (a few steps from ``select()``, which releases the GIL):
+        queue the turn's messages. A handler woken mid-turn would find the GIL held
+        and sleep on it again: two more context switches a message (docs/client.md)."""
+        received = self._received
+        if received:
+            self._received = []
+            for m in received:
+                self._incoming.put(m)
 
     def on_message_finished(self, conn: Conn, message: Message) -> None:
         with self._lock:
@@ -387,7 +400,7 @@ class Consumer:
         if n == 0:
             self._exit()
         for _ in range(n):
-            self._incoming.put(_STOP)
+            self._incoming.put(None)
 
     def _force_exit(self) -> None:
         if self._stopped.is_set():

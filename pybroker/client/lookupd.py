@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import random
+import ssl
 import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Callable
+from typing import Callable, Mapping
 
 from pybroker.client.config import Config
 
@@ -48,7 +49,7 @@ def build_lookup_url(address: str, topic: str) -> str:
                                     urllib.parse.urlencode(query), ""))
 
 
-def get_json(url: str, timeout_s: float, context: Any = None) -> Any:
+def get_json(url: str, timeout_s: float, context: ssl.SSLContext | None = None) -> object:
     """GET a v1 NSQ endpoint; unwrap the pre-1.0 ``{"data": ...}`` envelope.
 
     Raises:
@@ -68,29 +69,85 @@ def http_url(address: str, path: str, scheme: str = "http") -> str:
     return base.rstrip("/") + path
 
 
-def lookup_producers(address: str, topic: str, timeout_s: float = 5.0) -> list[dict[str, Any]]:
-    """The ``producers`` a lookupd lists for ``topic`` (empty if it does not know it)."""
+def _json_list(data: object, key: str) -> list[object]:
+    """``data[key]`` of a JSON object answer, a list ([] when absent or null).
+
+    Raises:
+        ValueError: the answer is not an object, or ``key`` is not a list.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    value = data.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"{key!r} is not a list")
+    return value
+
+
+def producers_of(data: object) -> list[dict[str, object]]:
+    """The ``producers`` of a ``/lookup`` answer.
+
+    Raises:
+        ValueError: not the shape nsqlookupd answers with.
+    """
+    producers = _json_list(data, "producers")
+    if not all(isinstance(p, dict) for p in producers):
+        raise ValueError("'producers' holds a non-object")
+    return [p for p in producers if isinstance(p, dict)]
+
+
+def lookup_producers(address: str, topic: str,
+                     timeout_s: float = 5.0) -> list[dict[str, object]]:
+    """The ``producers`` a lookupd lists for ``topic`` (empty if it does not know it).
+
+    Raises:
+        OSError, ValueError: unreachable, non-200 other than 404, or not /lookup's shape.
+    """
     try:
         data = get_json(build_lookup_url(address, topic), timeout_s)
     except urllib.error.HTTPError as e:
         if e.code == 404:
             return []
         raise
-    return list(data.get("producers") or [])
+    return producers_of(data)
 
 
-def producer_tcp_address(p: dict[str, Any]) -> str:
-    return _join_host_port(str(p["broadcast_address"]), int(p["tcp_port"]))
+def _producer_address(p: Mapping[str, object], port_key: str) -> str:
+    host, port = p.get("broadcast_address"), p.get(port_key)
+    if not isinstance(host, str) or not host or not isinstance(port, (int, str)):
+        raise ValueError(f"producer without broadcast_address and {port_key}: {p!r:.200}")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ValueError(f"producer {port_key} is not a number: {port!r:.50}") from None
+    if not 0 < number < 65536:
+        raise ValueError(f"producer {port_key} out of range: {str(number)[:50]}")
+    return _join_host_port(host, number)
 
 
-def producer_http_address(p: dict[str, Any]) -> str:
-    return _join_host_port(str(p["broadcast_address"]), int(p["http_port"]))
+def producer_tcp_address(p: Mapping[str, object]) -> str:
+    """``broadcast_address:tcp_port`` of a /lookup producer.
+
+    Raises:
+        ValueError: a field is missing or of the wrong type.
+    """
+    return _producer_address(p, "tcp_port")
+
+
+def producer_http_address(p: Mapping[str, object]) -> str:
+    """``broadcast_address:http_port`` of a /lookup producer (ValueError as above)."""
+    return _producer_address(p, "http_port")
 
 
 def lookupd_topics(address: str, timeout_s: float = 5.0) -> list[str]:
-    """Every topic a lookupd knows (``/topics``)."""
+    """Every topic a lookupd knows (``/topics``).
+
+    Raises:
+        OSError, ValueError: unreachable, non-200, or not /topics' shape.
+    """
     data = get_json(http_url(address, "/topics"), timeout_s)
-    return [str(t) for t in data.get("topics") or []]
+    return [str(t) for t in _json_list(data, "topics")]
 
 
 FAST_RETRY_S = 0.1
@@ -191,6 +248,10 @@ class LookupdPoller:
             except (OSError, ValueError) as e:
                 log.error("error querying nsqlookupd (%s) - %s", url, e)
                 continue
-            addrs = [producer_tcp_address(p) for p in data.get("producers") or []]
+            try:
+                addrs = [producer_tcp_address(p) for p in producers_of(data)]
+            except ValueError as e:
+                log.error("bad answer from nsqlookupd (%s) - %s", url, e)
+                continue
             self.on_producers(addrs)
             return

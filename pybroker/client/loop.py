@@ -6,7 +6,9 @@ selector. Other threads reach it only through ``call_soon_threadsafe()`` (the
 SelectorLoop's call queue and wake-up pair). Unlike the server's loops, ``call_later``
 takes seconds and may be called from any thread: it returns a Timer whose
 ``cancel()`` is safe from any thread too. ``stop()`` goes through the call queue and
-joins the thread.
+joins the thread. ``end_of_turn``, given by the owner, runs on the loop thread after
+every turn, just before the loop sleeps in ``select()`` again: a Consumer hands the
+turn's messages to its handler threads there (Consumer._hand_over).
 """
 from __future__ import annotations
 
@@ -52,8 +54,10 @@ class Timer:
 class IOLoop(SelectorLoop):
     """A selector loop on its own named thread. Owned by one Consumer or Producer."""
 
-    def __init__(self, name: str = "nsq-io") -> None:
+    def __init__(self, name: str = "nsq-io",
+                 end_of_turn: Callable[[], object] | None = None) -> None:
         super().__init__(name)
+        self._end_of_turn = end_of_turn
         self._started = False
         self._closed = False
         self._released = False
@@ -111,6 +115,10 @@ class IOLoop(SelectorLoop):
             super().run()
         finally:
             self._close_once()
+
+    def end_of_turn(self) -> None:
+        if self._end_of_turn is not None:
+            self._end_of_turn()
 
     def on_error(self, obj: object) -> None:
         log.exception("unhandled error in IO loop callback of %r", obj)

@@ -11,7 +11,7 @@ import logging
 import threading
 from collections import deque
 from concurrent.futures import Future
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from pybroker.client import protocol as P
 from pybroker.client.config import Config
@@ -35,7 +35,7 @@ class Producer:
     forms return a ``concurrent.futures.Future`` resolving to the response bytes.
     """
 
-    def __init__(self, address: str, config: Config | None = None, **options: Any) -> None:
+    def __init__(self, address: str, config: Config | None = None, **options: object) -> None:
         cfg = (config or Config()).copy()
         for name, value in options.items():
             cfg.set(name, value)

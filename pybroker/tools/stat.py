@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.parse
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, cast
 
 import typer
 
@@ -97,8 +97,9 @@ _tls: ssl.SSLContext | None = None
 def _stats(address: str, query: dict[str, str], timeout_s: float) -> JsonObject:
     url = http_url(address, "/stats?" + urllib.parse.urlencode(query),
                    "https" if _tls is not None else "http")
-    data: Json = get_json(url, timeout_s, _tls)
-    return data if isinstance(data, dict) else {}
+    data = get_json(url, timeout_s, _tls)
+    # json.loads' output: a JSON value
+    return cast(JsonObject, data) if isinstance(data, dict) else {}
 
 
 def _tls_context(root_ca: str, cert: str, key: str, insecure: bool) -> ssl.SSLContext | None:

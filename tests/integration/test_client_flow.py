@@ -258,3 +258,36 @@ def test_change_max_in_flight_pauses_and_resumes(any_broker: BrokerProcess) -> N
         assert max(rdys[2:]) == 2
     finally:
         c.close()
+
+
+def test_max_in_flight_1_one_rdy_for_a_backlog(any_broker: BrokerProcess) -> None:
+    """RDY caps in-flight messages on the server: RDY 1 once drains a whole backlog.
+
+    The consumer sends RDY only when its count changes (not after every delivery), so
+    a server that used RDY up per message would stop after the first one here. The
+    handler runs on the handler thread, never on the IO loop's.
+    """
+    topic = unique_name("flow_mif1")
+    bodies = [b"%04d" % i for i in range(2000)]
+    with Producer(any_broker.tcp_hostport) as p:
+        p.multi_publish(topic, bodies)
+    got: list[bytes] = []
+    threads: set[str] = set()
+    rdys: list[int] = []
+
+    def handler(msg: Message) -> None:
+        threads.add(threading.current_thread().name)
+        got.append(msg.body)
+
+    c = Consumer(topic, "ch", handler, max_in_flight=1,
+                 on_rdy=lambda conn, n: rdys.append(n))
+    c.connect_to_nsqd(any_broker.tcp_hostport)
+    try:
+        wait_until(lambda: len(got) >= len(bodies), 30, what="the backlog at max_in_flight 1")
+        wait_until(lambda: c.stats().messages_finished >= len(bodies), 5, what="every FIN")
+        wait_all_finished(any_broker, topic, "ch")
+    finally:
+        c.close()
+    assert sorted(got) == bodies, "lost or duplicated messages"
+    assert rdys == [1], "RDY sent again though its count never changed"
+    assert threads == {f"nsq-handler-{topic}-0"}, threads

@@ -8,7 +8,8 @@ import pytest
 from pybroker.client import protocol as P
 from pybroker.client.config import Config, parse_duration
 from pybroker.client.errors import ProtocolError
-from pybroker.client.lookupd import build_lookup_url, producer_http_address, producer_tcp_address
+from pybroker.client.lookupd import (build_lookup_url, producer_http_address,
+                                     producer_tcp_address, producers_of)
 
 
 def frame(ftype: int, data: bytes) -> bytes:
@@ -136,6 +137,32 @@ def test_producer_addresses() -> None:
     p = {"broadcast_address": "::1", "tcp_port": 4150, "http_port": 4151}
     assert producer_tcp_address(p) == "[::1]:4150"
     assert producer_http_address(dict(p, broadcast_address="h")) == "h:4151"
+    assert producer_tcp_address(dict(p, tcp_port="4150")) == "[::1]:4150"
+
+
+@pytest.mark.parametrize("p", [
+    {}, {"broadcast_address": "h"}, {"tcp_port": 4150},
+    {"broadcast_address": "", "tcp_port": 4150},
+    {"broadcast_address": ["h"], "tcp_port": 4150},
+    {"broadcast_address": "h", "tcp_port": None},
+    {"broadcast_address": "h", "tcp_port": "x" * 10_000},
+    {"broadcast_address": "h", "tcp_port": 4.5e300},
+    {"broadcast_address": "h", "tcp_port": 0}, {"broadcast_address": "h", "tcp_port": 65536},
+    {"broadcast_address": "h", "tcp_port": 10 ** 400},
+])
+def test_bad_producer_is_a_value_error(p: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="^producer ") as e:
+        producer_tcp_address(p)
+    assert len(str(e.value)) < 300, "the error quotes a bounded part of the input"
+
+
+def test_producers_of_a_lookup_answer() -> None:
+    one = {"broadcast_address": "h", "tcp_port": 1, "http_port": 2}
+    assert producers_of({"channels": [], "producers": [one]}) == [one]
+    assert producers_of({"producers": None}) == [] == producers_of({})
+    for bad in ([one], "producers", None, {"producers": {"a": 1}}, {"producers": [1]}):
+        with pytest.raises(ValueError):
+            producers_of(bad)
 
 
 def test_identify_fields_and_response() -> None:

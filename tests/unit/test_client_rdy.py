@@ -83,18 +83,37 @@ def test_rdy_truncated_to_max_in_flight_and_retried() -> None:
 
 
 def test_refill_when_remaining_runs_low() -> None:
-    fc, conns, _, _ = make(1, max_in_flight=10)
+    fc, conns, _, hooks = make(1, max_in_flight=10)
     c = conns[0]
     fc.maybe_update_rdy(c)
     for _ in range(7):
         fc.on_message(c)
-    assert c.sent == [10], "refilled too early"
+    assert c.rdy_remaining == 3, "refilled too early"
+    c.last_rdy_ts = 0.0
     fc.on_message(c)                                 # remaining 2 < 25 % of 10
-    assert c.sent == [10, 10] and c.rdy_remaining == 10
+    assert c.rdy_remaining == 10 and c.last_rdy_ts > 0, "the window restarts"
+    # the server holds RDY 10 as a cap on in-flight: the same count is not sent again
+    assert c.sent == [10] and hooks == [("c0", 10)]
     assert c.in_flight == 8 and c.queued == 8
     fc.on_dispatched(c)
     fc.on_response_sent(c)
     assert (c.in_flight, c.queued) == (7, 7)
+
+
+def test_rdy_once_at_max_in_flight_1() -> None:
+    """At max_in_flight 1 every delivery empties the window; RDY 1 goes out once."""
+    fc, conns, _, hooks = make(1, max_in_flight=1)
+    c = conns[0]
+    fc.maybe_update_rdy(c)
+    for _ in range(100):
+        fc.on_message(c)
+        fc.on_dispatched(c)
+        fc.on_response_sent(c)
+    assert c.sent == [1] and hooks == [("c0", 1)]
+    assert (c.rdy_count, c.rdy_remaining, c.in_flight) == (1, 1, 0)
+    fc.change_max_in_flight(3)                       # a changed count is sent
+    fc.change_max_in_flight(0)
+    assert c.sent == [1, 3, 0]
 
 
 def test_rdy_lowered_when_above_share() -> None:
