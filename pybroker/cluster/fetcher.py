@@ -57,6 +57,12 @@ class _Countdown:
                 self.event.set()
 
 
+def _hist_mark(h: EpochHistory) -> list[int]:
+    """What a fetch says of the epoch history it holds (its length and last entry):
+    the leader sends its own only when it differs."""
+    return [len(h.entries), *h.entries[-1]] if h.entries else [0]
+
+
 class Fetcher:
     def __init__(self, node: ClusterNode, leader: int) -> None:
         self.node = node
@@ -118,7 +124,8 @@ class Fetcher:
         sock = self.sock
         assert sock is not None
         deadline = time.monotonic() + wait_s + IO_SLACK_S
-        sock.settimeout(wait_s + IO_SLACK_S)
+        if sock.gettimeout() != wait_s + IO_SLACK_S:
+            sock.settimeout(wait_s + IO_SLACK_S)
         sock.sendall(b"".join(encode(head)))
         hdr = bytearray(8)
         self._recv_into(sock, memoryview(hdr), deadline)
@@ -131,10 +138,11 @@ class Fetcher:
     def _recv_into(sock: socket.socket, view: memoryview, deadline: float) -> None:
         got = 0
         while got < len(view):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise OSError("the leader did not answer in time")
-            sock.settimeout(left)
+            if got:      # a trickle: the rest within what is left of the deadline
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise OSError("the leader did not answer in time")
+                sock.settimeout(left)
             n = sock.recv_into(view[got:])
             if not n:
                 raise OSError("the leader closed the connection")
@@ -164,7 +172,8 @@ class Fetcher:
                 self.wake.clear()
                 return
         ask = [{"name": r.name, "epoch": r.epoch, "offset": r.topic.log.written,
-                "version": r.chan_from_leader} for r in topics]
+                "version": r.chan_from_leader, "hist": _hist_mark(r.history)}
+               for r in topics]
         head, blob = self._exchange({"op": "fetch", "node": node.id, "wait_ms": WAIT_MS,
                                      "max_bytes": FETCH_BYTES, "topics": ask},
                                     WAIT_MS / 1000)
@@ -187,7 +196,7 @@ class Fetcher:
             if not data and chans is None and int(t.get("hw", 0)) <= r.hw:
                 continue
             jobs.append((r, int(t.get("first", r.topic.log.written)), data,
-                         int(t.get("hw", 0)), t.get("history", []), chans,
+                         int(t.get("hw", 0)), t.get("history"), chans,
                          int(t.get("version", 0))))
         cd = _Countdown(len(jobs))
         for r, first, data, hw, history, chans, version in jobs:

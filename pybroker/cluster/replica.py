@@ -265,7 +265,7 @@ class Replica:
         finally:
             done()
 
-    def apply(self, first: int, blob: bytes, hw: int, history: list[list[int]],
+    def apply(self, first: int, blob: bytes, hw: int, history: list[list[int]] | None,
               chans: dict[str, Any] | None, version: int, done: Callable[[], None]) -> None:
         """Append a leader's records (posted by the fetcher); done() once written (and
         synced, in fsync mode)."""
@@ -286,10 +286,11 @@ class Replica:
                     topic.message_bytes += len(blob)
                 topic.write()
             end = topic.log.written
-            before = list(self.history.entries)
-            self.history.adopt(EpochHistory([(e, s) for e, s in history]), end)
-            if self.history.entries != before:
-                self.node.save_history(self)
+            if history is not None:     # sent when it changed (or this node's differs)
+                before = list(self.history.entries)
+                self.history.adopt(EpochHistory([(e, s) for e, s in history]), end)
+                if self.history.entries != before:
+                    self.node.save_history(self)
             self.hw = max(self.hw, min(hw, end))
             if blob and self.node.durable:
                 rt.storage.sync_topics([topic], lambda _t: done())

@@ -41,6 +41,7 @@ MAX_FETCH_BYTES = 8 * 1024 * 1024
 MAX_WAIT_MS = 5000
 MAX_CONNS = 64
 MAX_REQUEST = 1024 * 1024     # a request frame (what a follower sends) at most
+RECV_BYTES = 64 * 1024        # one read (a fetch request is ~100 bytes)
 
 
 def record_bytes(batch: Any, n: int) -> memoryview:
@@ -52,7 +53,7 @@ def record_bytes(batch: Any, n: int) -> memoryview:
 
 
 class _Conn:
-    __slots__ = ("server", "sock", "reader", "out", "parked", "timer", "node")
+    __slots__ = ("server", "sock", "reader", "out", "parked", "timer", "node", "rbuf")
 
     def __init__(self, server: ReplicationServer, sock: socket.socket) -> None:
         self.server = server
@@ -62,18 +63,19 @@ class _Conn:
         self.parked: dict[str, Any] | None = None
         self.timer: Any = None
         self.node = -1
+        self.rbuf = memoryview(bytearray(RECV_BYTES))   # one buffer, reused per recv
 
     def on_readable(self) -> None:
         try:
-            data = self.sock.recv(256 * 1024)
+            n = self.sock.recv_into(self.rbuf)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
-        if not data:
+            n = 0
+        if not n:
             self.close("peer closed")
             return
-        self.reader.feed(data)
+        self.reader.feed(self.rbuf[:n])
         try:
             while self.parked is None:
                 frame = self.reader.next()
@@ -175,17 +177,23 @@ class ReplicationServer(SelectorLoop):
         for c in list(self.conns):
             req = c.parked
             if req is not None and any(t.get("name") == name for t in req["topics"]):
-                self._unpark(c)
+                self._unpark(c, final=False)
 
-    def _unpark(self, c: _Conn) -> None:
+    def _unpark(self, c: _Conn, final: bool = True) -> None:
+        """Answer a parked fetch: at its deadline (``final``: even with nothing to
+        send), or after a write, when there is something (else it stays parked, its
+        deadline kept)."""
         req = c.parked
+        if req is None:
+            return
+        if not final and not self._fetch(c, req, again=True):
+            return                   # nothing new for it (records it was sent already)
         c.parked = None
         self.cancel(c.timer)
         c.timer = None
-        if req is not None:
-            self.handle(c, req, final=True)
-            if c.parked is None:
-                self._more(c)
+        if final:
+            self._fetch(c, req, final=True)
+        self._more(c)
 
     def _more(self, c: _Conn) -> None:
         # frames that arrived while the fetch was parked
@@ -209,7 +217,7 @@ class ReplicationServer(SelectorLoop):
         if op == "epoch_end":
             c.send(encode({"topics": [self._epoch_end(t) for t in req["topics"]]}))
         elif op == "fetch":
-            self._fetch(c, req, final)
+            self._fetch(c, req, final=final)
         else:
             raise ValueError(f"unknown request {op!r}")
 
@@ -222,10 +230,14 @@ class ReplicationServer(SelectorLoop):
         return {"name": name, "epoch": e, "end": end, "leader_epoch": r.epoch,
                 "history": r.history.to_list(), "written": r.topic.log.written}
 
-    def _fetch(self, c: _Conn, req: dict[str, Any], final: bool) -> None:
+    def _fetch(self, c: _Conn, req: dict[str, Any], final: bool = False,
+               again: bool = False) -> bool:
+        """Answer a fetch (True), or leave it to wait for records (False): parked
+        here unless ``again`` (it is parked already; its acknowledgement was posted)."""
         node = self.node
         budget = min(int(req.get("max_bytes", MAX_FETCH_BYTES)), MAX_FETCH_BYTES)
         out: list[dict[str, Any]] = []
+        posts: list[tuple[Any, int, int]] = []
         blobs: list[memoryview] = []
         at = 0
         any_data = False
@@ -243,8 +255,10 @@ class ReplicationServer(SelectorLoop):
             lg = r.topic.log
             offset = int(t["offset"])
             written = lg.written
-            entry: dict[str, Any] = {"name": name, "hw": r.hw,
-                                     "history": r.history.to_list()}
+            entry: dict[str, Any] = {"name": name, "hw": r.hw}
+            hist = r.history.entries
+            if not hist or t.get("hist") != [len(hist), *hist[-1]]:
+                entry["history"] = r.history.to_list()     # changed since it last heard
             if offset > written:
                 entry["error"] = "offset"      # it holds more: truncate again
                 out.append(entry)
@@ -278,15 +292,22 @@ class ReplicationServer(SelectorLoop):
                     any_data = True
             # what it holds is its acknowledgement; it caught up if this answer
             # leaves nothing behind
-            owner_loop(r.topic.owner).call_soon_threadsafe(
-                r.fetched, c.node, offset, sent_to if sent_to < written else written)
+            posts.append((r, offset, sent_to if sent_to < written else written))
             out.append(entry)
         wait_ms = min(int(req.get("wait_ms", 0)), MAX_WAIT_MS)
         if not any_data and wait_ms > 0 and not final:
+            if again:
+                return False
             c.parked = req
             c.timer = self.call_later(wait_ms * 1_000_000, self._unpark, c)
-            return
-        c.send(encode({"topics": out, "ts": time.time()}, b"".join(blobs)))
+            answered = False
+        else:
+            c.send(encode({"topics": out, "ts": time.time()}, b"".join(blobs)))
+            answered = True
+        for r, offset, sent_end in posts:
+            owner_loop(r.topic.owner).call_soon_threadsafe(r.fetched, c.node, offset,
+                                                           sent_end)
+        return answered
 
 
 __all__ = ["MAX_FETCH_BYTES", "ReplicationServer", "record_bytes"]

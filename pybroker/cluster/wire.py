@@ -60,7 +60,7 @@ class FrameReader:
         self._buf = bytearray()
         self.max_frame = max_frame
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
         self._buf += data
 
     def pending(self) -> int:
