@@ -21,8 +21,9 @@ import logging
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from pybroker.cluster.ports import Json, JsonObj, as_obj, need_int, need_objs
 from pybroker.cluster.replica import FOLLOWER
 from pybroker.cluster.rules import EpochHistory, divergence
 from pybroker.cluster.wire import WireError, encode, parse_head, parse_header
@@ -30,7 +31,7 @@ from pybroker.config import split_hostport
 from pybroker.server.services import owner_loop
 
 if TYPE_CHECKING:
-    from pybroker.cluster.node import ClusterNode
+    from pybroker.cluster.nodeport import NodePort
     from pybroker.cluster.replica import Replica
 
 log = logging.getLogger("pybroker")
@@ -57,14 +58,38 @@ class _Countdown:
                 self.event.set()
 
 
-def _hist_mark(h: EpochHistory) -> list[int]:
+def _hist_mark(h: EpochHistory) -> list[Json]:
     """What a fetch says of the epoch history it holds (its length and last entry):
     the leader sends its own only when it differs."""
     return [len(h.entries), *h.entries[-1]] if h.entries else [0]
 
 
+def _history(v: Json) -> list[list[int]]:
+    """An epoch history a leader sent: [[epoch, start], ...] (ValueError otherwise)."""
+    if not isinstance(v, list):
+        raise ValueError("the epoch history is not a list")
+    out = []
+    for pair in v:
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise ValueError("an epoch history entry is not [epoch, start]")
+        out.append([need_int(pair[0]), need_int(pair[1])])
+    return out
+
+
+def _span(blob: memoryview, span: Json) -> bytes:
+    """The records an answer's ``blob: [at, length]`` names (ValueError if outside)."""
+    if span is None:
+        return b""
+    if not isinstance(span, list) or len(span) != 2:
+        raise ValueError("a blob span is not [at, length]")
+    at, n = need_int(span[0]), need_int(span[1])
+    if at < 0 or n < 0 or at + n > len(blob):
+        raise ValueError(f"a blob span [{at}, {n}] outside the frame")
+    return bytes(blob[at:at + n])
+
+
 class Fetcher:
-    def __init__(self, node: ClusterNode, leader: int) -> None:
+    def __init__(self, node: NodePort, leader: int) -> None:
         self.node = node
         self.leader = leader
         self.address = ""
@@ -118,7 +143,7 @@ class Fetcher:
                 pass
             self.sock = None
 
-    def _exchange(self, head: dict[str, Any], wait_s: float) -> tuple[dict[str, Any], memoryview]:
+    def _exchange(self, head: JsonObj, wait_s: float) -> tuple[JsonObj, memoryview]:
         """Send one request, read its answer: the frame's header, then its body into
         one buffer of its size (no copies), all within wait_s + IO_SLACK_S."""
         sock = self.sock
@@ -152,18 +177,19 @@ class Fetcher:
         node = self.node
         todo = [r for r in topics if r.truncated_for != r.epoch]
         if todo:
-            ask = [{"name": r.name, "epoch": r.history.last_epoch()} for r in todo]
+            ask: list[Json] = [{"name": r.name, "epoch": r.history.last_epoch()}
+                               for r in todo]
             head, _ = self._exchange({"op": "epoch_end", "node": node.id, "topics": ask}, 0)
-            by_name = {t["name"]: t for t in head["topics"]}
+            by_name = {t.get("name"): t for t in need_objs(head.get("topics"))}
             cd = _Countdown(len(todo))
             for r in todo:
                 ans = by_name.get(r.name, {})
-                if "error" in ans or int(ans.get("leader_epoch", -1)) != r.epoch:
+                if "error" in ans or need_int(ans.get("leader_epoch", -1)) != r.epoch:
                     cd.done()
                     continue
-                leader = EpochHistory([(int(e), int(s)) for e, s in ans["history"]])
+                leader = EpochHistory([(e, s) for e, s in _history(ans.get("history"))])
                 cut = divergence(r.history, r.topic.log.written, leader,
-                                 int(ans["written"]))
+                                 need_int(ans.get("written")))
                 owner_loop(r.topic.owner).call_soon_threadsafe(r.truncate, cut, cd.done)
             cd.event.wait(IO_SLACK_S)
             topics = [r for r in topics if r.truncated_for == r.epoch]
@@ -177,10 +203,10 @@ class Fetcher:
         head, blob = self._exchange({"op": "fetch", "node": node.id, "wait_ms": WAIT_MS,
                                      "max_bytes": FETCH_BYTES, "topics": ask},
                                     WAIT_MS / 1000)
-        by_name = {r.name: r for r in topics}
+        mine = {r.name: r for r in topics}
         jobs = []
-        for t in head["topics"]:
-            found = by_name.get(str(t.get("name")))
+        for t in need_objs(head.get("topics")):
+            found = mine.get(str(t.get("name")))
             if found is None:
                 continue
             r = found
@@ -190,14 +216,14 @@ class Fetcher:
                 continue
             if err is not None:
                 continue
-            chans = t.get("channels")
-            span = t.get("blob")
-            data = bytes(blob[span[0]:span[0] + span[1]]) if span else b""
-            if not data and chans is None and int(t.get("hw", 0)) <= r.hw:
+            chans = as_obj(t["channels"]) if "channels" in t else None
+            data = _span(blob, t.get("blob"))
+            hw = need_int(t.get("hw", 0))
+            if not data and chans is None and hw <= r.hw:
                 continue
-            jobs.append((r, int(t.get("first", r.topic.log.written)), data,
-                         int(t.get("hw", 0)), t.get("history"), chans,
-                         int(t.get("version", 0))))
+            history = _history(t["history"]) if "history" in t else None
+            jobs.append((r, need_int(t.get("first", r.topic.log.written)), data, hw,
+                         history, chans, need_int(t.get("version", 0))))
         cd = _Countdown(len(jobs))
         for r, first, data, hw, history, chans, version in jobs:
             owner_loop(r.topic.owner).call_soon_threadsafe(r.apply, first, data, hw, history, chans,
@@ -208,7 +234,7 @@ class Fetcher:
 class Fetchers:
     """The fetcher threads, by leader node (assigned by the coordinator's thread)."""
 
-    def __init__(self, node: ClusterNode) -> None:
+    def __init__(self, node: NodePort) -> None:
         self.node = node
         self.by_leader: dict[int, Fetcher] = {}
         self.lock = threading.Lock()

@@ -24,9 +24,10 @@ import logging
 import selectors
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
-from pybroker.cluster.replica import LEADER
+from pybroker.cluster.ports import Json, JsonObj, need_int, need_objs, need_str
+from pybroker.cluster.replica import LEADER, Replica
 from pybroker.cluster.wire import FrameReader, WireError, encode
 from pybroker.config import split_hostport
 from pybroker.evloop import SelectorLoop
@@ -34,7 +35,8 @@ from pybroker.storage.topiclog import REC_HEADER, OffsetOutOfRange
 from pybroker.server.services import owner_loop
 
 if TYPE_CHECKING:
-    from pybroker.cluster.node import ClusterNode
+    from pybroker.cluster.nodeport import NodePort
+    from pybroker.core.seams import Batch
 
 log = logging.getLogger("pybroker")
 MAX_FETCH_BYTES = 8 * 1024 * 1024
@@ -44,7 +46,7 @@ MAX_REQUEST = 1024 * 1024     # a request frame (what a follower sends) at most
 RECV_BYTES = 64 * 1024        # one read (a fetch request is ~100 bytes)
 
 
-def record_bytes(batch: Any, n: int) -> memoryview:
+def record_bytes(batch: Batch, n: int) -> memoryview:
     """The raw bytes of the first n records of a RecordBatch (one contiguous span)."""
     buf, pos = batch.buf, batch.pos
     last = pos[n - 1]
@@ -60,8 +62,8 @@ class _Conn:
         self.sock = sock
         self.reader = FrameReader(MAX_REQUEST)
         self.out: list[bytes] = []
-        self.parked: dict[str, Any] | None = None
-        self.timer: Any = None
+        self.parked: JsonObj | None = None
+        self.timer: object = None
         self.node = -1
         self.rbuf = memoryview(bytearray(RECV_BYTES))   # one buffer, reused per recv
 
@@ -149,7 +151,7 @@ class _Listener:
 
 
 class ReplicationServer(SelectorLoop):
-    def __init__(self, node: ClusterNode, address: str) -> None:
+    def __init__(self, node: NodePort, address: str) -> None:
         super().__init__("cluster-serve")
         self.node = node
         host, port = split_hostport(address)
@@ -176,7 +178,8 @@ class ReplicationServer(SelectorLoop):
     def _wake(self, name: str) -> None:
         for c in list(self.conns):
             req = c.parked
-            if req is not None and any(t.get("name") == name for t in req["topics"]):
+            if req is not None and any(t.get("name") == name
+                                       for t in need_objs(req.get("topics"))):
                 self._unpark(c, final=False)
 
     def _unpark(self, c: _Conn, final: bool = True) -> None:
@@ -211,62 +214,68 @@ class ReplicationServer(SelectorLoop):
         self.cancel(c.timer)
 
     # -- requests ----------------------------------------------------------------------
-    def handle(self, c: _Conn, req: dict[str, Any], final: bool = False) -> None:
-        c.node = int(req.get("node", -1))
+    def handle(self, c: _Conn, req: JsonObj, final: bool = False) -> None:
+        c.node = need_int(req.get("node", -1))
         op = req.get("op")
         if op == "epoch_end":
-            c.send(encode({"topics": [self._epoch_end(t) for t in req["topics"]]}))
+            c.send(encode({"topics": [self._epoch_end(t)
+                                      for t in need_objs(req.get("topics"))]}))
         elif op == "fetch":
             self._fetch(c, req, final=final)
         else:
             raise ValueError(f"unknown request {op!r}")
 
-    def _epoch_end(self, t: dict[str, Any]) -> dict[str, Any]:
-        name = str(t["name"])
+    def _epoch_end(self, t: JsonObj) -> JsonObj:
+        name = need_str(t.get("name"))
         r = self.node.replicas.get(name)
         if r is None or r.role != LEADER:
             return {"name": name, "error": "not_leader"}
-        e, end = r.history.end_for_epoch(int(t["epoch"]), r.topic.log.written)
+        e, end = r.history.end_for_epoch(need_int(t.get("epoch")), r.topic.log.written)
         return {"name": name, "epoch": e, "end": end, "leader_epoch": r.epoch,
-                "history": r.history.to_list(), "written": r.topic.log.written}
+                "history": [[e, s] for e, s in r.history.entries],
+                "written": r.topic.log.written}
 
-    def _fetch(self, c: _Conn, req: dict[str, Any], final: bool = False,
+    def _fetch(self, c: _Conn, req: JsonObj, final: bool = False,
                again: bool = False) -> bool:
         """Answer a fetch (True), or leave it to wait for records (False): parked
         here unless ``again`` (it is parked already; its acknowledgement was posted)."""
         node = self.node
-        budget = min(int(req.get("max_bytes", MAX_FETCH_BYTES)), MAX_FETCH_BYTES)
-        out: list[dict[str, Any]] = []
-        posts: list[tuple[Any, int, int]] = []
+        budget = min(need_int(req.get("max_bytes", MAX_FETCH_BYTES)), MAX_FETCH_BYTES)
+        out: list[Json] = []
+        posts: list[tuple[Replica, int, int]] = []
         blobs: list[memoryview] = []
         at = 0
         any_data = False
-        for t in req["topics"]:
-            name = str(t["name"])
+        for t in need_objs(req.get("topics")):
+            name = need_str(t.get("name"))
             r = node.replicas.get(name)
             if r is None or r.role != LEADER:
                 out.append({"name": name, "error": "not_leader"})
                 any_data = True
                 continue
-            if int(t["epoch"]) != r.epoch:
+            if need_int(t.get("epoch")) != r.epoch:
                 out.append({"name": name, "error": "epoch", "epoch": r.epoch})
                 any_data = True
                 continue
             lg = r.topic.log
-            offset = int(t["offset"])
+            offset = need_int(t.get("offset"))
+            if offset < 0:
+                raise ValueError(f"offset {offset} asked")
             written = lg.written
-            entry: dict[str, Any] = {"name": name, "hw": r.hw}
+            entry: JsonObj = {"name": name, "hw": r.hw}
             hist = r.history.entries
             if not hist or t.get("hist") != [len(hist), *hist[-1]]:
-                entry["history"] = r.history.to_list()     # changed since it last heard
+                # changed since it last heard
+                entry["history"] = [[e, s] for e, s in hist]
             if offset > written:
                 entry["error"] = "offset"      # it holds more: truncate again
                 out.append(entry)
                 any_data = True
                 continue
             sent_to = offset
-            if r.chan_version > int(t.get("version", 0)):
-                entry["channels"] = dict(r.channels)
+            if r.chan_version > need_int(t.get("version", 0)):
+                # ChannelState documents are JSON
+                entry["channels"] = cast(JsonObj, dict(r.channels))
                 entry["version"] = r.chan_version
                 any_data = True
             if offset < written and budget > 0:
@@ -294,7 +303,7 @@ class ReplicationServer(SelectorLoop):
             # leaves nothing behind
             posts.append((r, offset, sent_to if sent_to < written else written))
             out.append(entry)
-        wait_ms = min(int(req.get("wait_ms", 0)), MAX_WAIT_MS)
+        wait_ms = min(need_int(req.get("wait_ms", 0)), MAX_WAIT_MS)
         if not any_data and wait_ms > 0 and not final:
             if again:
                 return False

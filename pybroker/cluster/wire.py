@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any
+from pybroker.cluster.ports import JsonObj
 
 MAX_FRAME = 64 * 1024 * 1024
 MAX_HEAD = 4 * 1024 * 1024
@@ -23,7 +23,7 @@ class WireError(Exception):
     """A peer sent something that is not a frame of this protocol."""
 
 
-def encode(head: dict[str, Any], blob: bytes | bytearray | memoryview = b"") -> list[bytes]:
+def encode(head: JsonObj, blob: bytes | bytearray | memoryview = b"") -> list[bytes]:
     """One frame as buffers for sendmsg (the blob is not copied)."""
     h = json.dumps(head, separators=(",", ":")).encode()
     if len(h) > MAX_HEAD or 4 + len(h) + len(blob) > MAX_FRAME:
@@ -39,10 +39,10 @@ def parse_header(hdr: bytes | bytearray, max_frame: int = MAX_FRAME) -> tuple[in
     return int(size), int(hlen)
 
 
-def parse_head(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
+def parse_head(raw: bytes | bytearray | memoryview) -> JsonObj:
     """A frame's head: a JSON object, else WireError."""
     try:
-        head = json.loads(bytes(raw))
+        head: object = json.loads(bytes(raw))
     except ValueError:
         raise WireError("frame head is not JSON") from None
     if not isinstance(head, dict):
@@ -66,7 +66,7 @@ class FrameReader:
     def pending(self) -> int:
         return len(self._buf)
 
-    def next(self) -> tuple[dict[str, Any], memoryview] | None:
+    def next(self) -> tuple[JsonObj, memoryview] | None:
         buf = self._buf
         if len(buf) < 8:
             return None
