@@ -1,18 +1,23 @@
-"""ReplicationServer: the leader side of replication, on its own thread
-(``cluster-serve``), listening on ``cluster_address`` (a connection NSQ clients never
-see; frames of pybroker.cluster.wire).
+"""ReplicationServer: the leader side of replication, listening on ``cluster_address``
+(a connection NSQ clients never see; frames of pybroker.cluster.wire). Its own thread
+(``cluster-serve``) only accepts: each connection is handed to an event loop (in turn)
+and served there, so that on the loop that owns the topics (all of them, with the
+default one loop) a follower's acknowledgement moves the high watermark and a write
+answers a parked fetch without a thread in between.
 
 Requests (one at a time per connection, answered in order):
 - ``{"op": "epoch_end", "node", "topics": [{"name", "epoch"}]}``: where each asked
   epoch ends in this leader's log (``EpochHistory.end_for_epoch``), for the follower's
   truncation;
 - ``{"op": "fetch", "node", "wait_ms", "max_bytes", "topics": [{"name", "epoch",
-  "offset", "version"}]}``: ``offset`` is what the follower holds (its acknowledgement:
-  posted to the topic's owner loop, ``Replica.fetched``) and where it reads next. The
-  answer carries, per topic, records from there (raw log bytes in the blob), the high
-  watermark, the epoch history and, when the follower's ``version`` is older, the
-  channel states. With no record to send, the request waits (long poll) until a write
-  (``notify``) or ``wait_ms`` (at most MAX_WAIT_MS).
+  "offset", "version", "hist"}]}``: ``offset`` is what the follower holds (its
+  acknowledgement: ``Replica.fetched`` on the topic's owner loop) and where it reads
+  next. The answer carries, per topic, records from there (raw log bytes in the blob),
+  the high watermark, the epoch history when it differs from what ``hist`` says the
+  follower holds, and the channel states when the follower's ``version`` is older.
+  With no record to send, the request waits (long poll) until a write (``notify``:
+  records are answered in the loop turn after the one that wrote them, so a round
+  carries every publish of a turn) or ``wait_ms`` (at most MAX_WAIT_MS).
 
 Budgets: ``max_bytes`` is capped at MAX_FETCH_BYTES per answer; a request frame over
 MAX_REQUEST (or a head over the wire's limit) drops the connection from its header, so a
@@ -23,6 +28,7 @@ from __future__ import annotations
 import logging
 import selectors
 import socket
+import threading
 import time
 from typing import TYPE_CHECKING, cast
 
@@ -37,6 +43,7 @@ from pybroker.server.services import owner_loop
 if TYPE_CHECKING:
     from pybroker.cluster.nodeport import NodePort
     from pybroker.core.seams import Batch
+    from pybroker.server.loop import EventLoop
 
 log = logging.getLogger("pybroker")
 MAX_FETCH_BYTES = 8 * 1024 * 1024
@@ -55,11 +62,18 @@ def record_bytes(batch: Batch, n: int) -> memoryview:
 
 
 class _Conn:
-    __slots__ = ("server", "sock", "reader", "out", "parked", "timer", "node", "rbuf")
+    """One follower's connection, owned by one event loop."""
 
-    def __init__(self, server: ReplicationServer, sock: socket.socket) -> None:
+    __slots__ = ("server", "loop", "sock", "reader", "out", "parked", "timer", "node",
+                 "rbuf", "writing", "closed")
+
+    def __init__(self, server: ReplicationServer, loop: EventLoop,
+                 sock: socket.socket) -> None:
         self.server = server
+        self.loop = loop
         self.sock = sock
+        self.writing = False
+        self.closed = False
         self.reader = FrameReader(MAX_REQUEST)
         self.out: list[bytes] = []
         self.parked: JsonObj | None = None
@@ -110,16 +124,21 @@ class _Conn:
                 else:
                     self.out[0] = self.out[0][n:]
                     n = 0
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.out else 0)
-        try:
-            self.server.selector.modify(self.sock, events, self)
-        except (KeyError, ValueError):
-            pass
+        if bool(self.out) != self.writing and not self.closed:
+            self.writing = bool(self.out)
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.out else 0)
+            try:
+                self.loop.selector.modify(self.sock, events, self)
+            except (KeyError, ValueError):
+                pass
 
     def close(self, why: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
         self.server.forget(self)
         try:
-            self.server.selector.unregister(self.sock)
+            self.loop.selector.unregister(self.sock)
         except (KeyError, ValueError):
             pass
         self.sock.close()
@@ -137,14 +156,20 @@ class _Listener:
             sock, _ = self.sock.accept()
         except OSError:
             return
-        if len(self.server.conns) >= MAX_CONNS:
+        server = self.server
+        loops = server.node.runtime.loops
+        if len(server.conns) >= MAX_CONNS or not loops:
             sock.close()
             return
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        c = _Conn(self.server, sock)
-        self.server.conns.add(c)
-        self.server.selector.register(sock, selectors.EVENT_READ, c)
+        loop = loops[server.accepted % len(loops)]
+        server.accepted += 1
+        c = _Conn(server, loop, sock)
+        with server.lock:
+            server.conns.add(c)
+            server.loops[id(loop)] = loop
+        loop.call_soon_threadsafe(server.adopt, c)
 
     def on_writable(self) -> None:
         """Never registered for writing."""
@@ -159,24 +184,39 @@ class ReplicationServer(SelectorLoop):
         self.lsock.setblocking(False)
         h, p = self.lsock.getsockname()[:2]
         self.address = f"{h}:{p}"
-        self.conns: set[_Conn] = set()
+        self.conns: set[_Conn] = set()            # (under lock) every loop's
+        self.loops: dict[int, EventLoop] = {}     # (under lock) loops serving some
+        self.lock = threading.Lock()
+        self.accepted = 0
         self.selector.register(self.lsock, selectors.EVENT_READ, _Listener(self, self.lsock))
 
     def stop(self, timeout_s: float = 10.0) -> None:
         SelectorLoop.stop(self)
         if self.thread is not None:
             self.thread.join(timeout_s)
-        for c in list(self.conns):
-            c.sock.close()
+        with self.lock:
+            conns = list(self.conns)
+        for c in conns:
+            c.loop.call_soon_threadsafe(c.close, "stopping")
         self.lsock.close()
         self.close()
 
-    def notify(self, name: str) -> None:
-        """Records were written to ``name`` (any thread): answer parked fetches."""
-        self.call_soon_threadsafe(self._wake, name)
+    def adopt(self, c: _Conn) -> None:
+        """On c's loop: serve it there."""
+        c.loop.selector.register(c.sock, selectors.EVENT_READ, c)
 
-    def _wake(self, name: str) -> None:
-        for c in list(self.conns):
+    def notify(self, name: str) -> None:
+        """Records were written to ``name`` (on its owner loop, at the end of a turn):
+        answer the fetches parked on it, in the next turn of the loops serving them."""
+        with self.lock:
+            loops = list(self.loops.values())
+        for loop in loops:
+            loop.call_soon_threadsafe(self._wake, loop, name)
+
+    def _wake(self, loop: EventLoop, name: str) -> None:
+        with self.lock:
+            conns = [c for c in self.conns if c.loop is loop]
+        for c in conns:
             req = c.parked
             if req is not None and any(t.get("name") == name
                                        for t in need_objs(req.get("topics"))):
@@ -192,7 +232,7 @@ class ReplicationServer(SelectorLoop):
         if not final and not self._fetch(c, req, again=True):
             return                   # nothing new for it (records it was sent already)
         c.parked = None
-        self.cancel(c.timer)
+        c.loop.cancel(c.timer)
         c.timer = None
         if final:
             self._fetch(c, req, final=True)
@@ -210,8 +250,9 @@ class ReplicationServer(SelectorLoop):
             c.close(str(e))
 
     def forget(self, c: _Conn) -> None:
-        self.conns.discard(c)
-        self.cancel(c.timer)
+        with self.lock:
+            self.conns.discard(c)
+        c.loop.cancel(c.timer)
 
     # -- requests ----------------------------------------------------------------------
     def handle(self, c: _Conn, req: JsonObj, final: bool = False) -> None:
@@ -308,14 +349,17 @@ class ReplicationServer(SelectorLoop):
             if again:
                 return False
             c.parked = req
-            c.timer = self.call_later(wait_ms * 1_000_000, self._unpark, c)
+            c.timer = c.loop.call_later(wait_ms * 1_000_000, self._unpark, c)
             answered = False
         else:
             c.send(encode({"topics": out, "ts": time.time()}, b"".join(blobs)))
             answered = True
         for r, offset, sent_end in posts:
-            owner_loop(r.topic.owner).call_soon_threadsafe(r.fetched, c.node, offset,
-                                                           sent_end)
+            owner = owner_loop(r.topic.owner)
+            if owner is c.loop:
+                r.fetched(c.node, offset, sent_end)
+            else:
+                owner.call_soon_threadsafe(r.fetched, c.node, offset, sent_end)
         return answered
 
 
