@@ -46,6 +46,7 @@ IO_SLACK_NS = 5_000_000_000
 RETRY_NS = 200_000_000
 IDLE_NS = 200_000_000          # nothing to follow: look again this often
 FETCH_BYTES = 2 * 1024 * 1024
+RECV_BYTES = 256 * 1024
 
 
 def _hist_mark(h: EpochHistory) -> list[Json]:
@@ -92,6 +93,7 @@ class Fetcher:
         self.connected = False
         self.out = bytearray()
         self.hdr = bytearray(8)
+        self.scratch = memoryview(bytearray(RECV_BYTES))
         self.got = 0
         self.body: bytearray | None = None
         self.asked: tuple[str, list[Replica]] | None = None   # the exchange under way
@@ -293,16 +295,22 @@ class Fetcher:
         try:
             while True:
                 if self.body is None:
-                    n = sock.recv_into(memoryview(self.hdr)[self.got:])
+                    # one read for the header and, mostly, the whole answer
+                    n = sock.recv_into(self.scratch)
                     if not n:
                         self._failed("the leader closed the connection")
                         return
-                    self.got += n
+                    take = min(n, 8 - self.got)
+                    self.hdr[self.got:self.got + take] = self.scratch[:take]
+                    self.got += take
                     if self.got < 8:
                         return
                     size, _ = parse_header(self.hdr)
+                    if n - take > size - 4:
+                        raise WireError("the leader sent more than it was asked for")
                     self.body = bytearray(size - 4)
-                    self.got = 0
+                    self.body[:n - take] = self.scratch[take:n]
+                    self.got = n - take
                 body = self.body
                 if self.got < len(body):
                     n = sock.recv_into(memoryview(body)[self.got:])

@@ -211,7 +211,10 @@ class ReplicationServer(SelectorLoop):
         with self.lock:
             loops = list(self.loops.values())
         for loop in loops:
-            loop.call_soon_threadsafe(self._wake, loop, name)
+            if loop.in_loop_thread():
+                loop.call_later(0, self._wake, loop, name)    # next turn, no wake-up
+            else:
+                loop.call_soon_threadsafe(self._wake, loop, name)
 
     def _wake(self, loop: EventLoop, name: str) -> None:
         with self.lock:
