@@ -21,7 +21,9 @@ Requests (one at a time per connection, answered in order):
 
 Budgets: ``max_bytes`` is capped at MAX_FETCH_BYTES per answer; a request frame over
 MAX_REQUEST (or a head over the wire's limit) drops the connection from its header, so a
-connection buffers at most that much; at most MAX_CONNS connections.
+connection buffers at most that much; at most MAX_CONNS connections. The last read of
+each topic is kept for the next follower that asks for the same records (at most
+READ_CACHE_TOPICS topics and READ_CACHE_BYTES; records are sent from it uncopied).
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING, cast
 
 from pybroker.cluster.ports import Json, JsonObj, need_int, need_objs, need_str
 from pybroker.cluster.replica import LEADER, Replica
-from pybroker.cluster.wire import FrameReader, WireError, encode
+from pybroker.cluster.wire import Buffer, FrameReader, WireError, encode
 from pybroker.config import split_hostport
 from pybroker.evloop import SelectorLoop
 from pybroker.storage.topiclog import REC_HEADER, OffsetOutOfRange
@@ -51,6 +53,8 @@ MAX_WAIT_MS = 5000
 MAX_CONNS = 64
 MAX_REQUEST = 1024 * 1024     # a request frame (what a follower sends) at most
 RECV_BYTES = 64 * 1024        # one read (a fetch request is ~100 bytes)
+READ_CACHE_TOPICS = 64        # last reads kept for the next follower: this many topics
+READ_CACHE_BYTES = 32 * 1024 * 1024   # and at most this many bytes
 
 
 def record_bytes(batch: Batch, n: int) -> memoryview:
@@ -75,7 +79,7 @@ class _Conn:
         self.writing = False
         self.closed = False
         self.reader = FrameReader(MAX_REQUEST)
-        self.out: list[bytes] = []
+        self.out: list[Buffer] = []
         self.parked: JsonObj | None = None
         self.timer: object = None
         self.node = -1
@@ -105,8 +109,8 @@ class _Conn:
     def on_writable(self) -> None:
         self.flush()
 
-    def send(self, bufs: list[bytes]) -> None:
-        self.out.extend(b for b in bufs if b)
+    def send(self, bufs: list[Buffer]) -> None:
+        self.out.extend(b for b in bufs if len(b))
         self.flush()
 
     def flush(self) -> None:
@@ -188,6 +192,9 @@ class ReplicationServer(SelectorLoop):
         self.loops: dict[int, EventLoop] = {}     # (under lock) loops serving some
         self.lock = threading.Lock()
         self.accepted = 0
+        # topic -> ((log, epoch, offset, log end), n, raw): its last read (``_read``)
+        self._reads: dict[str, tuple[tuple[int, int, int, int], int, memoryview]] = {}
+        self._read_bytes = 0
         self.selector.register(self.lsock, selectors.EVENT_READ, _Listener(self, self.lsock))
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -251,6 +258,39 @@ class ReplicationServer(SelectorLoop):
                 self.handle(c, frame[0])
         except (WireError, ValueError, KeyError, TypeError) as e:
             c.close(str(e))
+
+    def _read(self, r: Replica, offset: int, written: int,
+              budget: int) -> tuple[int, memoryview] | None:
+        """(n, raw bytes) of the records from ``offset`` (None: not in the log any
+        more). The followers mostly ask for the same records: the last read of each
+        topic is kept while nothing was written after it (records never change under a
+        leader's epoch)."""
+        lg = r.topic.log
+        key = (id(lg), r.epoch, offset, written)
+        last = self._reads.get(r.name)
+        if last is not None and last[0] == key and len(last[2]) <= budget:
+            return last[1], last[2]
+        try:
+            batch = lg.read(offset, 100_000, budget)
+        except OffsetOutOfRange:
+            return None
+        if not batch.n or batch.first != offset:
+            return 0, memoryview(b"")
+        n = batch.n
+        raw = record_bytes(batch, n)
+        if len(raw) > budget and n > 1:
+            n = 1
+            raw = record_bytes(batch, 1)
+        if offset + n == written:
+            reads = self._reads
+            old = reads.pop(r.name, None)
+            self._read_bytes -= len(old[2]) if old is not None else 0
+            if len(reads) >= READ_CACHE_TOPICS or self._read_bytes > READ_CACHE_BYTES:
+                reads.clear()
+                self._read_bytes = 0
+            reads[r.name] = (key, n, raw)
+            self._read_bytes += len(raw)
+        return n, raw
 
     def forget(self, c: _Conn) -> None:
         with self.lock:
@@ -323,19 +363,14 @@ class ReplicationServer(SelectorLoop):
                 entry["version"] = r.chan_version
                 any_data = True
             if offset < written and budget > 0:
-                try:
-                    batch = lg.read(offset, 100_000, budget)
-                except OffsetOutOfRange:
+                read = self._read(r, offset, written, budget)
+                if read is None:
                     entry["error"] = "out_of_range"
                     out.append(entry)
                     any_data = True
                     continue
-                if batch.n and batch.first == offset:
-                    n = batch.n
-                    raw = record_bytes(batch, n)
-                    if len(raw) > budget and n > 1:
-                        n = 1
-                        raw = record_bytes(batch, 1)
+                n, raw = read
+                if n:
                     sent_to = offset + n
                     entry["first"] = offset
                     entry["blob"] = [at, len(raw)]
@@ -355,7 +390,7 @@ class ReplicationServer(SelectorLoop):
             c.timer = c.loop.call_later(wait_ms * 1_000_000, self._unpark, c)
             answered = False
         else:
-            c.send(encode({"topics": out, "ts": time.time()}, b"".join(blobs)))
+            c.send(encode({"topics": out, "ts": time.time()}, *blobs))
             answered = True
         for r, offset, sent_end in posts:
             owner = owner_loop(r.topic.owner)

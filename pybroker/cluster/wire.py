@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import struct
+from typing import Union
 from pybroker.cluster.ports import JsonObj
 
 MAX_FRAME = 64 * 1024 * 1024
@@ -23,12 +24,17 @@ class WireError(Exception):
     """A peer sent something that is not a frame of this protocol."""
 
 
-def encode(head: JsonObj, blob: bytes | bytearray | memoryview = b"") -> list[bytes]:
-    """One frame as buffers for sendmsg (the blob is not copied)."""
+Buffer = Union[bytes, bytearray, memoryview]
+
+
+def encode(head: JsonObj, *blobs: Buffer) -> list[Buffer]:
+    """One frame as buffers for sendmsg; the blob is the blobs one after another (they
+    are not copied: each must stay unchanged until sent)."""
     h = json.dumps(head, separators=(",", ":")).encode()
-    if len(h) > MAX_HEAD or 4 + len(h) + len(blob) > MAX_FRAME:
-        raise WireError(f"frame too large ({len(h)} + {len(blob)} bytes)")
-    return [_HDR.pack(4 + len(h) + len(blob), len(h)) + h, bytes(blob) if blob else b""]
+    size = sum(len(b) for b in blobs)
+    if len(h) > MAX_HEAD or 4 + len(h) + size > MAX_FRAME:
+        raise WireError(f"frame too large ({len(h)} + {size} bytes)")
+    return [_HDR.pack(4 + len(h) + size, len(h)) + h, *(b for b in blobs if len(b))]
 
 
 def parse_header(hdr: bytes | bytearray, max_frame: int = MAX_FRAME) -> tuple[int, int]:
@@ -87,5 +93,5 @@ def frame_need(buf: bytes | bytearray) -> int:
     return max(0, 4 + size - len(buf))
 
 
-__all__ = ["MAX_FRAME", "FrameReader", "WireError", "encode", "frame_need", "parse_head",
+__all__ = ["MAX_FRAME", "Buffer", "FrameReader", "WireError", "encode", "frame_need", "parse_head",
            "parse_header"]
