@@ -16,8 +16,8 @@ Requests (one at a time per connection, answered in order):
   the high watermark, the epoch history when it differs from what ``hist`` says the
   follower holds, and the channel states when the follower's ``version`` is older.
   With no record to send, the request waits (long poll) until a write (``notify``:
-  records are answered in the loop turn after the one that wrote them, so a round
-  carries every publish of a turn) or ``wait_ms`` (at most MAX_WAIT_MS).
+  answered as soon as the owner loop has written a turn's records, so a round carries
+  every publish of a turn) or ``wait_ms`` (at most MAX_WAIT_MS).
 
 Budgets: ``max_bytes`` is capped at MAX_FETCH_BYTES per answer; a request frame over
 MAX_REQUEST (or a head over the wire's limit) drops the connection from its header, so a
@@ -214,12 +214,12 @@ class ReplicationServer(SelectorLoop):
 
     def notify(self, name: str) -> None:
         """Records were written to ``name`` (on its owner loop, at the end of a turn):
-        answer the fetches parked on it, in the next turn of the loops serving them."""
+        answer the fetches parked on it, at once on this loop, soon on the others."""
         with self.lock:
             loops = list(self.loops.values())
         for loop in loops:
             if loop.in_loop_thread():
-                loop.call_later(0, self._wake, loop, name)    # next turn, no wake-up
+                self._wake(loop, name)      # at once: the records are written
             else:
                 loop.call_soon_threadsafe(self._wake, loop, name)
 
