@@ -18,6 +18,7 @@ from pybroker.cluster.ports import JsonObj
 MAX_FRAME = 64 * 1024 * 1024
 MAX_HEAD = 4 * 1024 * 1024
 _HDR = struct.Struct(">II")
+_ENCODER = json.JSONEncoder(separators=(",", ":"))   # built once, not per frame
 
 
 class WireError(Exception):
@@ -30,7 +31,7 @@ Buffer = Union[bytes, bytearray, memoryview]
 def encode(head: JsonObj, *blobs: Buffer) -> list[Buffer]:
     """One frame as buffers for sendmsg; the blob is the blobs one after another (they
     are not copied: each must stay unchanged until sent)."""
-    h = json.dumps(head, separators=(",", ":")).encode()
+    h = _ENCODER.encode(head).encode()
     size = sum(len(b) for b in blobs)
     if len(h) > MAX_HEAD or 4 + len(h) + size > MAX_FRAME:
         raise WireError(f"frame too large ({len(h)} + {size} bytes)")
@@ -48,7 +49,7 @@ def parse_header(hdr: bytes | bytearray, max_frame: int = MAX_FRAME) -> tuple[in
 def parse_head(raw: bytes | bytearray | memoryview) -> JsonObj:
     """A frame's head: a JSON object, else WireError."""
     try:
-        head: object = json.loads(bytes(raw))
+        head: object = json.loads(bytes(raw).decode("utf-8"))
     except ValueError:
         raise WireError("frame head is not JSON") from None
     if not isinstance(head, dict):
