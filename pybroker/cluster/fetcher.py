@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from pybroker.cluster.ports import Json, JsonObj, as_obj, need_int, need_objs
 from pybroker.cluster.replica import FOLLOWER
 from pybroker.cluster.rules import EpochHistory, divergence
-from pybroker.cluster.wire import WireError, encode, parse_head, parse_header
+from pybroker.cluster.wire import MAX_TOPICS, WireError, encode, parse_head, parse_header
 from pybroker.config import split_hostport
 from pybroker.server.services import owner_loop
 
@@ -100,6 +100,7 @@ class Fetcher:
         self.pending = 0          # appends (or cuts) of this round not yet done
         self.timer: object = None
         self.idle: object = None
+        self.rounds = 0           # where the next window of topics starts (over MAX_TOPICS)
 
     def __repr__(self) -> str:
         return f"fetch-from-{self.leader}"
@@ -120,7 +121,14 @@ class Fetcher:
 
     # -- the loop of exchanges ---------------------------------------------------------
     def _following(self) -> list[Replica]:
-        return [r for r in self.topics if r.role == FOLLOWER and r.leader == self.leader]
+        """The topics this round asks for: at most MAX_TOPICS, a window that moves on
+        each round when there are more."""
+        topics = [r for r in self.topics if r.role == FOLLOWER and r.leader == self.leader]
+        if len(topics) > MAX_TOPICS:
+            self.rounds += 1
+            at = (self.rounds * MAX_TOPICS) % len(topics)
+            topics = (topics[at:] + topics[:at])[:MAX_TOPICS]
+        return topics
 
     def step(self) -> None:
         """Send the next request if none is under way and nothing is being appended."""

@@ -21,7 +21,8 @@ Requests (one at a time per connection, answered in order):
 
 Budgets: ``max_bytes`` is capped at MAX_FETCH_BYTES per answer; a request frame over
 MAX_REQUEST (or a head over the wire's limit) drops the connection from its header, so a
-connection buffers at most that much; at most MAX_CONNS connections. The last read of
+connection buffers at most that much, and one naming over MAX_TOPICS topics drops it
+too (a request is served on an event loop); at most MAX_CONNS connections. The last read of
 each topic is kept for the next follower that asks for the same records (at most
 READ_CACHE_TOPICS topics and READ_CACHE_BYTES; records are sent from it uncopied).
 """
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, cast
 
 from pybroker.cluster.ports import Json, JsonObj, need_int, need_objs, need_str
 from pybroker.cluster.replica import LEADER, Replica
-from pybroker.cluster.wire import Buffer, FrameReader, WireError, encode
+from pybroker.cluster.wire import MAX_TOPICS, Buffer, FrameReader, WireError, encode
 from pybroker.config import split_hostport
 from pybroker.evloop import SelectorLoop
 from pybroker.storage.topiclog import REC_HEADER, OffsetOutOfRange
@@ -300,6 +301,8 @@ class ReplicationServer(SelectorLoop):
     # -- requests ----------------------------------------------------------------------
     def handle(self, c: _Conn, req: JsonObj, final: bool = False) -> None:
         c.node = need_int(req.get("node", -1))
+        if len(need_objs(req.get("topics", []))) > MAX_TOPICS:
+            raise ValueError(f"a request names over {MAX_TOPICS} topics")
         op = req.get("op")
         if op == "epoch_end":
             c.send(encode({"topics": [self._epoch_end(t)

@@ -17,6 +17,8 @@ from pybroker.cluster.ports import JsonObj
 
 MAX_FRAME = 64 * 1024 * 1024
 MAX_HEAD = 4 * 1024 * 1024
+# topics one request may name (a request is served on an event loop: about 10 us each)
+MAX_TOPICS = 1000
 _HDR = struct.Struct(">II")
 _ENCODER = json.JSONEncoder(separators=(",", ":"))   # built once, not per frame
 
@@ -94,5 +96,5 @@ def frame_need(buf: bytes | bytearray) -> int:
     return max(0, 4 + size - len(buf))
 
 
-__all__ = ["MAX_FRAME", "Buffer", "FrameReader", "WireError", "encode", "frame_need", "parse_head",
+__all__ = ["MAX_FRAME", "MAX_TOPICS", "Buffer", "FrameReader", "WireError", "encode", "frame_need", "parse_head",
            "parse_header"]

@@ -20,7 +20,7 @@ from pybroker.cluster.fetcher import Fetcher
 from pybroker.cluster.replica import FOLLOWER
 from pybroker.cluster.rules import EpochHistory
 from pybroker.cluster.serve import MAX_REQUEST, ReplicationServer
-from pybroker.cluster.wire import FrameReader, encode
+from pybroker.cluster.wire import MAX_TOPICS, FrameReader, encode
 from pybroker.evloop import SelectorLoop
 from pybroker.testing import wait_until
 
@@ -40,8 +40,8 @@ class _Topic:
 class _Replica:
     """The replica side the fetcher drives (it records what it is given)."""
 
-    def __init__(self) -> None:
-        self.name = "t"
+    def __init__(self, name: str = "t") -> None:
+        self.name = name
         self.role = FOLLOWER
         self.leader = LEADER
         self.epoch = 1
@@ -220,6 +220,29 @@ def test_a_bad_answer_drops_the_connection_and_it_connects_again(
         leader.close()
 
 
+def test_a_round_names_at_most_max_topics_and_every_topic_in_turn(
+        loop: SelectorLoop, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fetcher_mod, "MAX_TOPICS", 2)
+
+    def answer(conn: socket.socket, head: dict[str, object], i: int) -> None:
+        names = [t["name"] for t in head["topics"]]  # type: ignore[attr-defined]
+        conn.sendall(b"".join(encode({"topics": [{"name": n, "hw": 0} for n in names]})))
+
+    leader = _Leader(answer)
+    reps = [_Replica(n) for n in ("a", "b", "c")]
+    f = Fetcher(_Node(), loop, LEADER)  # type: ignore[arg-type]
+    loop.call_soon_threadsafe(f.assign, reps, leader.address)  # type: ignore[arg-type]
+    try:
+        wait_until(lambda: len(leader.requests) >= 6, 5, what="six fetches")
+        asked = [[t["name"] for t in r["topics"]]  # type: ignore[attr-defined]
+                 for r in leader.requests[:6]]
+        assert all(len(a) == 2 for a in asked)
+        assert {n for a in asked for n in a} == {"a", "b", "c"}
+    finally:
+        _stop(loop, f)
+        leader.close()
+
+
 # -- the leader's server against a hostile follower -----------------------------------
 class _Runtime:
     def __init__(self, loop: SelectorLoop) -> None:
@@ -274,6 +297,9 @@ def test_the_server_answers_a_fetch_of_a_topic_it_does_not_lead(
     b"".join(encode({"op": "fetch", "node": "two", "topics": []})),   # not an integer
     b"".join(encode({"op": "fetch", "node": 2, "topics": {"t": 1}})),  # not a list
     b"".join(encode({"op": "nonsense", "node": 2})),
+    b"".join(encode({"op": "fetch", "node": 2, "wait_ms": 0, "max_bytes": 10,     # too many
+                     "topics": [{"name": f"t{k}", "epoch": 1, "offset": 0}
+                                for k in range(MAX_TOPICS + 1)]})),
 ])
 def test_the_server_drops_a_follower_that_sends_nonsense(server: ReplicationServer,
                                                           request_: bytes) -> None:
