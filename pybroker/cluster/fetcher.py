@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 from pybroker.cluster.ports import Json, JsonObj, as_obj, need_int, need_objs
 from pybroker.cluster.replica import FOLLOWER
 from pybroker.cluster.rules import EpochHistory, divergence
-from pybroker.cluster.wire import MAX_TOPICS, WireError, encode, parse_head, parse_header
+from pybroker.cluster.wire import (MAX_TOPICS, WireError, blob_span, encode, history_of,
+                                   parse_head, parse_header)
 from pybroker.config import split_hostport
 from pybroker.server.services import owner_loop
 
@@ -53,30 +54,6 @@ def _hist_mark(h: EpochHistory) -> list[Json]:
     """What a fetch says of the epoch history it holds (its length and last entry):
     the leader sends its own only when it differs."""
     return [len(h.entries), *h.entries[-1]] if h.entries else [0]
-
-
-def _history(v: Json) -> list[list[int]]:
-    """An epoch history a leader sent: [[epoch, start], ...] (ValueError otherwise)."""
-    if not isinstance(v, list):
-        raise ValueError("the epoch history is not a list")
-    out = []
-    for pair in v:
-        if not isinstance(pair, list) or len(pair) != 2:
-            raise ValueError("an epoch history entry is not [epoch, start]")
-        out.append([need_int(pair[0]), need_int(pair[1])])
-    return out
-
-
-def _span(blob: memoryview, span: Json) -> bytes:
-    """The records an answer's ``blob: [at, length]`` names (ValueError if outside)."""
-    if span is None:
-        return b""
-    if not isinstance(span, list) or len(span) != 2:
-        raise ValueError("a blob span is not [at, length]")
-    at, n = need_int(span[0]), need_int(span[1])
-    if at < 0 or n < 0 or at + n > len(blob):
-        raise ValueError(f"a blob span [{at}, {n}] outside the frame")
-    return bytes(blob[at:at + n])
 
 
 class Fetcher:
@@ -194,7 +171,7 @@ class Fetcher:
             ans = by_name.get(r.name, {})
             if "error" in ans or need_int(ans.get("leader_epoch", -1)) != r.epoch:
                 continue
-            leader = EpochHistory([(e, s) for e, s in _history(ans.get("history"))])
+            leader = EpochHistory([(e, s) for e, s in history_of(ans.get("history"))])
             cuts.append((r, divergence(r.history, r.topic.log.written, leader,
                                        need_int(ans.get("written")))))
         if not cuts:
@@ -220,11 +197,11 @@ class Fetcher:
             if err is not None:
                 continue
             chans = as_obj(t["channels"]) if "channels" in t else None
-            data = _span(blob, t.get("blob"))
+            data = blob_span(blob, t.get("blob"))
             hw = need_int(t.get("hw", 0))
             if not data and chans is None and hw <= r.hw and "history" not in t:
                 continue
-            history = _history(t["history"]) if "history" in t else None
+            history = history_of(t["history"]) if "history" in t else None
             jobs.append((r, need_int(t.get("first", r.topic.log.written)), data, hw,
                          history, chans, need_int(t.get("version", 0))))
         self.pending += len(jobs)

@@ -19,8 +19,8 @@ import time
 from typing import TYPE_CHECKING
 
 from pybroker.cluster.forward import ForwardError, Forwarders
-from pybroker.cluster.ports import Done, IsrAsker, Registration
-from pybroker.cluster.replica import LEADER, NotLeader, Replica, ReplicaStats
+from pybroker.cluster.ports import Done, IsrAsker, Registration, ReplicaStats
+from pybroker.cluster.replica import LEADER, NotLeader, Replica
 from pybroker.cluster.rules import LeaseClock
 from pybroker.protocol.names import is_ephemeral
 

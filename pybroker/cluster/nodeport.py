@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
-from pybroker.cluster.ports import Registration, ReplicaHost
+from pybroker.cluster.ports import Registration, ReplicaHost, ReplicaStats
 
 if TYPE_CHECKING:
-    from pybroker.cluster.replica import Replica, ReplicaStats
+    from pybroker.cluster.replica import Replica
     from pybroker.config import Options
 
 

@@ -13,7 +13,7 @@ or answer that is malformed drops its connection), ``as_*`` fall back to a defau
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol, TypedDict, Union
+from typing import TYPE_CHECKING, Callable, NotRequired, Protocol, TypedDict, Union
 
 if TYPE_CHECKING:
     from pybroker.cluster.rules import LeaseClock
@@ -120,6 +120,20 @@ def leader_key(doc: Json) -> LeaderKey:
     return LeaderKey(node=as_int(d.get("node"), -1), epoch=as_int(d.get("epoch")))
 
 
+class ReplicaStats(TypedDict):
+    """A replicated topic's extra /stats keys (``replication``)."""
+
+    role: str
+    leader: int
+    epoch: int
+    isr: list[int]
+    high_watermark: int
+    log_end: int
+    channel_states: int            # the version of the channel states held
+    lag: NotRequired[dict[str, dict[str, int]]]   # the leader's: per follower
+
+
+
 class IsrAsker(Protocol):
     """A leader's replica asking for an in-sync change (answered on its topic's loop)."""
 
@@ -150,6 +164,6 @@ class ReplicaHost(Protocol):
 
 
 __all__ = ["Done", "IsrAsker", "Json", "JsonObj", "LeaderKey", "Registration",
-           "ReplicaHost", "TopicState", "as_int", "as_ints", "as_list", "as_obj", "as_str",
+           "ReplicaHost", "ReplicaStats", "TopicState", "as_int", "as_ints", "as_list", "as_obj", "as_str",
            "leader_key", "need_int", "need_obj", "need_objs", "need_str", "registration",
            "topic_state"]

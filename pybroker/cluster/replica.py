@@ -14,10 +14,10 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, Callable, NotRequired, TypedDict, cast
+from typing import TYPE_CHECKING, Callable, cast
 
 from pybroker import _native
-from pybroker.cluster.ports import Done, JsonObj, ReplicaHost
+from pybroker.cluster.ports import Done, JsonObj, ReplicaHost, ReplicaStats
 from pybroker.cluster.rules import EpochHistory, LeaderState, Waiter
 from pybroker.server.services import owner_loop
 from pybroker.storage.topiclog import RecordBatch
@@ -31,19 +31,6 @@ log = logging.getLogger("pybroker")
 LEADER, FOLLOWER, NONE = "leader", "follower", "none"
 # versions of a leader's channel states (a follower asks for newer than it holds)
 _versions = itertools.count(1)
-
-
-class ReplicaStats(TypedDict):
-    """A replicated topic's extra /stats keys (``replication``)."""
-
-    role: str
-    leader: int
-    epoch: int
-    isr: list[int]
-    high_watermark: int
-    log_end: int
-    channel_states: int            # the version of the channel states held
-    lag: NotRequired[dict[str, dict[str, int]]]   # the leader's: per follower
 
 
 def bytes_between(topic: Topic, lo: int, hi: int) -> int:
@@ -410,4 +397,4 @@ def _restore(ch: Channel, state: ChannelState, now: int, wall: int) -> None:
     ch.owner.mark_dirty(ch)
 
 
-__all__ = ["FOLLOWER", "LEADER", "NONE", "NotLeader", "Replica"]
+__all__ = ["FOLLOWER", "LEADER", "NONE", "NotLeader", "Replica", "bytes_between"]

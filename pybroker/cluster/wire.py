@@ -6,14 +6,16 @@ cluster address only.
 
 Budgets: a frame over ``MAX_FRAME`` bytes, a head over ``MAX_HEAD`` or a head that is
 not a JSON object is a protocol error (the connection is dropped); a reader holds at
-most one frame plus one read.
+most one frame plus one read; a request names at most ``MAX_TOPICS`` topics. The
+readers of an answer's parts (``blob_span``, ``history_of``) raise ValueError on
+anything malformed or outside the frame.
 """
 from __future__ import annotations
 
 import json
 import struct
 from typing import Union
-from pybroker.cluster.ports import JsonObj
+from pybroker.cluster.ports import Json, JsonObj, need_int
 
 MAX_FRAME = 64 * 1024 * 1024
 MAX_HEAD = 4 * 1024 * 1024
@@ -88,6 +90,31 @@ class FrameReader:
         return head, blob
 
 
+def history_of(v: Json) -> list[list[int]]:
+    """An epoch history a leader sent: [[epoch, start], ...] (ValueError otherwise)."""
+    if not isinstance(v, list):
+        raise ValueError("the epoch history is not a list")
+    out = []
+    for pair in v:
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise ValueError("an epoch history entry is not [epoch, start]")
+        out.append([need_int(pair[0]), need_int(pair[1])])
+    return out
+
+
+def blob_span(blob: memoryview, span: Json) -> bytes:
+    """The records an answer's ``blob: [at, length]`` names (ValueError if outside)."""
+    if span is None:
+        return b""
+    if not isinstance(span, list) or len(span) != 2:
+        raise ValueError("a blob span is not [at, length]")
+    at, n = need_int(span[0]), need_int(span[1])
+    if at < 0 or n < 0 or at + n > len(blob):
+        raise ValueError(f"a blob span [{at}, {n}] outside the frame")
+    return bytes(blob[at:at + n])
+
+
+
 def frame_need(buf: bytes | bytearray) -> int:
     """Bytes still missing for the first frame of buf (0: complete or unknown yet)."""
     if len(buf) < 8:
@@ -96,5 +123,5 @@ def frame_need(buf: bytes | bytearray) -> int:
     return max(0, 4 + size - len(buf))
 
 
-__all__ = ["MAX_FRAME", "MAX_TOPICS", "Buffer", "FrameReader", "WireError", "encode", "frame_need", "parse_head",
-           "parse_header"]
+__all__ = ["MAX_FRAME", "MAX_TOPICS", "Buffer", "FrameReader", "WireError", "blob_span",
+           "encode", "frame_need", "history_of", "parse_head", "parse_header"]
