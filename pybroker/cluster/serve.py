@@ -220,7 +220,10 @@ class ReplicationServer(SelectorLoop):
             loops = list(self.loops.values())
         for loop in loops:
             if loop.in_loop_thread():
-                self._wake(loop, name)      # at once: the records are written
+                try:
+                    self._wake(loop, name)      # at once: the records are written
+                except Exception:     # a bug: never into the Publisher that wrote them
+                    log.exception("CLUSTER: answering the fetches of %s failed", name)
             else:
                 loop.call_soon_threadsafe(self._wake, loop, name)
 
