@@ -23,9 +23,11 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pybroker.cluster.etcd import Compare, Etcd, EtcdError, put_op
+from pybroker.cluster.ports import (IsrAsker, LeaderKey, Registration, TopicState,
+                                    as_ints, as_obj, leader_key, registration, topic_state)
 from pybroker.cluster.replica import FOLLOWER, LEADER, NONE, Replica
 from pybroker.cluster.rules import EpochHistory, assign_replicas
 from pybroker.evloop import SelectorLoop
@@ -33,7 +35,7 @@ from pybroker.protocol.names import is_ephemeral
 from pybroker.server.services import owner_loop
 
 if TYPE_CHECKING:
-    from pybroker.cluster.node import ClusterNode
+    from pybroker.cluster.nodeport import NodePort
 
 log = logging.getLogger("pybroker")
 ROOT = "/pybroker/"
@@ -41,7 +43,7 @@ POLL_NS = 200_000_000
 
 
 class Coordinator(SelectorLoop):
-    def __init__(self, node: ClusterNode, tcp: str, http: str, repl: str) -> None:
+    def __init__(self, node: NodePort, tcp: str, http: str, repl: str) -> None:
         super().__init__("cluster")
         self.node = node
         o = node.options
@@ -51,11 +53,11 @@ class Coordinator(SelectorLoop):
         self.dir = os.path.join(os.path.abspath(o.data_path or "."), "cluster")
         self.lease_id = 0
         self._polling = False
-        self._poll_timer: Any = None
+        self._poll_timer: object = None
         self._posted: dict[str, tuple[str, int, int, tuple[int, ...]]] = {}
         self._leader_values: dict[str, str] = {}
-        self._state: dict[str, tuple[dict[str, Any], int]] = {}   # name -> (state, mod)
-        self._leader_kv: dict[str, tuple[dict[str, Any], int]] = {}  # name -> (value, lease)
+        self._state: dict[str, tuple[TopicState, int]] = {}     # name -> (state, mod)
+        self._leader_kv: dict[str, tuple[LeaderKey, int]] = {}  # name -> (value, lease)
 
     # -- any thread ---------------------------------------------------------------------
     def start(self) -> None:
@@ -76,7 +78,7 @@ class Coordinator(SelectorLoop):
             self._polling = True
             self.call_soon_threadsafe(self._poll)
 
-    def change_isr(self, r: Replica, epoch: int, isr: list[int]) -> None:
+    def change_isr(self, r: IsrAsker, epoch: int, isr: list[int]) -> None:
         self.call_soon_threadsafe(self._change_isr, r, epoch, isr)
 
     def save_history(self, name: str, entries: list[list[int]]) -> None:
@@ -175,7 +177,7 @@ class Coordinator(SelectorLoop):
         except EtcdError as e:
             log.error("CLUSTER: %s", e)
             return
-        nodes: dict[int, dict[str, Any]] = {}
+        nodes: dict[int, Registration] = {}
         topics: dict[str, list[int]] = {}
         self._state = {}
         self._leader_kv = {}
@@ -185,22 +187,20 @@ class Coordinator(SelectorLoop):
             if not isinstance(doc, dict):
                 continue
             if kind == "nodes":
-                try:
-                    nodes[int(name)] = doc
-                except ValueError:
-                    continue
+                reg = registration(doc)
+                if reg is not None and name.isdigit():
+                    nodes[int(name)] = reg
             elif kind == "topics":
-                topics[name] = [int(n) for n in doc.get("replicas", [])]
+                topics[name] = as_ints(doc.get("replicas"))
             elif kind == "state":
-                self._state[name] = (doc, kv.mod_revision)
+                self._state[name] = (topic_state(doc), kv.mod_revision)
             elif kind == "leader":
-                self._leader_kv[name] = (doc, kv.lease)
+                self._leader_kv[name] = (leader_key(doc), kv.lease)
         node = self.node
         node.nodes = nodes
         node.live = set(nodes)
         node.assigned = topics
-        node.leaders = {name: int(doc.get("node", -1))
-                        for name, (doc, _) in self._leader_kv.items()}
+        node.leaders = {name: doc["node"] for name, (doc, _) in self._leader_kv.items()}
         try:
             self._reconcile(topics)
         except EtcdError as e:
@@ -225,18 +225,18 @@ class Coordinator(SelectorLoop):
                     return
                 r = Replica(node, topic, self._load_history(name))
                 node.replicas[name] = r
-            state, mod = self._state.get(name, ({}, 0))
-            isr = [int(n) for n in state.get("isr", [])]
+            state, mod = self._state.get(name, (topic_state(None), 0))
+            isr = state["isr"]
             lead = self._leader_kv.get(name)
             if lead is None and mod and me in isr:
                 lead = self._campaign(name, state, mod, isr)
                 state, _ = self._state.get(name, (state, mod))
-                isr = [int(n) for n in state.get("isr", isr)]
+                isr = state["isr"]
             if lead is None:
-                role, epoch, leader = NONE, int(state.get("epoch", 0)), -1
+                role, epoch, leader = NONE, state["epoch"], -1
             else:
                 doc, lease = lead
-                leader, epoch = int(doc.get("node", -1)), int(doc.get("epoch", 0))
+                leader, epoch = doc["node"], doc["epoch"]
                 role = LEADER if leader == me and lease == self.lease_id else FOLLOWER
                 if leader == me and role != LEADER:
                     role, leader = NONE, -1      # an earlier run's key, about to expire
@@ -253,7 +253,7 @@ class Coordinator(SelectorLoop):
         node = self.node
         replicas = assign_replicas(node.id, sorted(node.live | {node.id}), node.factor)
         key = f"{ROOT}topics/{name}"
-        state = {"epoch": 0, "leader": -1, "isr": replicas}
+        state = TopicState(epoch=0, leader=-1, isr=replicas)
         ok = self.etcd.txn([Compare(key, "CREATE", 0)],
                            [put_op(key, json.dumps({"replicas": replicas})),
                             put_op(f"{ROOT}state/{name}", json.dumps(state))])
@@ -268,18 +268,18 @@ class Coordinator(SelectorLoop):
         if isinstance(doc, dict):
             st = self.etcd.get(f"{ROOT}state/{name}")
             if st is not None and isinstance(st.json(), dict):
-                self._state[name] = (st.json(), st.mod_revision)
-            return [int(n) for n in doc.get("replicas", [])]
+                self._state[name] = (topic_state(st.json()), st.mod_revision)
+            return as_ints(as_obj(doc).get("replicas"))
         return replicas
 
-    def _campaign(self, name: str, state: dict[str, Any], mod: int, isr: list[int]
-                  ) -> tuple[dict[str, Any], int] | None:
+    def _campaign(self, name: str, state: TopicState, mod: int, isr: list[int]
+                  ) -> tuple[LeaderKey, int] | None:
         """Take the leadership of ``name`` at the next epoch (this node is in sync)."""
         node = self.node
-        epoch = int(state.get("epoch", 0)) + 1
+        epoch = state["epoch"] + 1
         new_isr = sorted((set(isr) & node.live) | {node.id})
         value = json.dumps({"node": node.id, "epoch": epoch})
-        new_state = {"epoch": epoch, "leader": node.id, "isr": new_isr}
+        new_state = TopicState(epoch=epoch, leader=node.id, isr=new_isr)
         lkey, skey = f"{ROOT}leader/{name}", f"{ROOT}state/{name}"
         ok = self.etcd.txn([Compare(lkey, "CREATE", 0), Compare(skey, "MOD", mod)],
                            [put_op(lkey, value, self.lease_id),
@@ -292,12 +292,12 @@ class Coordinator(SelectorLoop):
         node.leaders[name] = node.id
         log.info("CLUSTER: %s: elected leader at epoch %d (in sync %s)", name, epoch,
                  new_isr)
-        doc = {"node": node.id, "epoch": epoch}
+        doc = LeaderKey(node=node.id, epoch=epoch)
         self._leader_kv[name] = (doc, self.lease_id)
         return doc, self.lease_id
 
     # -- requests from the loops -----------------------------------------------------
-    def _change_isr(self, r: Replica, epoch: int, isr: list[int]) -> None:
+    def _change_isr(self, r: IsrAsker, epoch: int, isr: list[int]) -> None:
         node = self.node
         name = r.name
         value = self._leader_values.get(name)
@@ -321,15 +321,12 @@ class Coordinator(SelectorLoop):
 
     def _assign_fetchers(self) -> None:
         node = self.node
-        if node.fetchers is None:
-            return
         by_leader: dict[int, list[Replica]] = {}
         for name, (role, _, leader, _) in self._posted.items():
             r = node.replicas.get(name)
             if role == FOLLOWER and r is not None and leader in node.nodes:
                 by_leader.setdefault(leader, []).append(r)
-        node.fetchers.assign(by_leader, {n: str(reg.get("repl", ""))
-                                         for n, reg in node.nodes.items()})
+        node.assign_fetchers(by_leader, {n: reg["repl"] for n, reg in node.nodes.items()})
 
     # -- files -------------------------------------------------------------------------
     def _history_path(self, name: str) -> str:

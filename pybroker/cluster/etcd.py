@@ -20,7 +20,8 @@ import json
 import socket
 import time
 import urllib.parse
-from typing import Any
+
+from pybroker.cluster.ports import Json, JsonObj, as_int, as_list, as_obj, as_str
 
 MAX_RESPONSE = 4 * 1024 * 1024
 
@@ -33,8 +34,11 @@ def _b64(s: str | bytes) -> str:
     return base64.b64encode(s.encode() if isinstance(s, str) else s).decode()
 
 
-def _unb64(s: str | None) -> str:
-    return base64.b64decode(s or "").decode("utf-8", "replace")
+def _unb64(s: str) -> str:
+    try:
+        return base64.b64decode(s).decode("utf-8", "replace")
+    except ValueError:
+        return ""
 
 
 def prefix_end(prefix: str) -> str:
@@ -51,16 +55,17 @@ def prefix_end(prefix: str) -> str:
 class KV:
     __slots__ = ("key", "value", "create_revision", "mod_revision", "lease")
 
-    def __init__(self, raw: dict[str, Any]) -> None:
-        self.key = _unb64(raw.get("key"))
-        self.value = _unb64(raw.get("value"))
-        self.create_revision = int(raw.get("create_revision", 0))
-        self.mod_revision = int(raw.get("mod_revision", 0))
-        self.lease = int(raw.get("lease", 0))
+    def __init__(self, raw: JsonObj) -> None:
+        self.key = _unb64(as_str(raw.get("key")))
+        self.value = _unb64(as_str(raw.get("value")))
+        self.create_revision = as_int(raw.get("create_revision"))
+        self.mod_revision = as_int(raw.get("mod_revision"))
+        self.lease = as_int(raw.get("lease"))
 
-    def json(self) -> Any:
+    def json(self) -> Json:
         try:
-            return json.loads(self.value)
+            doc: Json = json.loads(self.value)
+            return doc
         except ValueError:
             return None
 
@@ -68,21 +73,22 @@ class KV:
 class Compare:
     """One condition of a transaction: ``target`` of ``key`` compared with ``value``."""
 
-    def __init__(self, key: str, target: str, value: Any, result: str = "EQUAL") -> None:
+    def __init__(self, key: str, target: str, value: str | int,
+                 result: str = "EQUAL") -> None:
         field = {"CREATE": "create_revision", "MOD": "mod_revision", "VALUE": "value",
                  "LEASE": "lease", "VERSION": "version"}[target]
-        v = _b64(value) if target == "VALUE" else str(value)
-        self.raw = {"key": _b64(key), "target": target, "result": result, field: v}
+        v = _b64(str(value)) if target == "VALUE" else str(value)
+        self.raw: JsonObj = {"key": _b64(key), "target": target, "result": result, field: v}
 
 
-def put_op(key: str, value: str, lease: int = 0) -> dict[str, Any]:
-    req: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+def put_op(key: str, value: str, lease: int = 0) -> JsonObj:
+    req: JsonObj = {"key": _b64(key), "value": _b64(value)}
     if lease:
         req["lease"] = str(lease)
     return {"request_put": req}
 
 
-def delete_op(key: str) -> dict[str, Any]:
+def delete_op(key: str) -> JsonObj:
     return {"request_delete_range": {"key": _b64(key)}}
 
 
@@ -100,7 +106,7 @@ class Etcd:
     def close(self) -> None:
         """Nothing is kept between calls (each call opens its own connection)."""
 
-    def call(self, path: str, body: dict[str, Any], timeout_s: float | None = None) -> Any:
+    def call(self, path: str, body: JsonObj, timeout_s: float | None = None) -> JsonObj:
         """POST one gateway request on a connection of its own (never retried: a
         transaction must not run twice); returns the decoded JSON answer. Raises
         EtcdError."""
@@ -116,7 +122,7 @@ class Etcd:
             conn.close()
 
     def _once(self, conn: http.client.HTTPConnection, path: str, data: bytes,
-              deadline: float) -> Any:
+              deadline: float) -> JsonObj:
         conn.request("POST", "/v3" + path, data, {"Content-Type": "application/json"})
         resp = conn.getresponse()
         chunks: list[bytes] = []
@@ -136,7 +142,7 @@ class Etcd:
             chunks.append(chunk)
         text = b"".join(chunks)
         try:
-            doc = json.loads(text) if text else {}
+            doc: Json = json.loads(text) if text else {}
         except ValueError:
             raise http.client.HTTPException(f"not JSON: {text[:100]!r}") from None
         if resp.status != 200:
@@ -144,17 +150,22 @@ class Etcd:
             raise EtcdError(f"etcd {path}: HTTP {resp.status}: {msg}")
         if isinstance(doc, dict) and "result" in doc and len(doc) == 1:
             doc = doc["result"]    # a streamed call (keep-alive) wraps its one answer
+        if not isinstance(doc, dict):
+            raise EtcdError(f"etcd {path}: the answer is not a JSON object")
         return doc
 
     # -- leases ----------------------------------------------------------------------
     def grant(self, ttl_s: int) -> int:
         doc = self.call("/lease/grant", {"TTL": str(ttl_s)})
-        return int(doc["ID"])
+        lease = as_int(doc.get("ID"))
+        if not lease:
+            raise EtcdError(f"etcd granted no lease: {str(doc)[:100]}")
+        return lease
 
     def keepalive(self, lease: int) -> int:
         """Renew a lease; returns its TTL now (0: it has expired)."""
         doc = self.call("/lease/keepalive", {"ID": str(lease)})
-        return int(doc.get("TTL", 0) or 0)
+        return as_int(doc.get("TTL"))
 
     def revoke(self, lease: int) -> None:
         try:
@@ -167,25 +178,25 @@ class Etcd:
         """(the store's revision, every key under prefix)."""
         doc = self.call("/kv/range", {"key": _b64(prefix), "range_end": _b64(
             prefix_end(prefix).encode("latin-1"))})
-        rev = int(doc.get("header", {}).get("revision", 0))
-        return rev, [KV(kv) for kv in doc.get("kvs", [])]
+        rev = as_int(as_obj(doc.get("header")).get("revision"))
+        return rev, [KV(as_obj(kv)) for kv in as_list(doc.get("kvs"))]
 
     def get(self, key: str) -> KV | None:
         doc = self.call("/kv/range", {"key": _b64(key)})
-        kvs = doc.get("kvs", [])
-        return KV(kvs[0]) if kvs else None
+        kvs = as_list(doc.get("kvs"))
+        return KV(as_obj(kvs[0])) if kvs else None
 
     def put(self, key: str, value: str, lease: int = 0) -> None:
-        self.call("/kv/put", put_op(key, value, lease)["request_put"])
+        self.call("/kv/put", as_obj(put_op(key, value, lease)["request_put"]))
 
     def delete(self, key: str) -> None:
         self.call("/kv/deleterange", {"key": _b64(key)})
 
-    def txn(self, compare: list[Compare], success: list[dict[str, Any]],
-            failure: list[dict[str, Any]] | None = None) -> bool:
+    def txn(self, compare: list[Compare], success: list[JsonObj],
+            failure: list[JsonObj] | None = None) -> bool:
         """Run success if every compare holds (else failure); True if they held."""
         doc = self.call("/kv/txn", {"compare": [c.raw for c in compare],
-                                    "success": success, "failure": failure or []})
+                                    "success": list(success), "failure": list(failure or [])})
         return bool(doc.get("succeeded", False))
 
 

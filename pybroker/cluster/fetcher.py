@@ -1,237 +1,385 @@
-"""Fetchers: the follower side of replication, one thread per leader node
-(``fetch-<id>``), Kafka's replica fetcher threads.
+"""Fetchers: the follower side of replication (Kafka's replica fetchers), one
+connection per (leader node, event loop), owned by that loop: registered with its
+selector, non-blocking, every step run on the loop that owns the topics it fetches.
 
-A fetcher keeps one connection to its leader's replication server and loops: for the
-topics it follows there whose divergence is not yet cut, it asks where their last
-epochs end (``epoch_end``) and has each topic's owner loop cut its log
-(``Replica.truncate``); then one ``fetch`` for all of them, each naming the offset its
-log holds (what it has written, in fsync mode synced: the acknowledgement), long-polled
-by the leader; the records answered are appended by each topic's owner loop
-(``Replica.apply``), and the next fetch goes out once every apply is done, so the
-offsets a fetch names are always on this node.
+A link loops: for the topics it follows whose divergence is not yet cut, it asks where
+their last epochs end (``epoch_end``) and cuts each log there (``Replica.truncate``);
+then one ``fetch`` for all of them, each naming the offset its log holds (what it has
+written, in fsync mode synced: the acknowledgement), long-polled by the leader. The
+records answered are appended in the same loop turn (``Replica.apply``, one call per
+topic) and the next fetch goes out at once, carrying the new offsets: the
+acknowledgement of this round is the request of the next, with no thread in between.
+In fsync mode the next fetch waits for the storage thread's fsync of what was appended,
+so the offsets a fetch names are always on this node.
 
-Budgets: a blocking socket with a deadline for each whole exchange (the long poll plus
-``IO_SLACK_S``, however the answer trickles); an answer whose header says more than the
-wire's frame limit drops the connection before anything is allocated for it; a failed
-connection is retried after ``RETRY_S``.
+Budgets: each exchange has a deadline (the long poll plus ``IO_SLACK_NS``, however the
+answer trickles); an answer whose header says more than the wire's frame limit drops
+the connection before anything is allocated for it; its body is read straight into one
+buffer of its size; a leader answers at most FETCH_BYTES of records per fetch, so one
+round's appends hold the loop a few milliseconds at most; a failed connection is
+retried after ``RETRY_NS``.
 """
 from __future__ import annotations
 
+import errno
 import logging
+import selectors
 import socket
 import threading
-import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from pybroker.cluster.ports import Json, JsonObj, as_obj, need_int, need_objs
 from pybroker.cluster.replica import FOLLOWER
 from pybroker.cluster.rules import EpochHistory, divergence
-from pybroker.cluster.wire import WireError, encode, parse_head, parse_header
+from pybroker.cluster.wire import (MAX_TOPICS, WireError, blob_span, encode, history_of,
+                                   parse_head, parse_header)
 from pybroker.config import split_hostport
 from pybroker.server.services import owner_loop
 
 if TYPE_CHECKING:
-    from pybroker.cluster.node import ClusterNode
+    from pybroker.cluster.nodeport import NodePort
     from pybroker.cluster.replica import Replica
+    from pybroker.server.loop import EventLoop
 
 log = logging.getLogger("pybroker")
 WAIT_MS = 500
-IO_SLACK_S = 5.0
-RETRY_S = 0.2
-FETCH_BYTES = 4 * 1024 * 1024
+IO_SLACK_NS = 5_000_000_000
+RETRY_NS = 200_000_000
+IDLE_NS = 200_000_000          # nothing to follow: look again this often
+FETCH_BYTES = 2 * 1024 * 1024
+RECV_BYTES = 256 * 1024
 
 
-class _Countdown:
-    """Wait for n callbacks from the owner loops."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.lock = threading.Lock()
-        self.event = threading.Event()
-        if n <= 0:
-            self.event.set()
-
-    def done(self) -> None:
-        with self.lock:
-            self.n -= 1
-            if self.n <= 0:
-                self.event.set()
+def _hist_mark(h: EpochHistory) -> list[Json]:
+    """What a fetch says of the epoch history it holds (its length and last entry):
+    the leader sends its own only when it differs."""
+    return [len(h.entries), *h.entries[-1]] if h.entries else [0]
 
 
 class Fetcher:
-    def __init__(self, node: ClusterNode, leader: int) -> None:
+    """One leader's records for the topics one loop owns (every method on that loop)."""
+
+    def __init__(self, node: NodePort, loop: EventLoop, leader: int) -> None:
         self.node = node
+        self.loop = loop
         self.leader = leader
         self.address = ""
         self.topics: list[Replica] = []
-        self.stopping = False
-        self.wake = threading.Event()
+        self.stopped = False
         self.sock: socket.socket | None = None
-        self.thread = threading.Thread(target=self._run, name=f"fetch-{leader}", daemon=True)
+        self.connected = False
+        self.out = bytearray()
+        self.hdr = bytearray(8)
+        self.scratch = memoryview(bytearray(RECV_BYTES))
+        self.got = 0
+        self.body: bytearray | None = None
+        self.asked: tuple[str, list[Replica]] | None = None   # the exchange under way
+        self.pending = 0          # appends (or cuts) of this round not yet done
+        self.timer: object = None
+        self.idle: object = None
+        self.rounds = 0           # where the next window of topics starts (over MAX_TOPICS)
 
-    def start(self) -> None:
-        self.thread.start()
+    def __repr__(self) -> str:
+        return f"fetch-from-{self.leader}"
+
+    # -- assignment (posted by Fetchers) -----------------------------------------------
+    def assign(self, topics: list[Replica], address: str) -> None:
+        self.topics = topics
+        if address != self.address:
+            self.address = address
+            if self.sock is not None:
+                self.close("the leader moved")
+                return
+        self.step()
 
     def stop(self) -> None:
-        self.stopping = True
-        self.wake.set()
-        sock = self.sock
-        if sock is not None:
+        self.stopped = True
+        self.close("stopping")
+
+    # -- the loop of exchanges ---------------------------------------------------------
+    def _following(self) -> list[Replica]:
+        """The topics this round asks for: at most MAX_TOPICS, a window that moves on
+        each round when there are more."""
+        topics = [r for r in self.topics if r.role == FOLLOWER and r.leader == self.leader]
+        if len(topics) > MAX_TOPICS:
+            self.rounds += 1
+            at = (self.rounds * MAX_TOPICS) % len(topics)
+            topics = (topics[at:] + topics[:at])[:MAX_TOPICS]
+        return topics
+
+    def step(self) -> None:
+        """Send the next request if none is under way and nothing is being appended."""
+        if self.stopped or self.asked is not None or self.pending:
+            return
+        self.loop.cancel(self.idle)
+        self.idle = None
+        topics = self._following()
+        if not topics or not self.address:
+            self.idle = self.loop.call_later(IDLE_NS, self.step)
+            return
+        if self.sock is None:
             try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    # -- the thread ---------------------------------------------------------------------
-    def _run(self) -> None:
-        while not self.stopping:
-            topics = [r for r in self.topics if r.role == FOLLOWER and r.leader == self.leader]
-            if not topics or not self.address:
-                self.wake.wait(0.2)
-                self.wake.clear()
-                continue
-            try:
-                if self.sock is None:
-                    host, port = split_hostport(self.address)
-                    self.sock = socket.create_connection((host, port), timeout=2.0)
-                    self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self._round(topics)
-            except (OSError, WireError, ValueError, KeyError, TypeError) as e:
-                if not self.stopping:
-                    log.warning("CLUSTER: fetching from node %d (%s): %s", self.leader,
-                                self.address, e)
-                self._drop()
-                self.wake.wait(RETRY_S)
-                self.wake.clear()
-        self._drop()
-
-    def _drop(self) -> None:
-        if self.sock is not None:
-            try:
-                self.sock.close()
-            except OSError:
-                pass
-            self.sock = None
-
-    def _exchange(self, head: dict[str, Any], wait_s: float) -> tuple[dict[str, Any], memoryview]:
-        """Send one request, read its answer: the frame's header, then its body into
-        one buffer of its size (no copies), all within wait_s + IO_SLACK_S."""
-        sock = self.sock
-        assert sock is not None
-        deadline = time.monotonic() + wait_s + IO_SLACK_S
-        sock.settimeout(wait_s + IO_SLACK_S)
-        sock.sendall(b"".join(encode(head)))
-        hdr = bytearray(8)
-        self._recv_into(sock, memoryview(hdr), deadline)
-        size, hlen = parse_header(hdr)
-        body = bytearray(size - 4)
-        self._recv_into(sock, memoryview(body), deadline)
-        return parse_head(memoryview(body)[:hlen]), memoryview(body)[hlen:]
-
-    @staticmethod
-    def _recv_into(sock: socket.socket, view: memoryview, deadline: float) -> None:
-        got = 0
-        while got < len(view):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise OSError("the leader did not answer in time")
-            sock.settimeout(left)
-            n = sock.recv_into(view[got:])
-            if not n:
-                raise OSError("the leader closed the connection")
-            got += n
-
-    def _round(self, topics: list[Replica]) -> None:
-        node = self.node
+                self._connect()
+            except (OSError, ValueError) as e:
+                self._failed(f"cannot connect: {e}")
+            return
+        if not self.connected:
+            return
         todo = [r for r in topics if r.truncated_for != r.epoch]
         if todo:
-            ask = [{"name": r.name, "epoch": r.history.last_epoch()} for r in todo]
-            head, _ = self._exchange({"op": "epoch_end", "node": node.id, "topics": ask}, 0)
-            by_name = {t["name"]: t for t in head["topics"]}
-            cd = _Countdown(len(todo))
-            for r in todo:
-                ans = by_name.get(r.name, {})
-                if "error" in ans or int(ans.get("leader_epoch", -1)) != r.epoch:
-                    cd.done()
-                    continue
-                leader = EpochHistory([(int(e), int(s)) for e, s in ans["history"]])
-                cut = divergence(r.history, r.topic.log.written, leader,
-                                 int(ans["written"]))
-                owner_loop(r.topic.owner).call_soon_threadsafe(r.truncate, cut, cd.done)
-            cd.event.wait(IO_SLACK_S)
-            topics = [r for r in topics if r.truncated_for == r.epoch]
-            if not topics:
-                self.wake.wait(0.1)
-                self.wake.clear()
-                return
-        ask = [{"name": r.name, "epoch": r.epoch, "offset": r.topic.log.written,
-                "version": r.chan_from_leader} for r in topics]
-        head, blob = self._exchange({"op": "fetch", "node": node.id, "wait_ms": WAIT_MS,
-                                     "max_bytes": FETCH_BYTES, "topics": ask},
-                                    WAIT_MS / 1000)
-        by_name = {r.name: r for r in topics}
-        jobs = []
-        for t in head["topics"]:
-            found = by_name.get(str(t.get("name")))
-            if found is None:
+            ask: list[Json] = [{"name": r.name, "epoch": r.history.last_epoch()}
+                               for r in todo]
+            self._send({"op": "epoch_end", "node": self.node.id, "topics": ask},
+                       ("epoch_end", todo), 0)
+            return
+        fetch: list[Json] = [{"name": r.name, "epoch": r.epoch,
+                              "offset": r.topic.log.written,
+                              "version": r.chan_from_leader,
+                              "hist": _hist_mark(r.history)} for r in topics]
+        self._send({"op": "fetch", "node": self.node.id, "wait_ms": WAIT_MS,
+                    "max_bytes": FETCH_BYTES, "topics": fetch}, ("fetch", topics),
+                   WAIT_MS * 1_000_000)
+
+    def _send(self, head: JsonObj, asked: tuple[str, list[Replica]], wait_ns: int) -> None:
+        self.asked = asked
+        self.timer = self.loop.call_later(wait_ns + IO_SLACK_NS, self._late)
+        for b in encode(head):
+            self.out += b
+        self.on_writable()
+
+    def _late(self) -> None:
+        self.timer = None
+        if self.asked is not None:
+            self._failed("the leader did not answer in time")
+
+    def _answered(self, head: JsonObj, blob: memoryview) -> None:
+        assert self.asked is not None
+        kind, topics = self.asked
+        self.asked = None
+        self.loop.cancel(self.timer)
+        self.timer = None
+        if kind == "epoch_end":
+            self._cut(head, topics)
+        else:
+            self._apply(head, blob, topics)
+        self.step()
+
+    def _cut(self, head: JsonObj, todo: list[Replica]) -> None:
+        by_name = {t.get("name"): t for t in need_objs(head.get("topics"))}
+        cuts = []
+        for r in todo:
+            ans = by_name.get(r.name, {})
+            if "error" in ans or need_int(ans.get("leader_epoch", -1)) != r.epoch:
                 continue
-            r = found
+            leader = EpochHistory([(e, s) for e, s in history_of(ans.get("history"))])
+            cuts.append((r, divergence(r.history, r.topic.log.written, leader,
+                                       need_int(ans.get("written")))))
+        if not cuts:
+            # the leader does not lead them (yet): ask again shortly
+            self.pending += 1
+            self.loop.call_later(RETRY_NS // 2, self._done_one)
+            return
+        self.pending += len(cuts)
+        for r, cut in cuts:
+            r.truncate(cut, self._done_one)
+
+    def _apply(self, head: JsonObj, blob: memoryview, topics: list[Replica]) -> None:
+        mine = {r.name: r for r in topics}
+        jobs = []
+        for t in need_objs(head.get("topics")):
+            r = mine.get(str(t.get("name")))
+            if r is None:
+                continue
             err = t.get("error")
             if err in ("offset", "out_of_range"):
                 r.truncated_for = 0
                 continue
             if err is not None:
                 continue
-            chans = t.get("channels")
-            span = t.get("blob")
-            data = bytes(blob[span[0]:span[0] + span[1]]) if span else b""
-            if not data and chans is None and int(t.get("hw", 0)) <= r.hw:
+            chans = as_obj(t["channels"]) if "channels" in t else None
+            data = blob_span(blob, t.get("blob"))
+            hw = need_int(t.get("hw", 0))
+            if not data and chans is None and hw <= r.hw and "history" not in t:
                 continue
-            jobs.append((r, int(t.get("first", r.topic.log.written)), data,
-                         int(t.get("hw", 0)), t.get("history", []), chans,
-                         int(t.get("version", 0))))
-        cd = _Countdown(len(jobs))
+            history = history_of(t["history"]) if "history" in t else None
+            jobs.append((r, need_int(t.get("first", r.topic.log.written)), data, hw,
+                         history, chans, need_int(t.get("version", 0))))
+        self.pending += len(jobs)
         for r, first, data, hw, history, chans, version in jobs:
-            owner_loop(r.topic.owner).call_soon_threadsafe(r.apply, first, data, hw, history, chans,
-                                               version, cd.done)
-        cd.event.wait(IO_SLACK_S)
+            r.apply(first, data, hw, history, chans, version, self._done_one)
+
+    def _done_one(self) -> None:
+        """An append (or cut) of this round is done (synced, in fsync mode): the storage
+        thread says so from its own thread."""
+        if not self.loop.in_loop_thread():
+            self.loop.call_soon_threadsafe(self._done_one)
+            return
+        self.pending -= 1
+        if not self.pending:
+            self.step()
+
+    # -- the socket ---------------------------------------------------------------------
+    def _connect(self) -> None:
+        host, port = split_hostport(self.address)
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                             socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        self.connected = False
+        err = sock.connect_ex((host, port))
+        if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
+            raise OSError(err, f"connect to {self.address} failed: {errno.errorcode.get(err)}")
+        self.loop.selector.register(sock, selectors.EVENT_WRITE, self)
+        self.timer = self.loop.call_later(IO_SLACK_NS, self._late_connect)
+
+    def _late_connect(self) -> None:
+        self.timer = None
+        if not self.connected and self.sock is not None:
+            self._failed("connect timed out")
+
+    def on_writable(self) -> None:
+        sock = self.sock
+        if sock is None:
+            return
+        if not self.connected:
+            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                self._failed(f"connect failed: {err}")
+                return
+            self.connected = True
+            self.loop.cancel(self.timer)
+            self.timer = None
+            self._modify()
+            self.step()
+            return
+        if self.out:
+            try:
+                n = sock.send(self.out)
+                del self.out[:n]
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as e:
+                self._failed(f"write error: {e}")
+                return
+        self._modify()
+
+    def _modify(self) -> None:
+        if self.sock is None:
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.out else 0)
+        try:
+            self.loop.selector.modify(self.sock, events, self)
+        except (KeyError, ValueError):
+            pass
+
+    def on_readable(self) -> None:
+        sock = self.sock
+        if sock is None or not self.connected:
+            return
+        try:
+            while True:
+                if self.body is None:
+                    # one read for the header and, mostly, the whole answer
+                    n = sock.recv_into(self.scratch)
+                    if not n:
+                        self._failed("the leader closed the connection")
+                        return
+                    take = min(n, 8 - self.got)
+                    self.hdr[self.got:self.got + take] = self.scratch[:take]
+                    self.got += take
+                    if self.got < 8:
+                        return
+                    size, _ = parse_header(self.hdr)
+                    if n - take > size - 4:
+                        raise WireError("the leader sent more than it was asked for")
+                    self.body = bytearray(size - 4)
+                    self.body[:n - take] = self.scratch[take:n]
+                    self.got = n - take
+                body = self.body
+                if self.got < len(body):
+                    n = sock.recv_into(memoryview(body)[self.got:])
+                    if not n:
+                        self._failed("the leader closed the connection")
+                        return
+                    self.got += n
+                    if self.got < len(body):
+                        return
+                self.body, self.got = None, 0
+                _, hlen = parse_header(self.hdr)
+                view = memoryview(body)
+                if self.asked is None:
+                    raise WireError("an answer to no request")
+                self._answered(parse_head(view[:hlen]), view[hlen:])
+                if self.sock is not sock:
+                    return
+        except (BlockingIOError, InterruptedError):
+            return
+        except (OSError, WireError, ValueError, KeyError, TypeError) as e:
+            self._failed(str(e))
+
+    def _failed(self, why: str) -> None:
+        if not self.stopped:
+            log.warning("CLUSTER: fetching from node %d (%s): %s", self.leader,
+                        self.address, why)
+        self.close(why)
+
+    def close(self, why: str) -> None:
+        """Drop the connection (an exchange under way is forgotten; appends already
+        started finish, and the next round, after RETRY_NS or at once if the leader
+        moved, asks again from what the logs hold)."""
+        self.loop.cancel(self.timer)
+        self.timer = None
+        self.loop.cancel(self.idle)
+        self.idle = None
+        self.asked = None
+        self.out.clear()
+        self.body, self.got = None, 0
+        sock, self.sock = self.sock, None
+        self.connected = False
+        if sock is not None:
+            try:
+                self.loop.selector.unregister(sock)
+            except (KeyError, ValueError):
+                pass
+            sock.close()
+        if not self.stopped:
+            self.idle = self.loop.call_later(0 if why == "the leader moved" else RETRY_NS,
+                                             self.step)
 
 
 class Fetchers:
-    """The fetcher threads, by leader node (assigned by the coordinator's thread)."""
+    """The links, by (leader node, loop); assigned by the coordinator's thread, each
+    link touched only on its loop."""
 
-    def __init__(self, node: ClusterNode) -> None:
+    def __init__(self, node: NodePort) -> None:
         self.node = node
-        self.by_leader: dict[int, Fetcher] = {}
+        self.links: dict[tuple[int, int], Fetcher] = {}     # (leader, id(loop)) -> link
         self.lock = threading.Lock()
 
     def assign(self, by_leader: dict[int, list[Replica]], addresses: dict[int, str]) -> None:
         with self.lock:
+            want: dict[tuple[int, int], tuple[EventLoop, list[Replica]]] = {}
             for leader, reps in by_leader.items():
-                f = self.by_leader.get(leader)
+                for r in reps:
+                    loop = owner_loop(r.topic.owner)
+                    want.setdefault((leader, id(loop)), (loop, []))[1].append(r)
+            for key, (loop, reps) in want.items():
+                f = self.links.get(key)
                 if f is None:
-                    f = self.by_leader[leader] = Fetcher(self.node, leader)
-                    f.start()
-                if f.address != addresses.get(leader, ""):
-                    f.address = addresses.get(leader, "")
-                    sock = f.sock
-                    if sock is not None:
-                        try:
-                            sock.shutdown(socket.SHUT_RDWR)
-                        except OSError:
-                            pass
-                f.topics = list(reps)
-                f.wake.set()
-            for leader, f in self.by_leader.items():
-                if leader not in by_leader:
-                    f.topics = []
+                    f = self.links[key] = Fetcher(self.node, loop, key[0])
+                loop.call_soon_threadsafe(f.assign, reps, addresses.get(key[0], ""))
+            for key, f in self.links.items():
+                if key not in want:
+                    f.loop.call_soon_threadsafe(f.assign, [], f.address)
 
     def stop(self, timeout_s: float) -> None:
+        """Close every link (on its loop; ``timeout_s`` is not waited: nothing here has
+        a thread of its own)."""
         with self.lock:
-            fs = list(self.by_leader.values())
-        for f in fs:
-            f.stop()
-        for f in fs:
-            f.thread.join(timeout_s)
+            links = list(self.links.values())
+        for f in links:
+            f.loop.call_soon_threadsafe(f.stop)
 
 
 __all__ = ["Fetcher", "Fetchers"]

@@ -25,17 +25,18 @@ import socket
 import struct
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING
 
+from pybroker.cluster.ports import Done
 from pybroker.config import split_hostport
 from pybroker.protocol.wire import HEARTBEAT
 
 if TYPE_CHECKING:
-    from pybroker.cluster.node import ClusterNode
+    from pybroker.cluster.nodeport import NodePort
     from pybroker.server.loop import EventLoop
+    from pybroker.server.publish import Payload
 
 log = logging.getLogger("pybroker")
-Done = Callable[[Any], None]
 ANSWER_NS = 10_000_000_000
 
 
@@ -49,7 +50,7 @@ class ForwardError(Exception):
         self.lost = lost
 
 
-def command(name: str, payload: Any, defer_ns: int) -> bytes:
+def command(name: str, payload: Payload, defer_ns: int) -> bytes:
     """The V2 command that publishes payload to topic name."""
     if isinstance(payload, tuple):             # an MPUB body, as received
         body = bytes(payload[0])
@@ -184,14 +185,15 @@ class _Link:
 class Forwarders:
     """The links of every loop (each loop touches only its own)."""
 
-    def __init__(self, node: ClusterNode) -> None:
+    def __init__(self, node: NodePort) -> None:
         self.node = node
         self.links: dict[tuple[int, int], _Link] = {}   # (id(loop), leader) -> link
 
-    def forward(self, loop: EventLoop, leader: int, name: str, payload: Any,
+    def forward(self, loop: EventLoop, leader: int, name: str, payload: Payload,
                 defer_ns: int, done: Done) -> None:
         """On ``loop``: send the publish to ``leader``; done(None or error) there."""
-        address = str(self.node.nodes.get(leader, {}).get("tcp", ""))
+        reg = self.node.nodes.get(leader)
+        address = reg["tcp"] if reg is not None else ""
         key = (id(loop), leader)
         link = self.links.get(key)
         if link is not None and link.address != address:

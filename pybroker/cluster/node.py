@@ -14,12 +14,12 @@ everything else says where it runs.
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING
 
 from pybroker.cluster.forward import ForwardError, Forwarders
+from pybroker.cluster.ports import Done, IsrAsker, Registration, ReplicaStats
 from pybroker.cluster.replica import LEADER, NotLeader, Replica
 from pybroker.cluster.rules import LeaseClock
 from pybroker.protocol.names import is_ephemeral
@@ -27,13 +27,14 @@ from pybroker.protocol.names import is_ephemeral
 if TYPE_CHECKING:
     from pybroker.cluster.coordinator import Coordinator
     from pybroker.cluster.fetcher import Fetchers
+    from pybroker.cluster.nodeport import NodeSummary
     from pybroker.cluster.serve import ReplicationServer
     from pybroker.core.topic import Topic
     from pybroker.server.loop import EventLoop
+    from pybroker.server.publish import Payload
     from pybroker.server.services import ClusterHost
 
 log = logging.getLogger("pybroker")
-Done = Callable[[Any], None]
 TICK_NS = 100_000_000          # leader checks (lease, lagging followers) per loop
 DIVERT_WAIT_NS = 10_000_000_000   # a publish waits this long for a leader to be known
 RETRY_NS = 50_000_000
@@ -56,15 +57,13 @@ class ClusterNode:
         self.durable = o.durability == "fsync"
         self.replicas: dict[str, Replica] = {}
         self.live: set[int] = set()
-        self.nodes: dict[int, dict[str, Any]] = {}      # id -> registration
+        self.nodes: dict[int, Registration] = {}        # id -> registration
         self.assigned: dict[str, list[int]] = {}        # topic -> replica ids
         self.leaders: dict[str, int] = {}               # topic -> leader id (etcd's view)
-        self._versions = itertools.count(1)
         self.forwarders = Forwarders(self)
         self.coordinator: Coordinator | None = None
         self.server: ReplicationServer | None = None
         self.fetchers: Fetchers | None = None
-        self._ticks: list[Any] = []
 
     # -- start and stop (main thread) --------------------------------------------------
     def start(self, tcp_address: str, http_address: str) -> None:
@@ -118,7 +117,7 @@ class ClusterNode:
             return None
         return r.refusal()
 
-    def divert(self, loop: EventLoop, name: str, payload: Any, defer_ns: int, done: Done,
+    def divert(self, loop: EventLoop, name: str, payload: Payload, defer_ns: int, done: Done,
                deadline_ns: int = 0) -> None:
         """On ``loop``: forward the publish to the topic's leader (answered with its
         answer), or publish it here once this node leads, or wait for a leader; a
@@ -132,7 +131,7 @@ class ClusterNode:
             loop.publisher.submit(name, payload, defer_ns, done)
             return
         if leader >= 0 and leader != self.id and leader in self.nodes:
-            def forwarded(err: Any) -> None:
+            def forwarded(err: Exception | None) -> None:
                 if isinstance(err, ForwardError) and err.lost \
                         and time.monotonic_ns() + FORWARD_RETRY_NS < deadline_ns:
                     # the leader is gone (or not reachable): the next one takes it
@@ -180,8 +179,8 @@ class ClusterNode:
         if leader < 0 or leader == self.id:
             return (f"topic {name} has no leader now (an election is under way); "
                     "subscribe again shortly")
-        reg = self.nodes.get(leader, {})
-        return (f"topic {name} is led by node {leader} ({reg.get('tcp', '?')}); "
+        reg = self.nodes.get(leader)
+        return (f"topic {name} is led by node {leader} ({reg['tcp'] if reg else '?'}); "
                 "subscribe there (nsqlookupd lists the leader)")
 
     def registers(self, name: str) -> bool:
@@ -199,7 +198,7 @@ class ClusterNode:
             self.coordinator.assign_fetchers()
 
     # -- its report (/stats, /metrics) -------------------------------------------------
-    def add_stats(self, doc: dict[str, Any]) -> None:
+    def add_stats(self, doc: dict[str, object]) -> None:
         from pybroker.cluster.report import add_stats
         add_stats(self, doc)
 
@@ -207,38 +206,30 @@ class ClusterNode:
         from pybroker.cluster.report import metrics_text
         return metrics_text(self)
 
-    # -- for the replicas -------------------------------------------------------------
-    def replicas_of(self, name: str) -> list[int]:
-        return self.assigned.get(name, [])
-
-    def change_isr(self, r: Replica, epoch: int, isr: list[int]) -> None:
+    # -- for the replicas (ports.ReplicaHost) and the parts (nodeport.NodePort) --------
+    def change_isr(self, asker: IsrAsker, epoch: int, isr: list[int]) -> None:
         assert self.coordinator is not None
-        self.coordinator.change_isr(r, epoch, isr)
+        self.coordinator.change_isr(asker, epoch, isr)
 
-    def save_history(self, r: Replica) -> None:
+    def save_history(self, name: str, entries: list[list[int]]) -> None:
         if self.coordinator is not None:
-            self.coordinator.save_history(r.name, r.history.to_list())
+            self.coordinator.save_history(name, entries)
 
     def wake_fetches(self, name: str) -> None:
         if self.server is not None:
             self.server.notify(name)
 
-    def next_version(self) -> int:
-        return next(self._versions)
-
-    def bytes_between(self, topic: Topic, lo: int, hi: int) -> int:
-        """About how many bytes of records [lo, hi) are (average record size)."""
-        n = hi - lo
-        if n <= 0 or not topic.message_count:
-            return 0
-        return n * (topic.message_bytes // max(1, topic.message_count) + 50)
+    def assign_fetchers(self, by_leader: dict[int, list[Replica]],
+                        addresses: dict[int, str]) -> None:
+        if self.fetchers is not None:
+            self.fetchers.assign(by_leader, addresses)
 
     # -- stats --------------------------------------------------------------------------
-    def stats(self, name: str) -> dict[str, Any] | None:
+    def stats(self, name: str) -> ReplicaStats | None:
         r = self.replicas.get(name)
         return r.stats() if r is not None else None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> NodeSummary:
         return {"node_id": self.id, "lease_valid": self.lease.valid(time.monotonic_ns()),
                 "live_nodes": sorted(self.live),
                 "replication_address": self.server.address if self.server else ""}

@@ -11,24 +11,34 @@ says otherwise; the coordinator and the fetcher post to it with call_soon_thread
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import TYPE_CHECKING, Callable, cast
 
 from pybroker import _native
+from pybroker.cluster.ports import Done, JsonObj, ReplicaHost, ReplicaStats
 from pybroker.cluster.rules import EpochHistory, LeaderState, Waiter
 from pybroker.server.services import owner_loop
 from pybroker.storage.topiclog import RecordBatch
 
 if TYPE_CHECKING:
-    from pybroker.cluster.node import ClusterNode
     from pybroker.core.channel import Channel
     from pybroker.core.lifecycle import ChannelState
     from pybroker.core.topic import Topic
 
 log = logging.getLogger("pybroker")
-Done = Callable[[Any], None]
 LEADER, FOLLOWER, NONE = "leader", "follower", "none"
+# versions of a leader's channel states (a follower asks for newer than it holds)
+_versions = itertools.count(1)
+
+
+def bytes_between(topic: Topic, lo: int, hi: int) -> int:
+    """About how many bytes of records [lo, hi) are (average record size)."""
+    n = hi - lo
+    if n <= 0 or not topic.message_count:
+        return 0
+    return n * (topic.message_bytes // max(1, topic.message_count) + 50)
 
 
 class NotLeader(Exception):
@@ -36,7 +46,7 @@ class NotLeader(Exception):
 
 
 class Replica:
-    def __init__(self, node: ClusterNode, topic: Topic, history: EpochHistory) -> None:
+    def __init__(self, node: ReplicaHost, topic: Topic, history: EpochHistory) -> None:
         self.node = node
         self.topic = topic
         self.name = topic.name
@@ -75,7 +85,7 @@ class Replica:
             self.role, self.epoch, self.leader = LEADER, epoch, leader
             end = topic.log.written
             self.history.begin(epoch, end)
-            self.node.save_history(self)
+            self.node.save_history(self.name, self.history.to_list())
             self.local_end = end
             now = time.monotonic_ns()
             self.lead = LeaderState(self.node.id, epoch, set(isr), self.node.min_insync,
@@ -198,7 +208,7 @@ class Replica:
         if lead is None or self.isr_asked:
             return
         drop = lead.lagging(now, self.node.live)
-        add = lead.caught_up(self.node.replicas_of(self.name), now, self.node.live)
+        add = lead.caught_up(self.node.assigned.get(self.name, []), now, self.node.live)
         if drop or add:
             new = sorted((set(lead.isr) - drop) | add)
             self.isr_asked = True
@@ -227,7 +237,7 @@ class Replica:
             live = self.topic.channels
             for name in [n for n in self.channels if n not in live]:
                 self.channels.pop(name, None)       # deleted here: not on takeover either
-                self.chan_version = self.node.next_version()
+                self.chan_version = next(_versions)
             for ch in list(live.values()):
                 ch.owner.call_soon_threadsafe(self._snapshot, ch)
 
@@ -236,7 +246,7 @@ class Replica:
         if ch.deleted or ch.ephemeral:
             return
         self.channels[ch.name] = ch.snapshot(time.time_ns(), time.monotonic_ns())
-        self.chan_version = self.node.next_version()
+        self.chan_version = next(_versions)
 
     # -- follower ----------------------------------------------------------------------
     def truncate(self, offset: int, done: Callable[[], None]) -> None:
@@ -265,17 +275,19 @@ class Replica:
         finally:
             done()
 
-    def apply(self, first: int, blob: bytes, hw: int, history: list[list[int]],
-              chans: dict[str, Any] | None, version: int, done: Callable[[], None]) -> None:
+    def apply(self, first: int, blob: bytes, hw: int, history: list[list[int]] | None,
+              chans: JsonObj | None, version: int, done: Callable[[], None]) -> None:
         """Append a leader's records (posted by the fetcher); done() once written (and
         synced, in fsync mode)."""
         topic = self.topic
         rt = self.node.runtime
         try:
             if chans is not None:
-                self.channels = chans
+                # the leader's snapshots (ChannelState documents), checked where read
+                self.channels = {n: cast("ChannelState", st) for n, st in chans.items()
+                                 if isinstance(st, dict)}
                 self.chan_from_leader = version
-                self._follow_floor(chans)
+                self._follow_floor(self.channels)
             if blob:
                 with topic.lock:
                     if topic.log.written != first or self.role != FOLLOWER:
@@ -286,10 +298,11 @@ class Replica:
                     topic.message_bytes += len(blob)
                 topic.write()
             end = topic.log.written
-            before = list(self.history.entries)
-            self.history.adopt(EpochHistory([(e, s) for e, s in history]), end)
-            if self.history.entries != before:
-                self.node.save_history(self)
+            if history is not None:     # sent when it changed (or this node's differs)
+                before = list(self.history.entries)
+                self.history.adopt(EpochHistory([(e, s) for e, s in history]), end)
+                if self.history.entries != before:
+                    self.node.save_history(self.name, self.history.to_list())
             self.hw = max(self.hw, min(hw, end))
             if blob and self.node.durable:
                 rt.storage.sync_topics([topic], lambda _t: done())
@@ -299,7 +312,7 @@ class Replica:
             self.truncated_for = 0
         done()
 
-    def _follow_floor(self, chans: dict[str, Any]) -> None:
+    def _follow_floor(self, chans: dict[str, ChannelState]) -> None:
         """Retention on a follower (which has no channels of its own) follows the
         leader's channels: segments below the lowest offset they still need may go.
         The states are up to ship_ns old, and a floor only rises, so this keeps at least
@@ -353,21 +366,21 @@ class Replica:
         self.node.runtime.broker.notify_changed()
 
     # -- stats ---------------------------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> ReplicaStats:
         """The extra /stats keys of this topic (any thread: a racy but safe read)."""
         end = self.topic.log.written
-        out: dict[str, Any] = {"role": self.role, "leader": self.leader,
+        out: ReplicaStats = {"role": self.role, "leader": self.leader,
                                "epoch": self.epoch, "isr": list(self.isr),
                                "high_watermark": self.hw, "log_end": end,
                                "channel_states": (self.chan_version if self.role == LEADER
                                                   else self.chan_from_leader)}
         lead = self.lead
         if lead is not None:
-            lag = {}
+            lag: dict[str, dict[str, int]] = {}
             for n, f in list(lead.followers.items()):
                 msgs = max(0, end - f.acked)
-                lag[str(n)] = {"messages": msgs, "bytes": self.node.bytes_between(
-                    self.topic, f.acked, end)}
+                lag[str(n)] = {"messages": msgs,
+                               "bytes": bytes_between(self.topic, f.acked, end)}
             out["lag"] = lag
         return out
 
@@ -384,4 +397,4 @@ def _restore(ch: Channel, state: ChannelState, now: int, wall: int) -> None:
     ch.owner.mark_dirty(ch)
 
 
-__all__ = ["FOLLOWER", "LEADER", "NONE", "NotLeader", "Replica"]
+__all__ = ["FOLLOWER", "LEADER", "NONE", "NotLeader", "Replica", "bytes_between"]

@@ -8,24 +8,27 @@ thread from the replicas' fields (each written by one owner; a racy but safe rea
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pybroker.cluster.node import ClusterNode
+    from pybroker.cluster.nodeport import NodePort
 
 _ROLE = {"leader": 2, "follower": 1, "none": 0}
 
 
-def add_stats(node: ClusterNode, doc: dict[str, Any]) -> None:
+def add_stats(node: NodePort, doc: dict[str, object]) -> None:
     """Add the cluster's keys to a /stats JSON document (in place)."""
-    for t in doc.get("topics") or []:
-        extra = node.stats(t["topic_name"])
+    topics = doc.get("topics")
+    for t in topics if isinstance(topics, list) else []:
+        if not isinstance(t, dict):
+            continue
+        extra = node.stats(str(t.get("topic_name", "")))
         if extra is not None:
             t["replication"] = extra
     doc["cluster"] = node.summary()
 
 
-def metrics_text(node: ClusterNode) -> bytes:
+def metrics_text(node: NodePort) -> bytes:
     """The ``nsq_cluster_*`` families."""
     lines = [
         "# HELP nsq_cluster_role Role of this node per replicated topic "

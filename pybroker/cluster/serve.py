@@ -1,49 +1,64 @@
-"""ReplicationServer: the leader side of replication, on its own thread
-(``cluster-serve``), listening on ``cluster_address`` (a connection NSQ clients never
-see; frames of pybroker.cluster.wire).
+"""ReplicationServer: the leader side of replication, listening on ``cluster_address``
+(a connection NSQ clients never see; frames of pybroker.cluster.wire). Its own thread
+(``cluster-serve``) only accepts: each connection is handed to an event loop (in turn)
+and served there, so that on the loop that owns the topics (all of them, with the
+default one loop) a follower's acknowledgement moves the high watermark and a write
+answers a parked fetch without a thread in between.
 
 Requests (one at a time per connection, answered in order):
 - ``{"op": "epoch_end", "node", "topics": [{"name", "epoch"}]}``: where each asked
   epoch ends in this leader's log (``EpochHistory.end_for_epoch``), for the follower's
   truncation;
 - ``{"op": "fetch", "node", "wait_ms", "max_bytes", "topics": [{"name", "epoch",
-  "offset", "version"}]}``: ``offset`` is what the follower holds (its acknowledgement:
-  posted to the topic's owner loop, ``Replica.fetched``) and where it reads next. The
-  answer carries, per topic, records from there (raw log bytes in the blob), the high
-  watermark, the epoch history and, when the follower's ``version`` is older, the
-  channel states. With no record to send, the request waits (long poll) until a write
-  (``notify``) or ``wait_ms`` (at most MAX_WAIT_MS).
+  "offset", "version", "hist"}]}``: ``offset`` is what the follower holds (its
+  acknowledgement: ``Replica.fetched`` on the topic's owner loop) and where it reads
+  next. The answer carries, per topic, records from there (raw log bytes in the blob),
+  the high watermark, the epoch history when it differs from what ``hist`` says the
+  follower holds, and the channel states when the follower's ``version`` is older.
+  With no record to send, the request waits (long poll) until a write (``notify``:
+  answered as soon as the owner loop has written a turn's records, so a round carries
+  every publish of a turn) or ``wait_ms`` (at most MAX_WAIT_MS).
 
 Budgets: ``max_bytes`` is capped at MAX_FETCH_BYTES per answer; a request frame over
 MAX_REQUEST (or a head over the wire's limit) drops the connection from its header, so a
-connection buffers at most that much; at most MAX_CONNS connections.
+connection buffers at most that much, and one naming over MAX_TOPICS topics drops it
+too (a request is served on an event loop); at most MAX_CONNS connections. The last read of
+each topic is kept for the next follower that asks for the same records (at most
+READ_CACHE_TOPICS topics and READ_CACHE_BYTES; records are sent from it uncopied).
 """
 from __future__ import annotations
 
 import logging
 import selectors
 import socket
+import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
-from pybroker.cluster.replica import LEADER
-from pybroker.cluster.wire import FrameReader, WireError, encode
+from pybroker.cluster.ports import Json, JsonObj, need_int, need_objs, need_str
+from pybroker.cluster.replica import LEADER, Replica
+from pybroker.cluster.wire import MAX_TOPICS, Buffer, FrameReader, WireError, encode
 from pybroker.config import split_hostport
 from pybroker.evloop import SelectorLoop
 from pybroker.storage.topiclog import REC_HEADER, OffsetOutOfRange
 from pybroker.server.services import owner_loop
 
 if TYPE_CHECKING:
-    from pybroker.cluster.node import ClusterNode
+    from pybroker.cluster.nodeport import NodePort
+    from pybroker.core.seams import Batch
+    from pybroker.server.loop import EventLoop
 
 log = logging.getLogger("pybroker")
 MAX_FETCH_BYTES = 8 * 1024 * 1024
 MAX_WAIT_MS = 5000
 MAX_CONNS = 64
 MAX_REQUEST = 1024 * 1024     # a request frame (what a follower sends) at most
+RECV_BYTES = 64 * 1024        # one read (a fetch request is ~100 bytes)
+READ_CACHE_TOPICS = 64        # last reads kept for the next follower: this many topics
+READ_CACHE_BYTES = 32 * 1024 * 1024   # and at most this many bytes
 
 
-def record_bytes(batch: Any, n: int) -> memoryview:
+def record_bytes(batch: Batch, n: int) -> memoryview:
     """The raw bytes of the first n records of a RecordBatch (one contiguous span)."""
     buf, pos = batch.buf, batch.pos
     last = pos[n - 1]
@@ -52,28 +67,36 @@ def record_bytes(batch: Any, n: int) -> memoryview:
 
 
 class _Conn:
-    __slots__ = ("server", "sock", "reader", "out", "parked", "timer", "node")
+    """One follower's connection, owned by one event loop."""
 
-    def __init__(self, server: ReplicationServer, sock: socket.socket) -> None:
+    __slots__ = ("server", "loop", "sock", "reader", "out", "parked", "timer", "node",
+                 "rbuf", "writing", "closed")
+
+    def __init__(self, server: ReplicationServer, loop: EventLoop,
+                 sock: socket.socket) -> None:
         self.server = server
+        self.loop = loop
         self.sock = sock
+        self.writing = False
+        self.closed = False
         self.reader = FrameReader(MAX_REQUEST)
-        self.out: list[bytes] = []
-        self.parked: dict[str, Any] | None = None
-        self.timer: Any = None
+        self.out: list[Buffer] = []
+        self.parked: JsonObj | None = None
+        self.timer: object = None
         self.node = -1
+        self.rbuf = memoryview(bytearray(RECV_BYTES))   # one buffer, reused per recv
 
     def on_readable(self) -> None:
         try:
-            data = self.sock.recv(256 * 1024)
+            n = self.sock.recv_into(self.rbuf)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
-        if not data:
+            n = 0
+        if not n:
             self.close("peer closed")
             return
-        self.reader.feed(data)
+        self.reader.feed(self.rbuf[:n])
         try:
             while self.parked is None:
                 frame = self.reader.next()
@@ -87,8 +110,8 @@ class _Conn:
     def on_writable(self) -> None:
         self.flush()
 
-    def send(self, bufs: list[bytes]) -> None:
-        self.out.extend(b for b in bufs if b)
+    def send(self, bufs: list[Buffer]) -> None:
+        self.out.extend(b for b in bufs if len(b))
         self.flush()
 
     def flush(self) -> None:
@@ -106,16 +129,21 @@ class _Conn:
                 else:
                     self.out[0] = self.out[0][n:]
                     n = 0
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.out else 0)
-        try:
-            self.server.selector.modify(self.sock, events, self)
-        except (KeyError, ValueError):
-            pass
+        if bool(self.out) != self.writing and not self.closed:
+            self.writing = bool(self.out)
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.out else 0)
+            try:
+                self.loop.selector.modify(self.sock, events, self)
+            except (KeyError, ValueError):
+                pass
 
     def close(self, why: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
         self.server.forget(self)
         try:
-            self.server.selector.unregister(self.sock)
+            self.loop.selector.unregister(self.sock)
         except (KeyError, ValueError):
             pass
         self.sock.close()
@@ -133,21 +161,27 @@ class _Listener:
             sock, _ = self.sock.accept()
         except OSError:
             return
-        if len(self.server.conns) >= MAX_CONNS:
+        server = self.server
+        loops = server.node.runtime.loops
+        if len(server.conns) >= MAX_CONNS or not loops:
             sock.close()
             return
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        c = _Conn(self.server, sock)
-        self.server.conns.add(c)
-        self.server.selector.register(sock, selectors.EVENT_READ, c)
+        loop = loops[server.accepted % len(loops)]
+        server.accepted += 1
+        c = _Conn(server, loop, sock)
+        with server.lock:
+            server.conns.add(c)
+            server.loops[id(loop)] = loop
+        loop.call_soon_threadsafe(server.adopt, c)
 
     def on_writable(self) -> None:
         """Never registered for writing."""
 
 
 class ReplicationServer(SelectorLoop):
-    def __init__(self, node: ClusterNode, address: str) -> None:
+    def __init__(self, node: NodePort, address: str) -> None:
         super().__init__("cluster-serve")
         self.node = node
         host, port = split_hostport(address)
@@ -155,37 +189,68 @@ class ReplicationServer(SelectorLoop):
         self.lsock.setblocking(False)
         h, p = self.lsock.getsockname()[:2]
         self.address = f"{h}:{p}"
-        self.conns: set[_Conn] = set()
+        self.conns: set[_Conn] = set()            # (under lock) every loop's
+        self.loops: dict[int, EventLoop] = {}     # (under lock) loops serving some
+        self.lock = threading.Lock()
+        self.accepted = 0
+        # topic -> ((log, epoch, offset, log end), n, raw): its last read (``_read``)
+        self._reads: dict[str, tuple[tuple[int, int, int, int], int, memoryview]] = {}
+        self._read_bytes = 0
         self.selector.register(self.lsock, selectors.EVENT_READ, _Listener(self, self.lsock))
 
     def stop(self, timeout_s: float = 10.0) -> None:
         SelectorLoop.stop(self)
         if self.thread is not None:
             self.thread.join(timeout_s)
-        for c in list(self.conns):
-            c.sock.close()
+        with self.lock:
+            conns = list(self.conns)
+        for c in conns:
+            c.loop.call_soon_threadsafe(c.close, "stopping")
         self.lsock.close()
         self.close()
 
+    def adopt(self, c: _Conn) -> None:
+        """On c's loop: serve it there."""
+        c.loop.selector.register(c.sock, selectors.EVENT_READ, c)
+
     def notify(self, name: str) -> None:
-        """Records were written to ``name`` (any thread): answer parked fetches."""
-        self.call_soon_threadsafe(self._wake, name)
+        """Records were written to ``name`` (on its owner loop, at the end of a turn):
+        answer the fetches parked on it, at once on this loop, soon on the others."""
+        with self.lock:
+            loops = list(self.loops.values())
+        for loop in loops:
+            if loop.in_loop_thread():
+                try:
+                    self._wake(loop, name)      # at once: the records are written
+                except Exception:     # a bug: never into the Publisher that wrote them
+                    log.exception("CLUSTER: answering the fetches of %s failed", name)
+            else:
+                loop.call_soon_threadsafe(self._wake, loop, name)
 
-    def _wake(self, name: str) -> None:
-        for c in list(self.conns):
+    def _wake(self, loop: EventLoop, name: str) -> None:
+        with self.lock:
+            conns = [c for c in self.conns if c.loop is loop]
+        for c in conns:
             req = c.parked
-            if req is not None and any(t.get("name") == name for t in req["topics"]):
-                self._unpark(c)
+            if req is not None and any(t.get("name") == name
+                                       for t in need_objs(req.get("topics"))):
+                self._unpark(c, final=False)
 
-    def _unpark(self, c: _Conn) -> None:
+    def _unpark(self, c: _Conn, final: bool = True) -> None:
+        """Answer a parked fetch: at its deadline (``final``: even with nothing to
+        send), or after a write, when there is something (else it stays parked, its
+        deadline kept)."""
         req = c.parked
+        if req is None:
+            return
+        if not final and not self._fetch(c, req, again=True):
+            return                   # nothing new for it (records it was sent already)
         c.parked = None
-        self.cancel(c.timer)
+        c.loop.cancel(c.timer)
         c.timer = None
-        if req is not None:
-            self.handle(c, req, final=True)
-            if c.parked is None:
-                self._more(c)
+        if final:
+            self._fetch(c, req, final=True)
+        self._more(c)
 
     def _more(self, c: _Conn) -> None:
         # frames that arrived while the fetch was parked
@@ -198,77 +263,120 @@ class ReplicationServer(SelectorLoop):
         except (WireError, ValueError, KeyError, TypeError) as e:
             c.close(str(e))
 
+    def _read(self, r: Replica, offset: int, written: int,
+              budget: int) -> tuple[int, memoryview] | None:
+        """(n, raw bytes) of the records from ``offset`` (None: not in the log any
+        more). The followers mostly ask for the same records: the last read of each
+        topic is kept while nothing was written after it (records never change under a
+        leader's epoch)."""
+        lg = r.topic.log
+        key = (id(lg), r.epoch, offset, written)
+        last = self._reads.get(r.name)
+        if last is not None and last[0] == key and len(last[2]) <= budget:
+            return last[1], last[2]
+        try:
+            batch = lg.read(offset, 100_000, budget)
+        except OffsetOutOfRange:
+            return None
+        if not batch.n or batch.first != offset:
+            return 0, memoryview(b"")
+        n = batch.n
+        raw = record_bytes(batch, n)
+        if len(raw) > budget and n > 1:
+            n = 1
+            raw = record_bytes(batch, 1)
+        if offset + n == written:
+            reads = self._reads
+            old = reads.pop(r.name, None)
+            self._read_bytes -= len(old[2]) if old is not None else 0
+            if len(reads) >= READ_CACHE_TOPICS or self._read_bytes > READ_CACHE_BYTES:
+                reads.clear()
+                self._read_bytes = 0
+            reads[r.name] = (key, n, raw)
+            self._read_bytes += len(raw)
+        return n, raw
+
     def forget(self, c: _Conn) -> None:
-        self.conns.discard(c)
-        self.cancel(c.timer)
+        with self.lock:
+            self.conns.discard(c)
+        c.loop.cancel(c.timer)
 
     # -- requests ----------------------------------------------------------------------
-    def handle(self, c: _Conn, req: dict[str, Any], final: bool = False) -> None:
-        c.node = int(req.get("node", -1))
+    def handle(self, c: _Conn, req: JsonObj, final: bool = False) -> None:
+        c.node = need_int(req.get("node", -1))
+        if len(need_objs(req.get("topics", []))) > MAX_TOPICS:
+            raise ValueError(f"a request names over {MAX_TOPICS} topics")
         op = req.get("op")
         if op == "epoch_end":
-            c.send(encode({"topics": [self._epoch_end(t) for t in req["topics"]]}))
+            c.send(encode({"topics": [self._epoch_end(t)
+                                      for t in need_objs(req.get("topics"))]}))
         elif op == "fetch":
-            self._fetch(c, req, final)
+            self._fetch(c, req, final=final)
         else:
             raise ValueError(f"unknown request {op!r}")
 
-    def _epoch_end(self, t: dict[str, Any]) -> dict[str, Any]:
-        name = str(t["name"])
+    def _epoch_end(self, t: JsonObj) -> JsonObj:
+        name = need_str(t.get("name"))
         r = self.node.replicas.get(name)
         if r is None or r.role != LEADER:
             return {"name": name, "error": "not_leader"}
-        e, end = r.history.end_for_epoch(int(t["epoch"]), r.topic.log.written)
+        e, end = r.history.end_for_epoch(need_int(t.get("epoch")), r.topic.log.written)
         return {"name": name, "epoch": e, "end": end, "leader_epoch": r.epoch,
-                "history": r.history.to_list(), "written": r.topic.log.written}
+                "history": [[e, s] for e, s in r.history.entries],
+                "written": r.topic.log.written}
 
-    def _fetch(self, c: _Conn, req: dict[str, Any], final: bool) -> None:
+    def _fetch(self, c: _Conn, req: JsonObj, final: bool = False,
+               again: bool = False) -> bool:
+        """Answer a fetch (True), or leave it to wait for records (False): parked
+        here unless ``again`` (it is parked already; its acknowledgement was posted)."""
         node = self.node
-        budget = min(int(req.get("max_bytes", MAX_FETCH_BYTES)), MAX_FETCH_BYTES)
-        out: list[dict[str, Any]] = []
+        budget = min(need_int(req.get("max_bytes", MAX_FETCH_BYTES)), MAX_FETCH_BYTES)
+        out: list[Json] = []
+        posts: list[tuple[Replica, int, int]] = []
         blobs: list[memoryview] = []
         at = 0
         any_data = False
-        for t in req["topics"]:
-            name = str(t["name"])
+        for t in need_objs(req.get("topics")):
+            name = need_str(t.get("name"))
             r = node.replicas.get(name)
             if r is None or r.role != LEADER:
                 out.append({"name": name, "error": "not_leader"})
                 any_data = True
                 continue
-            if int(t["epoch"]) != r.epoch:
+            if need_int(t.get("epoch")) != r.epoch:
                 out.append({"name": name, "error": "epoch", "epoch": r.epoch})
                 any_data = True
                 continue
             lg = r.topic.log
-            offset = int(t["offset"])
+            offset = need_int(t.get("offset"))
+            if offset < 0:
+                raise ValueError(f"offset {offset} asked")
             written = lg.written
-            entry: dict[str, Any] = {"name": name, "hw": r.hw,
-                                     "history": r.history.to_list()}
+            entry: JsonObj = {"name": name, "hw": r.hw}
+            hist = r.history.entries
+            if not hist or t.get("hist") != [len(hist), *hist[-1]]:
+                # changed since it last heard
+                entry["history"] = [[e, s] for e, s in hist]
             if offset > written:
                 entry["error"] = "offset"      # it holds more: truncate again
                 out.append(entry)
                 any_data = True
                 continue
             sent_to = offset
-            if r.chan_version > int(t.get("version", 0)):
-                entry["channels"] = dict(r.channels)
+            if r.chan_version > need_int(t.get("version", 0)):
+                # ChannelState documents are JSON
+                entry["channels"] = cast(JsonObj, dict(r.channels))
                 entry["version"] = r.chan_version
                 any_data = True
             if offset < written and budget > 0:
-                try:
-                    batch = lg.read(offset, 100_000, budget)
-                except OffsetOutOfRange:
+                read = self._read(r, offset, written, budget)
+                if read is None:
                     entry["error"] = "out_of_range"
                     out.append(entry)
                     any_data = True
                     continue
-                if batch.n and batch.first == offset:
-                    n = batch.n
-                    raw = record_bytes(batch, n)
-                    if len(raw) > budget and n > 1:
-                        n = 1
-                        raw = record_bytes(batch, 1)
+                n, raw = read
+                if n:
                     sent_to = offset + n
                     entry["first"] = offset
                     entry["blob"] = [at, len(raw)]
@@ -278,15 +386,25 @@ class ReplicationServer(SelectorLoop):
                     any_data = True
             # what it holds is its acknowledgement; it caught up if this answer
             # leaves nothing behind
-            owner_loop(r.topic.owner).call_soon_threadsafe(
-                r.fetched, c.node, offset, sent_to if sent_to < written else written)
+            posts.append((r, offset, sent_to if sent_to < written else written))
             out.append(entry)
-        wait_ms = min(int(req.get("wait_ms", 0)), MAX_WAIT_MS)
+        wait_ms = min(need_int(req.get("wait_ms", 0)), MAX_WAIT_MS)
         if not any_data and wait_ms > 0 and not final:
+            if again:
+                return False
             c.parked = req
-            c.timer = self.call_later(wait_ms * 1_000_000, self._unpark, c)
-            return
-        c.send(encode({"topics": out, "ts": time.time()}, b"".join(blobs)))
+            c.timer = c.loop.call_later(wait_ms * 1_000_000, self._unpark, c)
+            answered = False
+        else:
+            c.send(encode({"topics": out, "ts": time.time()}, *blobs))
+            answered = True
+        for r, offset, sent_end in posts:
+            owner = owner_loop(r.topic.owner)
+            if owner is c.loop:
+                r.fetched(c.node, offset, sent_end)
+            else:
+                owner.call_soon_threadsafe(r.fetched, c.node, offset, sent_end)
+        return answered
 
 
 __all__ = ["MAX_FETCH_BYTES", "ReplicationServer", "record_bytes"]

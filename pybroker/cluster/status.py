@@ -13,54 +13,91 @@ import json
 import time
 import urllib.parse
 import urllib.request
-from typing import Any
+from typing import TypedDict
 
 import typer
 
 from pybroker.cluster.coordinator import ROOT
 from pybroker.cluster.etcd import Etcd, EtcdError
+from pybroker.cluster.ports import (JsonObj, LeaderKey, TopicState, as_int, as_ints, as_list,
+                                    as_obj, as_str, leader_key, registration, topic_state)
 
 MAX_STATS = 8 * 1024 * 1024
 
 
-def read_cluster(etcd_url: str, timeout_s: float = 3.0) -> dict[str, Any]:
-    """{"nodes": {id: registration}, "topics": {name: {...}}} from etcd and the leaders.
+class NodeRow(TypedDict):
+    """A node as ``--json`` prints it: its registration, and whether /stats answered."""
+
+    id: int
+    tcp: str
+    http: str
+    repl: str
+    answered: bool
+
+
+class TopicRow(TypedDict):
+    replicas: list[int]
+    leader: int | None
+    epoch: int
+    isr: list[int]
+    lag: dict[str, dict[str, int]]     # the leader's: follower -> messages, bytes
+    log_end: dict[str, int]            # node -> its log's end
+
+
+class ClusterDoc(TypedDict):
+    nodes: dict[str, NodeRow]
+    topics: dict[str, TopicRow]
+
+
+def read_cluster(etcd_url: str, timeout_s: float = 3.0) -> ClusterDoc:
+    """The nodes and the replicated topics, from etcd and the nodes' /stats.
     Raises EtcdError (or ValueError for a bad URL)."""
     _, kvs = Etcd(etcd_url, timeout_s=timeout_s).get_prefix(ROOT)
-    nodes: dict[int, dict[str, Any]] = {}
-    topics: dict[str, dict[str, Any]] = {}
+    nodes: dict[int, NodeRow] = {}
+    replicas: dict[str, list[int]] = {}
+    states: dict[str, TopicState] = {}
+    leaders: dict[str, LeaderKey] = {}
     for kv in kvs:
         kind, _, name = kv.key[len(ROOT):].partition("/")
         doc = kv.json()
         if not isinstance(doc, dict):
             continue
-        if kind == "nodes" and name.isdigit():
-            nodes[int(name)] = doc
-        elif kind in ("topics", "state", "leader"):
-            topics.setdefault(name, {})[kind] = doc
-    lags: dict[str, dict[str, Any]] = {}
-    for nid, reg in nodes.items():
-        doc = _stats(str(reg.get("http", "")), timeout_s)
-        reg["answered"] = doc is not None
-        for t in (doc or {}).get("topics") or []:
-            rep = t.get("replication") or {}
+        reg = registration(doc)
+        if kind == "nodes" and name.isdigit() and reg is not None:
+            nodes[int(name)] = NodeRow(id=reg["id"], tcp=reg["tcp"], http=reg["http"],
+                                       repl=reg["repl"], answered=False)
+        elif kind == "topics":
+            replicas[name] = as_ints(doc.get("replicas"))
+        elif kind == "state":
+            states[name] = topic_state(doc)
+        elif kind == "leader":
+            leaders[name] = leader_key(doc)
+    lags: dict[str, dict[str, dict[str, int]]] = {}
+    ends: dict[str, dict[str, int]] = {}
+    for nid, row in nodes.items():
+        stats = _stats(row["http"], timeout_s)
+        row["answered"] = stats is not None
+        for t in as_list((stats or {}).get("topics")):
+            t = as_obj(t)
+            name = as_str(t.get("topic_name"))
+            rep = as_obj(t.get("replication"))
             if rep.get("role") == "leader":
-                lags[t["topic_name"]] = rep.get("lag", {})
+                lags[name] = {str(k): {u: as_int(n) for u, n in as_obj(v).items()}
+                              for k, v in as_obj(rep.get("lag")).items()}
             if "log_end" in rep:
-                topics.setdefault(t["topic_name"], {}).setdefault("log_end", {})[
-                    str(nid)] = rep["log_end"]
-    out: dict[str, dict[str, Any]] = {}
-    for name, parts in sorted(topics.items()):
-        state = parts.get("state", {})
-        lead = parts.get("leader")
-        out[name] = {"replicas": parts.get("topics", {}).get("replicas", []),
-                     "leader": lead.get("node") if lead else None,
-                     "epoch": state.get("epoch", 0), "isr": state.get("isr", []),
-                     "lag": lags.get(name, {}), "log_end": parts.get("log_end", {})}
-    return {"nodes": {str(k): v for k, v in sorted(nodes.items())}, "topics": out}
+                ends.setdefault(name, {})[str(nid)] = as_int(rep["log_end"])
+    out: dict[str, TopicRow] = {}
+    for name in sorted(set(replicas) | set(states) | set(leaders) | set(ends)):
+        state = states.get(name, topic_state(None))
+        lead = leaders.get(name)
+        out[name] = TopicRow(replicas=replicas.get(name, []),
+                             leader=lead["node"] if lead else None,
+                             epoch=state["epoch"], isr=state["isr"],
+                             lag=lags.get(name, {}), log_end=ends.get(name, {}))
+    return ClusterDoc(nodes={str(k): v for k, v in sorted(nodes.items())}, topics=out)
 
 
-def _stats(http: str, timeout_s: float) -> dict[str, Any] | None:
+def _stats(http: str, timeout_s: float) -> JsonObj | None:
     if not http:
         return None
     url = f"http://{http}/stats?" + urllib.parse.urlencode({"format": "json"})
@@ -75,17 +112,17 @@ def _stats(http: str, timeout_s: float) -> dict[str, Any] | None:
                 body += chunk
             if len(body) > MAX_STATS or time.monotonic() >= deadline:
                 return None
-        doc = json.loads(body)
+        doc: object = json.loads(body)
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
 
 
-def render(doc: dict[str, Any]) -> str:
+def render(doc: ClusterDoc) -> str:
     lines = ["NODE  TCP                    HTTP                   ANSWERED"]
     for nid, reg in doc["nodes"].items():
-        lines.append(f"{nid:<5} {reg.get('tcp', '?'):<22} {reg.get('http', '?'):<22} "
-                     f"{'yes' if reg.get('answered') else 'no'}")
+        lines.append(f"{nid:<5} {reg['tcp'] or '?':<22} {reg['http'] or '?':<22} "
+                     f"{'yes' if reg['answered'] else 'no'}")
     lines.append("")
     lines.append("TOPIC                LEADER EPOCH IN-SYNC    REPLICAS   LAG (messages)")
     for name, t in doc["topics"].items():

@@ -403,6 +403,29 @@ def test_killed_follower_restarts_and_catches_up(cluster: Cluster) -> None:
     assert r is not None and r["lag"][str(f)]["messages"] == 0
 
 
+def test_topics_owned_by_two_loops_replicate(
+        make_cluster: Callable[..., Cluster]) -> None:
+    """With two event loops a node's topics are spread over both: each loop fetches
+    its own from the leader, and the leader serves a follower's connection on one loop
+    while the topic it asks for may be another's."""
+    c = make_cluster("--loop-threads=2")
+    topics = [f"two_loops_{k}" for k in range(4)]
+    leads = {t: _create(c, t) for t in topics}
+    for t, lead in leads.items():
+        for k in range(30):
+            status, body = c.http_pub(lead, t, f"{t}-{k}".encode())
+            assert (status, body) == (200, b"OK"), (t, status, body)
+
+    def replicated() -> bool:
+        return all((c.replication(i, t) or {}).get("log_end") == 31
+                   for t in topics for i in c.nodes)
+
+    wait_until(replicated, 20, 0.05, what="every replica to hold all 31 records")
+    for t, lead in leads.items():
+        r = c.replication(lead, t)
+        assert r is not None and r["high_watermark"] == 31 and len(r["isr"]) == 3
+
+
 def test_gnsq_clients_work_unchanged_across_a_failover(
         make_cluster: Callable[..., Cluster]) -> None:
     """A real NSQ client library (gnsq): its producer talks to a follower (forwarded),

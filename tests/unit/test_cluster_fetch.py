@@ -1,0 +1,308 @@
+"""The follower's fetcher (pybroker.cluster.fetcher) on a real selector loop against a
+leader on a real socket: records answered are applied and the next fetch carries the
+new offset at once; an answer that trickles is cut at its deadline, one over the
+frame limit is refused from its header, a malformed one drops the connection, and in
+every case the fetcher connects again. And the leader's server (pybroker.cluster.serve)
+against a follower that sends too much or nonsense."""
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+import time
+from typing import Callable, Iterator
+
+import pytest
+
+from pybroker.cluster import fetcher as fetcher_mod
+from pybroker.cluster.fetcher import Fetcher
+from pybroker.cluster.replica import FOLLOWER
+from pybroker.cluster.rules import EpochHistory
+from pybroker.cluster.serve import MAX_REQUEST, ReplicationServer
+from pybroker.cluster.wire import MAX_TOPICS, FrameReader, encode
+from pybroker.evloop import SelectorLoop
+from pybroker.testing import wait_until
+
+LEADER = 7
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.written = 0
+
+
+class _Topic:
+    def __init__(self) -> None:
+        self.log = _Log()
+
+
+class _Replica:
+    """The replica side the fetcher drives (it records what it is given)."""
+
+    def __init__(self, name: str = "t") -> None:
+        self.name = name
+        self.role = FOLLOWER
+        self.leader = LEADER
+        self.epoch = 1
+        self.truncated_for = 1
+        self.chan_from_leader = 0
+        self.hw = 0
+        self.history = EpochHistory([(1, 0)])
+        self.topic = _Topic()
+        self.applied: list[tuple[int, bytes, int]] = []
+
+    def apply(self, first: int, data: bytes, hw: int, history: object, chans: object,
+              version: int, done: Callable[[], None]) -> None:
+        self.applied.append((first, data, hw))
+        self.topic.log.written = first + len(data) // 10     # ten bytes a "record" here
+        self.hw = hw
+        done()
+
+    def truncate(self, offset: int, done: Callable[[], None]) -> None:
+        self.truncated_for = self.epoch
+        done()
+
+
+class _Node:
+    id = 3
+
+
+class _Leader:
+    """A leader on a socket: each connection's requests go to ``answer`` (which writes
+    what it likes); requests are kept."""
+
+    def __init__(self, answer: Callable[[socket.socket, dict[str, object], int], None]
+                 ) -> None:
+        self.answer = answer
+        self.lsock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.lsock.getsockname()[1]}"
+        self.requests: list[dict[str, object]] = []
+        self.connections = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.lsock.settimeout(0.1)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.lsock.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        reader = FrameReader()
+        conn.settimeout(0.1)
+        with conn:
+            while not self.stop.is_set():
+                try:
+                    data = conn.recv(65536)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    return
+                if not data:
+                    return
+                reader.feed(data)
+                while (frame := reader.next()) is not None:
+                    self.requests.append(dict(frame[0]))
+                    try:
+                        self.answer(conn, dict(frame[0]), len(self.requests))
+                    except OSError:
+                        return
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.lsock.close()
+
+
+@pytest.fixture
+def loop() -> Iterator[SelectorLoop]:
+    lp = SelectorLoop("test-fetch")
+    lp.start()
+    yield lp
+    lp.stop()
+    assert lp.thread is not None
+    lp.thread.join(5)
+    lp.close()
+
+
+def _fetching(loop: SelectorLoop, leader: _Leader) -> tuple[Fetcher, _Replica]:
+    rep = _Replica()
+    f = Fetcher(_Node(), loop, LEADER)  # type: ignore[arg-type]
+    loop.call_soon_threadsafe(f.assign, [rep], leader.address)  # type: ignore[arg-type]
+    return f, rep
+
+
+def _stop(loop: SelectorLoop, f: Fetcher) -> None:
+    loop.call_soon_threadsafe(f.stop)
+
+
+def _records(head: dict[str, object], n: int) -> list[bytes]:
+    t = head["topics"][0]  # type: ignore[index]
+    blob = b"r" * (10 * n)
+    return encode({"topics": [{"name": "t", "hw": t["offset"] + n, "first": t["offset"],
+                               "blob": [0, len(blob)]}]}, blob)
+
+
+def test_records_are_applied_and_the_next_fetch_acknowledges_them(
+        loop: SelectorLoop) -> None:
+    def answer(conn: socket.socket, head: dict[str, object], i: int) -> None:
+        if i <= 3:
+            conn.sendall(b"".join(_records(head, 5)))
+        # later fetches stay unanswered (a parked long poll)
+
+    leader = _Leader(answer)
+    f, rep = _fetching(loop, leader)
+    try:
+        wait_until(lambda: len(leader.requests) >= 4, 5, what="four fetches")
+        offsets = [r["topics"][0]["offset"] for r in leader.requests[:4]]  # type: ignore[index]
+        assert offsets == [0, 5, 10, 15]          # each names what the last one applied
+        assert [a[0] for a in rep.applied] == [0, 5, 10] and rep.hw == 15
+        assert all(r["op"] == "fetch" and r["node"] == 3 for r in leader.requests)
+    finally:
+        _stop(loop, f)
+        leader.close()
+
+
+def test_a_trickled_answer_is_cut_at_its_deadline(loop: SelectorLoop,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fetcher_mod, "WAIT_MS", 100)
+    monkeypatch.setattr(fetcher_mod, "IO_SLACK_NS", 300_000_000)
+    monkeypatch.setattr(fetcher_mod, "RETRY_NS", 50_000_000)
+    started: list[float] = []
+
+    def answer(conn: socket.socket, head: dict[str, object], i: int) -> None:
+        frame = b"".join(_records(head, 1))
+        started.append(time.monotonic())
+        for b in frame:                    # a byte every 50 ms: never done in time
+            conn.sendall(bytes([b]))
+            time.sleep(0.05)
+
+    leader = _Leader(answer)
+    f, rep = _fetching(loop, leader)
+    try:
+        wait_until(lambda: leader.connections >= 2, 5, what="a second connection")
+        assert not rep.applied
+        assert time.monotonic() - started[0] < 2.0    # cut at ~0.4 s, not at the trickle's end
+    finally:
+        _stop(loop, f)
+        leader.close()
+
+
+@pytest.mark.parametrize("reply", [
+    struct.pack(">II", 1 << 31, 10),                        # over the frame limit
+    struct.pack(">II", 12, 40),                             # head longer than the frame
+    b"".join(encode({"topics": [{"name": "t", "hw": 1, "first": 0,
+                                 "blob": [0, 999]}]}, b"x" * 10)),   # blob outside
+    b"".join(encode({"topics": [{"name": "t", "hw": "many"}]})),     # not an integer
+    b"".join(encode({"topics": "t"})),                               # not a list
+    struct.pack(">II", 9, 5) + b"[1,2]",                             # head not an object
+])
+def test_a_bad_answer_drops_the_connection_and_it_connects_again(
+        loop: SelectorLoop, monkeypatch: pytest.MonkeyPatch, reply: bytes) -> None:
+    monkeypatch.setattr(fetcher_mod, "RETRY_NS", 50_000_000)
+
+    def answer(conn: socket.socket, head: dict[str, object], i: int) -> None:
+        conn.sendall(reply)
+
+    leader = _Leader(answer)
+    f, rep = _fetching(loop, leader)
+    try:
+        wait_until(lambda: leader.connections >= 2, 5, what="a second connection")
+        assert not rep.applied
+    finally:
+        _stop(loop, f)
+        leader.close()
+
+
+def test_a_round_names_at_most_max_topics_and_every_topic_in_turn(
+        loop: SelectorLoop, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fetcher_mod, "MAX_TOPICS", 2)
+
+    def answer(conn: socket.socket, head: dict[str, object], i: int) -> None:
+        names = [t["name"] for t in head["topics"]]  # type: ignore[attr-defined]
+        conn.sendall(b"".join(encode({"topics": [{"name": n, "hw": 0} for n in names]})))
+
+    leader = _Leader(answer)
+    reps = [_Replica(n) for n in ("a", "b", "c")]
+    f = Fetcher(_Node(), loop, LEADER)  # type: ignore[arg-type]
+    loop.call_soon_threadsafe(f.assign, reps, leader.address)  # type: ignore[arg-type]
+    try:
+        wait_until(lambda: len(leader.requests) >= 6, 5, what="six fetches")
+        asked = [[t["name"] for t in r["topics"]]  # type: ignore[attr-defined]
+                 for r in leader.requests[:6]]
+        assert all(len(a) == 2 for a in asked)
+        assert {n for a in asked for n in a} == {"a", "b", "c"}
+    finally:
+        _stop(loop, f)
+        leader.close()
+
+
+# -- the leader's server against a hostile follower -----------------------------------
+class _Runtime:
+    def __init__(self, loop: SelectorLoop) -> None:
+        self.loops = [loop]
+
+
+class _ServerNode:
+    def __init__(self, loop: SelectorLoop) -> None:
+        self.runtime = _Runtime(loop)
+        self.replicas: dict[str, object] = {}
+
+
+@pytest.fixture
+def server(loop: SelectorLoop) -> Iterator[ReplicationServer]:
+    srv = ReplicationServer(_ServerNode(loop), "127.0.0.1:0")  # type: ignore[arg-type]
+    srv.start()
+    yield srv
+    srv.stop(5)
+
+
+def _closed(sock: socket.socket) -> bool:
+    sock.settimeout(5)
+    try:
+        while True:
+            if not sock.recv(65536):
+                return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def _connect(server: ReplicationServer) -> socket.socket:
+    host, _, port = server.address.rpartition(":")
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def test_the_server_answers_a_fetch_of_a_topic_it_does_not_lead(
+        server: ReplicationServer) -> None:
+    with _connect(server) as s:
+        s.sendall(b"".join(encode({"op": "fetch", "node": 2, "wait_ms": 0, "max_bytes": 10,
+                                   "topics": [{"name": "t", "epoch": 1, "offset": 0}]})))
+        reader = FrameReader()
+        while (frame := reader.next()) is None:
+            reader.feed(s.recv(65536))
+        assert json.loads(json.dumps(frame[0]))["topics"] == [
+            {"name": "t", "error": "not_leader"}]
+
+
+@pytest.mark.parametrize("request_", [
+    struct.pack(">II", MAX_REQUEST + 1, 4),                     # over the request limit
+    b"".join(encode({"op": "fetch", "node": "two", "topics": []})),   # not an integer
+    b"".join(encode({"op": "fetch", "node": 2, "topics": {"t": 1}})),  # not a list
+    b"".join(encode({"op": "nonsense", "node": 2})),
+    b"".join(encode({"op": "fetch", "node": 2, "wait_ms": 0, "max_bytes": 10,     # too many
+                     "topics": [{"name": f"t{k}", "epoch": 1, "offset": 0}
+                                for k in range(MAX_TOPICS + 1)]})),
+])
+def test_the_server_drops_a_follower_that_sends_nonsense(server: ReplicationServer,
+                                                          request_: bytes) -> None:
+    with _connect(server) as s:
+        s.sendall(request_)
+        assert _closed(s)
