@@ -6,7 +6,7 @@ general path a trip through Python per command (a Command object, the verbs tabl
 handler, an append of its own, a settlement of its own). nsqd pays a goroutine's few
 microseconds. Here, the connections that became readable in a turn and are in the plain
 steady state (``ClientConn.lane_ready``: magic read, no TLS or compression, nothing
-held or half-parsed, not subscribed, no publish waiting, auth and clustering off) are
+held or half-parsed, not subscribed, no publish waiting, no auth server) are
 collected by ``take`` instead of being read at once. At the end of the turn, before the
 Publisher writes, ``run`` receives each one's bytes into one kept buffer (one
 ``recv_into`` each), and one C call (``nsqf_pub_lane``) says which of them hold only
@@ -62,10 +62,10 @@ class Lane:
 
     def enabled(self) -> bool:
         """The lane applies to this loop's connections now: no auth server to ask, no
-        cluster to forward to, no per-command debug log."""
+        per-command debug log. (A replicated topic this node does not lead, or may not
+        take publishes for now, goes the general way: ``_publish``.)"""
         loop = self.loop
-        return (loop.runtime.auth is None and loop.publisher.cluster is None
-                and not log.isEnabledFor(logging.DEBUG))
+        return loop.runtime.auth is None and not log.isEnabledFor(logging.DEBUG)
 
     def run(self) -> None:
         """Read and publish for every connection taken this turn (end of the turn)."""
@@ -108,6 +108,7 @@ class Lane:
         loop = self.loop
         broker = loop.runtime.broker
         names = self._names
+        cluster = loop.publisher.cluster
         now = monotonic_ns()
         # topic -> (its parts' index ranges, its connections with their commands)
         groups: dict[Topic, tuple[list[int], list[tuple[ClientConn, int, int]]]] = {}
@@ -136,8 +137,9 @@ class Lane:
             except Exiting:
                 slow.append(i)
                 continue
-            if topic.owner is not loop:
-                slow.append(i)          # handed to its owner by the general path
+            if topic.owner is not loop or (cluster is not None and (
+                    cluster.diverts(name) or cluster.refusal(name) is not None)):
+                slow.append(i)      # handed to its owner, its leader, or refused there
                 continue
             group = groups.get(topic)
             if group is None:
