@@ -15,6 +15,7 @@ import itertools
 import logging
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pybroker.core.channel import Channel
@@ -24,15 +25,13 @@ from pybroker.protocol.encoder import HEARTBEAT_FRAME, OK_FRAME, encode_error
 from pybroker.protocol.session import INIT, Session
 from pybroker.protocol.wire import MAGIC_V2, ClientState
 from pybroker.server import verbs
-from pybroker.server.services import owner_loop
 from pybroker.server.transport import CorruptInput, Transport, TransportError
 from pybroker.server.upgrade import handshake_failed, release_slot
 
 if TYPE_CHECKING:
-    from pybroker.server.auth import AuthState
-    from pybroker.server.handlers import Line
-    from pybroker.server.verbs import Verb
-    from pybroker.server.loop import EventLoop
+    from pybroker.protocol.decoder import Command
+    from pybroker.server.authstate import AuthState
+    from pybroker.server.ports import Loop, Timer
 
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
@@ -55,7 +54,7 @@ _ids = itertools.count(1)   # next() is atomic under the GIL: any loop may take 
 
 
 class ClientConn:
-    def __init__(self, loop: "EventLoop", sock: socket.socket,
+    def __init__(self, loop: Loop, sock: socket.socket,
                  addr: tuple[str, int] | tuple[str, int, int, int] | str) -> None:
         self.id = next(_ids)
         self.loop = loop
@@ -63,8 +62,9 @@ class ClientConn:
         self.transport = Transport(sock)  # plain until IDENTIFY negotiates TLS/compression
         self.auth_secret = ""
         self.auth_state: AuthState | None = None  # once AUTH succeeded
-        # a body command whose line step ran before its body arrived (verbs.dispatch)
-        self.held: tuple[bytes, Verb, Line] | None = None
+        # the rest of a body command whose line step ran before its body arrived
+        # (verbs.dispatch)
+        self.held: Callable[[Command], None] | None = None
         host = str(addr[0]) if isinstance(addr, tuple) else ""
         self.remote_address = f"{host}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         opts = loop.options
@@ -109,10 +109,10 @@ class ClientConn:
         self._log_window_ns = 0
         self._log_count = 0
         self._log_dropped = 0
-        self.flush_timer: tuple[int, int] | None = None
+        self.flush_timer: Timer | None = None
         # liveness
         self.last_read_ns = monotonic_ns()
-        self.hb_timer: tuple[int, int] | None = None
+        self.hb_timer: Timer | None = None
 
     def __repr__(self) -> str:
         return f"{self.remote_address}"
@@ -482,7 +482,7 @@ class ClientConn:
         self.loop.set_reading(self, True)
         self.loop.call_soon_threadsafe(self._resume_commands, self.loop)
 
-    def _resume_commands(self, loop: "EventLoop") -> None:
+    def _resume_commands(self, loop: Loop) -> None:
         # queued on the loop that owned the connection then: it may have moved since
         if loop is self.loop and not self.moving and not self.closed and self.reading:
             self.process()
@@ -530,13 +530,12 @@ class ClientConn:
         command runs here (``moving``); the move itself happens at the end of this loop's
         turn, once this turn's publishes are answered (``EventLoop.hand_over``), and the
         bytes not yet run travel with the connection, in its decoder."""
-        target = ch.owner
-        if target is self.loop:
+        if ch.owner is self.loop:
             self.finish_subscribe(ch)
             return
         self.moving = True
         self.loop.forget_again(self)  # input in hand is read by the new owner
-        self.loop.hand_over(self, owner_loop(target), ch)
+        self.loop.hand_over(self, ch)
 
     def finish_subscribe(self, ch: Channel) -> None:
         """On the channel's owner loop: join the channel, answer OK, resume reading."""

@@ -44,8 +44,7 @@ from pybroker.evloop import Ts
 if TYPE_CHECKING:
     from pybroker.core.broker import Broker
     from pybroker.core.channel import Channel
-    from pybroker.server.loop import EventLoop
-    from pybroker.server.services import StorageHost
+    from pybroker.server.ports import Loop, StorageHost
 
 
 
@@ -136,11 +135,12 @@ class StorageManager:
             return
         from pybroker.server.importer import import_nsqd_dir, migrate_queues_dir
 
-        if import_nsqd_dir(self):
+        broker = self.runtime.broker
+        if import_nsqd_dir(self.data_path, self.options.max_msg_size, broker):
             self.save_now()
         else:
             self._load()
-            if migrate_queues_dir(self):
+            if migrate_queues_dir(self.data_path, broker):
                 self.save_now()
         self._thread.start()
         self.save_metadata()
@@ -503,7 +503,7 @@ def _channel_state(ch: Channel, wall_ns: int, now_ns: int) -> ChannelState:
     return snap
 
 
-def _snapshot_on_loop(lp: EventLoop, broker: Broker,
+def _snapshot_on_loop(lp: Loop, broker: Broker,
                       answers: "queue.Queue[list[tuple[Topic, str, ChannelState]]]") -> None:
     """On loop lp: the states of the channels it owns."""
     now, wall = time.monotonic_ns(), time.time_ns()
