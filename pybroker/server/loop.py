@@ -35,6 +35,7 @@ from pybroker.core.channel import Channel
 from pybroker.core.timeouts import TimeoutWheel
 from pybroker.evloop import SelectorLoop
 from pybroker.server.connection import ClientConn
+from pybroker.server.iostate import CLOSED, DRAINING
 from pybroker.server.lane import Lane
 from pybroker.server.ports import owner_loop
 from pybroker.server.publish import Publisher
@@ -129,7 +130,7 @@ class EventLoop(SelectorLoop):
 
     def hand_over(self, conn: Conn, ch: Channel) -> None:
         """conn SUBscribed to a channel another loop owns: give it to that loop at the
-        end of this turn (owner thread). It runs no command meanwhile (``conn.moving``)."""
+        end of this turn (owner thread). It runs no command meanwhile (``conn.io`` is MOVING)."""
         self._handover.append((conn, owner_loop(ch.owner), ch))
 
     def _hand_over_all(self) -> None:
@@ -139,7 +140,7 @@ class EventLoop(SelectorLoop):
         unrun bytes stay in its decoder and its unsent bytes in its output, in order."""
         handover, self._handover = self._handover, []
         for conn, target, ch in handover:
-            if conn.closed or conn.closing_after_flush:
+            if conn.io is CLOSED or conn.io is DRAINING:
                 continue   # a failed publish before the SUB: it closes here
             if conn.unconfirmed:
                 # a replicated topic's publish still waits for its replicas (its OK is
@@ -151,7 +152,7 @@ class EventLoop(SelectorLoop):
             conn.hb_timer = conn.flush_timer = None
             if conn.out or conn.pending:
                 conn.flush()
-                if conn.closed:
+                if conn.io is CLOSED:
                     continue
             self.release(conn)
             conn.loop = target
@@ -253,7 +254,7 @@ class EventLoop(SelectorLoop):
             conns = self.to_flush
             self.to_flush = {}
             for conn in conns:
-                if not conn.closed:
+                if conn.io is not CLOSED:
                     conn.flush()
         if self._handover:
             self._hand_over_all()

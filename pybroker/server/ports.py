@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from pybroker.protocol.session import Session
     from pybroker.server.authhttp import AuthClient
     from pybroker.server.authstate import AuthState
+    from pybroker.server.iostate import Io
     from pybroker.server.transport import Transport
 else:   # the bases must exist at run time; every Consumer is a Protocol too
     from pybroker.core.flight import Consumer
@@ -69,8 +70,7 @@ class Conn(Consumer, Protocol):
     transport: Transport
     decoder: CommandDecoder
     session: Session
-    closing_after_flush: bool
-    moving: bool
+    io: Io
     auth_secret: str
     auth_state: AuthState | None
     # the rest of a body command whose line step ran before its body arrived (verbs)
