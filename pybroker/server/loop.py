@@ -29,11 +29,11 @@ import logging
 import selectors
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from pybroker.core.channel import Channel
 from pybroker.core.timeouts import TimeoutWheel
-from pybroker.evloop import SelectorLoop
+from pybroker.evloop import Call, SelectorLoop
 from pybroker.server.connection import ClientConn
 from pybroker.server.iostate import CLOSED, DRAINING
 from pybroker.server.lane import Lane
@@ -49,13 +49,18 @@ log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
 
 
+@runtime_checkable
+class _Closable(Protocol):
+    def close(self, reason: str) -> None: ...
+
+
 class EventLoop(SelectorLoop):
     """The SelectorLoop (pybroker.evloop) of a loop thread, with the broker's work at the
     end of each turn; timers in a TimeoutWheel (timers are re-armed at message rates)."""
 
     def __init__(self, index: int, runtime: LoopServices) -> None:
         super().__init__(f"loop-{index}",
-                         TimeoutWheel[tuple[Callable[..., Any], tuple[Any, ...]]]())
+                         TimeoutWheel[Call]())
         self.index = index
         self.runtime = runtime
         self.options = runtime.options
@@ -214,9 +219,10 @@ class EventLoop(SelectorLoop):
         return bool(self.dirty or self.to_flush or self.publisher.busy() or self._handover
                     or self.lane.conns)
 
-    def on_error(self, obj: Any) -> None:
+    def on_error(self, obj: object) -> None:
         log.exception("[%s] unexpected error; closing the connection", obj)
-        obj.close("internal error")
+        if isinstance(obj, _Closable):   # a connection, or the listener
+            obj.close("internal error")
 
     def on_exit(self) -> None:
         self._flush_all()

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from pybroker.protocol.encoder import OK_FRAME, encode_error
-from pybroker.server.transport import Transport, TransportError
+from pybroker.server.transport import HandshakeSlots, Transport, TransportError
 
 if TYPE_CHECKING:
     import ssl
@@ -28,15 +27,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("pybroker")
 HANDSHAKE_TIMEOUT_NS = 5_000_000_000  # matches nsqd's 5 s deadline in UpgradeTLS
 MAX_HANDSHAKES = 64                   # unfinished TLS handshakes per loop
-
-
-class HandshakeSlots:
-    """The TLS handshakes one loop runs (at most MAX_HANDSHAKES) and the clients waiting
-    for one of them, oldest first. Owned by that loop's thread."""
-
-    def __init__(self) -> None:
-        self.running = 0
-        self.waiting: deque[tuple[Conn, Callable[[], None]]] = deque()
 
 
 _SLOTS: dict[Loop, HandshakeSlots] = {}  # per loop; each entry touched by its loop only
