@@ -6,8 +6,8 @@ ask of the Runtime (``LoopServices``: storage, AUTH, a cluster node; ``StorageHo
 what the storage thread asks of it).
 
 The direction (docs/ARCHITECTURE.md, "Inside the TCP server"): the modules that handle
-commands and publishes (handlers, verbs, auth, upgrade, publish, deadletter) know the
-connection and the loop only through these Protocols; ``connection.ClientConn``
+commands and publishes (handlers, verbs, auth, upgrade, publish, lane, deadletter) know
+the connection and the loop only through these Protocols; ``connection.ClientConn``
 implements ``Conn`` and ``loop.EventLoop`` implements ``Loop`` without either being
 imported back; the Runtime (``runtime.Runtime``) implements ``LoopServices``. mypy
 checks each concrete class where it is passed as its Protocol (``verbs.dispatch(self,
