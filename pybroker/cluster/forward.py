@@ -34,7 +34,7 @@ from pybroker.protocol.wire import HEARTBEAT
 if TYPE_CHECKING:
     from pybroker.cluster.nodeport import NodePort
     from pybroker.server.loop import EventLoop
-    from pybroker.server.publish import Payload
+    from pybroker.server.ports import Payload
 
 log = logging.getLogger("pybroker")
 ANSWER_NS = 10_000_000_000

@@ -23,6 +23,7 @@ from pybroker.cluster.ports import Done, IsrAsker, Registration, ReplicaStats
 from pybroker.cluster.replica import LEADER, NotLeader, Replica
 from pybroker.cluster.rules import LeaseClock
 from pybroker.protocol.names import is_ephemeral
+from pybroker.server.services import owner_loop
 
 if TYPE_CHECKING:
     from pybroker.cluster.coordinator import Coordinator
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from pybroker.cluster.serve import ReplicationServer
     from pybroker.core.topic import Topic
     from pybroker.server.loop import EventLoop
-    from pybroker.server.publish import Payload
+    from pybroker.server.ports import Loop, Payload
     from pybroker.server.services import ClusterHost
 
 log = logging.getLogger("pybroker")
@@ -117,7 +118,7 @@ class ClusterNode:
             return None
         return r.refusal()
 
-    def divert(self, loop: EventLoop, name: str, payload: Payload, defer_ns: int, done: Done,
+    def divert(self, loop: Loop, name: str, payload: Payload, defer_ns: int, done: Done,
                deadline_ns: int = 0) -> None:
         """On ``loop``: forward the publish to the topic's leader (answered with its
         answer), or publish it here once this node leads, or wait for a leader; a
@@ -140,7 +141,8 @@ class ClusterNode:
                 else:
                     done(err)
 
-            self.forwarders.forward(loop, leader, name, payload, defer_ns, forwarded)
+            self.forwarders.forward(owner_loop(loop), leader, name, payload, defer_ns,
+                                    forwarded)
             return
         if now >= deadline_ns:
             done(NotLeader(f"no leader of {name} is known"))

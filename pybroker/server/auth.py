@@ -22,7 +22,7 @@ from pybroker.protocol.encoder import encode_error, encode_response
 from pybroker.server.authstate import AuthState, Authorization, parse_state
 
 if TYPE_CHECKING:
-    from pybroker.server.connection import ClientConn
+    from pybroker.server.ports import Conn
 
 __all__ = ["AuthState", "Authorization", "check", "parse_state", "start_auth"]
 
@@ -43,12 +43,12 @@ class Unauthorized(ClientError):
 
 
 # -- the protocol side (runs on the client's loop) --------------------------------------
-def _remote_ip(c: "ClientConn") -> str:
+def _remote_ip(c: Conn) -> str:
     host = c.remote_address.rpartition(":")[0]
     return host.strip("[]")
 
 
-def _ask(c: "ClientConn", then: Callable[[AuthState | None, str], None]) -> None:
+def _ask(c: Conn, then: Callable[[AuthState | None, str], None]) -> None:
     auth = c.loop.runtime.auth
     assert auth is not None, "AUTH is refused (E_AUTH_DISABLED) without auth servers"
     t = c.transport
@@ -65,13 +65,13 @@ def _ask(c: "ClientConn", then: Callable[[AuthState | None, str], None]) -> None
     auth.query(c.loop, _remote_ip(c), t.tls, t.common_name, c.auth_secret, done)
 
 
-def _fatal(c: "ClientConn", err: ClientError) -> None:
+def _fatal(c: Conn, err: ClientError) -> None:
     log.error("[%s] - %s", c, err.payload().decode("utf-8", "replace"))
     c.send_frame(encode_error(err.payload()))
     c.close_after_flush()
 
 
-def start_auth(c: "ClientConn", secret: str) -> None:
+def start_auth(c: Conn, secret: str) -> None:
     """AUTH with a secret: query, then answer nsqd's JSON or its error (fatal)."""
     c.auth_secret = secret
 
@@ -94,7 +94,7 @@ def start_auth(c: "ClientConn", secret: str) -> None:
     _ask(c, then)
 
 
-def check(c: "ClientConn", then: Callable[[], None], verb: str, topic: str,
+def check(c: Conn, then: Callable[[], None], verb: str, topic: str,
           channel: str) -> bool:
     """nsqd's CheckAuth for SUB/PUB/MPUB/DPUB, the gate of their rows in the handlers'
     table. True: go on. False: the grant expired and is being asked again; ``then`` (the
@@ -125,7 +125,7 @@ def _q(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _resume(c: "ClientConn", then: Callable[[], None], verb: str, topic: str,
+def _resume(c: Conn, then: Callable[[], None], verb: str, topic: str,
             channel: str) -> None:
     """The new grant is in: the command goes on from its gate (checked against it)."""
     try:

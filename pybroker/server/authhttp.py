@@ -34,12 +34,12 @@ import time
 import urllib.parse
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable, Protocol, Unpack
 
 import httptools
 
 from pybroker import __version__
-from pybroker.evloop import SelectorLoop
+from pybroker.evloop import SelectorLoop, Ts
 
 if TYPE_CHECKING:
     from pybroker.config import Options
@@ -53,6 +53,18 @@ DNS_TTL_S = 30.0
 Done = Callable[["AuthState | None", str], None]
 
 
+class Poster(Protocol):
+    """The asking client's loop, as far as an answer needs it."""
+
+    def call_soon_threadsafe(self, fn: Callable[[Unpack[Ts]], object],
+                             *args: Unpack[Ts]) -> None: ...
+
+
+# one getaddrinfo result: family, type, proto, canonname, sockaddr
+AddrInfo = tuple[int, int, int, str,
+                 "tuple[str, int] | tuple[str, int, int, int] | tuple[int, bytes]"]
+
+
 class AttemptFailed(Exception):
     """One server's attempt failed; the text is what nsqd would log."""
 
@@ -62,7 +74,8 @@ class _Query:
 
     __slots__ = ("loop", "params", "done", "order", "errors", "queued_until")
 
-    def __init__(self, loop: Any, params: str, done: Done, order: list[str]) -> None:
+    def __init__(self, loop: Poster, params: str, done: Done,
+                 order: list[str]) -> None:
         self.loop = loop          # the asking client's EventLoop
         self.params = params
         self.done = done
@@ -98,10 +111,11 @@ class _Attempt:
         now = monotonic_ns()
         self.deadline = now + client.request_timeout_ns
         self.connect_deadline = now + min(client.connect_timeout_ns, client.request_timeout_ns)
-        self.sock: Any = None
+        self.sock: socket.socket | None = None
+        self.tls_sock: ssl.SSLSocket | None = None   # the same socket, once TLS wraps it
         self.state = "resolve"
         self.events = 0
-        self.timer: Any = None
+        self.timer: object = None   # the deadline's handle on the auth loop
         self.received = 0
         self.status = 0
         self.reason = b""
@@ -109,7 +123,7 @@ class _Attempt:
         self.length = -1
         self.complete = False
         self.headers_done = False
-        self.parser: Any = httptools.HttpResponseParser(self)
+        self.parser = httptools.HttpResponseParser(self)
 
     # -- httptools callbacks ------------------------------------------------------------
     def on_status(self, status: bytes) -> None:
@@ -133,7 +147,12 @@ class _Attempt:
         self.complete = True
 
     # -- steps -------------------------------------------------------------------------
-    def connect(self, addrinfo: tuple[Any, ...]) -> None:
+    @property
+    def _sock(self) -> socket.socket:
+        assert self.sock is not None, "no socket yet"
+        return self.sock
+
+    def connect(self, addrinfo: AddrInfo) -> None:
         family, _, _, _, sockaddr = addrinfo
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setblocking(False)
@@ -155,12 +174,12 @@ class _Attempt:
 
     def _writable(self) -> None:
         if self.state == "connect":
-            err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            err = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if err:
                 raise AttemptFailed(self._dial_error(err))
             if self.https:
-                self.sock = self.client.ssl_context.wrap_socket(
-                    self.sock, server_hostname=self.host, do_handshake_on_connect=False)
+                self.sock = self.tls_sock = self.client.ssl_context.wrap_socket(
+                    self._sock, server_hostname=self.host, do_handshake_on_connect=False)
                 self.state = "handshake"
                 self._handshake()
                 return
@@ -178,7 +197,7 @@ class _Attempt:
             return
         while True:
             try:
-                data = self.sock.recv(65536)
+                data = self._sock.recv(65536)
             except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 return
             except ssl.SSLError as e:
@@ -208,7 +227,8 @@ class _Attempt:
 
     def _handshake(self) -> None:
         try:
-            self.sock.do_handshake()
+            assert self.tls_sock is not None
+            self.tls_sock.do_handshake()
         except ssl.SSLWantReadError:
             self.want(socket_write=False)
             return
@@ -223,7 +243,7 @@ class _Attempt:
     def _send(self) -> None:
         while self.out:
             try:
-                n = self.sock.send(self.out)
+                n = self._sock.send(self.out)
             except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                 self.want(socket_write=True)
                 return
@@ -232,16 +252,16 @@ class _Attempt:
             self.out = self.out[n:]
         self.state = "recv"
         self.want(socket_write=False)
-        if self.https and self.sock.pending():
+        if self.tls_sock is not None and self.tls_sock.pending():
             self._readable()
 
     def want(self, socket_write: bool) -> None:
         events = selectors.EVENT_WRITE if socket_write else selectors.EVENT_READ
         sel = self.client.selector
         if self.events == 0:
-            sel.register(self.sock, events, self)
+            sel.register(self._sock, events, self)
         elif self.events != events:
-            sel.modify(self.sock, events, self)
+            sel.modify(self._sock, events, self)
         self.events = events
 
     def close(self) -> None:
@@ -256,7 +276,7 @@ class _Attempt:
                 self.sock.close()
             except OSError:
                 pass
-            self.sock = None
+            self.sock = self.tls_sock = None
 
 
 class AuthClient(SelectorLoop):
@@ -275,12 +295,12 @@ class AuthClient(SelectorLoop):
         self.in_flight = 0
         self.queued: deque[_Query] = deque()
         self._resolver = ThreadPoolExecutor(2, thread_name_prefix="auth-dns")
-        self._dns: dict[tuple[str, int], tuple[float, tuple[Any, ...]]] = {}
+        self._dns: dict[tuple[str, int], tuple[float, AddrInfo]] = {}
         self._attempts: set[_Attempt] = set()
         self.start()
 
     # -- any thread ----------------------------------------------------------------------
-    def query(self, loop: Any, remote_ip: str, tls: bool, common_name: str, secret: str,
+    def query(self, loop: Poster, remote_ip: str, tls: bool, common_name: str, secret: str,
               done: Done) -> None:
         """Ask the servers; ``done(state, error)`` then runs on ``loop``."""
         params = urllib.parse.urlencode(sorted({
@@ -344,14 +364,14 @@ class AuthClient(SelectorLoop):
         def lookup() -> None:
             try:
                 infos = socket.getaddrinfo(a.host, a.port, type=socket.SOCK_STREAM)
-                result: Any = infos[0]
+                result: AddrInfo | OSError = infos[0]
             except OSError as e:
                 result = e
             self.call_soon_threadsafe(self._resolved, a, result)
 
         self._resolver.submit(lookup)
 
-    def _resolved(self, a: _Attempt, result: Any) -> None:
+    def _resolved(self, a: _Attempt, result: AddrInfo | OSError) -> None:
         if a not in self._attempts:
             return  # its deadline passed meanwhile
         if isinstance(result, OSError):

@@ -15,6 +15,7 @@ import itertools
 import logging
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pybroker.core.channel import Channel
@@ -24,15 +25,15 @@ from pybroker.protocol.encoder import HEARTBEAT_FRAME, OK_FRAME, encode_error
 from pybroker.protocol.session import INIT, Session
 from pybroker.protocol.wire import MAGIC_V2, ClientState
 from pybroker.server import verbs
-from pybroker.server.services import owner_loop
+from pybroker.server.iostate import (AWAIT_MAGIC, CLOSED, DRAINING, HELD, MOVING, OPEN, Io,
+                                     move)
 from pybroker.server.transport import CorruptInput, Transport, TransportError
 from pybroker.server.upgrade import handshake_failed, release_slot
 
 if TYPE_CHECKING:
-    from pybroker.server.auth import AuthState
-    from pybroker.server.handlers import Line
-    from pybroker.server.verbs import Verb
-    from pybroker.server.loop import EventLoop
+    from pybroker.protocol.decoder import Command
+    from pybroker.server.authstate import AuthState
+    from pybroker.server.ports import Loop, Timer
 
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
@@ -55,7 +56,7 @@ _ids = itertools.count(1)   # next() is atomic under the GIL: any loop may take 
 
 
 class ClientConn:
-    def __init__(self, loop: "EventLoop", sock: socket.socket,
+    def __init__(self, loop: Loop, sock: socket.socket,
                  addr: tuple[str, int] | tuple[str, int, int, int] | str) -> None:
         self.id = next(_ids)
         self.loop = loop
@@ -63,20 +64,19 @@ class ClientConn:
         self.transport = Transport(sock)  # plain until IDENTIFY negotiates TLS/compression
         self.auth_secret = ""
         self.auth_state: AuthState | None = None  # once AUTH succeeded
-        # a body command whose line step ran before its body arrived (verbs.dispatch)
-        self.held: tuple[bytes, Verb, Line] | None = None
+        # the rest of a body command whose line step ran before its body arrived
+        # (verbs.dispatch)
+        self.held: Callable[[Command], None] | None = None
         host = str(addr[0]) if isinstance(addr, tuple) else ""
         self.remote_address = f"{host}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         opts = loop.options
         self.opts = opts
         self.decoder = CommandDecoder(opts.max_msg_size, opts.max_body_size)
         self.magic_buf = b""
-        self.has_magic = False
+        # the I/O life (server.iostate: one state, moved only through its table)
+        self.io: Io = AWAIT_MAGIC
         # the protocol state, and which command may run in it (protocol.session)
         self.session = Session(bool(opts.tls_required))
-        self.closed = False
-        self.closing_after_flush = False
-        self.moving = False
         self.awaiting_commit = 0  # durable publishes not yet answered (see loop.published)
         self.unconfirmed = 0      # OKs in self.out whose topic write has not yet happened
         # identity and negotiated settings (IDENTIFY); matches nsqd: client_id and hostname
@@ -104,15 +104,15 @@ class ClientConn:
         self.pending: list[bytes | bytearray] = []     # message frames, not yet in out
         self.pending_bytes = 0
         self.writing = False
-        self.reading = True       # False while its unread replies are over OUT_CAP
-        self.input_held = False   # not read at all until release_input (a TLS slot)
+        # back-pressure: False while its unread replies are over OUT_CAP (or while HELD)
+        self.reading = True
         self._log_window_ns = 0
         self._log_count = 0
         self._log_dropped = 0
-        self.flush_timer: tuple[int, int] | None = None
+        self.flush_timer: Timer | None = None
         # liveness
         self.last_read_ns = monotonic_ns()
-        self.hb_timer: tuple[int, int] | None = None
+        self.hb_timer: Timer | None = None
 
     def __repr__(self) -> str:
         return f"{self.remote_address}"
@@ -121,6 +121,13 @@ class ClientConn:
     def state(self) -> ClientState:
         """The session's state (for /stats)."""
         return self.session.state
+
+    @property
+    def closed(self) -> bool:
+        return self.io is CLOSED
+
+    def _move(self, dst: Io) -> None:
+        self.io = move(self.io, dst)
 
     # -- start and timers -------------------------------------------------------------
     def start(self) -> None:
@@ -136,9 +143,9 @@ class ClientConn:
         """(Re)arm the heartbeat / read-deadline timer on the current loop."""
         self.loop.cancel(self.hb_timer)
         self.hb_timer = None
-        if self.closed:
+        if self.io is CLOSED:
             return
-        if not self.has_magic:
+        if self.io is AWAIT_MAGIC:
             # a connection that never sends the magic is closed after client_timeout
             self.hb_timer = self.loop.call_later(self.opts.client_timeout, self._magic_timeout)
             return
@@ -147,12 +154,12 @@ class ClientConn:
 
     def _magic_timeout(self) -> None:
         self.hb_timer = None
-        if not self.has_magic:
+        if self.io is AWAIT_MAGIC:
             self.close("no protocol magic received")
 
     def _on_heartbeat(self) -> None:
         self.hb_timer = None
-        if self.closed or self.moving:
+        if self.io is CLOSED or self.io is MOVING:
             return
         interval = self.heartbeat_interval_ns
         now = monotonic_ns()
@@ -161,7 +168,7 @@ class ClientConn:
             # the loop was late (a stall) and the peer's bytes wait unread: read them
             # before judging it silent (nsqd's deadline is on its own read call)
             self.read_now()
-            if self.closed or self.moving:
+            if self.io is CLOSED or self.io is MOVING:
                 return
             now = monotonic_ns()
             deadline = max(deadline, self.last_read_ns + 2 * interval)
@@ -200,7 +207,7 @@ class ClientConn:
             loop.handshake_ns += monotonic_ns() - t0
 
     def _read_input(self) -> None:
-        if not self.reading or self.closed or self.moving:
+        if not self.reading or self.io is CLOSED or self.io is MOVING:
             return
         t = self.transport
         deadline = monotonic_ns() + TURN_BUDGET_NS
@@ -230,9 +237,9 @@ class ClientConn:
                 self._at_eof()
                 return
             now = self.last_read_ns = monotonic_ns()
-            if self.closing_after_flush:
+            if self.io is DRAINING:
                 return
-            if not self.has_magic:
+            if self.io is AWAIT_MAGIC:
                 data = self._read_magic(data)
             if data:
                 self.decoder.receive(data)
@@ -247,11 +254,10 @@ class ClientConn:
         """In the plain steady state the publish lane reads (server/lane.py): nothing
         held, half-parsed or waiting, not subscribed, plain bytes."""
         s = self.session
-        return (self.has_magic and self.reading and not self.awaiting_commit
-                and self.held is None and not self.closing_after_flush and not self.moving
-                and not self.closed and s.state is INIT and not s.upgrading
+        return (self.io is OPEN and self.reading and not self.awaiting_commit
+                and self.held is None and s.state is INIT and not s.upgrading
                 and (s.tls or not s.tls_required) and self.out_bytes < OUT_CAP
-                and not self.input_held and self.transport.plain_idle()
+                and self.transport.plain_idle()
                 and not self.decoder.buffered() and not self.decoder.ready())
 
     def take_input(self, data: bytes) -> None:
@@ -261,16 +267,16 @@ class ClientConn:
             self._at_eof()
             return
         self.last_read_ns = monotonic_ns()
-        if self.closing_after_flush:
+        if self.io is DRAINING:
             return
         self.decoder.receive(data)
         self._run()
 
     def _may_read(self) -> bool:
         """Commands may run and more input may be decoded now (the decoder is drained)."""
-        return (self.reading and not self.moving and not self.closed
-                and not self.closing_after_flush and not self.awaiting_commit
-                and self.out_bytes < OUT_CAP and not self.session.upgrading)
+        return (self.reading and (self.io is OPEN or self.io is AWAIT_MAGIC)
+                and not self.awaiting_commit and self.out_bytes < OUT_CAP
+                and not self.session.upgrading)
 
     def _stream_failed(self, e: OSError) -> None:
         """A corrupt compressed stream: nsqd closes the connection and logs "failed to
@@ -281,15 +287,15 @@ class ClientConn:
         self.close_after_flush()
 
     def on_writable(self) -> None:
-        if not self.closed:
+        if self.io is not CLOSED:
             self.flush()
 
     def _at_eof(self) -> None:
         """The client closed its side. A command cut short in its body gets nsqd's
         short-read error first (the client may still be reading)."""
         err = None
-        if (self.has_magic and not self.closing_after_flush and not self.moving
-                and not self.session.upgrading and not self.awaiting_commit):
+        if (self.io is OPEN and not self.session.upgrading
+                and not self.awaiting_commit):
             err = self.decoder.at_eof()
         if err is None:
             self.close("peer closed")
@@ -311,7 +317,7 @@ class ClientConn:
             self.send_frame(encode_error(b"E_BAD_PROTOCOL"))
             self.close_after_flush()
             return b""
-        self.has_magic = True
+        self._move(OPEN)
         log.info("CLIENT(%s): desired protocol magic '%s'", self, magic.decode("latin-1"))
         self.schedule_heartbeat()
         return rest
@@ -326,9 +332,8 @@ class ClientConn:
     def _run(self) -> None:
         """Run every parsed command; stop at a fatal error or when moving loops."""
         try:
-            while (not self.moving and not self.closed and not self.closing_after_flush
-                   and not self.awaiting_commit and self.out_bytes < OUT_CAP
-                   and not self.session.upgrading):
+            while (self.io is OPEN and not self.awaiting_commit
+                   and self.out_bytes < OUT_CAP and not self.session.upgrading):
                 cmd = self.decoder.next_command()
                 if cmd is None:
                     break
@@ -345,20 +350,20 @@ class ClientConn:
             log.error("[%s] - %s", self, err.payload().decode("utf-8", "replace"))
             self.send_frame(encode_error(err.payload()))
             self.close_after_flush()
-        if self.closed:
+        if self.io is CLOSED:
             return
         if self.reading:
             if self.out_bytes >= OUT_CAP or (self.awaiting_commit and self.decoder.ready()):
                 self._pause_reading()
-        elif (self.out_bytes < OUT_LOW and not self._input_waits() and not self.moving
-              and not self.closing_after_flush):
+        elif (self.out_bytes < OUT_LOW and not self._input_waits()
+              and (self.io is OPEN or self.io is AWAIT_MAGIC)):
             self._resume_reading()
 
     def _input_waits(self) -> bool:
         """Input must wait: its reading is held (a TLS handshake slot), or commands are
         parsed that cannot run until a publish is answered (read no more meanwhile: what
         a connection holds unprocessed stays within one read)."""
-        return self.input_held or (bool(self.awaiting_commit) and self.decoder.ready() > 0)
+        return self.io is HELD or (bool(self.awaiting_commit) and self.decoder.ready() > 0)
 
     def log_nonfatal(self, err: ClientError) -> None:
         """Log an E_FIN/REQ/TOUCH_FAILED, at most LOG_BURST a second per client (a client
@@ -383,7 +388,7 @@ class ClientConn:
     # -- writing ------------------------------------------------------------------------
     def send_frame(self, frame: bytes) -> None:
         """Queue a response or error frame; flushed (with any messages) this turn."""
-        if self.closed:
+        if self.io is CLOSED:
             return
         if self.pending:
             self._encode_pending()
@@ -415,7 +420,7 @@ class ClientConn:
 
     def _on_flush_timer(self) -> None:
         self.flush_timer = None
-        if not self.closed and not self.moving:
+        if self.io is not CLOSED and self.io is not MOVING:
             self.flush()
 
     def _encode_pending(self) -> None:
@@ -426,7 +431,7 @@ class ClientConn:
 
     def flush(self) -> None:
         """Encode waiting message frames and write as much as the socket takes."""
-        if self.closed or self.unconfirmed:
+        if self.io is CLOSED or self.unconfirmed:
             return   # an OK may not go before its topic is written (end of this turn)
         if self.pending:
             self._encode_pending()
@@ -456,7 +461,7 @@ class ClientConn:
         if self.writing:
             self.writing = False
             self.loop.want_write(self, False)
-        if self.closing_after_flush:
+        if self.io is DRAINING:
             self.close("closed after error")
 
     def _pause_reading(self) -> None:
@@ -468,12 +473,13 @@ class ClientConn:
 
     def hold_input(self) -> None:
         """Read nothing from the socket until release_input (bytes stay in the kernel)."""
-        self.input_held = True
+        self._move(HELD)
         self.reading = False
         self.loop.set_reading(self, False)
 
     def release_input(self) -> None:
-        self.input_held = False
+        if self.io is HELD:
+            self._move(OPEN)
         if self.out_bytes < OUT_CAP:
             self._resume_reading()
 
@@ -482,28 +488,31 @@ class ClientConn:
         self.loop.set_reading(self, True)
         self.loop.call_soon_threadsafe(self._resume_commands, self.loop)
 
-    def _resume_commands(self, loop: "EventLoop") -> None:
+    def _resume_commands(self, loop: Loop) -> None:
         # queued on the loop that owned the connection then: it may have moved since
-        if loop is self.loop and not self.moving and not self.closed and self.reading:
+        if (loop is self.loop and self.io is not MOVING and self.io is not CLOSED
+                and self.reading):
             self.process()
 
     def close_after_flush(self) -> None:
-        """Stop reading; close once queued frames are written (fatal errors)."""
-        self.closing_after_flush = True
+        """Stop reading; close once queued frames are written (fatal errors). Asked
+        again while draining, or once closed, it does nothing."""
+        if self.io is DRAINING or self.io is CLOSED:
+            return
+        self._move(DRAINING)
         self.loop.to_flush[self] = None
 
     def close(self, reason: str, flush: bool = False) -> None:
-        if self.closed:
+        if self.io is CLOSED:
             return
         if flush and (self.out or self.pending or self.transport.waiting):
-            self.closing_after_flush = False
             try:
                 if self.pending:
                     self._encode_pending()
                 self.transport.send_blocking(self.out, 1.0)
             except OSError:
                 pass
-        self.closed = True
+        self._move(CLOSED)
         log.info("PROTOCOL(V2): [%s] exiting ioloop (%s)", self, reason)
         if self.transport.slot is not None:
             release_slot(self)
@@ -527,20 +536,20 @@ class ClientConn:
     # -- subscribing ----------------------------------------------------------------------
     def begin_subscribe(self, ch: Channel) -> None:
         """SUB accepted: join ch here, or move to the loop that owns it. No further
-        command runs here (``moving``); the move itself happens at the end of this loop's
+        command runs here (``MOVING``); the move itself happens at the end of this loop's
         turn, once this turn's publishes are answered (``EventLoop.hand_over``), and the
         bytes not yet run travel with the connection, in its decoder."""
-        target = ch.owner
-        if target is self.loop:
+        if ch.owner is self.loop:
             self.finish_subscribe(ch)
             return
-        self.moving = True
+        self._move(MOVING)
         self.loop.forget_again(self)  # input in hand is read by the new owner
-        self.loop.hand_over(self, owner_loop(target), ch)
+        self.loop.hand_over(self, ch)
 
     def finish_subscribe(self, ch: Channel) -> None:
         """On the channel's owner loop: join the channel, answer OK, resume reading."""
-        self.moving = False
+        if self.io is MOVING:
+            self._move(OPEN)
         if ch.deleted:
             self.send_frame(encode_error(b"E_SUB_FAILED SUB failed to deleted topic/channel"))
             self.close_after_flush()

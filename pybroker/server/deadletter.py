@@ -20,7 +20,7 @@ from pybroker.errors import Exiting
 
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
-    from pybroker.server.loop import EventLoop
+    from pybroker.server.ports import Loop
 
 log = logging.getLogger("pybroker")
 # the channel kept on every dead-letter topic, so dead letters wait for a human
@@ -29,7 +29,7 @@ KEEP_CHANNEL = "dead-letters"
 RETRY_NS = 1_000_000_000
 
 
-def publish_dead_letters(loop: "EventLoop", ch: "Channel", target: str,
+def publish_dead_letters(loop: Loop, ch: "Channel", target: str,
                          offsets: list[int], bodies: list[bytes]) -> None:
     """On ch's owner loop: publish these envelopes to ``target``, then confirm."""
     broker = loop.runtime.broker
@@ -44,7 +44,7 @@ def publish_dead_letters(loop: "EventLoop", ch: "Channel", target: str,
                           lambda err: _confirmed(loop, ch, target, offsets, err))
 
 
-def _confirmed(loop: "EventLoop", ch: "Channel", target: str, offsets: list[int],
+def _confirmed(loop: Loop, ch: "Channel", target: str, offsets: list[int],
                err: Exception | None) -> None:
     """On the owner loop: the dead letters are written (and synced in fsync mode), or
     their publish failed."""
@@ -62,7 +62,7 @@ def _confirmed(loop: "EventLoop", ch: "Channel", target: str, offsets: list[int]
         loop.mark_dirty(ch)
 
 
-def _requeue(loop: "EventLoop", ch: "Channel", offsets: list[int]) -> None:
+def _requeue(loop: Loop, ch: "Channel", offsets: list[int]) -> None:
     """On the owner loop, a while after a failed dead-letter publish: back in the
     channel's queue (the next dispatch dead-letters them again)."""
     ch.dead_lettered(offsets, False)

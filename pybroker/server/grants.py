@@ -17,7 +17,7 @@ thread, never on an event loop.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Protocol
 
 import re2  # type: ignore[import-untyped,unused-ignore]
 
@@ -29,6 +29,14 @@ _OPTIONS.max_mem = MAX_MEM
 _OPTIONS.log_errors = False  # RE2 would print its parse errors to stderr
 
 
+class _Compiled(Protocol):
+    """What is used of a compiled RE2 pattern (google-re2 has no type hints)."""
+
+    programsize: int
+
+    def search(self, s: str) -> object: ...
+
+
 class Pattern:
     """One compiled grant pattern, matched unanchored as Go's MatchString does."""
 
@@ -37,7 +45,7 @@ class Pattern:
     def __init__(self, text: str) -> None:
         self.text = text
         try:
-            self._re: Any = re2.compile(text, _OPTIONS)
+            self._re: _Compiled = re2.compile(text, _OPTIONS)
         except re2.error as e:
             raise ValueError(_reason(e)) from None
         self.size = int(self._re.programsize)

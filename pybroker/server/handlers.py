@@ -34,13 +34,13 @@ from pybroker.protocol.identify import IdentifyDecodeError, decode_identify
 from pybroker.protocol.encoder import CLOSE_WAIT_FRAME, encode_error, encode_response
 from pybroker.protocol.names import is_valid_name
 from pybroker.protocol.wire import MSG_ID_LENGTH
-from pybroker.server.publish import Parts
 from pybroker.server import auth as authd
 from pybroker.server import upgrade
+from pybroker.server.ports import Parts
 
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
-    from pybroker.server.connection import ClientConn
+    from pybroker.server.ports import Conn
 
 log = logging.getLogger("pybroker")
 MS = 1_000_000
@@ -80,7 +80,7 @@ def _ms_duration(ms: int) -> int:
     return _int64(_int64(ms) * MS)
 
 
-def _msg_id(c: "ClientConn", params: list[bytes], verb: str, nparams: int) -> bytes:
+def _msg_id(c: Conn, params: list[bytes], verb: str, nparams: int) -> bytes:
     if len(params) < nparams:
         raise Invalid(f"{verb} insufficient number of params")
     mid = params[1]
@@ -105,7 +105,7 @@ def _topic_name(params: list[bytes], verb: str, nparams: int) -> str:
 
 
 # -- IDENTIFY ------------------------------------------------------------------------------
-def identify(c: "ClientConn", line: Line, body: bytes) -> None:
+def identify(c: Conn, line: Line, body: bytes) -> None:
     try:
         data = decode_identify(body)
     except IdentifyDecodeError:
@@ -189,13 +189,13 @@ def identify(c: "ClientConn", line: Line, body: bytes) -> None:
         upgrade.upgrade(c, tls_ctx, snappy, deflate_level if deflate else 0)
 
 
-def auth_line(c: "ClientConn", cmd: Command) -> Line:
+def auth_line(c: Conn, cmd: Command) -> Line:
     if len(cmd.params) != 1:
         raise Invalid("AUTH invalid number of parameters")
     return NO_LINE
 
 
-def auth(c: "ClientConn", line: Line, body: bytes) -> None:
+def auth(c: Conn, line: Line, body: bytes) -> None:
     if c.auth_state is not None and c.auth_state.authorizations:
         raise Invalid("AUTH already set")
     if c.loop.runtime.auth is None:
@@ -204,7 +204,7 @@ def auth(c: "ClientConn", line: Line, body: bytes) -> None:
 
 
 # -- SUB -------------------------------------------------------------------------------------
-def sub_line(c: "ClientConn", cmd: Command) -> Line:
+def sub_line(c: Conn, cmd: Command) -> Line:
     if c.heartbeat_interval_ns <= 0:
         raise Invalid("cannot SUB with heartbeats disabled")
     p = cmd.params
@@ -217,7 +217,7 @@ def sub_line(c: "ClientConn", cmd: Command) -> Line:
     return p[1].decode(), p[2].decode(), 0
 
 
-def sub(c: "ClientConn", line: Line, body: bytes) -> None:
+def sub(c: Conn, line: Line, body: bytes) -> None:
     broker = c.loop.runtime.broker
     cluster = c.loop.runtime.cluster
     if cluster is not None:
@@ -234,15 +234,15 @@ def sub(c: "ClientConn", line: Line, body: bytes) -> None:
 
 
 # -- publishing ------------------------------------------------------------------------------
-def pub_line(c: "ClientConn", cmd: Command) -> Line:
+def pub_line(c: Conn, cmd: Command) -> Line:
     return _topic_name(cmd.params, "PUB", 2), "", 0
 
 
-def pub(c: "ClientConn", line: Line, body: bytes) -> None:
+def pub(c: Conn, line: Line, body: bytes) -> None:
     _publish(c, line[0], [body], 0, PubFailed, "PUB")
 
 
-def dpub_line(c: "ClientConn", cmd: Command) -> Line:
+def dpub_line(c: Conn, cmd: Command) -> Line:
     p = cmd.params
     name = _topic_name(p, "DPUB", 3)
     ms = _base10(p[2])
@@ -255,15 +255,15 @@ def dpub_line(c: "ClientConn", cmd: Command) -> Line:
     return name, "", defer_ns
 
 
-def dpub(c: "ClientConn", line: Line, body: bytes) -> None:
+def dpub(c: Conn, line: Line, body: bytes) -> None:
     _publish(c, line[0], [body], line[2], DpubFailed, "DPUB")
 
 
-def mpub_line(c: "ClientConn", cmd: Command) -> Line:
+def mpub_line(c: Conn, cmd: Command) -> Line:
     return _topic_name(cmd.params, "MPUB", 2), "", 0
 
 
-def mpub(c: "ClientConn", line: Line, body: bytes) -> None:
+def mpub(c: Conn, line: Line, body: bytes) -> None:
     name = line[0]
     o = c.opts
     try:
@@ -275,7 +275,7 @@ def mpub(c: "ClientConn", line: Line, body: bytes) -> None:
     _publish(c, name, (body, offs, lens), 0, MpubFailed, "MPUB")
 
 
-def _publish(c: "ClientConn", name: str, bodies: "list[bytes] | Parts", defer_ns: int,
+def _publish(c: Conn, name: str, bodies: "list[bytes] | Parts", defer_ns: int,
              failed: type[ClientError], verb: str) -> None:
     """Hand the publish to the loop's Publisher: appended by the topic's owner loop,
     answered once the write (and in fsync mode the fsync) that carried it worked.
@@ -286,7 +286,7 @@ def _publish(c: "ClientConn", name: str, bodies: "list[bytes] | Parts", defer_ns
 
 
 # -- consuming -------------------------------------------------------------------------------
-def rdy(c: "ClientConn", cmd: Command) -> None:
+def rdy(c: Conn, cmd: Command) -> None:
     p = cmd.params
     count = 1
     if len(p) > 1:
@@ -302,7 +302,7 @@ def rdy(c: "ClientConn", cmd: Command) -> None:
         c.loop.mark_dirty(c.channel)
 
 
-def fin(c: "ClientConn", cmd: Command) -> None:
+def fin(c: Conn, cmd: Command) -> None:
     if cmd.fin_offsets is not None:
         _fin_batch(c, cmd, cmd.fin_offsets)
         return
@@ -319,7 +319,7 @@ def fin(c: "ClientConn", cmd: Command) -> None:
     c.loop.mark_dirty(ch)
 
 
-def _fin_batch(c: "ClientConn", cmd: Command, offsets: Sequence[int]) -> None:
+def _fin_batch(c: Conn, cmd: Command, offsets: Sequence[int]) -> None:
     """Consecutive well-formed FINs: one pass over their offsets; E_FIN_FAILED for
     each failure, in order."""
     ch = c.channel
@@ -337,7 +337,7 @@ def _fin_batch(c: "ClientConn", cmd: Command, offsets: Sequence[int]) -> None:
         c.send_frame(encode_error(err.payload()))
 
 
-def _record_e2e(c: "ClientConn", ch: "Channel", offsets: list[int]) -> None:
+def _record_e2e(c: Conn, ch: "Channel", offsets: list[int]) -> None:
     """matches nsqd: FIN feeds the channel's publish-to-finish latency percentiles (the
     publish times are read back from the log: only when percentiles are configured)."""
     now_ns, wall_ns = monotonic_ns(), time.time_ns()
@@ -346,7 +346,7 @@ def _record_e2e(c: "ClientConn", ch: "Channel", offsets: list[int]) -> None:
         record_latency(ch, wall_ns - ts, now_ns, window)
 
 
-def req(c: "ClientConn", cmd: Command) -> None:
+def req(c: Conn, cmd: Command) -> None:
     p = cmd.params
     mid = _msg_id(c, p, "REQ", 3)
     ms = _base10(p[2])
@@ -365,7 +365,7 @@ def req(c: "ClientConn", cmd: Command) -> None:
     c.loop.mark_dirty(c.channel)
 
 
-def touch(c: "ClientConn", cmd: Command) -> None:
+def touch(c: Conn, cmd: Command) -> None:
     mid = _msg_id(c, cmd.params, "TOUCH", 2)
     assert c.channel is not None
     try:
@@ -374,11 +374,11 @@ def touch(c: "ClientConn", cmd: Command) -> None:
         raise TouchFailed(f"TOUCH {mid.decode('ascii', 'replace')} failed {e}") from None
 
 
-def cls(c: "ClientConn", cmd: Command) -> None:
+def cls(c: Conn, cmd: Command) -> None:
     c.rdy = 0
     c.session.move("close_wait")
     c.send_frame(CLOSE_WAIT_FRAME)
 
 
-def nop(c: "ClientConn", cmd: Command) -> None:
+def nop(c: Conn, cmd: Command) -> None:
     return None

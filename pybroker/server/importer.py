@@ -28,7 +28,6 @@ from pybroker.storage.nsqd_import import GoDiskQueue, NsqdDataDir
 if TYPE_CHECKING:
     from pybroker.core.broker import Broker
     from pybroker.core.topic import Topic
-    from pybroker.server.storage import StorageManager
 
 log = logging.getLogger("pybroker")
 # (ts_ns, attempts, body, deliver_at_ns)
@@ -90,19 +89,18 @@ def _nsqd_items(queue: GoDiskQueue | None) -> Iterator[Item]:
         yield (m.ts_ns, m.attempts, m.body, 0)
 
 
-def import_nsqd_dir(storage: StorageManager) -> bool:
-    """Import storage.data_path if it holds nsqd's files (once: they are moved away);
+def import_nsqd_dir(data_path: str, max_msg_size: int, broker: Broker) -> bool:
+    """Import data_path if it holds nsqd's files (once: they are moved away);
     returns whether it did. Queues that nsqd.dat does not list (nsqd keeps them dormant
     until a topic or channel of that name comes back) are imported too, with their
     topic and channel."""
-    data_path = storage.data_path
     try:
         names = os.listdir(data_path)
     except OSError:
         return False
     if not any(n.endswith(".diskqueue.meta.dat") for n in names):
         return False
-    src = NsqdDataDir(data_path, max_msg_size=storage.options.max_msg_size)
+    src = NsqdDataDir(data_path, max_msg_size=max_msg_size)
     for problem in src.problems:
         log.error("NSQ: import: %s", problem)
     plan: dict[str, TopicPlan] = {}
@@ -118,7 +116,7 @@ def import_nsqd_dir(storage: StorageManager) -> bool:
             tp.buffered = _nsqd_items(src.queue(qname))
         log.info("NSQ: import: queue %r is not in nsqd's metadata: imported all the same",
                  qname)
-    count = import_plan(storage.runtime.broker, plan)
+    count = import_plan(broker, plan)
     moved = os.path.join(data_path, "nsqd-imported")
     os.makedirs(moved, exist_ok=True)
     for fname in names:
@@ -142,15 +140,14 @@ def _queue_items(qdir: str) -> Iterator[Item]:
         yield (ts, attempts, rec[_RECORD_HEADER:], deliver_at)
 
 
-def migrate_queues_dir(storage: StorageManager) -> bool:
+def migrate_queues_dir(data_path: str, broker: Broker) -> bool:
     """Move the queues of pybroker's earlier format (``queues/``) into topic logs, once;
     returns whether there were any. Topics and channels come from nsqd.dat as usual
     (already loaded); a queue nsqd.dat does not list is kept with its topic/channel."""
-    root = os.path.join(storage.data_path, "queues")
+    root = os.path.join(data_path, "queues")
     queues = list_queues(root)
     if not queues:
         return False
-    broker = storage.runtime.broker
     plan: dict[str, TopicPlan] = {}
     for qname, qdir in queues.items():
         topic, _, channel = qname.partition(":")
@@ -167,7 +164,7 @@ def migrate_queues_dir(storage: StorageManager) -> bool:
             # a topic's buffer only while it had none)
             tp.channels = [(c, False, ()) for c in existing.channels]
     count = import_plan(broker, plan)
-    moved = os.path.join(storage.data_path, "queues-migrated")
+    moved = os.path.join(data_path, "queues-migrated")
     shutil.move(root, moved)
     log.info("NSQ: moved %d messages from the earlier queue format into topic logs (the "
              "old files are in %s)", count, moved)

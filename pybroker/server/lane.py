@@ -5,7 +5,7 @@ Why: a producer that sends one PUB (or a small MPUB) and waits for its OK costs 
 general path a trip through Python per command (a Command object, the verbs table, the
 handler, an append of its own, a settlement of its own). nsqd pays a goroutine's few
 microseconds. Here, the connections that became readable in a turn and are in the plain
-steady state (``ClientConn.lane_ready``: magic read, no TLS or compression, nothing
+steady state (``Conn.lane_ready``: magic read, no TLS or compression, nothing
 held or half-parsed, not subscribed, no publish waiting, no auth server) are
 collected by ``take`` instead of being read at once. At the end of the turn, before the
 Publisher writes, ``run`` receives each one's bytes into one kept buffer (one
@@ -13,7 +13,7 @@ Publisher writes, ``run`` receives each one's bytes into one kept buffer (one
 complete, valid PUB/MPUB commands to one topic, and where their messages are. Those are
 appended with one record build per topic (``Publisher.lane_publish``) and answered like
 any publish (an OK per command once the write of their epoch worked). Every other
-connection's bytes go to its general path (``ClientConn.take_input``) unchanged, so
+connection's bytes go to its general path (``Conn.take_input``) unchanged, so
 errors, odd input and every other verb are answered exactly as before.
 
 Budget: at most PIECE bytes per connection per turn (the rest is read next turn: the
@@ -35,8 +35,7 @@ from pybroker.server.publish import LANE_MPUB
 
 if TYPE_CHECKING:
     from pybroker.core.topic import Topic
-    from pybroker.server.connection import ClientConn
-    from pybroker.server.loop import EventLoop
+    from pybroker.server.ports import Conn, Loop
 
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
@@ -51,10 +50,10 @@ _FIELDS = _native.LANE_FIELDS
 class Lane:
     """One per event loop (see the module)."""
 
-    def __init__(self, loop: EventLoop) -> None:
+    def __init__(self, loop: Loop) -> None:
         self.loop = loop
         o = loop.options
-        self.conns: list[ClientConn] = []
+        self.conns: list[Conn] = []
         self.buf = bytearray(BUF)
         self.view = memoryview(self.buf)
         self.scanner = _native.PubLane(MAX_LINE, o.max_msg_size, o.max_body_size, PARTS)
@@ -73,7 +72,7 @@ class Lane:
         view = self.view
         starts = array.array("I")
         lens = array.array("I")
-        batch: list[ClientConn] = []
+        batch: list[Conn] = []
         pos = 0
         for conn in conns:
             if not conn.lane_ready():    # changed since it was taken (a timer, a call)
@@ -102,7 +101,7 @@ class Lane:
         if batch:
             self._publish(batch, starts, lens)
 
-    def _publish(self, batch: list[ClientConn], starts: array.array[int],
+    def _publish(self, batch: list[Conn], starts: array.array[int],
                  lens: array.array[int]) -> None:
         res, offs, plens, _ = self.scanner.scan(self.buf, starts, lens, len(batch))
         loop = self.loop
@@ -111,7 +110,7 @@ class Lane:
         cluster = loop.publisher.cluster
         now = monotonic_ns()
         # topic -> (its parts' index ranges, its connections with their commands)
-        groups: dict[Topic, tuple[list[int], list[tuple[ClientConn, int, int]]]] = {}
+        groups: dict[Topic, tuple[list[int], list[tuple[Conn, int, int]]]] = {}
         slow: list[int] = []
         part = 0
         for i, conn in enumerate(batch):

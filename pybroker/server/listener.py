@@ -22,9 +22,13 @@ import resource
 import selectors
 import socket
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from pybroker.protocol.encoder import encode_error
+
+if TYPE_CHECKING:
+    from pybroker.server.loop import EventLoop
 
 log = logging.getLogger("pybroker")
 # connections accepted per loop turn: each new one's first commands (IDENTIFY, a TLS
@@ -87,7 +91,7 @@ class Listener:
 
     closed = False
 
-    def __init__(self, sock: socket.socket, loops: list[Any]) -> None:
+    def __init__(self, sock: socket.socket, loops: Sequence[EventLoop]) -> None:
         self.sock = sock
         self.loops = loops
         self._next = 0

@@ -27,7 +27,7 @@ import selectors
 import socket
 import struct
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pybroker import NSQ_COMPAT_VERSION
 from pybroker.config import split_hostport
@@ -134,7 +134,7 @@ class LookupdRegistrar(SelectorLoop):
         self._queued = False  # a pass is queued (set by any thread, cleared by the pass)
         self._next_ping = 0.0
         self._retry_s = RETRY_S
-        self._timer: Any = None  # the next PING, or the retry after a failure
+        self._timer: object = None  # the next PING (a call_later handle), or the retry
 
     def start(self) -> None:
         self.runtime.broker.on_change.append(self.notify)

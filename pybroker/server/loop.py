@@ -29,22 +29,29 @@ import logging
 import selectors
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from pybroker.core.channel import Channel
 from pybroker.core.timeouts import TimeoutWheel
-from pybroker.evloop import SelectorLoop
+from pybroker.evloop import Call, SelectorLoop
+from pybroker.server.connection import ClientConn
+from pybroker.server.iostate import CLOSED, DRAINING
 from pybroker.server.lane import Lane
+from pybroker.server.ports import owner_loop
 from pybroker.server.publish import Publisher
 
 if TYPE_CHECKING:
     from pybroker.core.flight import Deferred, Flight
     from pybroker.core.seams import Owner
-    from pybroker.server.services import LoopServices
-    from pybroker.server.connection import ClientConn
+    from pybroker.server.ports import Conn, Loop, LoopServices
 
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
+
+
+@runtime_checkable
+class _Closable(Protocol):
+    def close(self, reason: str) -> None: ...
 
 
 class EventLoop(SelectorLoop):
@@ -53,13 +60,13 @@ class EventLoop(SelectorLoop):
 
     def __init__(self, index: int, runtime: LoopServices) -> None:
         super().__init__(f"loop-{index}",
-                         TimeoutWheel[tuple[Callable[..., Any], tuple[Any, ...]]]())
+                         TimeoutWheel[Call]())
         self.index = index
         self.runtime = runtime
         self.options = runtime.options
-        self.connections: set[ClientConn] = set()
+        self.connections: set[Conn] = set()
         self.dirty: dict[Channel, None] = {}
-        self.to_flush: dict[ClientConn, None] = {}
+        self.to_flush: dict[Conn, None] = {}
         self.handshake_ns = 0   # TLS handshake work this turn (ClientConn.on_readable)
         self.durable = self.options.durability == "fsync"
         # every publish to the topics this loop owns, and this loop's publishes to others'
@@ -69,7 +76,7 @@ class EventLoop(SelectorLoop):
         self.lane_on = False    # set each turn (Lane.enabled)
         # connections that SUBscribed to another loop's channel: handed over at the end
         # of this turn
-        self._handover: list[tuple[ClientConn, EventLoop, Channel]] = []
+        self._handover: list[tuple[Conn, Loop, Channel]] = []
         # channels of other loops with new records: told once per turn
         self._wake_remote: dict[Owner[Channel], dict[Channel, None]] = {}
 
@@ -121,17 +128,15 @@ class EventLoop(SelectorLoop):
     # -- connections --------------------------------------------------------------------
     def add_connection(self, sock: socket.socket,
                        addr: tuple[str, int] | tuple[str, int, int, int] | str) -> None:
-        from pybroker.server.connection import ClientConn
-
         conn = ClientConn(self, sock, addr)
         self.connections.add(conn)
         self.selector.register(sock, selectors.EVENT_READ, conn)
         conn.start()
 
-    def hand_over(self, conn: "ClientConn", target: "EventLoop", ch: Channel) -> None:
-        """conn SUBscribed to a channel ``target`` owns: give it away at the end of this
-        turn (owner thread). It runs no command meanwhile (``conn.moving``)."""
-        self._handover.append((conn, target, ch))
+    def hand_over(self, conn: Conn, ch: Channel) -> None:
+        """conn SUBscribed to a channel another loop owns: give it to that loop at the
+        end of this turn (owner thread). It runs no command meanwhile (``conn.io`` is MOVING)."""
+        self._handover.append((conn, owner_loop(ch.owner), ch))
 
     def _hand_over_all(self) -> None:
         """End of turn: this turn's publishes are answered (their OKs are in conn.out,
@@ -140,7 +145,7 @@ class EventLoop(SelectorLoop):
         unrun bytes stay in its decoder and its unsent bytes in its output, in order."""
         handover, self._handover = self._handover, []
         for conn, target, ch in handover:
-            if conn.closed or conn.closing_after_flush:
+            if conn.io is CLOSED or conn.io is DRAINING:
                 continue   # a failed publish before the SUB: it closes here
             if conn.unconfirmed:
                 # a replicated topic's publish still waits for its replicas (its OK is
@@ -152,20 +157,20 @@ class EventLoop(SelectorLoop):
             conn.hb_timer = conn.flush_timer = None
             if conn.out or conn.pending:
                 conn.flush()
-                if conn.closed:
+                if conn.io is CLOSED:
                     continue
             self.release(conn)
             conn.loop = target
             target.call_soon_threadsafe(target.adopt, conn, ch)
 
-    def adopt(self, conn: "ClientConn", ch: Channel) -> None:
+    def adopt(self, conn: Conn, ch: Channel) -> None:
         """Take over a connection that SUBscribed to a channel this loop owns."""
         conn.loop = self
         self.connections.add(conn)
         self._set_events(conn, conn.reading, conn.writing)
         conn.finish_subscribe(ch)
 
-    def release(self, conn: "ClientConn") -> None:
+    def release(self, conn: Conn) -> None:
         """Forget a connection that moves to another loop (owner thread)."""
         self.connections.discard(conn)
         self.to_flush.pop(conn, None)
@@ -174,14 +179,14 @@ class EventLoop(SelectorLoop):
         except (KeyError, ValueError):
             pass
 
-    def want_write(self, conn: "ClientConn", on: bool) -> None:
+    def want_write(self, conn: Conn, on: bool) -> None:
         self._set_events(conn, conn.reading, on)
 
-    def set_reading(self, conn: "ClientConn", on: bool) -> None:
+    def set_reading(self, conn: Conn, on: bool) -> None:
         """Stop or resume reading a client (its unread replies are over the cap)."""
         self._set_events(conn, on, conn.writing)
 
-    def _set_events(self, conn: "ClientConn", read: bool, write: bool) -> None:
+    def _set_events(self, conn: Conn, read: bool, write: bool) -> None:
         events = (selectors.EVENT_READ if read else 0) | (selectors.EVENT_WRITE if write else 0)
         try:
             if events:
@@ -214,9 +219,10 @@ class EventLoop(SelectorLoop):
         return bool(self.dirty or self.to_flush or self.publisher.busy() or self._handover
                     or self.lane.conns)
 
-    def on_error(self, obj: Any) -> None:
+    def on_error(self, obj: object) -> None:
         log.exception("[%s] unexpected error; closing the connection", obj)
-        obj.close("internal error")
+        if isinstance(obj, _Closable):   # a connection, or the listener
+            obj.close("internal error")
 
     def on_exit(self) -> None:
         self._flush_all()
@@ -254,7 +260,7 @@ class EventLoop(SelectorLoop):
             conns = self.to_flush
             self.to_flush = {}
             for conn in conns:
-                if not conn.closed:
+                if conn.io is not CLOSED:
                     conn.flush()
         if self._handover:
             self._hand_over_all()

@@ -38,26 +38,21 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Callable, Union
+from typing import TYPE_CHECKING
 
 from pybroker.errors import ClientError, Exiting, MpubFailed, PubFailed
 from pybroker.protocol.encoder import OK_FRAME, encode_error
-from pybroker.server.services import owner_loop
+from pybroker.server.ports import Done, Parts, Payload, owner_loop
 from pybroker.storage import StorageError, StorageIOError
 
 if TYPE_CHECKING:
-    from pybroker.server.services import ClusterHooks
     from pybroker.core.topic import Topic
-    from pybroker.server.connection import ClientConn
-    from pybroker.server.loop import EventLoop
+    from pybroker.server.ports import ClusterHooks, Conn, Loop
 
 log = logging.getLogger("pybroker")
 # messages of a big MPUB appended per loop turn (a few milliseconds of work)
 SLICE = 20_000
 LANE_MPUB = 1 << 31   # the lane's flag on a connection's message count: first verb MPUB
-Parts = tuple[bytes, Sequence[int], Sequence[int]]   # an MPUB body, offsets, lengths
-Payload = Union[list[bytes], Parts]
-Done = Callable[[Union[Exception, None]], None]      # called with None (OK) or the error
 Request = tuple[str, Payload, int, Done]             # (topic, payload, defer_ns, done)
 # (ts_ns, attempts, body, deliver_at_ns): a record that keeps its own fields (imports)
 Record = tuple[int, int, bytes, int]
@@ -73,9 +68,9 @@ class _Batch:
         self.end = 0          # once written: one past the last offset it carried
         # memory mode, connections of this loop: their OK already in conn.out at index i,
         # not flushed before the write (conn.unconfirmed); an error replaces it
-        self.slots: list[tuple[ClientConn, int, type[ClientError], str]] = []
+        self.slots: list[tuple[Conn, int, type[ClientError], str]] = []
         self.calls: list[Done] = []                       # settled on this loop
-        self.remote: list[tuple[EventLoop, Done]] = []    # settled on their origin loop
+        self.remote: list[tuple[Loop, Done]] = []    # settled on their origin loop
 
 
 class _SliceJob:
@@ -84,7 +79,7 @@ class _SliceJob:
     __slots__ = ("name", "parts", "done", "origin", "ts_ns", "next", "open", "error")
 
     def __init__(self, name: str, parts: Parts, done: Done,
-                 origin: EventLoop | None) -> None:
+                 origin: Loop | None) -> None:
         self.name = name
         self.parts = parts
         self.done = done
@@ -99,7 +94,7 @@ class _SliceJob:
         return self.next >= len(self.parts[2])
 
 
-def answer(conn: ClientConn, failed: type[ClientError], verb: str,
+def answer(conn: Conn, failed: type[ClientError], verb: str,
            err: Exception | None) -> None:
     """Answer a TCP publish that made its connection wait (on the connection's loop)."""
     conn.awaiting_commit -= 1
@@ -113,7 +108,7 @@ def answer(conn: ClientConn, failed: type[ClientError], verb: str,
         conn.process()
 
 
-def answer_many(conn: ClientConn, failed: type[ClientError], verb: str, count: int,
+def answer_many(conn: Conn, failed: type[ClientError], verb: str, count: int,
                 err: Exception | None) -> None:
     """Answer ``count`` publishes of one connection read by the lane (server/lane.py)
     in one turn: an OK each, or the error (which closes the connection)."""
@@ -135,7 +130,7 @@ def _unwaited(topics: list[Topic]) -> None:
 class Publisher:
     """The publish policy of one event loop (its thread only; see the module)."""
 
-    def __init__(self, loop: EventLoop) -> None:
+    def __init__(self, loop: Loop) -> None:
         self.loop = loop
         self.durable = loop.options.durability == "fsync"
         # memory durability: an fsync (not waited for) every sync_every records per topic,
@@ -144,8 +139,8 @@ class Publisher:
         self._unsynced: dict[Topic, int] = {}
         self._turn: dict[Topic, _Batch] = {}            # appended this turn
         self._syncing: dict[Topic, deque[_Batch]] = {}  # fsync mode: written, not synced
-        self._outbox: dict[EventLoop, list[Request]] = {}
-        self._replies: dict[EventLoop, list[tuple[Done, Exception | None]]] = {}
+        self._outbox: dict[Loop, list[Request]] = {}
+        self._replies: dict[Loop, list[tuple[Done, Exception | None]]] = {}
         self._slices: deque[_SliceJob] = deque()
         # clustering (pybroker.cluster; None on a single node): publishes to a topic
         # another node leads are forwarded there, and a write's batch is answered once
@@ -156,7 +151,7 @@ class Publisher:
         return bool(self._turn or self._slices or self._outbox or self._replies)
 
     # -- the ways in ----------------------------------------------------------------------
-    def publish_conn(self, conn: ClientConn, name: str, payload: Payload, defer_ns: int,
+    def publish_conn(self, conn: Conn, name: str, payload: Payload, defer_ns: int,
                      failed: type[ClientError], verb: str) -> None:
         """A TCP PUB, DPUB or MPUB of conn (a connection of this loop). Raises ``failed``
         when the topic cannot take it now (the broker is exiting)."""
@@ -213,7 +208,7 @@ class Publisher:
 
     def lane_publish(self, topic: Topic, src: bytearray, offs: Sequence[int],
                      lens: Sequence[int], ts_ns: int,
-                     conns: list[tuple[ClientConn, int, int]]) -> bool:
+                     conns: list[tuple[Conn, int, int]]) -> bool:
         """The lane's messages for one topic this loop owns (server/lane.py): appended
         with one record build, and each connection's commands answered with this turn's
         batch. conns: (connection, commands, messages | LANE_MPUB when its first
@@ -264,7 +259,7 @@ class Publisher:
         else:
             self._take_one(name, payload, defer_ns, done, None)
 
-    def take(self, origin: EventLoop, requests: list[Request]) -> None:
+    def take(self, origin: Loop, requests: list[Request]) -> None:
         """Publishes handed over by loop ``origin`` (posted there at the end of a turn)."""
         for name, payload, defer_ns, done in requests:
             self._take_one(name, payload, defer_ns, done, origin)
@@ -278,7 +273,7 @@ class Publisher:
                 log.exception("%s: answering a publish failed", self.loop.name)
 
     def _take_one(self, name: str, payload: Payload, defer_ns: int, done: Done,
-                  origin: EventLoop | None) -> None:
+                  origin: Loop | None) -> None:
         cl = self.cluster
         if cl is not None:     # the topic's role may have changed since the publish came
             why = f"not the leader of {name}" if cl.diverts(name) else cl.refusal(name)
@@ -495,7 +490,7 @@ class Publisher:
         for origin, done in batch.remote:
             self._settle_one(done, origin, err)
 
-    def _settle_one(self, done: Done, origin: EventLoop | None,
+    def _settle_one(self, done: Done, origin: Loop | None,
                     err: Exception | None) -> None:
         if origin is None:
             try:

@@ -18,7 +18,7 @@ import resource
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pybroker import NSQ_COMPAT_VERSION, __version__, _native
 from pybroker.config import Options
@@ -37,7 +37,11 @@ from pybroker.storage.lock import DataPathLocked
 
 if TYPE_CHECKING:
     from pybroker.server.services import ClusterHooks
+    import socket
     import ssl
+    from types import FrameType
+
+    from pybroker.core.seams import Owner
 
     from pybroker.http.server import HttpServer
     from pybroker.server.authhttp import AuthClient
@@ -77,7 +81,7 @@ class Runtime:
             if loop.thread is current:
                 loop.wake(chans)
                 return
-        by_owner: dict[Any, list[Channel]] = {}
+        by_owner: dict[Owner[Channel], list[Channel]] = {}
         for ch in chans:
             by_owner.setdefault(ch.owner, []).append(ch)
         for owner, mine in by_owner.items():
@@ -182,7 +186,7 @@ class Runtime:
 
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT ask for a clean stop (installed before start-up begins)."""
-        def on_signal(signum: int, frame: Any) -> None:
+        def on_signal(signum: int, frame: FrameType | None) -> None:
             self._stop.set()
 
         signal.signal(signal.SIGTERM, on_signal)
@@ -218,7 +222,7 @@ class Runtime:
         log.info("NSQ: bye")
 
 
-def _advertised(sock: Any, o: Options) -> str:
+def _advertised(sock: socket.socket, o: Options) -> str:
     """host:port other nodes reach this node's TCP clients' port at."""
     host, port = sock.getsockname()[:2]
     if host in ("0.0.0.0", "::", ""):

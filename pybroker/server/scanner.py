@@ -16,21 +16,22 @@ import queue
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pybroker.config import Options
     from pybroker.core.broker import Broker
+    from pybroker.core.channel import Channel
 
 log = logging.getLogger("pybroker")
-_STOP = object()
+_STOP = None   # a job that tells a worker to stop
 
 
 class QueueScanner:
     def __init__(self, broker: Broker, options: Options) -> None:
         self.broker = broker
         self.opts = options
-        self._jobs: queue.Queue[Any] = queue.Queue()
+        self._jobs: queue.Queue[Channel | None] = queue.Queue()
         self._results: queue.Queue[bool] = queue.Queue()
         self._workers: list[threading.Thread] = []
         self._stop = threading.Event()
@@ -62,7 +63,7 @@ class QueueScanner:
         o = self.opts
         interval_s = o.queue_scan_interval / 1e9
         refresh_ns = o.queue_scan_refresh_interval
-        channels: list[Any] = []
+        channels: list[Channel] = []
         refreshed = 0
         generation = -1
         while not self._stop.is_set():

@@ -10,9 +10,12 @@ imports only ``socket`` and the option helpers.
 from __future__ import annotations
 
 import socket
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pybroker.config import split_hostport
+
+if TYPE_CHECKING:
+    from pybroker.config import Options
 
 BACKLOG = 1024
 
@@ -52,7 +55,7 @@ class Bound:
                 s.close()
 
 
-def bind_listeners(o: Any) -> Bound:
+def bind_listeners(o: Options) -> Bound:
     """Bind every listener the options ask for (nsqd's order: TCP, HTTP, HTTPS).
     Raises StartupError naming the option whose address cannot be used."""
     wanted = [("tcp_address", o.tcp_address), ("http_address", o.http_address or None),

@@ -27,7 +27,7 @@ import os
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, TypedDict, Unpack
+from typing import TYPE_CHECKING, Callable, NamedTuple, TypedDict, Union, Unpack
 
 from pybroker.protocol.deadletter import dead_letter_settings
 from pybroker.core.lifecycle import ChannelState
@@ -44,8 +44,7 @@ from pybroker.evloop import Ts
 if TYPE_CHECKING:
     from pybroker.core.broker import Broker
     from pybroker.core.channel import Channel
-    from pybroker.server.loop import EventLoop
-    from pybroker.server.services import StorageHost
+    from pybroker.server.ports import Loop, StorageHost
 
 
 
@@ -66,7 +65,33 @@ log = logging.getLogger("pybroker")
 TICK_S = 0.05
 META_RETRY_S = 1.0    # a failed nsqd.dat save is tried again after this
 SNAPSHOT_WAIT_S = 2.0
-_STOP = object()
+
+
+class _Sync(NamedTuple):
+    """fsync these topics, then call done(topics) (group commit)."""
+    topics: list[Topic]
+    done: Callable[[list[Topic]], None]
+
+
+class _Delete(NamedTuple):
+    """Remove a deleted topic's files (its directory, renamed aside to ``gone``)."""
+    topic: Topic
+    gone: str | None
+
+
+class _Call(NamedTuple):
+    """Run fn(*args) on the storage thread."""
+    fn: Callable[..., object]
+    args: tuple[object, ...]
+
+
+class _Stop:
+    """The storage thread's last request."""
+
+
+_STOP = _Stop()
+# None: only wake the thread (a metadata save or a checkpoint is wanted)
+_Request = Union[_Sync, _Delete, _Call, _Stop, None]
 
 
 class StorageManager:
@@ -79,7 +104,7 @@ class StorageManager:
         self.state_root = os.path.join(self.data_path, "state")
         self.meta_path = os.path.join(self.data_path, "nsqd.dat")
         self.durable = o.durability == "fsync"
-        self._requests: queue.Queue[Any] = queue.Queue()
+        self._requests: queue.Queue[_Request] = queue.Queue()
         self._meta_wanted = threading.Event()
         self._meta_retry_at = 0.0   # a failed metadata save is tried again from then on
         self._save_soon = threading.Event()
@@ -136,11 +161,12 @@ class StorageManager:
             return
         from pybroker.server.importer import import_nsqd_dir, migrate_queues_dir
 
-        if import_nsqd_dir(self):
+        broker = self.runtime.broker
+        if import_nsqd_dir(self.data_path, self.options.max_msg_size, broker):
             self.save_now()
         else:
             self._load()
-            if migrate_queues_dir(self):
+            if migrate_queues_dir(self.data_path, broker):
                 self.save_now()
         self._thread.start()
         self.save_metadata()
@@ -198,7 +224,7 @@ class StorageManager:
         (the caller's done posts back to its loop; each log then says which epochs are
         durable, ``durable_epoch``, and which a failed fsync lost, ``lost_by``). Requests
         that queue up meanwhile share the next round of fsyncs (group commit)."""
-        self._requests.put((topics, done))
+        self._requests.put(_Sync(topics, done))
 
     def save_metadata(self) -> None:
         """Ask for nsqd.dat to be written (coalesced; any thread)."""
@@ -209,7 +235,7 @@ class StorageManager:
                              *args: Unpack[Ts]) -> None:
         """Run fn(*args) on the storage thread, in order with its other work (the HTTP
         server's Gathers use this to wait for an fsync without blocking)."""
-        self._requests.put(("call", fn, args))
+        self._requests.put(_Call(fn, args))
 
     def request_checkpoint(self) -> None:
         """Save channel states soon (e.g. a REQ with a delay in fsync mode: its due time
@@ -238,7 +264,7 @@ class StorageManager:
             pass
         except OSError as e:
             log.error("NSQ: storage: removing state of %s: %s", t.name, e)
-        self._requests.put(("delete", t, gone))
+        self._requests.put(_Delete(t, gone))
 
     def write_ok(self, t: Topic | None, kind: str = "write") -> None:
         """An operation of this kind worked for t (a write of real records, an fsync, a
@@ -292,7 +318,7 @@ class StorageManager:
         storage thread would (for tests that drive the loops and storage by hand)."""
         self._serve([])
 
-    def _serve(self, batch: list[Any]) -> bool:
+    def _serve(self, batch: list[_Request]) -> bool:
         """One pass: the requests in batch and every one queued behind them (all the
         fsyncs they ask for in one round); True when asked to stop."""
         while True:
@@ -301,25 +327,24 @@ class StorageManager:
             except queue.Empty:
                 break
         stop = False
-        syncs: list[tuple[list[Topic], Callable[[list[Topic]], None]]] = []
+        syncs: list[_Sync] = []
         for req in batch:
-            if req is _STOP:
+            if isinstance(req, _Stop):
                 stop = True
-            elif isinstance(req, tuple) and req and req[0] == "delete":
-                self._remove_topic(req[1], req[2])
-            elif isinstance(req, tuple) and req and req[0] == "call":
+            elif isinstance(req, _Delete):
+                self._remove_topic(req.topic, req.gone)
+            elif isinstance(req, _Call):
                 try:
-                    req[1](*req[2])
+                    req.fn(*req.args)
                 except Exception:
                     log.exception("NSQ: storage: a posted call failed")
-            elif isinstance(req, tuple):
+            elif isinstance(req, _Sync):
                 syncs.append(req)
         if syncs:
             self._group_sync(syncs)
         return stop
 
-    def _group_sync(self, syncs: list[tuple[list[Topic], Callable[[list[Topic]], None]]]
-                    ) -> None:
+    def _group_sync(self, syncs: list[_Sync]) -> None:
         """One fsync per topic for every publish that asked since the last round."""
         for t in {t: None for ts, _ in syncs for t in ts}:    # each topic once
             self._sync_log(t)
@@ -503,7 +528,7 @@ def _channel_state(ch: Channel, wall_ns: int, now_ns: int) -> ChannelState:
     return snap
 
 
-def _snapshot_on_loop(lp: EventLoop, broker: Broker,
+def _snapshot_on_loop(lp: Loop, broker: Broker,
                       answers: "queue.Queue[list[tuple[Topic, str, ChannelState]]]") -> None:
     """On loop lp: the states of the channels it owns."""
     now, wall = time.monotonic_ns(), time.time_ns()

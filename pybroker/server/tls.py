@@ -7,8 +7,8 @@ and the HTTPS listener, and describes a finished handshake the way nsqd's
 from __future__ import annotations
 
 import os
+import socket
 import ssl
-from typing import Any
 
 from pybroker.config import Options
 from pybroker.errors import ConfigError
@@ -97,11 +97,11 @@ def peer_common_name(obj: ssl.SSLObject | ssl.SSLSocket) -> str:
         return ""
     if not cert:
         return ""
-    subject: Any = cert.get("subject", ())
-    for rdn in subject:
-        for key, value in rdn:
-            if key == "commonName":
-                return str(value)
+    subject = cert.get("subject", ())
+    for rdn in subject if isinstance(subject, tuple) else ():
+        for pair in rdn:
+            if pair[0] == "commonName":
+                return str(pair[1])
     return ""
 
 
@@ -115,7 +115,7 @@ class TlsSocket(NonBlockingTls):
     Owned by the HTTP thread.
     """
 
-    def __init__(self, ctx: ssl.SSLContext, sock: Any) -> None:
+    def __init__(self, ctx: ssl.SSLContext, sock: socket.socket) -> None:
         super().__init__(ctx.wrap_socket(sock, server_side=True,
                                          do_handshake_on_connect=False))
         self.done = False

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import select
 import socket
-from typing import TYPE_CHECKING, Any, Callable, cast
+from collections import deque
+from typing import TYPE_CHECKING, Callable, Protocol, cast
 
 from pybroker.server.sockio import scratch
 
@@ -60,6 +61,25 @@ class TransportError(OSError):
 
 class CorruptInput(TransportError):
     """The client's compressed stream is corrupt (its output direction still works)."""
+
+
+class SlotWaiter(Protocol):
+    """A client waiting for a TLS handshake slot (server.upgrade): its connection."""
+
+    transport: Transport
+
+    @property
+    def closed(self) -> bool: ...
+    def release_input(self) -> None: ...
+
+
+class HandshakeSlots:
+    """The TLS handshakes one loop runs (at most server.upgrade.MAX_HANDSHAKES) and the
+    clients waiting for one of them, oldest first. Owned by that loop's thread."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting: deque[tuple[SlotWaiter, Callable[[], None]]] = deque()
 
 
 class Transport:
@@ -83,7 +103,7 @@ class Transport:
         self._tls_more = False   # the last TLS read filled RECV_SIZE: records may wait
         self._plain = b""        # plaintext read but not handed out, from _plain_pos
         self._plain_pos = 0
-        self.slot: Any = None    # the loop's handshake slot it holds (server.upgrade)
+        self.slot: HandshakeSlots | None = None  # the loop's handshake slot it holds
         self.tls_queued = False  # TLS was negotiated; waiting for a handshake slot
         self.handshake_deadline_ns = 0
         self.tls_stats: dict[str, object] = {}

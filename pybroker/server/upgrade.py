@@ -14,42 +14,32 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING
 
 from pybroker.protocol.encoder import OK_FRAME, encode_error
-from pybroker.server.transport import Transport, TransportError
+from pybroker.server.transport import HandshakeSlots, Transport, TransportError
 
 if TYPE_CHECKING:
     import ssl
 
-    from pybroker.server.connection import ClientConn
+    from pybroker.server.ports import Conn, Loop
 
 log = logging.getLogger("pybroker")
 HANDSHAKE_TIMEOUT_NS = 5_000_000_000  # matches nsqd's 5 s deadline in UpgradeTLS
 MAX_HANDSHAKES = 64                   # unfinished TLS handshakes per loop
 
 
-class HandshakeSlots:
-    """The TLS handshakes one loop runs (at most MAX_HANDSHAKES) and the clients waiting
-    for one of them, oldest first. Owned by that loop's thread."""
-
-    def __init__(self) -> None:
-        self.running = 0
-        self.waiting: deque[tuple[ClientConn, Callable[[], None]]] = deque()
+_SLOTS: dict[Loop, HandshakeSlots] = {}  # per loop; each entry touched by its loop only
 
 
-_SLOTS: dict[Any, HandshakeSlots] = {}  # per loop; each entry touched by its loop only
-
-
-def _slots_of(loop: Any) -> HandshakeSlots:
+def _slots_of(loop: Loop) -> HandshakeSlots:
     slots = _SLOTS.get(loop)
     if slots is None:
         slots = _SLOTS[loop] = HandshakeSlots()
     return slots
 
 
-def release_slot(c: "ClientConn") -> None:
+def release_slot(c: Conn) -> None:
     """c's handshake finished, failed or its connection closed: give its slot to the
     next waiting client (on c's loop)."""
     t: Transport = c.transport
@@ -69,7 +59,7 @@ def release_slot(c: "ClientConn") -> None:
         nc.release_input()
 
 
-def upgrade(c: "ClientConn", ctx: ssl.SSLContext | None, snappy: bool, deflate_level: int) -> None:
+def upgrade(c: Conn, ctx: ssl.SSLContext | None, snappy: bool, deflate_level: int) -> None:
     """Switch a client's transport after its IDENTIFY answer, as nsqd's IDENTIFY does.
 
     The answer already queued on ``c`` goes out in plaintext; then the TLS handshake (if
@@ -145,7 +135,7 @@ _GO_TLS_ERRORS = {
 }
 
 
-def handshake_failed(c: "ClientConn", err: OSError) -> None:
+def handshake_failed(c: Conn, err: OSError) -> None:
     """nsqd answers a failed handshake with a plaintext E_IDENTIFY_FAILED, then closes."""
     t: Transport = c.transport
     text = str(err)

@@ -8,8 +8,8 @@ order, returning what it parsed) and, for SUB, PUB, DPUB, MPUB, IDENTIFY and AUT
 ``act`` (the rest, with the body for the verbs that carry one); ``grant`` says where AUTH
 gates the verb (nsqd's CheckAuth): after the line (SUB; MPUB, before its body is read),
 after the body (PUB, DPUB), or nowhere. A command whose line is complete before its body
-(``pending=True``) has its line step run then, once; what it parsed waits on the
-connection (``held``) for the body. A grant that expired is asked for again while the
+(``pending=True``) has its line step run then, once; the rest of it, with what the line
+parsed, waits on the connection (``held``) for the body. A grant that expired is asked for again while the
 connection reads nothing (server.auth), and the command goes on from its gate when the
 answer is in: no step runs twice.
 
@@ -27,7 +27,7 @@ from pybroker.server.handlers import (NO_LINE, Line, auth, auth_line, cls, dpub,
                                       rdy, req, sub, sub_line, touch)
 
 if TYPE_CHECKING:
-    from pybroker.server.connection import ClientConn
+    from pybroker.server.ports import Conn
 
 __all__ = ["AFTER_BODY", "AFTER_LINE", "NO_GRANT", "VERBS", "Verb", "dispatch"]
 
@@ -39,13 +39,13 @@ class Verb(NamedTuple):
     whole handler); ``act`` does the rest, given what ``line`` returned and the body
     (None for SUB); ``grant``: where AUTH gates it (NO_GRANT, AFTER_LINE, AFTER_BODY)."""
 
-    line: Callable[["ClientConn", Command], "Line | None"]
-    act: Callable[["ClientConn", Line, bytes], None] | None = None
+    line: Callable[[Conn, Command], "Line | None"]
+    act: Callable[[Conn, Line, bytes], None] | None = None
     has_body: bool = False
     grant: int = NO_GRANT
 
 
-def _no_line(c: "ClientConn", cmd: Command) -> Line:
+def _no_line(c: Conn, cmd: Command) -> Line:
     return NO_LINE
 
 
@@ -61,14 +61,14 @@ VERBS: dict[bytes, Verb] = {
 }
 
 
-def dispatch(c: "ClientConn", cmd: Command) -> None:
+def dispatch(c: Conn, cmd: Command) -> None:
     """Run cmd if the session's state table allows it (protocol.session.COMMANDS: the
     state checks and their nsqd texts live there, not in the handlers), through its row
     of ``VERBS``."""
     held = c.held
     if held is not None:  # this command's line ran when it was announced (pending)
         c.held = None
-        _with_body(c, held[0], held[1], held[2], cmd)
+        held(cmd)
         return
     verb = cmd.params[0]
     if not c.session.check(verb):
@@ -84,17 +84,18 @@ def dispatch(c: "ClientConn", cmd: Command) -> None:
     _after_line(c, verb, row, line, cmd)
 
 
-def _after_line(c: "ClientConn", verb: bytes, row: Verb, line: Line, cmd: Command) -> None:
+def _after_line(c: Conn, verb: bytes, row: Verb, line: Line, cmd: Command) -> None:
     assert row.act is not None
     if not row.has_body:
         row.act(c, line, b"")
     elif cmd.pending:
-        c.held = (verb, row, line)   # the body follows: this line is not run again
+        c.held = partial(_with_body, c, verb, row, line)   # the body follows: the line
+        # is not run again
     else:
         _with_body(c, verb, row, line, cmd)
 
 
-def _with_body(c: "ClientConn", verb: bytes, row: Verb, line: Line, cmd: Command) -> None:
+def _with_body(c: Conn, verb: bytes, row: Verb, line: Line, cmd: Command) -> None:
     if cmd.body_error is not None:
         raise cmd.body_error   # nsqd's order: a size error at the body step
     body = cmd.body
@@ -105,7 +106,7 @@ def _with_body(c: "ClientConn", verb: bytes, row: Verb, line: Line, cmd: Command
     row.act(c, line, body)
 
 
-def _granted(c: "ClientConn", verb: bytes, line: Line, then: Callable[[], None]) -> bool:
+def _granted(c: Conn, verb: bytes, line: Line, then: Callable[[], None]) -> bool:
     """AUTH's gate (nsqd's CheckAuth): True to go on now; False while an expired grant
     is asked again (``then`` runs when the answer allows the command). Raises
     E_AUTH_FIRST or E_UNAUTHORIZED."""

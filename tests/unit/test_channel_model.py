@@ -238,9 +238,12 @@ class ChannelModel(RuleBasedStateMachine):
             assert len(got) <= room
             got_all += [(o, a) for o, a, _ in got]
         assert sorted(got_all) == sorted(expected), (got_all, expected)
-        for c in clients:
-            self._took(c, c.got[before[c.name]:], dead if c is clients[0] else [],
-                       batches if c is clients[0] else len(self.owner.batches))
+        # in the order they went out: by offset (one read, handed out in order)
+        took = sorted(((item, c) for c in clients for item in c.got[before[c.name]:]),
+                      key=lambda t: t[0][0])
+        self._took(clients[0], [], dead, batches)
+        for item, c in took:
+            self._took(c, [item], [], len(self.owner.batches))
 
     def _took(self, c: Client, got: list[tuple[int, int, bytes]], dead: list[int],
               batches: int) -> None:
