@@ -22,9 +22,10 @@ from pybroker.core.channel import Channel
 from pybroker.errors import ClientError, SubFailed, TooManyConsumers
 from pybroker.protocol.decoder import CommandDecoder
 from pybroker.protocol.encoder import HEARTBEAT_FRAME, OK_FRAME, encode_error
-from pybroker.protocol.session import INIT, Session
+from pybroker.protocol.session import INIT, SUBSCRIBED, Session
 from pybroker.protocol.wire import MAGIC_V2, ClientState
 from pybroker.server import verbs
+from pybroker.server.ports import LANE_FIN, LANE_NONE, LANE_PUB
 from pybroker.server.iostate import (AWAIT_MAGIC, CLOSED, DRAINING, HELD, MOVING, OPEN, Io,
                                      move)
 from pybroker.server.transport import CorruptInput, Transport, TransportError
@@ -186,9 +187,14 @@ class ClientConn:
         (TURN_BUDGET_NS) is spent; then the rest waits for the next turn. A TLS
         handshake step waits for the next turn once the loop's handshakes have used
         HANDSHAKE_TURN_NS in this one."""
-        if self.loop.lane_on and self.lane_ready():
-            self.loop.lane.conns.append(self)   # read with the turn's other publishers
-            return
+        if self.loop.lane_on:
+            kind = self.lane_kind()
+            if kind == LANE_PUB:
+                self.loop.lane.conns.append(self)   # read with the turn's publishers
+                return
+            if kind == LANE_FIN:
+                self.loop.lane.fins.append(self)    # and the turn's finishing consumers
+                return
         self.read_now()
 
     def read_now(self) -> None:
@@ -250,15 +256,27 @@ class ClientConn:
                 self.loop.read_again(self)
                 return
 
-    def lane_ready(self) -> bool:
-        """In the plain steady state the publish lane reads (server/lane.py): nothing
-        held, half-parsed or waiting, not subscribed, plain bytes."""
+    def lane_kind(self) -> int:
+        """Which lane reads this connection this turn (server/lane.py): LANE_PUB (plain,
+        not subscribed: its publishes), LANE_FIN (plain, subscribed: its FINs), or
+        LANE_NONE (read now, the general way). Plain: nothing held, half-parsed or
+        waiting, no TLS or compression."""
         s = self.session
-        return (self.io is OPEN and self.reading and not self.awaiting_commit
-                and self.held is None and s.state is INIT and not s.upgrading
+        if not (self.io is OPEN and self.reading and not self.awaiting_commit
+                and self.held is None and not s.upgrading
                 and (s.tls or not s.tls_required) and self.out_bytes < OUT_CAP
                 and self.transport.plain_idle()
-                and not self.decoder.buffered() and not self.decoder.ready())
+                and not self.decoder.buffered() and not self.decoder.ready()):
+            return LANE_NONE
+        state = s.state
+        if state is INIT:
+            return LANE_PUB
+        if state is SUBSCRIBED and self.channel is not None:
+            return LANE_FIN
+        return LANE_NONE
+
+    def lane_ready(self) -> bool:
+        return self.lane_kind() == LANE_PUB
 
     def take_input(self, data: bytes) -> None:
         """Bytes the publish lane read for this connection and did not publish itself:

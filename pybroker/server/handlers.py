@@ -319,6 +319,12 @@ def fin(c: Conn, cmd: Command) -> None:
     c.loop.mark_dirty(ch)
 
 
+def fins_read(c: Conn, cmd: Command, offsets: Sequence[int]) -> None:
+    """FINs the lane read (server/lane.py) for a subscribed connection: as a run of
+    FINs from the decoder would be handled."""
+    _fin_batch(c, cmd, offsets)
+
+
 def _fin_batch(c: Conn, cmd: Command, offsets: Sequence[int]) -> None:
     """Consecutive well-formed FINs: one pass over their offsets; E_FIN_FAILED for
     each failure, in order."""

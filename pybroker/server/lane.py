@@ -31,6 +31,9 @@ from pybroker import _native
 from pybroker.errors import Exiting
 from pybroker.protocol.names import is_valid_name
 from pybroker.protocol.wire import MAX_LINE
+from pybroker.protocol.decoder import Command
+from pybroker.server.handlers import fins_read
+from pybroker.server.ports import LANE_FIN
 from pybroker.server.publish import LANE_MPUB
 
 if TYPE_CHECKING:
@@ -54,6 +57,8 @@ class Lane:
         self.loop = loop
         o = loop.options
         self.conns: list[Conn] = []
+        self.fins: list[Conn] = []
+        self.fin_scanner = _native.Scanner(MAX_LINE, o.max_msg_size, o.max_body_size)
         self.buf = bytearray(BUF)
         self.view = memoryview(self.buf)
         self.scanner = _native.PubLane(MAX_LINE, o.max_msg_size, o.max_body_size, PARTS)
@@ -100,6 +105,36 @@ class Lane:
             pos += n
         if batch:
             self._publish(batch, starts, lens)
+
+    def run_fins(self) -> None:
+        """Read every subscribed connection taken this turn: when its bytes are nothing
+        but FINs (a consumer's steady state), finish them at once; else the general
+        path runs them. Then the channels dispatch (the end of the turn)."""
+        conns, self.fins = self.fins, []
+        view = self.view
+        scan = self.fin_scanner.fins
+        now = monotonic_ns()
+        for conn in conns:
+            if conn.lane_kind() != LANE_FIN:     # changed since it was taken
+                conn.read_now()
+                continue
+            try:
+                n = conn.sock.recv_into(view[:PIECE])
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError as e:
+                conn.close(f"read error: {e.strerror}")
+                continue
+            data = bytes(view[:n])
+            if not n:
+                conn.take_input(data)
+                continue
+            offsets, used = scan(data)
+            if used != n:
+                conn.take_input(data)
+                continue
+            conn.last_read_ns = now
+            fins_read(conn, Command.fins(offsets, raw=data), offsets)
 
     def _publish(self, batch: list[Conn], starts: array.array[int],
                  lens: array.array[int]) -> None:

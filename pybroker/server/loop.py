@@ -217,7 +217,7 @@ class EventLoop(SelectorLoop):
 
     def busy(self) -> bool:
         return bool(self.dirty or self.to_flush or self.publisher.busy() or self._handover
-                    or self.lane.conns)
+                    or self.lane.conns or self.lane.fins)
 
     def on_error(self, obj: object) -> None:
         log.exception("[%s] unexpected error; closing the connection", obj)
@@ -240,6 +240,8 @@ class EventLoop(SelectorLoop):
         flush connections."""
         if self.lane.conns:
             self.lane.run()
+        if self.lane.fins:
+            self.lane.run_fins()
         self.lane_on = self.lane.enabled()
         publisher = self.publisher
         if publisher.busy():

@@ -49,6 +49,8 @@ Timer = tuple[int, int]                                # a handle from Loop.call
 Parts = tuple[bytes, Sequence[int], Sequence[int]]     # an MPUB body, offsets, lengths
 Payload = Union[list[bytes], Parts]                    # the messages of one publish
 Done = Callable[[Union[Exception, None]], None]        # called with None (OK) or the error
+# which lane reads a connection this turn (Conn.lane_kind; server/lane.py)
+LANE_NONE, LANE_PUB, LANE_FIN = 0, 1, 2
 
 
 def owner_loop(owner: Owner[Channel] | None) -> Loop:
@@ -95,6 +97,7 @@ class Conn(Consumer, Protocol):
     def on_readable(self) -> None: ...
     def on_writable(self) -> None: ...
     def read_now(self) -> None: ...
+    def lane_kind(self) -> int: ...
     def lane_ready(self) -> bool: ...
     def take_input(self, data: bytes) -> None: ...
     def process(self) -> None: ...
@@ -132,10 +135,11 @@ class PublishPort(Protocol):
 
 
 class LanePort(Protocol):
-    """The loop's publish lane (server.lane.Lane): the plain publishing connections
-    taken this turn."""
+    """The loop's lanes (server.lane.Lane): the plain publishing connections and the
+    plain subscribed ones taken this turn."""
 
     conns: list[Conn]
+    fins: list[Conn]
 
 
 class Loop(Protocol):

@@ -1,7 +1,7 @@
-"""Many plain publishers at once (the case server/lane.py reads and publishes in one pass
-per loop turn): pipelined PUBs and MPUBs answered OK each, every message delivered once,
-and, in the same turns, connections with bad or unusual input answered exactly as nsqd
-answers them. Runs against pybroker and a real nsqd (when on PATH) with the same
+"""Many plain publishers, and many consumers finishing, at once (the cases server/lane.py
+reads in one pass per loop turn): pipelined PUBs and MPUBs answered OK each, every
+message delivered once, FINs freeing each consumer's slot for the next, and, in the same
+turns, connections with bad or unusual input answered exactly as nsqd answers them. Runs against pybroker and a real nsqd (when on PATH) with the same
 assertions."""
 from __future__ import annotations
 
@@ -97,3 +97,47 @@ def test_a_publisher_that_subscribes_later_is_served_as_a_consumer(
     c.send(wire.pub(topic, b"four"))     # a consumer may still publish
     c.expect_response(b"OK")
     assert _drain(c, 1) == [b"four"]
+
+
+def test_many_consumers_finishing_at_once_each_get_the_next(any_broker: BrokerProcess,
+                                                          connect: Connect) -> None:
+    """Consumers at RDY 1 whose input is nothing but FINs (read together at the end of a
+    turn): each FIN frees the slot for the next message; a FIN of an id not in flight
+    beside good ones gets E_FIN_FAILED naming that id, and the connection stays."""
+    topic = unique_name()
+    bodies = [b"m%d" % i for i in range(60)]
+    wire.publish(any_broker.tcp_address, topic, bodies)
+    consumers = [connect(any_broker) for _ in range(6)]
+    for c in consumers:
+        subscribe(c, topic, "ch", rdy=1)
+    got: list[bytes] = []
+    for _ in range(9):
+        msgs = [c.read_message(timeout=10) for c in consumers]
+        got += [m.body for m in msgs]
+        for c, m in zip(consumers, msgs):
+            c.send(wire.fin(m.id))
+    bad = consumers[0]
+    m = bad.read_message(timeout=10)
+    bad.send(wire.fin(b"00000000000000ff") + wire.fin(m.id))
+    bad.expect_error("E_FIN_FAILED", prefix="E_FIN_FAILED FIN 00000000000000ff failed")
+    got.append(m.body)
+    for c in consumers[1:]:
+        m = c.read_message(timeout=10)
+        got.append(m.body)
+        c.send(wire.fin(m.id))
+    got += _drain_rdy1(consumers, 60 - len(got))
+    assert sorted(got) == sorted(bodies)
+    for c in consumers:
+        c.assert_alive()
+
+
+def _drain_rdy1(consumers: list[WireClient], n: int) -> list[bytes]:
+    out: list[bytes] = []
+    while len(out) < n:
+        for c in consumers:
+            if len(out) >= n:
+                break
+            m = c.read_message(timeout=10)
+            out.append(m.body)
+            c.send(wire.fin(m.id))
+    return out
