@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import BinaryIO, List
+from typing import BinaryIO, List, cast
 
 import typer
 
@@ -30,8 +30,11 @@ _EOF = object()
 
 
 def binary_stdin() -> BinaryIO:
-    inp = sys.stdin
-    return inp.buffer if hasattr(inp, "buffer") else inp  # type: ignore[return-value]
+    """stdin's bytes, unbuffered where it can be: the reader thread is a daemon, and a
+    daemon blocked in a BufferedReader's read holds its lock, which makes the exit after
+    an error (before stdin ended) a fatal error at interpreter shutdown."""
+    buf: object = getattr(sys.stdin, "buffer", sys.stdin)
+    return cast(BinaryIO, getattr(buf, "raw", buf))
 
 
 def read_pieces(stream: BinaryIO, delim: bytes, out: "queue.Queue[object]") -> None:
