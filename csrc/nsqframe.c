@@ -567,3 +567,31 @@ int nsqf_pub_lane(const uint8_t *buf, const uint32_t *starts, const uint32_t *le
     }
     return (int)np;
 }
+
+
+/*
+ * nsqf_fin_lane: see nsqframe.h.
+ */
+int nsqf_fin_lane(const uint8_t *buf, const uint32_t *starts, const uint32_t *lens_in,
+                  int n, int64_t *offs, int cap, uint32_t *res)
+{
+    int got = 0, i;
+
+    for (i = 0; i < n; i++) {
+        size_t used = 0;
+        int k;
+
+        if (lens_in[i] == 0 || lens_in[i] % 21 != 0 || (int)(lens_in[i] / 21) > cap - got) {
+            res[i] = NSQF_FIN_LANE_SLOW;
+            continue;
+        }
+        k = nsqf_scan_fins(buf + starts[i], lens_in[i], offs + got, cap - got, &used);
+        if (used != lens_in[i]) {
+            res[i] = NSQF_FIN_LANE_SLOW;
+            continue;
+        }
+        res[i] = (uint32_t)k;
+        got += k;
+    }
+    return got;
+}

@@ -220,4 +220,16 @@ int nsqf_pub_lane(const uint8_t *buf, const uint32_t *starts, const uint32_t *le
                   int n, const nsqf_limits *lim, uint32_t max_count,
                   uint32_t *offs, uint32_t *lens, uint32_t parts_cap, uint32_t *res);
 
+/*
+ * The FIN lane: connection i's bytes are buf[starts[i], starts[i] + lens_in[i]).
+ * When they are nothing but whole FIN lines (as nsqf_scan_fins parses them),
+ * their offsets are stored at offs[at, at + count) in connection order and
+ * res[i] = count; otherwise res[i] = NSQF_FIN_LANE_SLOW and nothing is stored.
+ * Returns: the number of offsets stored (at most cap; a connection that would
+ * pass cap is SLOW).
+ */
+#define NSQF_FIN_LANE_SLOW 4294967295
+int nsqf_fin_lane(const uint8_t *buf, const uint32_t *starts, const uint32_t *lens_in,
+                  int n, int64_t *offs, int cap, uint32_t *res);
+
 #endif /* NSQFRAME_H */

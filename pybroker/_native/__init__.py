@@ -32,6 +32,7 @@ from pybroker._native._pure import (
     E_MPUB_PART_SIZE,
     E_MPUB_TRAILING,
     E_MSG_SIZE,
+    FIN_LANE_SLOW,
     LANE_FAST,
     LANE_FIELDS,
     LANE_SLOW,
@@ -55,6 +56,8 @@ __all__ = [
     "E_MPUB_TRAILING",
     "E_MSG_SIZE",
     "NEED_MORE",
+    "FIN_LANE_SLOW",
+    "FinLane",
     "LANE_FAST",
     "LANE_FIELDS",
     "LANE_SLOW",
@@ -101,7 +104,7 @@ def _check_header() -> None:
         "E_MPUB_PART_BIG", "E_MPUB_PART_SHORT", "E_MPUB_TRAILING", "E_CAPACITY",
         "E_FRAME_SIZE", "REC_HEADER", "PAYLOAD_HEAD", "LOG_END", "LOG_PARTIAL", "LOG_FULL",
         "LOG_BAD_LENGTH", "LOG_BAD_CRC", "LOG_BAD_OFFSET", "LANE_FAST", "LANE_SLOW",
-        "LANE_FIELDS",
+        "LANE_FIELDS", "FIN_LANE_SLOW",
     ]
     pairs = [(n, getattr(_lib, "NSQF_" + n, None), getattr(_pure, n)) for n in names]
     pairs.append(("MAX_BODY", getattr(_lib, "NSQF_MAX_BODY", None), _pure.MAX_BODY))
@@ -381,6 +384,34 @@ class PubLane:
             got = _lib.nsqf_pub_lane(bp, sp, lp, n, self._lim, self._max_count, op, ln,
                                      len(self._offs), rp)
         return res, self._offs, self._lens, got
+
+
+class FinLane:
+    """The FIN lane's scan (nsqf_fin_lane; csrc/nsqframe.h): one call per loop turn over
+    the bytes every subscribed connection sent. Owned by one event loop. ``scan(buf,
+    starts, lens, n)`` returns (res, offsets, stored): res[i] = how many FINs connection
+    i's bytes are (FIN_LANE_SLOW: not only FINs), their offsets in connection order."""
+
+    __slots__ = ("_offs", "_res")
+
+    def __init__(self, cap: int) -> None:
+        self._offs = array.array("q", bytes(8 * cap))
+        self._res = array.array("I")
+
+    def scan(self, buf: bytearray, starts: "array.array[int]", lens: "array.array[int]",
+             n: int) -> "tuple[Sequence[int], Sequence[int], int]":
+        if BACKEND != "c":
+            return _pure.fin_lane(buf, starts, lens, n, len(self._offs))
+        res = self._res
+        if len(res) < n:
+            res.extend([0] * (n - len(res)))
+        with _ffi.from_buffer("uint8_t[]", buf) as bp, \
+                _ffi.from_buffer("uint32_t[]", starts) as sp, \
+                _ffi.from_buffer("uint32_t[]", lens) as lp, \
+                _ffi.from_buffer("int64_t[]", self._offs) as op, \
+                _ffi.from_buffer("uint32_t[]", res) as rp:
+            got = _lib.nsqf_fin_lane(bp, sp, lp, n, op, len(self._offs), rp)
+        return res, self._offs, got
 
 
 class Scanner:

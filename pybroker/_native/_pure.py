@@ -387,3 +387,25 @@ def pub_lane(buf: bytes | bytearray | memoryview, starts: Sequence[int],
         else:
             res[LANE_FIELDS * i + 1:LANE_FIELDS * i + 5] = r
     return res, [p[0] for p in parts], [p[1] for p in parts], len(parts)
+
+
+FIN_LANE_SLOW = 0xFFFFFFFF
+
+
+def fin_lane(buf: bytes | bytearray | memoryview, starts: Sequence[int],
+             lens_in: Sequence[int], n: int, cap: int) -> tuple[list[int], list[int], int]:
+    """nsqf_fin_lane's spec: (res, offsets, offsets stored)."""
+    res = [0] * n
+    offs: list[int] = []
+    for i in range(n):
+        ln = lens_in[i]
+        if ln == 0 or ln % 21 or ln // 21 > cap - len(offs):
+            res[i] = FIN_LANE_SLOW
+            continue
+        got, used = scan_fins(bytes(buf[starts[i]:starts[i] + ln]))
+        if used != ln:
+            res[i] = FIN_LANE_SLOW
+            continue
+        res[i] = len(got)
+        offs += got
+    return res, offs, len(offs)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from pybroker import NSQ_COMPAT_VERSION, _native
@@ -319,15 +319,19 @@ def fin(c: Conn, cmd: Command) -> None:
     c.loop.mark_dirty(ch)
 
 
-def fins_read(c: Conn, cmd: Command, offsets: Sequence[int]) -> None:
-    """FINs the lane read (server/lane.py) for a subscribed connection: as a run of
-    FINs from the decoder would be handled."""
-    _fin_batch(c, cmd, offsets)
+def fins_read(c: Conn, offsets: Sequence[int], raw: memoryview, start: int) -> None:
+    """FINs the lane read (server/lane.py) for a subscribed connection: its input was
+    ``raw[start:]``, 21 bytes a FIN; handled as a run of FINs from the decoder is."""
+    _finish_run(c, offsets, lambda i: bytes(raw[start + 21 * i + 4:start + 21 * i + 20]))
 
 
 def _fin_batch(c: Conn, cmd: Command, offsets: Sequence[int]) -> None:
     """Consecutive well-formed FINs: one pass over their offsets; E_FIN_FAILED for
     each failure, in order."""
+    _finish_run(c, offsets, cmd.fin_id)
+
+
+def _finish_run(c: Conn, offsets: Sequence[int], fin_id: Callable[[int], bytes]) -> None:
     ch = c.channel
     assert ch is not None
     failed = ch.finish_offsets(c, offsets)
@@ -337,7 +341,7 @@ def _fin_batch(c: Conn, cmd: Command, offsets: Sequence[int]) -> None:
         _record_e2e(c, ch, [off for i, off in enumerate(offsets) if i not in bad])
     c.loop.mark_dirty(ch)
     for i, e in failed:
-        mid = cmd.fin_id(i)
+        mid = fin_id(i)
         err = FinFailed(f"FIN {mid.decode('ascii', 'replace')} failed {e}")
         c.log_nonfatal(err)
         c.send_frame(encode_error(err.payload()))

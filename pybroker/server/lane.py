@@ -31,7 +31,6 @@ from pybroker import _native
 from pybroker.errors import Exiting
 from pybroker.protocol.names import is_valid_name
 from pybroker.protocol.wire import MAX_LINE
-from pybroker.protocol.decoder import Command
 from pybroker.server.handlers import fins_read
 from pybroker.server.ports import LANE_FIN
 from pybroker.server.publish import LANE_MPUB
@@ -48,6 +47,7 @@ PARTS = 32 * 1024        # messages per C call (more: the connection takes the g
 NAMES = 4096             # valid topic names remembered (then forgotten, and checked again)
 _FAST = _native.LANE_FAST
 _FIELDS = _native.LANE_FIELDS
+_FIN_SLOW = _native.FIN_LANE_SLOW
 
 
 class Lane:
@@ -58,7 +58,7 @@ class Lane:
         o = loop.options
         self.conns: list[Conn] = []
         self.fins: list[Conn] = []
-        self.fin_scanner = _native.Scanner(MAX_LINE, o.max_msg_size, o.max_body_size)
+        self.fin_scanner = _native.FinLane(PIECE // 21 * (BUF // PIECE))
         self.buf = bytearray(BUF)
         self.view = memoryview(self.buf)
         self.scanner = _native.PubLane(MAX_LINE, o.max_msg_size, o.max_body_size, PARTS)
@@ -107,34 +107,58 @@ class Lane:
             self._publish(batch, starts, lens)
 
     def run_fins(self) -> None:
-        """Read every subscribed connection taken this turn: when its bytes are nothing
-        but FINs (a consumer's steady state), finish them at once; else the general
-        path runs them. Then the channels dispatch (the end of the turn)."""
+        """Read every subscribed connection taken this turn into the kept buffer; one C
+        call (``nsqf_fin_lane``) says whose bytes are nothing but FINs (a consumer's
+        steady state): those are finished at once, the others' bytes go the general
+        way. Then the channels dispatch (the end of the turn)."""
         conns, self.fins = self.fins, []
         view = self.view
-        scan = self.fin_scanner.fins
-        now = monotonic_ns()
+        starts = array.array("I")
+        lens = array.array("I")
+        batch: list[Conn] = []
+        pos = 0
         for conn in conns:
             if conn.lane_kind() != LANE_FIN:     # changed since it was taken
                 conn.read_now()
                 continue
+            if pos + PIECE > BUF:
+                self._finish(batch, starts, lens)
+                starts = array.array("I")
+                lens = array.array("I")
+                batch = []
+                pos = 0
             try:
-                n = conn.sock.recv_into(view[:PIECE])
+                n = conn.sock.recv_into(view[pos:pos + PIECE])
             except (BlockingIOError, InterruptedError):
                 continue
             except OSError as e:
                 conn.close(f"read error: {e.strerror}")
                 continue
-            data = bytes(view[:n])
             if not n:
-                conn.take_input(data)
+                conn.take_input(b"")
                 continue
-            offsets, used = scan(data)
-            if used != n:
-                conn.take_input(data)
+            starts.append(pos)
+            lens.append(n)
+            batch.append(conn)
+            pos += n
+        if batch:
+            self._finish(batch, starts, lens)
+
+    def _finish(self, batch: list[Conn], starts: array.array[int],
+                lens: array.array[int]) -> None:
+        res, offs, _ = self.fin_scanner.scan(self.buf, starts, lens, len(batch))
+        view = self.view
+        now = monotonic_ns()
+        at = 0
+        for i, conn in enumerate(batch):
+            k = res[i]
+            start = starts[i]
+            if k == _FIN_SLOW:
+                conn.take_input(bytes(view[start:start + lens[i]]))
                 continue
             conn.last_read_ns = now
-            fins_read(conn, Command.fins(offsets, raw=data), offsets)
+            fins_read(conn, offs[at:at + k], view, start)
+            at += k
 
     def _publish(self, batch: list[Conn], starts: array.array[int],
                  lens: array.array[int]) -> None:

@@ -163,3 +163,41 @@ def test_fast_means_exactly_what_the_general_path_would_publish(chunks: list[byt
 @given(st.lists(conn_st, min_size=1, max_size=6), st.integers(1, 12))
 def test_c_agrees_with_the_spec(chunks: list[bytes], cap: int) -> None:
     assert c_scan(chunks, cap) == pure_scan(chunks, cap)
+
+
+# -- the FIN lane (nsqf_fin_lane) ---------------------------------------------------------
+fin_st = st.one_of(
+    st.builds(lambda v: b"FIN %016x\n" % v, st.integers(0, 2**64 - 1)),
+    st.sampled_from([b"FIN 000000000000000A\n", b"FIN 00000000000000 1\n", b"NOP\n",
+                     b"FIN 0000000000000001", b"RDY 1\n", b"FIN 0000000000000001 \n"]),
+)
+fin_conn_st = st.lists(fin_st, min_size=0, max_size=5).map(b"".join)
+
+
+def fin_pure(chunks: list[bytes], cap: int) -> tuple[list[int], list[int]]:
+    buf, starts, lens = lay_out(chunks)
+    res, offs, n = _pure.fin_lane(buf, starts, lens, len(chunks), cap)
+    return list(res), list(offs[:n])
+
+
+@SETTINGS
+@given(st.lists(fin_conn_st, min_size=1, max_size=6), st.integers(1, 12))
+def test_fin_lane_is_the_decoders_fin_runs(chunks: list[bytes], cap: int) -> None:
+    """A connection is counted as FINs exactly when the decoder would make its whole
+    input one run of FINs, with the same offsets; C agrees with the spec."""
+    res, offs = fin_pure(chunks, cap)
+    at = 0
+    for data, k in zip(chunks, res):
+        if k == _pure.FIN_LANE_SLOW:
+            continue
+        d = CommandDecoder(MAX_MSG, MAX_BODY, MAX_LINE)
+        d.receive(data)
+        cmd = d.next_command()
+        assert cmd is not None and cmd.fin_offsets is not None and d.next_command() is None
+        assert list(cmd.fin_offsets) == offs[at:at + k]
+        at += k
+    assert at == len(offs)
+    if _native.c_backend is not None and _native.BACKEND == "c":
+        buf, starts, lens = lay_out(chunks)
+        cres, coffs, n = _native.FinLane(cap).scan(buf, starts, lens, len(chunks))
+        assert (list(cres[:len(chunks)]), list(coffs[:n])) == (res, offs)
