@@ -25,6 +25,7 @@ from __future__ import annotations
 import array
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pybroker import _native
@@ -32,7 +33,7 @@ from pybroker.errors import Exiting
 from pybroker.protocol.names import is_valid_name
 from pybroker.protocol.wire import MAX_LINE
 from pybroker.server.handlers import fins_read
-from pybroker.server.ports import LANE_FIN
+from pybroker.server.ports import LANE_FIN, LANE_PUB
 from pybroker.server.publish import LANE_MPUB
 
 if TYPE_CHECKING:
@@ -74,37 +75,7 @@ class Lane:
     def run(self) -> None:
         """Read and publish for every connection taken this turn (end of the turn)."""
         conns, self.conns = self.conns, []
-        view = self.view
-        starts = array.array("I")
-        lens = array.array("I")
-        batch: list[Conn] = []
-        pos = 0
-        for conn in conns:
-            if not conn.lane_ready():    # changed since it was taken (a timer, a call)
-                conn.read_now()
-                continue
-            if pos + PIECE > BUF:
-                self._publish(batch, starts, lens)
-                starts = array.array("I")
-                lens = array.array("I")
-                batch = []
-                pos = 0
-            try:
-                n = conn.sock.recv_into(view[pos:pos + PIECE])
-            except (BlockingIOError, InterruptedError):
-                continue
-            except OSError as e:
-                conn.close(f"read error: {e.strerror}")
-                continue
-            if not n:
-                conn.take_input(b"")
-                continue
-            starts.append(pos)
-            lens.append(n)
-            batch.append(conn)
-            pos += n
-        if batch:
-            self._publish(batch, starts, lens)
+        self._read_all(conns, LANE_PUB, self._publish)
 
     def run_fins(self) -> None:
         """Read every subscribed connection taken this turn into the kept buffer; one C
@@ -112,17 +83,24 @@ class Lane:
         steady state): those are finished at once, the others' bytes go the general
         way. Then the channels dispatch (the end of the turn)."""
         conns, self.fins = self.fins, []
+        self._read_all(conns, LANE_FIN, self._finish)
+
+    def _read_all(self, conns: list[Conn], kind: int,
+                  handle: Callable[[list[Conn], array.array[int], array.array[int]], None]
+                  ) -> None:
+        """One recv_into each (at most PIECE bytes) into the kept buffer, then
+        ``handle(batch, starts, lens)`` once per buffer full."""
         view = self.view
         starts = array.array("I")
         lens = array.array("I")
         batch: list[Conn] = []
         pos = 0
         for conn in conns:
-            if conn.lane_kind() != LANE_FIN:     # changed since it was taken
+            if conn.lane_kind() != kind:    # changed since it was taken (a timer, a call)
                 conn.read_now()
                 continue
             if pos + PIECE > BUF:
-                self._finish(batch, starts, lens)
+                handle(batch, starts, lens)
                 starts = array.array("I")
                 lens = array.array("I")
                 batch = []
@@ -142,7 +120,7 @@ class Lane:
             batch.append(conn)
             pos += n
         if batch:
-            self._finish(batch, starts, lens)
+            handle(batch, starts, lens)
 
     def _finish(self, batch: list[Conn], starts: array.array[int],
                 lens: array.array[int]) -> None:
