@@ -287,22 +287,16 @@ class Channel(Lifecycle):
         i = at = 0
         last = ready[0][0]
         flights: list[tuple[int, Flight]] = []
-        in_flight = self.in_flight
         for c, room in ready:
             if i >= count:
                 break
             j = min(count, i + room)
             end = pos[j] - base - 16 * j if j < count else len(frames)
-            f = Flight(c, first + i, j - i, 1, now_ns)
-            flights.append((now_ns + c.msg_timeout_ns, f))
-            if j - i == 1:
-                in_flight[first + i] = f
-            else:
-                in_flight.update(dict.fromkeys(range(first + i, first + j), f))
-            c.in_flight_count += j - i
+            flights.append((now_ns + c.msg_timeout_ns,
+                            self._flight(c, first + i, j - i, 1, now_ns)))
             c.send_frames(out if end - at == len(out) else bytes(frames[at:end]), j - i)
             i, at, last = j, end, c
-        with self.lock:      # every flight of the pass on the wheel at once (_fly's work)
+        with self.lock:      # every flight of the pass on the wheel at once (as _fly does)
             add = self.in_flight_wheel.add
             for deadline, f in flights:
                 f.handle = add(deadline, f)

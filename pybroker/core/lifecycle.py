@@ -111,9 +111,16 @@ class Lifecycle:
     # -- deliver: queued / requeued -> in flight ---------------------------------------
     def _fly(self, c: Consumer, first: int, n: int, attempts: int, now_ns: int,
              deadline_ns: int) -> Flight:
-        f = Flight(c, first, n, attempts, now_ns)
+        f = self._flight(c, first, n, attempts, now_ns)
         with self.lock:
             f.handle = self.in_flight_wheel.add(deadline_ns, f)
+        return f
+
+    def _flight(self, c: Consumer, first: int, n: int, attempts: int,
+                now_ns: int) -> Flight:
+        """Messages [first, first + n) in flight to c, not yet on the timeout wheel
+        (``_fly`` puts it there; a dispatch pass may put several at once)."""
+        f = Flight(c, first, n, attempts, now_ns)
         if n == 1:
             self.in_flight[first] = f
         else:

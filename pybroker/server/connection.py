@@ -275,9 +275,6 @@ class ClientConn:
             return LANE_FIN
         return LANE_NONE
 
-    def lane_ready(self) -> bool:
-        return self.lane_kind() == LANE_PUB
-
     def take_input(self, data: bytes) -> None:
         """Bytes the publish lane read for this connection and did not publish itself:
         the general path runs them (b"": the peer closed)."""

@@ -5,7 +5,7 @@ Why: a producer that sends one PUB (or a small MPUB) and waits for its OK costs 
 general path a trip through Python per command (a Command object, the verbs table, the
 handler, an append of its own, a settlement of its own). nsqd pays a goroutine's few
 microseconds. Here, the connections that became readable in a turn and are in the plain
-steady state (``Conn.lane_ready``: magic read, no TLS or compression, nothing
+steady state (``Conn.lane_kind``: magic read, no TLS or compression, nothing
 held or half-parsed, not subscribed, no publish waiting, no auth server) are
 collected by ``take`` instead of being read at once. At the end of the turn, before the
 Publisher writes, ``run`` receives each one's bytes into one kept buffer (one
@@ -18,7 +18,8 @@ errors, odd input and every other verb are answered exactly as before.
 
 Budget: at most PIECE bytes per connection per turn (the rest is read next turn: the
 selector is level-triggered), the buffer is BUF bytes, reused every turn; at most
-PARTS messages per C call. Ownership: the loop's thread only.
+PARTS messages per C call; once a buffer full has been handled past TURN_NS, the
+connections not yet read wait for the next turn (their sockets stay readable). Ownership: the loop's thread only.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
 PIECE = 64 * 1024        # bytes read per connection per turn
 BUF = 2 * 1024 * 1024    # the kept receive buffer: BUF // PIECE connections per C call
+TURN_NS = 4_000_000      # a turn reads more lane connections only until this much time
 PARTS = 32 * 1024        # messages per C call (more: the connection takes the general path)
 NAMES = 4096             # valid topic names remembered (then forgotten, and checked again)
 _FAST = _native.LANE_FAST
@@ -89,8 +91,10 @@ class Lane:
                   handle: Callable[[list[Conn], array.array[int], array.array[int]], None]
                   ) -> None:
         """One recv_into each (at most PIECE bytes) into the kept buffer, then
-        ``handle(batch, starts, lens)`` once per buffer full."""
+        ``handle(batch, starts, lens)`` once per buffer full. Past TURN_NS the rest are
+        not read this turn (their sockets stay readable: the next turn reads them)."""
         view = self.view
+        deadline = monotonic_ns() + TURN_NS
         starts = array.array("I")
         lens = array.array("I")
         batch: list[Conn] = []
@@ -101,6 +105,8 @@ class Lane:
                 continue
             if pos + PIECE > BUF:
                 handle(batch, starts, lens)
+                if monotonic_ns() >= deadline:
+                    return
                 starts = array.array("I")
                 lens = array.array("I")
                 batch = []

@@ -97,21 +97,14 @@ class _SliceJob:
 def answer(conn: Conn, failed: type[ClientError], verb: str,
            err: Exception | None) -> None:
     """Answer a TCP publish that made its connection wait (on the connection's loop)."""
-    conn.awaiting_commit -= 1
-    if conn.closed:
-        return
-    if err is None:
-        conn.send_ok()
-    else:
-        conn.fail(failed(f"{verb} failed {err}"))
-    if not conn.awaiting_commit:
-        conn.process()
+    answer_many(conn, failed, verb, 1, err)
 
 
 def answer_many(conn: Conn, failed: type[ClientError], verb: str, count: int,
                 err: Exception | None) -> None:
-    """Answer ``count`` publishes of one connection read by the lane (server/lane.py)
-    in one turn: an OK each, or the error (which closes the connection)."""
+    """Answer ``count`` publishes of one connection that waited on one write (the lane
+    reads several in a turn: server/lane.py): an OK each, or the error (which closes
+    the connection)."""
     conn.awaiting_commit -= 1
     if conn.closed:
         return
@@ -179,12 +172,7 @@ class Publisher:
                     topic.publish(payload, time.time_ns(), defer_ns)
                 else:
                     topic.publish_parts(payload[0], payload[1], payload[2], time.time_ns())
-                epoch = topic.log.epoch
-                found = self._turn.get(topic)
-                if found is None:
-                    found = self._turn[topic] = _Batch(epoch)
-                assert found.epoch == epoch, f"{topic} was written outside its Publisher"
-                batch = found
+                batch = self._batch_of(topic)
             except Exiting:
                 try:      # deleted meanwhile: the next topic of that name takes it
                     batch = self._append(name, payload, defer_ns)
@@ -217,11 +205,7 @@ class Publisher:
             topic.publish_parts(src, offs, lens, ts_ns)
         except Exiting:
             return False
-        epoch = topic.log.epoch
-        batch = self._turn.get(topic)
-        if batch is None:
-            batch = self._turn[topic] = _Batch(epoch)
-        assert batch.epoch == epoch, f"{topic} was written outside its Publisher"
+        batch = self._batch_of(topic)
         name = topic.name
         durable = self.durable
         to_flush = self.loop.to_flush
@@ -321,6 +305,11 @@ class Publisher:
         else:
             raise Exiting()
         assert topic.owner is self.loop, f"{topic} appended to by {self.loop.name}"
+        return self._batch_of(topic)
+
+    def _batch_of(self, topic: Topic) -> _Batch:
+        """This turn's batch of a topic just appended to: the records carried by the
+        write of the log's current epoch."""
         epoch = topic.log.epoch
         batch = self._turn.get(topic)
         if batch is None:
