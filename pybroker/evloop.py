@@ -35,12 +35,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import selectors
 import socket
 import threading
 import time
 from collections import deque
 from typing import Any, Callable, Protocol, TypeVarTuple, Unpack
+
+from pybroker.poller import EVENT_READ, EVENT_WRITE, Poller
 
 log = logging.getLogger("pybroker")
 # timers run per turn at most: 500 handshakes reaching their deadline together (each
@@ -124,13 +125,13 @@ class CallQueue:
     wake-up).
     """
 
-    def __init__(self, selector: selectors.BaseSelector, token: object = None) -> None:
+    def __init__(self, selector: Poller[Any], token: object = None) -> None:
         self._calls: deque[Call] = deque()
         self._r, self._w = socket.socketpair()
         self._r.setblocking(False)
         self._w.setblocking(False)
         self._pending = False
-        selector.register(self._r, selectors.EVENT_READ, token)
+        selector.register(self._r, EVENT_READ, token)
 
     def __bool__(self) -> bool:
         return bool(self._calls)
@@ -180,7 +181,7 @@ class SelectorLoop:
 
     def __init__(self, name: str, timers: Timers | None = None) -> None:
         self.name = name
-        self.selector = selectors.DefaultSelector()
+        self.selector: Poller[Any] = Poller()
         self._calls = CallQueue(self.selector)
         self.timers: Timers = timers if timers is not None else HeapTimers()
         self._again: dict[Pollable, None] = {}  # objects to read next turn (read_again)
@@ -248,17 +249,16 @@ class SelectorLoop:
         else:
             nxt = self.timers.next_deadline()
             timeout = None if nxt is None else max(0.0, (nxt - monotonic_ns()) / 1e9)
-        for key, mask in self.selector.select(timeout):
-            obj = key.data
+        for obj, mask in self.selector.poll(timeout):
             if obj is None:
                 self._calls.drain_wakeups()
                 continue
             try:
-                if mask & selectors.EVENT_READ:
+                if mask & EVENT_READ:
                     if again:
                         again.pop(obj, None)  # one read per turn
                     obj.on_readable()
-                if mask & selectors.EVENT_WRITE:
+                if mask & EVENT_WRITE:
                     obj.on_writable()
             except Exception:
                 self.on_error(obj)

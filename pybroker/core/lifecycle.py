@@ -193,30 +193,40 @@ class Lifecycle:
                        ) -> list[tuple[int, BrokerError]]:
         """FIN a batch (offsets from the ids; -1 for an id that names none), in order;
         returns the failures as (index in offsets, error)."""
-        failed: list[tuple[int, BrokerError]] = []
+        return self.finish_runs(((client, offsets),))[0]
+
+    def finish_runs(self, runs: Sequence[tuple[Consumer, Sequence[int]]]
+                    ) -> list[list[tuple[int, BrokerError]]]:
+        """finish_offsets for several consumers' batches at once (a turn's FINs read by
+        the lane): the timeout wheel is changed under one taking of the lock. Returns
+        each run's failures."""
         in_flight = self.in_flight
         emptied: list[Flight] = []
         replay = self.replay
         times = self.delivery_times
-        i = 0
-        for off in offsets:
-            f = in_flight.get(off)
-            if f is None or f.client is not client:
-                failed.append((i, NotInFlight() if f is None else NotOwner()))
-            else:
-                del in_flight[off]
-                f.live -= 1
-                if f.live == 0:
-                    emptied.append(f)
-                if times:
-                    times.pop(off, None)
-                if replay and off in replay:
-                    self._replayed(off)
-            i += 1
-        client.in_flight_count -= len(offsets) - len(failed)
+        out: list[list[tuple[int, BrokerError]]] = []
+        for client, offsets in runs:
+            failed: list[tuple[int, BrokerError]] = []
+            i = 0
+            for off in offsets:
+                f = in_flight.get(off)
+                if f is None or f.client is not client:
+                    failed.append((i, NotInFlight() if f is None else NotOwner()))
+                else:
+                    del in_flight[off]
+                    f.live -= 1
+                    if f.live == 0:
+                        emptied.append(f)
+                    if times:
+                        times.pop(off, None)
+                    if replay and off in replay:
+                        self._replayed(off)
+                i += 1
+            client.in_flight_count -= len(offsets) - len(failed)
+            out.append(failed)
         if emptied:
             self._drop_flights(emptied)
-        return failed
+        return out
 
     # -- REQ: in flight -> requeued (no delay) / deferred --------------------------------
     def requeue(self, client: Consumer, msg_id: bytes, delay_ns: int, now_ns: int,

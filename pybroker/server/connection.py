@@ -188,13 +188,8 @@ class ClientConn:
         handshake step waits for the next turn once the loop's handshakes have used
         HANDSHAKE_TURN_NS in this one."""
         if self.loop.lane_on:
-            kind = self.lane_kind()
-            if kind == LANE_PUB:
-                self.loop.lane.conns.append(self)   # read with the turn's publishers
-                return
-            if kind == LANE_FIN:
-                self.loop.lane.fins.append(self)    # and the turn's finishing consumers
-                return
+            self.loop.lane.taken.append(self)   # read at the end of the turn (server/lane)
+            return
         self.read_now()
 
     def read_now(self) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pybroker import NSQ_COMPAT_VERSION, _native
@@ -319,32 +319,43 @@ def fin(c: Conn, cmd: Command) -> None:
     c.loop.mark_dirty(ch)
 
 
-def fins_read(c: Conn, offsets: Sequence[int], raw: memoryview, start: int) -> None:
-    """FINs the lane read (server/lane.py) for a subscribed connection: its input was
-    ``raw[start:]``, 21 bytes a FIN; handled as a run of FINs from the decoder is."""
-    _finish_run(c, offsets, lambda i: bytes(raw[start + 21 * i + 4:start + 21 * i + 20]))
+def fins_read(ch: "Channel", runs: list[tuple[Conn, Sequence[int], int]],
+              raw: memoryview) -> None:
+    """FINs the lane read (server/lane.py) for connections subscribed to ``ch``: each
+    run is (connection, offsets, start), its input ``raw[start:]``, 21 bytes a FIN;
+    handled as a run of FINs from the decoder is, all of them at once."""
+    failures = ch.finish_runs([(c, offsets) for c, offsets, _ in runs])
+    for (c, offsets, start), failed in zip(runs, failures):
+        _finished(c, ch, offsets, failed)
+        for i, e in failed:
+            _fin_failed(c, bytes(raw[start + 21 * i + 4:start + 21 * i + 20]), e)
+    runs[0][0].loop.mark_dirty(ch)
 
 
 def _fin_batch(c: Conn, cmd: Command, offsets: Sequence[int]) -> None:
     """Consecutive well-formed FINs: one pass over their offsets; E_FIN_FAILED for
     each failure, in order."""
-    _finish_run(c, offsets, cmd.fin_id)
-
-
-def _finish_run(c: Conn, offsets: Sequence[int], fin_id: Callable[[int], bytes]) -> None:
     ch = c.channel
     assert ch is not None
     failed = ch.finish_offsets(c, offsets)
+    _finished(c, ch, offsets, failed)
+    c.loop.mark_dirty(ch)
+    for i, e in failed:
+        _fin_failed(c, cmd.fin_id(i), e)
+
+
+def _finished(c: Conn, ch: "Channel", offsets: Sequence[int],
+              failed: list[tuple[int, BrokerError]]) -> None:
     c.finish_count += len(offsets) - len(failed)
     if c.opts.e2e_processing_latency_percentiles:
         bad = {i for i, _ in failed}
         _record_e2e(c, ch, [off for i, off in enumerate(offsets) if i not in bad])
-    c.loop.mark_dirty(ch)
-    for i, e in failed:
-        mid = fin_id(i)
-        err = FinFailed(f"FIN {mid.decode('ascii', 'replace')} failed {e}")
-        c.log_nonfatal(err)
-        c.send_frame(encode_error(err.payload()))
+
+
+def _fin_failed(c: Conn, mid: bytes, e: BrokerError) -> None:
+    err = FinFailed(f"FIN {mid.decode('ascii', 'replace')} failed {e}")
+    c.log_nonfatal(err)
+    c.send_frame(encode_error(err.payload()))
 
 
 def _record_e2e(c: Conn, ch: "Channel", offsets: list[int]) -> None:

@@ -7,8 +7,9 @@ handler, an append of its own, a settlement of its own). nsqd pays a goroutine's
 microseconds. Here, the connections that became readable in a turn and are in the plain
 steady state (``Conn.lane_kind``: magic read, no TLS or compression, nothing
 held or half-parsed, not subscribed, no publish waiting, no auth server) are
-collected by ``take`` instead of being read at once. At the end of the turn, before the
-Publisher writes, ``run`` receives each one's bytes into one kept buffer (one
+collected (``taken``) instead of being read at once. At the end of the turn, before the
+Publisher writes, ``run`` sorts them (``Conn.lane_kind``, once each: the others are read
+the general way there and then) and receives each one's bytes into one kept buffer (one
 ``recv_into`` each), and one C call (``nsqf_pub_lane``) says which of them hold only
 complete, valid PUB/MPUB commands to one topic, and where their messages are. Those are
 appended with one record build per topic (``Publisher.lane_publish``) and answered like
@@ -26,7 +27,7 @@ from __future__ import annotations
 import array
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from pybroker import _native
@@ -38,6 +39,7 @@ from pybroker.server.ports import LANE_FIN, LANE_PUB
 from pybroker.server.publish import LANE_MPUB
 
 if TYPE_CHECKING:
+    from pybroker.core.channel import Channel
     from pybroker.core.topic import Topic
     from pybroker.server.ports import Conn, Loop
 
@@ -59,8 +61,7 @@ class Lane:
     def __init__(self, loop: Loop) -> None:
         self.loop = loop
         o = loop.options
-        self.conns: list[Conn] = []
-        self.fins: list[Conn] = []
+        self.taken: list[Conn] = []     # readable this turn, read at its end (run)
         self.fin_scanner = _native.FinLane(PIECE // 21 * (BUF // PIECE))
         self.buf = bytearray(BUF)
         self.view = memoryview(self.buf)
@@ -75,19 +76,35 @@ class Lane:
         return loop.runtime.auth is None and not log.isEnabledFor(logging.DEBUG)
 
     def run(self) -> None:
-        """Read and publish for every connection taken this turn (end of the turn)."""
-        conns, self.conns = self.conns, []
-        self._read_all(conns, LANE_PUB, self._publish)
+        """The end of the turn: every connection taken this turn is read. Those not in a
+        lane's steady state now (``Conn.lane_kind``) are read the general way at once;
+        then the publishers (``_publish``) and the subscribed connections, whose bytes
+        one C call (``nsqf_fin_lane``) finds to be nothing but FINs or not
+        (``_finish``). Then the Publisher writes and the channels dispatch."""
+        taken, self.taken = self.taken, []
+        pubs: list[Conn] = []
+        fins: list[Conn] = []
+        general = False
+        for conn in taken:
+            kind = conn.lane_kind()
+            if kind == LANE_FIN:
+                fins.append(conn)
+            elif kind == LANE_PUB:
+                pubs.append(conn)
+            else:
+                conn.read_now()
+                general = True
+        if general:
+            # a command run the general way may have changed another connection (closed
+            # it, held its input): sort those again
+            pubs = _still(pubs, LANE_PUB)
+            fins = _still(fins, LANE_FIN)
+        if pubs:
+            self._read_all(pubs, self._publish)
+        if fins:
+            self._read_all(fins, self._finish)
 
-    def run_fins(self) -> None:
-        """Read every subscribed connection taken this turn into the kept buffer; one C
-        call (``nsqf_fin_lane``) says whose bytes are nothing but FINs (a consumer's
-        steady state): those are finished at once, the others' bytes go the general
-        way. Then the channels dispatch (the end of the turn)."""
-        conns, self.fins = self.fins, []
-        self._read_all(conns, LANE_FIN, self._finish)
-
-    def _read_all(self, conns: list[Conn], kind: int,
+    def _read_all(self, conns: list[Conn],
                   handle: Callable[[list[Conn], array.array[int], array.array[int]], None]
                   ) -> None:
         """One recv_into each (at most PIECE bytes) into the kept buffer, then
@@ -100,9 +117,6 @@ class Lane:
         batch: list[Conn] = []
         pos = 0
         for conn in conns:
-            if conn.lane_kind() != kind:    # changed since it was taken (a timer, a call)
-                conn.read_now()
-                continue
             if pos + PIECE > BUF:
                 handle(batch, starts, lens)
                 if monotonic_ns() >= deadline:
@@ -134,6 +148,8 @@ class Lane:
         view = self.view
         now = monotonic_ns()
         at = 0
+        # channel -> its connections' runs of FINs: finished together (one lock)
+        runs: dict[Channel, list[tuple[Conn, Sequence[int], int]]] = {}
         for i, conn in enumerate(batch):
             k = res[i]
             start = starts[i]
@@ -141,8 +157,17 @@ class Lane:
                 conn.take_input(bytes(view[start:start + lens[i]]))
                 continue
             conn.last_read_ns = now
-            fins_read(conn, offs[at:at + k], view, start)
+            ch = conn.channel
+            assert ch is not None     # LANE_FIN: subscribed
+            run = (conn, offs[at:at + k], start)
+            got = runs.get(ch)
+            if got is None:
+                runs[ch] = [run]
+            else:
+                got.append(run)
             at += k
+        for ch, chruns in runs.items():
+            fins_read(ch, chruns, view)
 
     def _publish(self, batch: list[Conn], starts: array.array[int],
                  lens: array.array[int]) -> None:
@@ -208,6 +233,17 @@ class Lane:
         for i in slow:
             batch[i].take_input(bytes(self.view[starts[i]:starts[i] + lens[i]]))
 
+
+
+def _still(conns: list[Conn], kind: int) -> list[Conn]:
+    """Those of conns still in lane ``kind``; the others are read the general way now."""
+    out = []
+    for conn in conns:
+        if conn.lane_kind() == kind:
+            out.append(conn)
+        else:
+            conn.read_now()
+    return out
 
 
 __all__ = ["BUF", "Lane", "PIECE"]

@@ -217,7 +217,7 @@ class EventLoop(SelectorLoop):
 
     def busy(self) -> bool:
         return bool(self.dirty or self.to_flush or self.publisher.busy() or self._handover
-                    or self.lane.conns or self.lane.fins)
+                    or self.lane.taken)
 
     def on_error(self, obj: object) -> None:
         log.exception("[%s] unexpected error; closing the connection", obj)
@@ -238,10 +238,8 @@ class EventLoop(SelectorLoop):
         """Write topics published to (then answer their publishes, hand publishes and
         answers to other loops), dispatch dirty channels, wake other loops' channels,
         flush connections."""
-        if self.lane.conns:
+        if self.lane.taken:
             self.lane.run()
-        if self.lane.fins:
-            self.lane.run_fins()
         self.lane_on = self.lane.enabled()
         publisher = self.publisher
         if publisher.busy():

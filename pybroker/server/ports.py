@@ -134,11 +134,10 @@ class PublishPort(Protocol):
 
 
 class LanePort(Protocol):
-    """The loop's lanes (server.lane.Lane): the plain publishing connections and the
-    plain subscribed ones taken this turn."""
+    """The loop's lanes (server.lane.Lane): the connections readable this turn, read at
+    its end."""
 
-    conns: list[Conn]
-    fins: list[Conn]
+    taken: list[Conn]
 
 
 class Loop(Protocol):

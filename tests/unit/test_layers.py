@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[2] / "pybroker"
 # entries in lower layers, never upward and never sideways into another entry of its own
 # layer. A module belongs to the entry that is the longest prefix of its name.
 LAYERS: tuple[tuple[str, ...], ...] = (
+    # the readiness selector under the selector loop
+    ("pybroker.poller",),
     # the bottom: versions, errors, logging, the selector loop, TLS I/O, the C codec
     ("pybroker", "pybroker.errors", "pybroker.logfmt", "pybroker.evloop", "pybroker.tlsio",
      "pybroker._native", "pybroker.goflags"),
@@ -153,19 +155,26 @@ def test_layer_imports(layer: str) -> None:
     assert not bad, "\n".join(sorted(set(bad)))
 
 
-@pytest.mark.parametrize("module", ["evloop.py", "tlsio.py"])
+SHARED_IO = {"evloop.py", "poller.py", "tlsio.py"}
+
+
+@pytest.mark.parametrize("module", sorted(SHARED_IO))
 def test_shared_io_modules_import_only_the_standard_library(module: str) -> None:
-    """pybroker.evloop and pybroker.tlsio sit below every layer (the server, HTTP and
-    client all build on them), so they import nothing of pybroker or from PyPI."""
+    """pybroker.evloop (with its pybroker.poller) and pybroker.tlsio sit below every
+    layer (the server, HTTP and client all build on them), so they import nothing from
+    PyPI and nothing of pybroker but each other."""
     import sys
 
-    top = {name.split(".")[0] for _, name in _imports(ROOT / module)}
+    own = tuple(f"pybroker.{m.removesuffix('.py')}" for m in SHARED_IO)
+    top = {name.split(".")[0] for _, name in _imports(ROOT / module, annotations=False)
+           if not name.startswith(own)}
     assert top <= set(sys.stdlib_module_names) | {"__future__"}, top
 
 
 def test_one_selector_loop_implementation() -> None:
-    """Only pybroker.evloop creates a selector and runs select(); the server's loops, the
-    HTTP server and the client's IOLoop are its subclasses."""
+    """Only pybroker.evloop (through its pybroker.poller) creates a selector and runs
+    select(); the server's loops, the HTTP server and the client's IOLoop are its
+    subclasses."""
     from pybroker.client.loop import IOLoop
     from pybroker.evloop import SelectorLoop
     from pybroker.http.server import HttpServer
@@ -174,8 +183,9 @@ def test_one_selector_loop_implementation() -> None:
     for cls in (IOLoop, HttpServer, EventLoop):
         assert issubclass(cls, SelectorLoop), cls
     makers = [str(p.relative_to(ROOT.parent)) for p in _sources()
-              if "DefaultSelector(" in p.read_text() or "socketpair(" in p.read_text()]
-    assert makers == ["pybroker/evloop.py"], makers
+              if any(f"{w}(" in p.read_text() for w in ("DefaultSelector", "socketpair",
+                                                          "select.epoll", " Poller"))]
+    assert makers == ["pybroker/evloop.py", "pybroker/poller.py"], makers
 
 
 # --- the module graph: circles and the order of layers --------------------------------
