@@ -232,4 +232,26 @@ int nsqf_pub_lane(const uint8_t *buf, const uint32_t *starts, const uint32_t *le
 int nsqf_fin_lane(const uint8_t *buf, const uint32_t *starts, const uint32_t *lens_in,
                   int n, int64_t *offs, int cap, uint32_t *res);
 
+/*
+ * Batched socket I/O (csrc/nsqio.c): a loop turn's many small reads and writes in
+ * one call each, so a message's trip costs its system call and not also a Python
+ * call around it. Sockets are non-blocking; the GIL is released for the call.
+ *
+ * nsqf_recv_many: reads socket fds[i] (one recv, at most piece bytes) into buf,
+ * the sockets' bytes packed one after another from offset 0; starts[i] is where
+ * socket i's bytes begin and got[i] how many were read (0: the peer closed), or
+ * -errno (-EAGAIN: nothing to read now). Stops before a socket whose piece could
+ * pass cap. Returns how many sockets were read (0..n).
+ */
+int nsqf_recv_many(const int32_t *fds, int n, uint8_t *buf, uint32_t cap,
+                   uint32_t piece, uint32_t *starts, int32_t *got);
+
+/*
+ * nsqf_send_many: sends socket fds[i] the bytes buf[starts[i], starts[i] +
+ * lens[i]) (one send each, MSG_NOSIGNAL, retried on EINTR); sent[i] = bytes the
+ * socket took, or -errno (-EAGAIN: none now).
+ */
+void nsqf_send_many(const int32_t *fds, int n, const uint8_t *buf,
+                    const uint32_t *starts, const uint32_t *lens, int32_t *sent);
+
 #endif /* NSQFRAME_H */

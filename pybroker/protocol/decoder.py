@@ -254,3 +254,7 @@ class CommandDecoder:
     def ready(self) -> int:
         """Commands parsed and not yet taken by next_command."""
         return len(self._ready)
+
+    def idle(self) -> bool:
+        """Nothing buffered and no command waiting (not buffered() and not ready())."""
+        return not (self._buf or self._held or self._ready)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from pybroker._native.batchio import EAGAIN
 from pybroker.core.channel import Channel
 from pybroker.errors import ClientError, SubFailed, TooManyConsumers
 from pybroker.protocol.decoder import CommandDecoder
@@ -52,6 +53,9 @@ HIGH_WATER = 4 * 1024 * 1024
 # (nsqd stops reading a client whose writes block; redis caps output buffers)
 OUT_CAP = 1024 * 1024
 OUT_LOW = 256 * 1024
+# replies up to this size go out in the loop's batched write (copied once into it);
+# larger ones are written on their own (the copy would cost more than the call saves)
+BATCH_BYTES = 64 * 1024
 LOG_BURST = 20   # non-fatal error lines logged per client per second
 _ids = itertools.count(1)   # next() is atomic under the GIL: any loop may take one
 
@@ -62,6 +66,7 @@ class ClientConn:
         self.id = next(_ids)
         self.loop = loop
         self.sock = sock
+        self.fd = sock.fileno()           # for batched reads and writes (while not CLOSED)
         self.transport = Transport(sock)  # plain until IDENTIFY negotiates TLS/compression
         self.auth_secret = ""
         self.auth_state: AuthState | None = None  # once AUTH succeeded
@@ -261,7 +266,7 @@ class ClientConn:
                 and self.held is None and not s.upgrading
                 and (s.tls or not s.tls_required) and self.out_bytes < OUT_CAP
                 and self.transport.plain_idle()
-                and not self.decoder.buffered() and not self.decoder.ready()):
+                and self.decoder.idle()):
             return LANE_NONE
         state = s.state
         if state is INIT:
@@ -411,7 +416,7 @@ class ClientConn:
 
     def ready_room(self) -> int:
         """Consumer protocol: how many more messages this client may take now."""
-        if not self.session.consuming or self.out_bytes > HIGH_WATER:
+        if self.session.state is not SUBSCRIBED or self.out_bytes > HIGH_WATER:
             return 0
         return self.rdy - self.in_flight_count
 
@@ -451,21 +456,60 @@ class ClientConn:
         if self.out or self.transport.waiting:
             rest = self.transport.send(self.out)
             self.out = []
-            if rest is None:
-                self.close("write error")
-                return
-            if rest:
-                self.out_bytes = rest
-                if not self.reading and self.out_bytes < OUT_LOW and not self._input_waits():
-                    self._resume_reading()
-                if not self.writing:
-                    self.writing = True
-                    self.loop.want_write(self, True)
-                return
-            was_full = self.out_bytes > HIGH_WATER
-            self.out_bytes = 0
-            if was_full and self.channel is not None:
-                self.loop.mark_dirty(self.channel)
+            self._wrote(rest)
+        else:
+            self._flushed()
+
+    def take_output(self) -> bytes | bytearray | None:
+        """flush's first half for a write batched with other connections' (the loop's
+        end of turn, one C call): the bytes to send now, when this is a plain
+        connection owing nothing else and with at most BATCH_BYTES to send (``wrote``
+        must follow); otherwise it flushes itself here and returns None."""
+        if self.io is CLOSED or self.unconfirmed:
+            return None
+        t = self.transport
+        if (t.waiting or t.layered or not (self.out or self.pending)
+                or self.out_bytes + self.pending_bytes > BATCH_BYTES):
+            self.flush()
+            return None
+        if self.pending:
+            self._encode_pending()
+        if self.flush_timer is not None:
+            self.loop.cancel(self.flush_timer)
+            self.flush_timer = None
+        out = self.out
+        self.out = []
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def wrote(self, data: bytes | bytearray, sent: int) -> None:
+        """flush's second half: a batched write took ``sent`` bytes of ``data`` (-errno:
+        it failed; -EAGAIN: the socket took none now)."""
+        if sent < 0 and sent != -EAGAIN:
+            self._wrote(None)
+        else:
+            self._wrote(self.transport.owe(data, max(sent, 0)))
+
+    def _wrote(self, rest: int | None) -> None:
+        """After a write: ``rest`` bytes still owed (None: the connection broke)."""
+        if rest is None:
+            self.close("write error")
+            return
+        if rest:
+            self.out_bytes = rest
+            if not self.reading and self.out_bytes < OUT_LOW and not self._input_waits():
+                self._resume_reading()
+            if not self.writing:
+                self.writing = True
+                self.loop.want_write(self, True)
+            return
+        was_full = self.out_bytes > HIGH_WATER
+        self.out_bytes = 0
+        if was_full and self.channel is not None:
+            self.loop.mark_dirty(self.channel)
+        self._flushed()
+
+    def _flushed(self) -> None:
+        """Nothing owed any more: read again if paused, stop watching for writability."""
         if not self.reading and self.out_bytes < OUT_LOW and not self._input_waits():
             self._resume_reading()
         if self.writing:

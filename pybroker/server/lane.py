@@ -25,16 +25,20 @@ connections not yet read wait for the next turn (their sockets stay readable). O
 from __future__ import annotations
 
 import array
+import errno
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from pybroker import _native
+from pybroker._native.batchio import EAGAIN, BatchIO
 from pybroker.errors import Exiting
 from pybroker.protocol.names import is_valid_name
 from pybroker.protocol.wire import MAX_LINE
 from pybroker.server.handlers import fins_read
+from pybroker.server.iostate import OPEN
 from pybroker.server.ports import LANE_FIN, LANE_PUB
 from pybroker.server.publish import LANE_MPUB
 
@@ -49,6 +53,7 @@ PIECE = 64 * 1024        # bytes read per connection per turn
 BUF = 2 * 1024 * 1024    # the kept receive buffer: BUF // PIECE connections per C call
 TURN_NS = 4_000_000      # a turn reads more lane connections only until this much time
 PARTS = 32 * 1024        # messages per C call (more: the connection takes the general path)
+_PER_CALL = BUF // PIECE  # connections read per C call (each may fill its PIECE)
 NAMES = 4096             # valid topic names remembered (then forgotten, and checked again)
 _FAST = _native.LANE_FAST
 _FIELDS = _native.LANE_FIELDS
@@ -64,6 +69,7 @@ class Lane:
         self.taken: list[Conn] = []     # readable this turn, read at its end (run)
         self.fin_scanner = _native.FinLane(PIECE // 21 * (BUF // PIECE))
         self.buf = bytearray(BUF)
+        self.batch_io = BatchIO()      # the reads into buf
         self.view = memoryview(self.buf)
         self.scanner = _native.PubLane(MAX_LINE, o.max_msg_size, o.max_body_size, PARTS)
         self._names: dict[bytes, str] = {}
@@ -107,40 +113,39 @@ class Lane:
     def _read_all(self, conns: list[Conn],
                   handle: Callable[[list[Conn], array.array[int], array.array[int]], None]
                   ) -> None:
-        """One recv_into each (at most PIECE bytes) into the kept buffer, then
-        ``handle(batch, starts, lens)`` once per buffer full. Past TURN_NS the rest are
-        not read this turn (their sockets stay readable: the next turn reads them)."""
-        view = self.view
+        """One read each (at most PIECE bytes) into the kept buffer, a buffer full
+        (BUF // PIECE connections) per C call (``BatchIO.recv_many``), then
+        ``handle(batch, starts, lens)`` for those that sent bytes. Past TURN_NS the rest
+        are not read this turn (their sockets stay readable: the next turn reads them)."""
         deadline = monotonic_ns() + TURN_NS
-        starts = array.array("I")
-        lens = array.array("I")
-        batch: list[Conn] = []
-        pos = 0
-        for conn in conns:
-            if pos + PIECE > BUF:
+        bio = self.batch_io
+        for at in range(0, len(conns), _PER_CALL):
+            if at and monotonic_ns() >= deadline:
+                return
+            # only connections still open: a closed one's descriptor may be another's now
+            chunk = [c for c in conns[at:at + _PER_CALL] if c.io is OPEN]
+            k = bio.recv_many([c.sock for c in chunk], array.array("i", [c.fd for c in chunk]),
+                              self.buf, PIECE)
+            got = bio.got[:k]
+            if k and min(got) > 0:     # the steady state: each sent something
+                handle(chunk[:k], bio.starts[:k], array.array("I", got))
+                continue
+            starts = array.array("I")
+            lens = array.array("I")
+            batch: list[Conn] = []
+            for i in range(k):
+                n = got[i]
+                conn = chunk[i]
+                if n > 0:
+                    starts.append(bio.starts[i])
+                    lens.append(n)
+                    batch.append(conn)
+                elif n == 0:
+                    conn.take_input(b"")      # the peer closed
+                elif n != -EAGAIN and n != -errno.EWOULDBLOCK:
+                    conn.close(f"read error: {os.strerror(-n)}")
+            if batch:
                 handle(batch, starts, lens)
-                if monotonic_ns() >= deadline:
-                    return
-                starts = array.array("I")
-                lens = array.array("I")
-                batch = []
-                pos = 0
-            try:
-                n = conn.sock.recv_into(view[pos:pos + PIECE])
-            except (BlockingIOError, InterruptedError):
-                continue
-            except OSError as e:
-                conn.close(f"read error: {e.strerror}")
-                continue
-            if not n:
-                conn.take_input(b"")
-                continue
-            starts.append(pos)
-            lens.append(n)
-            batch.append(conn)
-            pos += n
-        if batch:
-            handle(batch, starts, lens)
 
     def _finish(self, batch: list[Conn], starts: array.array[int],
                 lens: array.array[int]) -> None:

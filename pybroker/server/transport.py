@@ -243,6 +243,14 @@ class Transport:
         return got
 
     # -- writing ------------------------------------------------------------------------
+    def owe(self, data: bytes | bytearray, sent: int) -> int:
+        """A write made for this transport elsewhere (a batch; nothing was owed and it
+        is plain) took ``sent`` bytes of ``data``: keep the rest. Returns bytes owed."""
+        if sent < len(data):
+            self._raw += memoryview(data)[sent:]
+        self.waiting = len(self._raw)
+        return self.waiting
+
     def send(self, out: list[bytes | bytearray]) -> int | None:
         """Encode ``out`` (plaintext frames, now owned here) and write what the socket
         takes. Returns the bytes still owed, or None when the connection broke."""
