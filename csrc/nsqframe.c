@@ -556,14 +556,28 @@ int nsqf_pub_lane(const uint8_t *buf, const uint32_t *starts, const uint32_t *le
                   uint32_t *offs, uint32_t *lens, uint32_t parts_cap, uint32_t *res)
 {
     uint32_t np = 0;
-    int i;
+    int i, names = 0, j;
+    int firsts[NSQF_LANE_NAMES];   /* the first connection of each distinct name */
 
     for (i = 0; i < n; i++) {
         uint32_t *r = res + (size_t)NSQF_LANE_FIELDS * (size_t)i;
 
         r[1] = r[2] = r[3] = r[4] = 0;
+        r[5] = (uint32_t)i;
         r[0] = (uint32_t)lane_one(buf + starts[i], lens_in[i], starts[i], lim, max_count,
                                   offs, lens, parts_cap, &np, r);
+        if (r[0] != NSQF_LANE_FAST)
+            continue;
+        for (j = 0; j < names; j++) {
+            const uint32_t *q = res + (size_t)NSQF_LANE_FIELDS * (size_t)firsts[j];
+
+            if (q[2] == r[2] && memcmp(buf + q[1], buf + r[1], r[2]) == 0) {
+                r[5] = (uint32_t)firsts[j];
+                break;
+            }
+        }
+        if (j == names && names < NSQF_LANE_NAMES)
+            firsts[names++] = i;
     }
     return (int)np;
 }

@@ -198,7 +198,8 @@ int64_t nsqf_log_frames(uint8_t *out, size_t cap, const uint8_t *buf,
  */
 #define NSQF_LANE_FAST 0   /* complete PUB/MPUB commands, one topic, all valid */
 #define NSQF_LANE_SLOW 1   /* anything else: the caller runs the general path */
-#define NSQF_LANE_FIELDS 5 /* uint32s per connection in res[] */
+#define NSQF_LANE_FIELDS 6 /* uint32s per connection in res[] */
+#define NSQF_LANE_NAMES 16 /* distinct topic names matched per call (field 5) */
 
 /*
  * Connection i's bytes are buf[starts[i], starts[i] + lens_in[i]). FAST when
@@ -210,8 +211,11 @@ int64_t nsqf_log_frames(uint8_t *out, size_t cap, const uint8_t *buf,
  * and the parts fit in offs/lens. Anything else (another verb, a '\r', an
  * extra parameter, an incomplete command, a size or body that nsqd refuses) is
  * SLOW, with nothing stored for it, so the general path answers it as ever.
- * Outputs: res[5 i .. 5 i + 4] = status, name offset (in buf), name length,
- *          commands, messages (1 << 31 added when the first command is MPUB);
+ * Outputs: res[6 i .. 6 i + 5] = status, name offset (in buf), name length,
+ *          commands, messages (1 << 31 added when the first command is MPUB),
+ *          and the index of the first FAST connection of this call naming the
+ *          same topic (i itself for the first; for the first NSQF_LANE_NAMES
+ *          distinct names, later ones are always their own);
  *          the messages of FAST connections, in connection order, at
  *          offs/lens[0, returned) (offsets into buf).
  * Returns: the number of parts stored.

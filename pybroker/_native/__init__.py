@@ -104,7 +104,7 @@ def _check_header() -> None:
         "E_MPUB_PART_BIG", "E_MPUB_PART_SHORT", "E_MPUB_TRAILING", "E_CAPACITY",
         "E_FRAME_SIZE", "REC_HEADER", "PAYLOAD_HEAD", "LOG_END", "LOG_PARTIAL", "LOG_FULL",
         "LOG_BAD_LENGTH", "LOG_BAD_CRC", "LOG_BAD_OFFSET", "LANE_FAST", "LANE_SLOW",
-        "LANE_FIELDS", "FIN_LANE_SLOW",
+        "LANE_FIELDS", "LANE_NAMES", "FIN_LANE_SLOW",
     ]
     pairs = [(n, getattr(_lib, "NSQF_" + n, None), getattr(_pure, n)) for n in names]
     pairs.append(("MAX_BODY", getattr(_lib, "NSQF_MAX_BODY", None), _pure.MAX_BODY))
@@ -345,8 +345,9 @@ class PubLane:
     """The publish lane's scan (nsqf_pub_lane; csrc/nsqframe.h): one call per loop turn
     over the bytes every publishing connection sent. Owned by one event loop (its
     scratch arrays are not shared). ``scan(buf, starts, lens, n)`` returns (res, offs,
-    lens, parts): res[5 i:5 i + 5] = status (LANE_FAST or LANE_SLOW), name offset, name
-    length, commands, messages (| 1 << 31 when the first command is MPUB); the messages
+    lens, parts): res[6 i:6 i + 6] = status (LANE_FAST or LANE_SLOW), name offset, name
+    length, commands, messages (| 1 << 31 when the first command is MPUB), the first
+    FAST connection of the call with the same topic name (i: none before); the messages
     of FAST connections, in order, at offs/lens[0, parts) (offsets into buf)."""
 
     __slots__ = ("_lim", "_max_count", "_offs", "_lens", "_res", "_max_line",

@@ -299,7 +299,8 @@ def log_frames(buf: bytes | memoryview, pos: Sequence[int], attempts: int) -> by
 # -- the publish lane (csrc/nsqframe.h nsqf_pub_lane) ----------------------------------
 LANE_FAST = 0
 LANE_SLOW = 1
-LANE_FIELDS = 5
+LANE_FIELDS = 6
+LANE_NAMES = 16      # distinct names matched per call (res field 5)
 _LANE_NAME = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-#")
 
 
@@ -379,13 +380,21 @@ def pub_lane(buf: bytes | bytearray | memoryview, starts: Sequence[int],
     """nsqf_pub_lane's spec: (res, offs, lens, parts stored)."""
     res = [0] * (LANE_FIELDS * n)
     parts: list[tuple[int, int]] = []
+    firsts: dict[bytes, int] = {}    # name -> its first FAST connection
     for i in range(n):
+        k = LANE_FIELDS * i
+        res[k + 5] = i
         r = _lane_one(buf, starts[i], lens_in[i], max_line, max_msg, max_body, max_count,
                       parts, parts_cap)
         if r is None:
-            res[LANE_FIELDS * i] = LANE_SLOW
-        else:
-            res[LANE_FIELDS * i + 1:LANE_FIELDS * i + 5] = r
+            res[k] = LANE_SLOW
+            continue
+        res[k + 1:k + 5] = r
+        name = bytes(buf[r[0]:r[0] + r[1]])
+        if name in firsts:
+            res[k + 5] = firsts[name]
+        elif len(firsts) < LANE_NAMES:
+            firsts[name] = i
     return res, [p[0] for p in parts], [p[1] for p in parts], len(parts)
 
 

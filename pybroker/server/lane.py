@@ -178,12 +178,11 @@ class Lane:
                  lens: array.array[int]) -> None:
         res, offs, plens, _ = self.scanner.scan(self.buf, starts, lens, len(batch))
         loop = self.loop
-        broker = loop.runtime.broker
-        names = self._names
-        cluster = loop.publisher.cluster
         now = monotonic_ns()
         # topic -> (its parts' index ranges, its connections with their commands)
         groups: dict[Topic, tuple[list[int], list[tuple[Conn, int, int]]]] = {}
+        # the first connection naming a topic -> its group (None: that name goes slow)
+        firsts: dict[int, tuple[list[int], list[tuple[Conn, int, int]]] | None] = {}
         slow: list[int] = []
         part = 0
         for i, conn in enumerate(batch):
@@ -195,27 +194,14 @@ class Lane:
             msgs = res[k + 4]
             first = part
             part += msgs & ~LANE_MPUB
-            raw = bytes(self.view[res[k + 1]:res[k + 1] + res[k + 2]])
-            name = names.get(raw)
-            if name is None:
-                if not is_valid_name(raw):
-                    slow.append(i)     # its handler answers E_BAD_TOPIC
-                    continue
-                if len(names) >= NAMES:
-                    names.clear()
-                name = names[raw] = raw.decode()
-            try:
-                topic = broker.get_topic(name)
-            except Exiting:
+            same = res[k + 5]
+            if same != i:       # the C scan matched its name to an earlier connection's
+                group = firsts[same]
+            else:
+                group = firsts[i] = self._group_of(res[k + 1], res[k + 2], groups)
+            if group is None:
                 slow.append(i)
                 continue
-            if topic.owner is not loop or (cluster is not None and (
-                    cluster.diverts(name) or cluster.refusal(name) is not None)):
-                slow.append(i)      # handed to its owner, its leader, or refused there
-                continue
-            group = groups.get(topic)
-            if group is None:
-                group = groups[topic] = ([], [])
             ranges = group[0]
             if ranges and ranges[-1] == first:
                 ranges[-1] = part
@@ -238,6 +224,34 @@ class Lane:
         for i in slow:
             batch[i].take_input(bytes(self.view[starts[i]:starts[i] + lens[i]]))
 
+
+    def _group_of(self, at: int, n: int, groups: dict[Topic, tuple[list[int], list[
+            tuple[Conn, int, int]]]]) -> tuple[list[int], list[tuple[Conn, int, int]]] | None:
+        """The turn's group of the topic named by buf[at:at + n] (made if new), or None:
+        its publishes go the general way (a name to refuse, a topic another loop owns or
+        another node leads, or refused there; the broker exiting)."""
+        raw = bytes(self.view[at:at + n])
+        names = self._names
+        name = names.get(raw)
+        if name is None:
+            if not is_valid_name(raw):
+                return None     # its handler answers E_BAD_TOPIC
+            if len(names) >= NAMES:
+                names.clear()
+            name = names[raw] = raw.decode()
+        loop = self.loop
+        try:
+            topic = loop.runtime.broker.get_topic(name)
+        except Exiting:
+            return None
+        cluster = loop.publisher.cluster
+        if topic.owner is not loop or (cluster is not None and (
+                cluster.diverts(name) or cluster.refusal(name) is not None)):
+            return None     # handed to its owner, its leader, or refused there
+        group = groups.get(topic)
+        if group is None:
+            group = groups[topic] = ([], [])
+        return group
 
 
 def _still(conns: list[Conn], kind: int) -> list[Conn]:

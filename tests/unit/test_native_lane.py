@@ -18,6 +18,7 @@ from pybroker.protocol.decoder import CommandDecoder
 
 MAX_LINE, MAX_MSG, MAX_BODY = 64, 40, 120
 MAX_COUNT = (MAX_BODY - 4) // 5
+F = _pure.LANE_FIELDS
 SETTINGS = settings(max_examples=300, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
@@ -46,7 +47,7 @@ def c_scan(chunks: list[bytes], cap: int = 1024) -> tuple[list[int], list[bytes]
     buf, starts, lens = lay_out(chunks)
     lane = _native.PubLane(MAX_LINE, MAX_MSG, MAX_BODY, cap)
     res, offs, plens, n = lane.scan(buf, starts, lens, len(chunks))
-    return list(res[:5 * len(chunks)]), [bytes(buf[offs[i]:offs[i] + plens[i]])
+    return list(res[:F * len(chunks)]), [bytes(buf[offs[i]:offs[i] + plens[i]])
                                          for i in range(n)]
 
 
@@ -102,10 +103,12 @@ def test_the_cases_by_hand() -> None:
               mpub(b"t", [b"x"], count=2),                   # count and parts disagree
               b"PUB t extra\n" + struct.pack(">i", 1) + b"x"]
     res, msgs = pure_scan(chunks)
-    status = res[0::5]
+    status = res[0::F]
     assert status == [0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 1]
-    assert res[3:5] == [1, 1] and res[8:10] == [2, 3]
-    assert res[28:30] == [1, 1 | 1 << 31]                    # first command MPUB: flagged
+    assert res[3:5] == [1, 1] and res[F + 3:F + 5] == [2, 3]
+    assert res[5 * F + 3:5 * F + 5] == [1, 1 | 1 << 31]      # first command MPUB: flagged
+    # the same topic as an earlier FAST connection: its index; a new name: its own
+    assert [res[F * i + 5] for i in (0, 1, 5)] == [0, 0, 5]
     assert msgs == [b"hello", b"a", b"x", b"yy", b"q"]
     if _native.c_backend is not None and _native.BACKEND == "c":
         assert c_scan(chunks) == (res, msgs)
@@ -114,7 +117,7 @@ def test_the_cases_by_hand() -> None:
 def test_parts_past_the_capacity_send_the_connection_the_general_way() -> None:
     chunks = [mpub(b"t", [b"a", b"b", b"c"]), pub(b"t", b"d")]
     res, msgs = pure_scan(chunks, cap=2)
-    assert res[0::5] == [1, 0] and msgs == [b"d"]
+    assert res[0::F] == [1, 0] and msgs == [b"d"]
 
 
 name_st = st.sampled_from([b"t", b"topic", b"a.b_c-d", b"x#ephemeral", b"", b"t t", b"t\r",
@@ -141,7 +144,7 @@ def test_fast_means_exactly_what_the_general_path_would_publish(chunks: list[byt
     at = 0
     for i, data in enumerate(chunks):
         want = general(data)
-        status, name_off, name_len, cmds, flags = res[5 * i:5 * i + 5]
+        status, name_off, name_len, cmds, flags, same = res[F * i:F * i + F]
         if status == _pure.LANE_SLOW:
             # SLOW is always safe; it must not miss the plain case with a valid name
             if (want is not None and want[0] and b"\r" not in data
@@ -152,6 +155,10 @@ def test_fast_means_exactly_what_the_general_path_would_publish(chunks: list[byt
         n = flags & ~(1 << 31)
         topic = bytes(bytearray(b"".join(chunks))[name_off:name_off + name_len])
         assert (topic, cmds, msgs[at:at + n]) == want
+        # the first FAST connection with this topic name (itself when it is the first)
+        firsts = [j for j in range(i + 1) if res[F * j] == _pure.LANE_FAST
+                  and (g := general(chunks[j])) is not None and g[0] == topic]
+        assert same == firsts[0]
         assert bool(flags >> 31) == data.startswith(b"MPUB ")
         at += n
     assert at == len(msgs)
