@@ -92,6 +92,8 @@ class Transport:
         self.tls = False
         self.snappy = False
         self.deflate = False
+        # TLS, snappy or deflate on: bytes are encoded on their way out (set by start_*)
+        self.layered = False
         self.deflate_level = 0
         self.handshaking = False
         self._ssl: ssl.SSLObject | None = None
@@ -109,15 +111,10 @@ class Transport:
         self.tls_stats: dict[str, object] = {}
         self.common_name = ""
 
-    @property
-    def layered(self) -> bool:
-        return self._ssl is not None or self.snappy or self.deflate
-
     def plain_idle(self) -> bool:
         """Plain bytes straight from the socket (no TLS, no compression, none coming),
         and nothing read but not handed out: the publish lane may read it (server/lane)."""
-        return (self._ssl is None and self._codec is None and not self.snappy
-                and not self.deflate and not self.tls_queued and not self._plain)
+        return not (self.layered or self.tls_queued or self._plain)
 
     @property
     def backlog(self) -> bool:
@@ -321,6 +318,7 @@ class Transport:
 
         self._bio_in, self._bio_out = ssl.MemoryBIO(), ssl.MemoryBIO()
         self._ssl = ctx.wrap_bio(self._bio_in, self._bio_out, server_side=True)
+        self.layered = True
         self.handshaking = True
         self._on_ready = on_ready
         if self._plain_pos < len(self._plain):
@@ -358,13 +356,13 @@ class Transport:
     def start_snappy(self) -> None:
         from pybroker.protocol.compression import Snappy
 
-        self.snappy = True
+        self.snappy = self.layered = True
         self._start_codec(Snappy())
 
     def start_deflate(self, level: int) -> None:
         from pybroker.protocol.compression import Deflate
 
-        self.deflate = True
+        self.deflate = self.layered = True
         self.deflate_level = level
         self._start_codec(Deflate(level))
 
