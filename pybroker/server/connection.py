@@ -484,7 +484,12 @@ class ClientConn:
     def wrote(self, data: bytes | bytearray, sent: int) -> None:
         """flush's second half: a batched write took ``sent`` bytes of ``data`` (-errno:
         it failed; -EAGAIN: the socket took none now)."""
-        if sent < 0 and sent != -EAGAIN:
+        if sent == len(data) and self.out_bytes <= HIGH_WATER:
+            self.out_bytes = 0      # all taken (the common case): nothing owed
+            if self.reading and not self.writing and self.io is not DRAINING:
+                return
+            self._flushed()
+        elif sent < 0 and sent != -EAGAIN:
             self._wrote(None)
         else:
             self._wrote(self.transport.owe(data, max(sent, 0)))

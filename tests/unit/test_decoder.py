@@ -67,6 +67,19 @@ def test_byte_by_byte_gives_the_same_commands_and_announces_pending_once() -> No
     assert pending == [[b"PUB", b"t"], [b"MPUB", b"t"], [b"DPUB", b"t", b"100"], [b"IDENTIFY"]]
 
 
+def test_idle_means_nothing_buffered_and_nothing_ready() -> None:
+    """idle() (what the lanes ask) agrees with buffered() and ready() at every step."""
+    d = CommandDecoder(1024, 4096)
+    seen = []
+    for i in range(len(STREAM)):
+        d.receive(STREAM[i:i + 1])
+        seen.append(d.idle())
+        assert d.idle() == (not d.buffered() and not d.ready())
+        while d.next_command() is not None:
+            assert d.idle() == (not d.buffered() and not d.ready())
+    assert d.idle() and not any(seen)    # a byte just received is never idle
+
+
 def test_trailing_partial_command_is_kept() -> None:
     d = CommandDecoder(1024, 4096)
     d.receive(STREAM + b"PUB t\n" + struct.pack(">i", 10) + b"abc")
