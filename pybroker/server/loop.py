@@ -50,6 +50,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
+# bytes joined for one batched write at the end of a turn (EventLoop._write_all): the
+# copy made for the C call stays bounded however many connections a turn flushes
+WRITE_BATCH = 1024 * 1024
 
 
 @runtime_checkable
@@ -143,18 +146,26 @@ class EventLoop(SelectorLoop):
         self._handover.append((conn, owner_loop(ch.owner), ch))
 
     def _write_all(self, conns: dict[Conn, None]) -> None:
-        """Flush several connections: the plain ones' replies in one C call
-        (``BatchIO.send_many``), each other one on its own (``Conn.take_output``)."""
+        """Flush several connections: the plain ones' replies in one C call per
+        WRITE_BATCH bytes (``BatchIO.send_many``; each connection brings at most
+        BATCH_BYTES), each other one on its own (``Conn.take_output``)."""
         batch: list[Conn] = []
         datas: list[bytes | bytearray] = []
+        size = 0
         for conn in conns:
             if conn.io is not CLOSED:
                 data = conn.take_output()
                 if data is not None:
                     batch.append(conn)
                     datas.append(data)
-        if not batch:
-            return
+                    size += len(data)
+                    if size >= WRITE_BATCH:
+                        self._send_batch(batch, datas)
+                        batch, datas, size = [], [], 0
+        if batch:
+            self._send_batch(batch, datas)
+
+    def _send_batch(self, batch: list[Conn], datas: list[bytes | bytearray]) -> None:
         lens = array.array("I", map(len, datas))
         starts = array.array("I", itertools.accumulate(lens, initial=0))
         sent = self.batch_io.send_many([c.sock for c in batch],

@@ -5,7 +5,10 @@ turns, connections with bad or unusual input answered exactly as nsqd answers th
 assertions."""
 from __future__ import annotations
 
+import select
+import socket
 import struct
+import time
 from collections.abc import Callable
 
 from tests.support import wire
@@ -106,6 +109,7 @@ def test_many_consumers_finishing_at_once_each_get_the_next(any_broker: BrokerPr
     gets E_FIN_FAILED naming that id, and the connection stays."""
     topic = unique_name()
     bodies = [b"m%d" % i for i in range(60)]
+    assert any_broker.tcp_address is not None
     wire.publish(any_broker.tcp_address, topic, bodies)
     consumers = [connect(any_broker) for _ in range(6)]
     for c in consumers:
@@ -132,13 +136,58 @@ def test_many_consumers_finishing_at_once_each_get_the_next(any_broker: BrokerPr
         c.assert_alive()
 
 
-def _drain_rdy1(consumers: list[WireClient], n: int) -> list[bytes]:
+def _drain_rdy1(consumers: list[WireClient], n: int, timeout: float = 30) -> list[bytes]:
+    """Read and FIN n messages from whichever consumer has one (a broker may give the
+    last ones to any of them)."""
     out: list[bytes] = []
+    deadline = time.monotonic() + timeout
     while len(out) < n:
-        for c in consumers:
-            if len(out) >= n:
-                break
-            m = c.read_message(timeout=10)
-            out.append(m.body)
-            c.send(wire.fin(m.id))
+        left = deadline - time.monotonic()
+        assert left > 0, f"{len(out)} of {n} messages in {timeout} s"
+        ready = [c for c in consumers if c.pending]
+        if not ready:
+            readable = select.select([c.sock for c in consumers], [], [], left)[0]
+            ready = [c for c in consumers if c.sock in readable]
+        for c in ready:
+            if len(out) < n:
+                m = c.read_message(timeout=10)
+                out.append(m.body)
+                c.send(wire.fin(m.id))
     return out
+
+
+def test_a_stalled_and_a_vanished_consumer_beside_ones_finishing(
+        any_broker: BrokerProcess, connect: Connect) -> None:
+    """The end of a turn writes its plain connections' frames together: a consumer that
+    stops reading (the socket takes part of its frames, the rest is owed) and one that
+    resets its connection (the write fails) are in the same turns as consumers at RDY 1
+    finishing; those get every message once, the stalled one gets all of its messages
+    intact once it reads again, and the broker still answers everyone."""
+    topic = unique_name()
+    bodies = [b"%05d" % i + b"x" * 2000 for i in range(400)]
+    stalled, gone = connect(any_broker), connect(any_broker)
+    consumers = [connect(any_broker) for _ in range(6)]
+    # every channel exists before the messages come (nsqd copies a message only to the
+    # channels its topic has then)
+    for c, ch in [(stalled, "stalled"), *((c, "ch") for c in consumers)]:
+        subscribe(c, topic, ch, rdy=0)
+    # its messages in flight come back after a second (as nsqd does it: by timeout)
+    subscribe(gone, topic, "gone", rdy=0, msg_timeout=1000)
+    assert any_broker.tcp_address is not None
+    wire.publish(any_broker.tcp_address, topic, bodies)
+    stalled.send(wire.rdy(400))           # ~800 KB of frames, read only later
+    gone.send(wire.rdy(50))
+    gone.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    gone.sock.close()                     # a reset, with frames on their way
+    for c in consumers:
+        c.send(wire.rdy(1))
+    got = _drain_rdy1(consumers, len(bodies))
+    assert sorted(got) == sorted(bodies)
+    late = stalled.read_messages(len(bodies), timeout=30)
+    assert sorted(m.body for m in late) == sorted(bodies)
+    for c in [stalled, *consumers]:
+        c.assert_alive()
+    again = connect(any_broker)          # the vanished one's messages are not lost
+    subscribe(again, topic, "gone", rdy=400)
+    assert sorted(m.body for m in again.read_messages(len(bodies), timeout=30)) == \
+        sorted(bodies)
