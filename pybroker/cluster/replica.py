@@ -163,6 +163,16 @@ class Replica:
         self.advance()
         self.check_isr(now)
 
+    def acked(self, node: int, acked: int) -> None:
+        """A follower's fetch held to the end of the turn: its acknowledgement now (the
+        answer's ``fetched`` says what was sent)."""
+        lead = self.lead
+        if lead is None:
+            return
+        now = time.monotonic_ns()
+        lead.fetched(node, acked, self.topic.log.written, now)
+        self.advance()
+
     def advance(self) -> None:
         """Move the high watermark; answer the publishes it passed; release to channels."""
         lead = self.lead

@@ -28,6 +28,7 @@ READ_CACHE_TOPICS topics and READ_CACHE_BYTES; records are sent from it uncopied
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import selectors
 import socket
@@ -70,7 +71,7 @@ class _Conn:
     """One follower's connection, owned by one event loop."""
 
     __slots__ = ("server", "loop", "sock", "reader", "out", "parked", "timer", "node",
-                 "rbuf", "writing", "closed")
+                 "rbuf", "writing", "closed", "held", "late")
 
     def __init__(self, server: ReplicationServer, loop: EventLoop,
                  sock: socket.socket) -> None:
@@ -82,6 +83,8 @@ class _Conn:
         self.reader = FrameReader(MAX_REQUEST)
         self.out: list[Buffer] = []
         self.parked: JsonObj | None = None
+        self.held = False          # parked with records to send: answered this turn
+        self.late = _Held(self)    # answers it at the next turn if no write did
         self.timer: object = None
         self.node = -1
         self.rbuf = memoryview(bytearray(RECV_BYTES))   # one buffer, reused per recv
@@ -141,12 +144,31 @@ class _Conn:
         if self.closed:
             return
         self.closed = True
+        self.held = False
         self.server.forget(self)
         try:
             self.loop.selector.unregister(self.sock)
         except (KeyError, ValueError):
             pass
         self.sock.close()
+
+
+class _Held:
+    """Read again at the start of the next turn (``SelectorLoop.read_again``): answers
+    a fetch held to the end of a turn that wrote nothing to its topics."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: _Conn) -> None:
+        self.conn = conn
+
+    def on_readable(self) -> None:
+        c = self.conn
+        if c.held and not c.closed:
+            c.server._unpark(c)
+
+    def on_writable(self) -> None:
+        """Never registered."""
 
 
 class _Listener:
@@ -193,8 +215,9 @@ class ReplicationServer(SelectorLoop):
         self.loops: dict[int, EventLoop] = {}     # (under lock) loops serving some
         self.lock = threading.Lock()
         self.accepted = 0
-        # topic -> ((log, epoch, offset, log end), n, raw): its last read (``_read``)
-        self._reads: dict[str, tuple[tuple[int, int, int, int], int, memoryview]] = {}
+        # topic -> ((log, epoch, offset, log end), n, raw views, size): its last read
+        self._reads: dict[str, tuple[tuple[int, int, int, int], int, list[memoryview],
+                                     int]] = {}
         self._read_bytes = 0
         self.selector.register(self.lsock, selectors.EVENT_READ, _Listener(self, self.lsock))
 
@@ -246,6 +269,7 @@ class ReplicationServer(SelectorLoop):
         if not final and not self._fetch(c, req, again=True):
             return                   # nothing new for it (records it was sent already)
         c.parked = None
+        c.held = False
         c.loop.cancel(c.timer)
         c.timer = None
         if final:
@@ -264,37 +288,56 @@ class ReplicationServer(SelectorLoop):
             c.close(str(e))
 
     def _read(self, r: Replica, offset: int, written: int,
-              budget: int) -> tuple[int, memoryview] | None:
-        """(n, raw bytes) of the records from ``offset`` (None: not in the log any
-        more). The followers mostly ask for the same records: the last read of each
-        topic is kept while nothing was written after it (records never change under a
-        leader's epoch)."""
+              budget: int) -> tuple[int, list[memoryview], int] | None:
+        """(n, raw bytes as views, their size) of the records from ``offset`` on, up
+        to ``budget`` bytes (at least one record) or the log's end: every write
+        (block) since, not only the first (None: not in the log any more). The
+        followers mostly ask for the same records: the last read of each topic is kept
+        while nothing was written after it (records never change under a leader's
+        epoch)."""
         lg = r.topic.log
         key = (id(lg), r.epoch, offset, written)
         last = self._reads.get(r.name)
-        if last is not None and last[0] == key and len(last[2]) <= budget:
-            return last[1], last[2]
-        try:
-            batch = lg.read(offset, 100_000, budget)
-        except OffsetOutOfRange:
-            return None
-        if not batch.n or batch.first != offset:
-            return 0, memoryview(b"")
-        n = batch.n
-        raw = record_bytes(batch, n)
-        if len(raw) > budget and n > 1:
-            n = 1
-            raw = record_bytes(batch, 1)
-        if offset + n == written:
+        if last is not None and last[0] == key and last[3] <= budget:
+            return last[1], last[2], last[3]
+        parts: list[memoryview] = []
+        n = size = 0
+        at = offset
+        while at < written and (size < budget or not parts):
+            try:
+                batch = lg.read(at, 100_000, max(1, budget - size))
+            except OffsetOutOfRange:
+                if not parts:
+                    return None
+                break
+            if not batch.n or batch.first != at:
+                break
+            k = batch.n
+            raw = record_bytes(batch, k)
+            if size + len(raw) > budget:
+                pos = batch.pos
+                # records are contiguous: the first k end where record k starts
+                k = max(0 if parts else 1,
+                        bisect.bisect_right(pos, pos[0] + budget - size) - 1)
+                if not k:
+                    break
+                raw = record_bytes(batch, k)
+            parts.append(raw)
+            n += k
+            size += len(raw)
+            at += k
+            if k < batch.n:
+                break
+        if n and offset + n == written:
             reads = self._reads
             old = reads.pop(r.name, None)
-            self._read_bytes -= len(old[2]) if old is not None else 0
+            self._read_bytes -= old[3] if old is not None else 0
             if len(reads) >= READ_CACHE_TOPICS or self._read_bytes > READ_CACHE_BYTES:
                 reads.clear()
                 self._read_bytes = 0
-            reads[r.name] = (key, n, raw)
-            self._read_bytes += len(raw)
-        return n, raw
+            reads[r.name] = (key, n, parts, size)
+            self._read_bytes += size
+        return n, parts, size
 
     def forget(self, c: _Conn) -> None:
         with self.lock:
@@ -311,7 +354,7 @@ class ReplicationServer(SelectorLoop):
             c.send(encode({"topics": [self._epoch_end(t)
                                       for t in need_objs(req.get("topics"))]}))
         elif op == "fetch":
-            self._fetch(c, req, final=final)
+            self._fetch(c, req, final=final, hold=True)
         else:
             raise ValueError(f"unknown request {op!r}")
 
@@ -326,9 +369,22 @@ class ReplicationServer(SelectorLoop):
                 "written": r.topic.log.written}
 
     def _fetch(self, c: _Conn, req: JsonObj, final: bool = False,
-               again: bool = False) -> bool:
+               again: bool = False, hold: bool = False) -> bool:
         """Answer a fetch (True), or leave it to wait for records (False): parked
-        here unless ``again`` (it is parked already; its acknowledgement was posted)."""
+        here unless ``again`` (it is parked already; its acknowledgement was posted).
+        ``hold``: a fetch just read: its acknowledgement is posted now and, when it has
+        something to be sent, it is answered at the end of this turn (``notify``, or
+        the next turn's start: ``read_again``), so that the answer also carries what
+        this turn's publishes append; else it is parked."""
+        wait_ms = min(need_int(req.get("wait_ms", 0)), MAX_WAIT_MS)
+        if hold and wait_ms > 0 and not final:
+            c.parked = req
+            if self._acknowledge(c, req):
+                c.held = True
+                c.loop.read_again(c.late)
+            else:
+                c.timer = c.loop.call_later(wait_ms * 1_000_000, self._unpark, c)
+            return False
         node = self.node
         budget = min(need_int(req.get("max_bytes", MAX_FETCH_BYTES)), MAX_FETCH_BYTES)
         out: list[Json] = []
@@ -375,20 +431,19 @@ class ReplicationServer(SelectorLoop):
                     out.append(entry)
                     any_data = True
                     continue
-                n, raw = read
+                n, raws, size = read
                 if n:
                     sent_to = offset + n
                     entry["first"] = offset
-                    entry["blob"] = [at, len(raw)]
-                    blobs.append(raw)
-                    at += len(raw)
-                    budget -= len(raw)
+                    entry["blob"] = [at, size]
+                    blobs.extend(raws)
+                    at += size
+                    budget -= size
                     any_data = True
             # what it holds is its acknowledgement; it caught up if this answer
             # leaves nothing behind
             posts.append((r, offset, sent_to if sent_to < written else written))
             out.append(entry)
-        wait_ms = min(need_int(req.get("wait_ms", 0)), MAX_WAIT_MS)
         if not any_data and wait_ms > 0 and not final:
             if again:
                 return False
@@ -405,6 +460,32 @@ class ReplicationServer(SelectorLoop):
             else:
                 owner.call_soon_threadsafe(r.fetched, c.node, offset, sent_end)
         return answered
+
+    def _acknowledge(self, c: _Conn, req: JsonObj) -> bool:
+        """Post a fetch's acknowledgements (what the follower holds of each topic);
+        True when an answer would carry something (records, an error, an epoch
+        history or channel states it lacks). Nothing is read or encoded here."""
+        node = self.node
+        something = False
+        for t in need_objs(req.get("topics")):
+            r = node.replicas.get(need_str(t.get("name")))
+            if r is None or r.role != LEADER or need_int(t.get("epoch")) != r.epoch:
+                something = True
+                continue
+            offset = need_int(t.get("offset"))
+            if offset < 0:
+                raise ValueError(f"offset {offset} asked")
+            hist = r.history.entries
+            if offset != r.topic.log.written or r.chan_version > need_int(
+                    t.get("version", 0)) or not hist or t.get("hist") != [len(hist),
+                                                                          *hist[-1]]:
+                something = True
+            owner = owner_loop(r.topic.owner)
+            if owner is c.loop:
+                r.acked(c.node, offset)
+            else:
+                owner.call_soon_threadsafe(r.acked, c.node, offset)
+        return something
 
 
 __all__ = ["MAX_FETCH_BYTES", "ReplicationServer", "record_bytes"]
