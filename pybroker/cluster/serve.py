@@ -33,7 +33,6 @@ import logging
 import selectors
 import socket
 import threading
-import time
 from typing import TYPE_CHECKING, cast
 
 from pybroker.cluster.ports import Json, JsonObj, need_int, need_objs, need_str
@@ -155,17 +154,29 @@ class _Conn:
 
 class _Held:
     """Read again at the start of the next turn (``SelectorLoop.read_again``): answers
-    a fetch held to the end of a turn that wrote nothing to its topics."""
+    a fetch held to the end of a turn that wrote nothing to its topics; when that next
+    turn has work for its end, once more at the turn after (the write of the turn's
+    publishes answers it first, mostly)."""
 
-    __slots__ = ("conn",)
+    __slots__ = ("conn", "again")
 
     def __init__(self, conn: _Conn) -> None:
         self.conn = conn
+        self.again = False
 
     def on_readable(self) -> None:
         c = self.conn
-        if c.held and not c.closed:
-            c.server._unpark(c)
+        if not c.held or c.closed:
+            self.again = False
+            return
+        if not self.again and c.loop.busy():
+            # this turn has work for its end (publishes to write, most often): that
+            # write answers it with its records; else the next turn does
+            self.again = True
+            c.loop.read_again(self)
+            return
+        self.again = False
+        c.server._unpark(c)
 
     def on_writable(self) -> None:
         """Never registered."""
@@ -451,7 +462,7 @@ class ReplicationServer(SelectorLoop):
             c.timer = c.loop.call_later(wait_ms * 1_000_000, self._unpark, c)
             answered = False
         else:
-            c.send(encode({"topics": out, "ts": time.time()}, *blobs))
+            c.send(encode({"topics": out}, *blobs))
             answered = True
         for r, offset, sent_end in posts:
             owner = owner_loop(r.topic.owner)
