@@ -320,8 +320,10 @@ class Fetcher:
                 if self.asked is None:
                     raise WireError("an answer to no request")
                 self._answered(parse_head(view[:hlen]), view[hlen:])
-                if self.sock is not sock:
-                    return
+                # one answer per request: nothing more is due until the next request
+                # (sent by now) is answered, and the selector is level-triggered, so
+                # no read that would only say EAGAIN
+                return
         except (BlockingIOError, InterruptedError):
             return
         except (OSError, WireError, ValueError, KeyError, TypeError) as e:
