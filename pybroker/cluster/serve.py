@@ -1,9 +1,10 @@
 """ReplicationServer: the leader side of replication, listening on ``cluster_address``
 (a connection NSQ clients never see; frames of pybroker.cluster.wire). Its own thread
 (``cluster-serve``) only accepts: each connection is handed to an event loop (in turn)
-and served there, so that on the loop that owns the topics (all of them, with the
-default one loop) a follower's acknowledgement moves the high watermark and a write
-answers a parked fetch without a thread in between.
+and, at its first fetch, moved to the loop that owns the topics it fetches (the first
+one named; at most MAX_MOVES times), so that on the loop that owns the topics (all of
+them, with the default one loop) a follower's acknowledgement moves the high watermark
+and a write answers a parked fetch without a thread in between.
 
 Requests (one at a time per connection, answered in order):
 - ``{"op": "epoch_end", "node", "topics": [{"name", "epoch"}]}``: where each asked
@@ -53,6 +54,7 @@ MAX_FETCH_BYTES = 8 * 1024 * 1024
 MAX_WAIT_MS = 5000
 MAX_CONNS = 64
 MAX_REQUEST = 1024 * 1024     # a request frame (what a follower sends) at most
+MAX_MOVES = 8                 # a connection changes loops at most this often
 RECV_BYTES = 64 * 1024        # one read (a fetch request is ~100 bytes)
 READ_CACHE_TOPICS = 64        # last reads kept for the next follower: this many topics
 READ_CACHE_BYTES = 32 * 1024 * 1024   # and at most this many bytes
@@ -70,7 +72,7 @@ class _Conn:
     """One follower's connection, owned by one event loop."""
 
     __slots__ = ("server", "loop", "sock", "reader", "out", "parked", "timer", "node",
-                 "rbuf", "writing", "closed", "held", "late")
+                 "rbuf", "writing", "closed", "held", "late", "moves")
 
     def __init__(self, server: ReplicationServer, loop: EventLoop,
                  sock: socket.socket) -> None:
@@ -84,6 +86,7 @@ class _Conn:
         self.parked: JsonObj | None = None
         self.held = False          # parked with records to send: answered this turn
         self.late = _Held(self)    # answers it at the next turn if no write did
+        self.moves = 0             # to the loop owning its topics (at most MAX_MOVES)
         self.timer: object = None
         self.node = -1
         self.rbuf = memoryview(bytearray(RECV_BYTES))   # one buffer, reused per recv
@@ -99,8 +102,9 @@ class _Conn:
             self.close("peer closed")
             return
         self.reader.feed(self.rbuf[:n])
+        loop = self.loop
         try:
-            while self.parked is None:
+            while self.parked is None and self.loop is loop:   # (moved: its new loop reads on)
                 frame = self.reader.next()
                 if frame is None:
                     break
@@ -289,8 +293,9 @@ class ReplicationServer(SelectorLoop):
 
     def _more(self, c: _Conn) -> None:
         # frames that arrived while the fetch was parked
+        loop = c.loop
         try:
-            while c.parked is None:
+            while c.parked is None and c.loop is loop and not c.closed:
                 frame = c.reader.next()
                 if frame is None:
                     break
@@ -365,9 +370,56 @@ class ReplicationServer(SelectorLoop):
             c.send(encode({"topics": [self._epoch_end(t)
                                       for t in need_objs(req.get("topics"))]}))
         elif op == "fetch":
-            self._fetch(c, req, final=final, hold=True)
+            home = self._home(req)
+            if home is not None and home is not c.loop and c.parked is None \
+                    and c.moves < MAX_MOVES:
+                self._move(c, home, req)
+            else:
+                self._fetch(c, req, final=final, hold=True)
         else:
             raise ValueError(f"unknown request {op!r}")
+
+    def _home(self, req: JsonObj) -> EventLoop | None:
+        """The loop that owns the first topic of a fetch this node has (None: none):
+        the connection is served there, so that its acknowledgements and the writes
+        that answer it need no thread hand-off (a follower's fetcher asks, per leader,
+        for the topics one of its own loops owns; with several loops here, those are
+        mostly owned by one loop too)."""
+        replicas = self.node.replicas
+        loops = self.node.runtime.loops
+        for t in need_objs(req.get("topics")):
+            r = replicas.get(need_str(t.get("name")))
+            if r is not None:
+                owner = owner_loop(r.topic.owner)
+                return owner if owner in loops else None
+        return None
+
+    def _move(self, c: _Conn, home: EventLoop, req: JsonObj) -> None:
+        """On c's loop: hand c (and the fetch just read) to ``home``."""
+        try:
+            c.loop.selector.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass
+        c.loop = home
+        c.moves += 1
+        with self.lock:
+            self.loops[id(home)] = home
+        home.call_soon_threadsafe(self._moved, c, req)
+
+    def _moved(self, c: _Conn, req: JsonObj) -> None:
+        """On c's new loop: serve it here, beginning with the fetch it sent."""
+        if c.closed:
+            return
+        c.writing = bool(c.out)
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0)
+        c.loop.selector.register(c.sock, events, c)
+        try:
+            self.handle(c, req)
+        except (WireError, ValueError, KeyError, TypeError) as e:
+            log.error("CLUSTER: replication peer %s: %s", c.node, e)
+            c.close(str(e))
+            return
+        self._more(c)
 
     def _epoch_end(self, t: JsonObj) -> JsonObj:
         name = need_str(t.get("name"))

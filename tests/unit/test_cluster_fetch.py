@@ -363,3 +363,52 @@ def test_a_read_stops_at_its_budget_on_a_record_boundary(
     # a budget under one record still sends one (a follower is never stuck)
     one = server._read(r, 7, log.written, 1)                  # type: ignore[arg-type]
     assert one is not None and (one[0], one[2]) == (1, rec)
+
+
+# -- with several loops, a follower's connection is served by the loop owning its topics
+class _OwnedReplica:
+    def __init__(self, owner: SelectorLoop) -> None:
+        self.role = "follower"          # this node does not lead it: answered not_leader
+        self.topic = type("T", (), {"owner": owner})()
+
+
+def _ask(s: socket.socket, name: str) -> dict[str, object]:
+    s.sendall(b"".join(encode({"op": "fetch", "node": 2, "wait_ms": 0, "max_bytes": 10,
+                               "topics": [{"name": name, "epoch": 1, "offset": 0}]})))
+    reader = FrameReader()
+    while (frame := reader.next()) is None:
+        chunk = s.recv(65536)
+        assert chunk, "the server closed the connection"
+        reader.feed(chunk)
+    return frame[0]
+
+
+def test_a_follower_connection_moves_to_the_loop_that_owns_its_topics(
+        loop: SelectorLoop) -> None:
+    other = SelectorLoop("test-fetch-2")
+    other.start()
+    node = _ServerNode(loop)
+    node.runtime.loops = [loop, other]
+    node.replicas["t"] = _OwnedReplica(other)
+    srv = ReplicationServer(node, "127.0.0.1:0")  # type: ignore[arg-type]
+    srv.start()
+    try:
+        with _connect(srv) as s:
+            wait_until(lambda: len(srv.conns) == 1, 5)
+            conn = next(iter(srv.conns))
+            assert conn.loop is loop                   # the first loop took it
+            for _ in range(3):                         # answered there, from the start
+                assert _ask(s, "t")["topics"] == [{"name": "t", "error": "not_leader"}]
+                assert conn.loop is other and not conn.closed
+            assert srv.loops[id(other)] is other       # writes there answer its fetches
+            assert conn.moves == 1
+            # a topic this node does not have: no loop to go to, it stays
+            assert _ask(s, "unknown")["topics"] == [{"name": "unknown",
+                                                     "error": "not_leader"}]
+            assert conn.loop is other
+    finally:
+        srv.stop(5)
+        other.stop()
+        assert other.thread is not None
+        other.thread.join(5)
+        other.close()
