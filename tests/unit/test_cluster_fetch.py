@@ -20,7 +20,8 @@ from pybroker.cluster import fetcher as fetcher_mod
 from pybroker.cluster.fetcher import Fetcher
 from pybroker.cluster.replica import FOLLOWER
 from pybroker.cluster.rules import EpochHistory
-from pybroker.cluster.serve import MAX_REQUEST, ReplicationServer, record_bytes
+from pybroker.cluster.reads import LastReads, record_bytes
+from pybroker.cluster.serve import MAX_REQUEST, ReplicationServer
 from pybroker.cluster.wire import MAX_TOPICS, FrameReader, encode
 from pybroker.evloop import SelectorLoop
 from pybroker.storage.topiclog import TopicLog
@@ -331,10 +332,10 @@ def _three_writes(tmp: str | None) -> TopicLog:
 
 @pytest.mark.parametrize("on_disk", [False, True])
 def test_a_read_carries_every_write_since_the_offset_asked(
-        server: ReplicationServer, tmp_path: Path, on_disk: bool) -> None:
+        tmp_path: Path, on_disk: bool) -> None:
     log = _three_writes(str(tmp_path) if on_disk else None)
     r = _LeaderReplica(log)
-    got = server._read(r, 2, log.written, 1 << 20)          # type: ignore[arg-type]
+    got = LastReads().read(r, 2, log.written, 1 << 20)      # type: ignore[arg-type]
     assert got is not None
     n, parts, size = got
     assert n == 10 and size == sum(len(p) for p in parts)
@@ -351,17 +352,17 @@ def test_a_read_carries_every_write_since_the_offset_asked(
     assert raw == one_by_one
 
 
-def test_a_read_stops_at_its_budget_on_a_record_boundary(
-        server: ReplicationServer) -> None:
+def test_a_read_stops_at_its_budget_on_a_record_boundary() -> None:
     log = _three_writes(None)
     r = _LeaderReplica(log)
-    whole = server._read(r, 0, log.written, 1 << 20)         # type: ignore[arg-type]
+    reads = LastReads()
+    whole = reads.read(r, 0, log.written, 1 << 20)             # type: ignore[arg-type]
     assert whole is not None and whole[0] == 12
     rec = whole[2] // 12                                    # records are the same size
-    cut = server._read(r, 0, log.written, 5 * rec + rec // 2)  # type: ignore[arg-type]
+    cut = reads.read(r, 0, log.written, 5 * rec + rec // 2)  # type: ignore[arg-type]
     assert cut is not None and (cut[0], cut[2]) == (5, 5 * rec)
     # a budget under one record still sends one (a follower is never stuck)
-    one = server._read(r, 7, log.written, 1)                  # type: ignore[arg-type]
+    one = reads.read(r, 7, log.written, 1)                  # type: ignore[arg-type]
     assert one is not None and (one[0], one[2]) == (1, rec)
 
 
