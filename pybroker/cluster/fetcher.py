@@ -26,6 +26,7 @@ import logging
 import selectors
 import socket
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from pybroker.cluster.ports import Json, JsonObj, as_obj, need_int, need_objs
@@ -74,6 +75,7 @@ class Fetcher:
         self.got = 0
         self.body: bytearray | None = None
         self.asked: tuple[str, list[Replica]] | None = None   # the exchange under way
+        self.deadline = 0         # monotonic ns: its answer is late after this
         self.pending = 0          # appends (or cuts) of this round not yet done
         self.timer: object = None
         self.idle: object = None
@@ -142,22 +144,29 @@ class Fetcher:
 
     def _send(self, head: JsonObj, asked: tuple[str, list[Replica]], wait_ns: int) -> None:
         self.asked = asked
-        self.timer = self.loop.call_later(wait_ns + IO_SLACK_NS, self._late)
+        # one watchdog timer, moved on only when it fires (not set and cancelled per
+        # exchange: an exchange is a few hundred microseconds under load)
+        self.deadline = time.monotonic_ns() + wait_ns + IO_SLACK_NS
+        if self.timer is None:
+            self.timer = self.loop.call_later(wait_ns + IO_SLACK_NS, self._late)
         for b in encode(head):
             self.out += b
         self.on_writable()
 
     def _late(self) -> None:
         self.timer = None
-        if self.asked is not None:
+        if self.asked is None:
+            return
+        left = self.deadline - time.monotonic_ns()
+        if left > 0:
+            self.timer = self.loop.call_later(left, self._late)
+        else:
             self._failed("the leader did not answer in time")
 
     def _answered(self, head: JsonObj, blob: memoryview) -> None:
         assert self.asked is not None
         kind, topics = self.asked
         self.asked = None
-        self.loop.cancel(self.timer)
-        self.timer = None
         if kind == "epoch_end":
             self._cut(head, topics)
         else:
@@ -311,8 +320,10 @@ class Fetcher:
                 if self.asked is None:
                     raise WireError("an answer to no request")
                 self._answered(parse_head(view[:hlen]), view[hlen:])
-                if self.sock is not sock:
-                    return
+                # one answer per request: nothing more is due until the next request
+                # (sent by now) is answered, and the selector is level-triggered, so
+                # no read that would only say EAGAIN
+                return
         except (BlockingIOError, InterruptedError):
             return
         except (OSError, WireError, ValueError, KeyError, TypeError) as e:

@@ -153,15 +153,20 @@ class Replica:
             and self.lead_lease != 0
 
     def fetched(self, node: int, acked: int, sent_end: int) -> None:
-        """A follower's fetch (posted by the replication server)."""
+        """A follower's fetch, answered with everything below ``sent_end`` (posted by
+        the replication server)."""
+        self.acked(node, acked)
         lead = self.lead
-        if lead is None:
-            return
-        now = time.monotonic_ns()
-        lead.fetched(node, acked, self.topic.log.written, now)
-        lead.answered(node, sent_end)
-        self.advance()
-        self.check_isr(now)
+        if lead is not None:
+            lead.answered(node, sent_end)
+            self.check_isr(time.monotonic_ns())
+
+    def acked(self, node: int, acked: int) -> None:
+        """A follower's acknowledgement: it holds everything below ``acked``."""
+        lead = self.lead
+        if lead is not None:
+            lead.fetched(node, acked, self.topic.log.written, time.monotonic_ns())
+            self.advance()
 
     def advance(self) -> None:
         """Move the high watermark; answer the publishes it passed; release to channels."""

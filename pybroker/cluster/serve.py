@@ -1,9 +1,10 @@
 """ReplicationServer: the leader side of replication, listening on ``cluster_address``
 (a connection NSQ clients never see; frames of pybroker.cluster.wire). Its own thread
 (``cluster-serve``) only accepts: each connection is handed to an event loop (in turn)
-and served there, so that on the loop that owns the topics (all of them, with the
-default one loop) a follower's acknowledgement moves the high watermark and a write
-answers a parked fetch without a thread in between.
+and, at its first fetch, moved to the loop that owns the topics it fetches (the first
+one named; at most MAX_MOVES times), so that on the loop that owns the topics (all of
+them, with the default one loop) a follower's acknowledgement moves the high watermark
+and a write answers a parked fetch without a thread in between.
 
 Requests (one at a time per connection, answered in order):
 - ``{"op": "epoch_end", "node", "topics": [{"name", "epoch"}]}``: where each asked
@@ -11,20 +12,23 @@ Requests (one at a time per connection, answered in order):
   truncation;
 - ``{"op": "fetch", "node", "wait_ms", "max_bytes", "topics": [{"name", "epoch",
   "offset", "version", "hist"}]}``: ``offset`` is what the follower holds (its
-  acknowledgement: ``Replica.fetched`` on the topic's owner loop) and where it reads
-  next. The answer carries, per topic, records from there (raw log bytes in the blob),
-  the high watermark, the epoch history when it differs from what ``hist`` says the
-  follower holds, and the channel states when the follower's ``version`` is older.
-  With no record to send, the request waits (long poll) until a write (``notify``:
-  answered as soon as the owner loop has written a turn's records, so a round carries
-  every publish of a turn) or ``wait_ms`` (at most MAX_WAIT_MS).
+  acknowledgement, posted when the fetch is read: ``Replica.acked`` on the topic's
+  owner loop) and where it reads next. The answer carries, per topic, the records from
+  there (raw log bytes in the blob: every write since, pybroker.cluster.reads), the
+  high watermark, the epoch history when it differs from what ``hist`` says the
+  follower holds, and the channel states when the follower's ``version`` is older. It
+  is sent at the end of the turn the fetch was read in (``notify``: the turn's write
+  answers it with that turn's records too; else the next turn, or the one after when
+  that one has publishes to write: ``HeldAnswer``). With no record to send, the request
+  waits (long poll) until a write or ``wait_ms`` (at most MAX_WAIT_MS).
 
 Budgets: ``max_bytes`` is capped at MAX_FETCH_BYTES per answer; a request frame over
 MAX_REQUEST (or a head over the wire's limit) drops the connection from its header, so a
-connection buffers at most that much, and one naming over MAX_TOPICS topics drops it
-too (a request is served on an event loop); at most MAX_CONNS connections. The last read of
-each topic is kept for the next follower that asks for the same records (at most
-READ_CACHE_TOPICS topics and READ_CACHE_BYTES; records are sent from it uncopied).
+connection buffers at most that much (pybroker.cluster.serveconn), and one naming over
+MAX_TOPICS topics drops it too (a request is served on an event loop); at most
+MAX_CONNS connections. The last read of each topic is kept for the next follower that
+asks for the same records (pybroker.cluster.reads: bounded in topics and bytes;
+records are sent from it uncopied).
 """
 from __future__ import annotations
 
@@ -32,121 +36,26 @@ import logging
 import selectors
 import socket
 import threading
-import time
 from typing import TYPE_CHECKING, cast
 
 from pybroker.cluster.ports import Json, JsonObj, need_int, need_objs, need_str
+from pybroker.cluster.reads import LastReads, record_bytes
 from pybroker.cluster.replica import LEADER, Replica
-from pybroker.cluster.wire import MAX_TOPICS, Buffer, FrameReader, WireError, encode
+from pybroker.cluster.serveconn import MAX_REQUEST, FollowerConn
+from pybroker.cluster.wire import MAX_TOPICS, WireError, encode
 from pybroker.config import split_hostport
 from pybroker.evloop import SelectorLoop
-from pybroker.storage.topiclog import REC_HEADER, OffsetOutOfRange
 from pybroker.server.services import owner_loop
 
 if TYPE_CHECKING:
     from pybroker.cluster.nodeport import NodePort
-    from pybroker.core.seams import Batch
     from pybroker.server.loop import EventLoop
 
 log = logging.getLogger("pybroker")
 MAX_FETCH_BYTES = 8 * 1024 * 1024
 MAX_WAIT_MS = 5000
 MAX_CONNS = 64
-MAX_REQUEST = 1024 * 1024     # a request frame (what a follower sends) at most
-RECV_BYTES = 64 * 1024        # one read (a fetch request is ~100 bytes)
-READ_CACHE_TOPICS = 64        # last reads kept for the next follower: this many topics
-READ_CACHE_BYTES = 32 * 1024 * 1024   # and at most this many bytes
-
-
-def record_bytes(batch: Batch, n: int) -> memoryview:
-    """The raw bytes of the first n records of a RecordBatch (one contiguous span)."""
-    buf, pos = batch.buf, batch.pos
-    last = pos[n - 1]
-    end = last + REC_HEADER + int.from_bytes(buf[last + 4:last + 8], "big")
-    return memoryview(buf)[pos[0]:end]
-
-
-class _Conn:
-    """One follower's connection, owned by one event loop."""
-
-    __slots__ = ("server", "loop", "sock", "reader", "out", "parked", "timer", "node",
-                 "rbuf", "writing", "closed")
-
-    def __init__(self, server: ReplicationServer, loop: EventLoop,
-                 sock: socket.socket) -> None:
-        self.server = server
-        self.loop = loop
-        self.sock = sock
-        self.writing = False
-        self.closed = False
-        self.reader = FrameReader(MAX_REQUEST)
-        self.out: list[Buffer] = []
-        self.parked: JsonObj | None = None
-        self.timer: object = None
-        self.node = -1
-        self.rbuf = memoryview(bytearray(RECV_BYTES))   # one buffer, reused per recv
-
-    def on_readable(self) -> None:
-        try:
-            n = self.sock.recv_into(self.rbuf)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            n = 0
-        if not n:
-            self.close("peer closed")
-            return
-        self.reader.feed(self.rbuf[:n])
-        try:
-            while self.parked is None:
-                frame = self.reader.next()
-                if frame is None:
-                    break
-                self.server.handle(self, frame[0])
-        except (WireError, ValueError, KeyError, TypeError) as e:
-            log.error("CLUSTER: replication peer %s: %s", self.node, e)
-            self.close(str(e))
-
-    def on_writable(self) -> None:
-        self.flush()
-
-    def send(self, bufs: list[Buffer]) -> None:
-        self.out.extend(b for b in bufs if len(b))
-        self.flush()
-
-    def flush(self) -> None:
-        while self.out:
-            try:
-                n = self.sock.sendmsg(self.out[:64])
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                self.close("write error")
-                return
-            while n and self.out:
-                if n >= len(self.out[0]):
-                    n -= len(self.out.pop(0))
-                else:
-                    self.out[0] = self.out[0][n:]
-                    n = 0
-        if bool(self.out) != self.writing and not self.closed:
-            self.writing = bool(self.out)
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.out else 0)
-            try:
-                self.loop.selector.modify(self.sock, events, self)
-            except (KeyError, ValueError):
-                pass
-
-    def close(self, why: str) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.server.forget(self)
-        try:
-            self.loop.selector.unregister(self.sock)
-        except (KeyError, ValueError):
-            pass
-        self.sock.close()
+MAX_MOVES = 8                 # a connection changes loops at most this often
 
 
 class _Listener:
@@ -170,7 +79,7 @@ class _Listener:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         loop = loops[server.accepted % len(loops)]
         server.accepted += 1
-        c = _Conn(server, loop, sock)
+        c = FollowerConn(server, loop, sock)
         with server.lock:
             server.conns.add(c)
             server.loops[id(loop)] = loop
@@ -189,13 +98,11 @@ class ReplicationServer(SelectorLoop):
         self.lsock.setblocking(False)
         h, p = self.lsock.getsockname()[:2]
         self.address = f"{h}:{p}"
-        self.conns: set[_Conn] = set()            # (under lock) every loop's
+        self.conns: set[FollowerConn] = set()            # (under lock) every loop's
         self.loops: dict[int, EventLoop] = {}     # (under lock) loops serving some
         self.lock = threading.Lock()
         self.accepted = 0
-        # topic -> ((log, epoch, offset, log end), n, raw): its last read (``_read``)
-        self._reads: dict[str, tuple[tuple[int, int, int, int], int, memoryview]] = {}
-        self._read_bytes = 0
+        self.reads = LastReads()
         self.selector.register(self.lsock, selectors.EVENT_READ, _Listener(self, self.lsock))
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -209,7 +116,7 @@ class ReplicationServer(SelectorLoop):
         self.lsock.close()
         self.close()
 
-    def adopt(self, c: _Conn) -> None:
+    def adopt(self, c: FollowerConn) -> None:
         """On c's loop: serve it there."""
         c.loop.selector.register(c.sock, selectors.EVENT_READ, c)
 
@@ -234,9 +141,9 @@ class ReplicationServer(SelectorLoop):
             req = c.parked
             if req is not None and any(t.get("name") == name
                                        for t in need_objs(req.get("topics"))):
-                self._unpark(c, final=False)
+                self.unpark(c, final=False)
 
-    def _unpark(self, c: _Conn, final: bool = True) -> None:
+    def unpark(self, c: FollowerConn, final: bool = True) -> None:
         """Answer a parked fetch: at its deadline (``final``: even with nothing to
         send), or after a write, when there is something (else it stays parked, its
         deadline kept)."""
@@ -246,16 +153,18 @@ class ReplicationServer(SelectorLoop):
         if not final and not self._fetch(c, req, again=True):
             return                   # nothing new for it (records it was sent already)
         c.parked = None
+        c.held = False
         c.loop.cancel(c.timer)
         c.timer = None
         if final:
             self._fetch(c, req, final=True)
         self._more(c)
 
-    def _more(self, c: _Conn) -> None:
+    def _more(self, c: FollowerConn) -> None:
         # frames that arrived while the fetch was parked
+        loop = c.loop
         try:
-            while c.parked is None:
+            while c.parked is None and c.loop is loop and not c.closed:
                 frame = c.reader.next()
                 if frame is None:
                     break
@@ -263,46 +172,13 @@ class ReplicationServer(SelectorLoop):
         except (WireError, ValueError, KeyError, TypeError) as e:
             c.close(str(e))
 
-    def _read(self, r: Replica, offset: int, written: int,
-              budget: int) -> tuple[int, memoryview] | None:
-        """(n, raw bytes) of the records from ``offset`` (None: not in the log any
-        more). The followers mostly ask for the same records: the last read of each
-        topic is kept while nothing was written after it (records never change under a
-        leader's epoch)."""
-        lg = r.topic.log
-        key = (id(lg), r.epoch, offset, written)
-        last = self._reads.get(r.name)
-        if last is not None and last[0] == key and len(last[2]) <= budget:
-            return last[1], last[2]
-        try:
-            batch = lg.read(offset, 100_000, budget)
-        except OffsetOutOfRange:
-            return None
-        if not batch.n or batch.first != offset:
-            return 0, memoryview(b"")
-        n = batch.n
-        raw = record_bytes(batch, n)
-        if len(raw) > budget and n > 1:
-            n = 1
-            raw = record_bytes(batch, 1)
-        if offset + n == written:
-            reads = self._reads
-            old = reads.pop(r.name, None)
-            self._read_bytes -= len(old[2]) if old is not None else 0
-            if len(reads) >= READ_CACHE_TOPICS or self._read_bytes > READ_CACHE_BYTES:
-                reads.clear()
-                self._read_bytes = 0
-            reads[r.name] = (key, n, raw)
-            self._read_bytes += len(raw)
-        return n, raw
-
-    def forget(self, c: _Conn) -> None:
+    def forget(self, c: FollowerConn) -> None:
         with self.lock:
             self.conns.discard(c)
         c.loop.cancel(c.timer)
 
     # -- requests ----------------------------------------------------------------------
-    def handle(self, c: _Conn, req: JsonObj, final: bool = False) -> None:
+    def handle(self, c: FollowerConn, req: JsonObj, final: bool = False) -> None:
         c.node = need_int(req.get("node", -1))
         if len(need_objs(req.get("topics", []))) > MAX_TOPICS:
             raise ValueError(f"a request names over {MAX_TOPICS} topics")
@@ -311,9 +187,56 @@ class ReplicationServer(SelectorLoop):
             c.send(encode({"topics": [self._epoch_end(t)
                                       for t in need_objs(req.get("topics"))]}))
         elif op == "fetch":
-            self._fetch(c, req, final=final)
+            home = self._home(req)
+            if home is not None and home is not c.loop and c.parked is None \
+                    and c.moves < MAX_MOVES:
+                self._move(c, home, req)
+            else:
+                self._fetch(c, req, final=final, hold=True)
         else:
             raise ValueError(f"unknown request {op!r}")
+
+    def _home(self, req: JsonObj) -> EventLoop | None:
+        """The loop that owns the first topic of a fetch this node has (None: none):
+        the connection is served there, so that its acknowledgements and the writes
+        that answer it need no thread hand-off (a follower's fetcher asks, per leader,
+        for the topics one of its own loops owns; with several loops here, those are
+        mostly owned by one loop too)."""
+        replicas = self.node.replicas
+        loops = self.node.runtime.loops
+        for t in need_objs(req.get("topics")):
+            r = replicas.get(need_str(t.get("name")))
+            if r is not None:
+                owner = owner_loop(r.topic.owner)
+                return owner if owner in loops else None
+        return None
+
+    def _move(self, c: FollowerConn, home: EventLoop, req: JsonObj) -> None:
+        """On c's loop: hand c (and the fetch just read) to ``home``."""
+        try:
+            c.loop.selector.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass
+        c.loop = home
+        c.moves += 1
+        with self.lock:
+            self.loops[id(home)] = home
+        home.call_soon_threadsafe(self._moved, c, req)
+
+    def _moved(self, c: FollowerConn, req: JsonObj) -> None:
+        """On c's new loop: serve it here, beginning with the fetch it sent."""
+        if c.closed:
+            return
+        c.writing = bool(c.out)
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0)
+        c.loop.selector.register(c.sock, events, c)
+        try:
+            self.handle(c, req)
+        except (WireError, ValueError, KeyError, TypeError) as e:
+            log.error("CLUSTER: replication peer %s: %s", c.node, e)
+            c.close(str(e))
+            return
+        self._more(c)
 
     def _epoch_end(self, t: JsonObj) -> JsonObj:
         name = need_str(t.get("name"))
@@ -325,10 +248,23 @@ class ReplicationServer(SelectorLoop):
                 "history": [[e, s] for e, s in r.history.entries],
                 "written": r.topic.log.written}
 
-    def _fetch(self, c: _Conn, req: JsonObj, final: bool = False,
-               again: bool = False) -> bool:
+    def _fetch(self, c: FollowerConn, req: JsonObj, final: bool = False,
+               again: bool = False, hold: bool = False) -> bool:
         """Answer a fetch (True), or leave it to wait for records (False): parked
-        here unless ``again`` (it is parked already; its acknowledgement was posted)."""
+        here unless ``again`` (it is parked already; its acknowledgement was posted).
+        ``hold``: a fetch just read: its acknowledgement is posted now and, when it has
+        something to be sent, it is answered at the end of this turn (``notify``, or
+        the next turn's start: ``read_again``), so that the answer also carries what
+        this turn's publishes append; else it is parked."""
+        wait_ms = min(need_int(req.get("wait_ms", 0)), MAX_WAIT_MS)
+        if hold and wait_ms > 0 and not final:
+            c.parked = req
+            if self._acknowledge(c, req):
+                c.held = True
+                c.loop.read_again(c.late)
+            else:
+                c.timer = c.loop.call_later(wait_ms * 1_000_000, self.unpark, c)
+            return False
         node = self.node
         budget = min(need_int(req.get("max_bytes", MAX_FETCH_BYTES)), MAX_FETCH_BYTES)
         out: list[Json] = []
@@ -369,34 +305,33 @@ class ReplicationServer(SelectorLoop):
                 entry["version"] = r.chan_version
                 any_data = True
             if offset < written and budget > 0:
-                read = self._read(r, offset, written, budget)
+                read = self.reads.read(r, offset, written, budget)
                 if read is None:
                     entry["error"] = "out_of_range"
                     out.append(entry)
                     any_data = True
                     continue
-                n, raw = read
+                n, raws, size = read
                 if n:
                     sent_to = offset + n
                     entry["first"] = offset
-                    entry["blob"] = [at, len(raw)]
-                    blobs.append(raw)
-                    at += len(raw)
-                    budget -= len(raw)
+                    entry["blob"] = [at, size]
+                    blobs.extend(raws)
+                    at += size
+                    budget -= size
                     any_data = True
             # what it holds is its acknowledgement; it caught up if this answer
             # leaves nothing behind
             posts.append((r, offset, sent_to if sent_to < written else written))
             out.append(entry)
-        wait_ms = min(need_int(req.get("wait_ms", 0)), MAX_WAIT_MS)
         if not any_data and wait_ms > 0 and not final:
             if again:
                 return False
             c.parked = req
-            c.timer = c.loop.call_later(wait_ms * 1_000_000, self._unpark, c)
+            c.timer = c.loop.call_later(wait_ms * 1_000_000, self.unpark, c)
             answered = False
         else:
-            c.send(encode({"topics": out, "ts": time.time()}, *blobs))
+            c.send(encode({"topics": out}, *blobs))
             answered = True
         for r, offset, sent_end in posts:
             owner = owner_loop(r.topic.owner)
@@ -406,5 +341,31 @@ class ReplicationServer(SelectorLoop):
                 owner.call_soon_threadsafe(r.fetched, c.node, offset, sent_end)
         return answered
 
+    def _acknowledge(self, c: FollowerConn, req: JsonObj) -> bool:
+        """Post a fetch's acknowledgements (what the follower holds of each topic);
+        True when an answer would carry something (records, an error, an epoch
+        history or channel states it lacks). Nothing is read or encoded here."""
+        node = self.node
+        something = False
+        for t in need_objs(req.get("topics")):
+            r = node.replicas.get(need_str(t.get("name")))
+            if r is None or r.role != LEADER or need_int(t.get("epoch")) != r.epoch:
+                something = True
+                continue
+            offset = need_int(t.get("offset"))
+            if offset < 0:
+                raise ValueError(f"offset {offset} asked")
+            hist = r.history.entries
+            if offset != r.topic.log.written or r.chan_version > need_int(
+                    t.get("version", 0)) or not hist or t.get("hist") != [len(hist),
+                                                                          *hist[-1]]:
+                something = True
+            owner = owner_loop(r.topic.owner)
+            if owner is c.loop:
+                r.acked(c.node, offset)
+            else:
+                owner.call_soon_threadsafe(r.acked, c.node, offset)
+        return something
 
-__all__ = ["MAX_FETCH_BYTES", "ReplicationServer", "record_bytes"]
+
+__all__ = ["MAX_FETCH_BYTES", "MAX_REQUEST", "ReplicationServer", "record_bytes"]

@@ -11,6 +11,7 @@ import socket
 import struct
 import threading
 import time
+from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
@@ -19,9 +20,11 @@ from pybroker.cluster import fetcher as fetcher_mod
 from pybroker.cluster.fetcher import Fetcher
 from pybroker.cluster.replica import FOLLOWER
 from pybroker.cluster.rules import EpochHistory
+from pybroker.cluster.reads import LastReads, record_bytes
 from pybroker.cluster.serve import MAX_REQUEST, ReplicationServer
 from pybroker.cluster.wire import MAX_TOPICS, FrameReader, encode
 from pybroker.evloop import SelectorLoop
+from pybroker.storage.topiclog import TopicLog
 from pybroker.testing import wait_until
 
 LEADER = 7
@@ -306,3 +309,107 @@ def test_the_server_drops_a_follower_that_sends_nonsense(server: ReplicationServ
     with _connect(server) as s:
         s.sendall(request_)
         assert _closed(s)
+
+
+# -- the leader's read: every write since the follower's offset, within its budget ----
+class _LeaderReplica:
+    def __init__(self, log: object) -> None:
+        self.name = "t"
+        self.epoch = 1
+        self.topic = type("T", (), {"log": log})()
+
+
+def _three_writes(tmp: str | None) -> TopicLog:
+    """Three writes of four records: three blocks of the memory tail, or (a directory)
+    segment files only."""
+    log = TopicLog(tmp, max_bytes_per_file=1 << 20, mem_records=0 if tmp else 1000,
+                   max_record_bytes=4096)
+    for w in range(3):       # three writes (three blocks of the memory tail) of 4 records
+        log.append([b"w%d-%d" % (w, i) * 10 for i in range(4)], time.time_ns())
+        log.write_pending()
+    return log
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_a_read_carries_every_write_since_the_offset_asked(
+        tmp_path: Path, on_disk: bool) -> None:
+    log = _three_writes(str(tmp_path) if on_disk else None)
+    r = _LeaderReplica(log)
+    got = LastReads().read(r, 2, log.written, 1 << 20)      # type: ignore[arg-type]
+    assert got is not None
+    n, parts, size = got
+    assert n == 10 and size == sum(len(p) for p in parts)
+    raw = b"".join(bytes(p) for p in parts)
+    check = TopicLog(None, max_bytes_per_file=1 << 20, mem_records=1000,
+                     max_record_bytes=4096)
+    check.head = check.written = 2
+    assert check.append_raw(raw, 2) == 10       # whole, in sequence, checksums intact
+    one_by_one, at = b"", 2
+    while at < log.written:                     # the log's own reads, a write at a time
+        b = log.read(at, 100, 1 << 20)
+        one_by_one += bytes(record_bytes(b, b.n))
+        at += b.n
+    assert raw == one_by_one
+
+
+def test_a_read_stops_at_its_budget_on_a_record_boundary() -> None:
+    log = _three_writes(None)
+    r = _LeaderReplica(log)
+    reads = LastReads()
+    whole = reads.read(r, 0, log.written, 1 << 20)             # type: ignore[arg-type]
+    assert whole is not None and whole[0] == 12
+    rec = whole[2] // 12                                    # records are the same size
+    cut = reads.read(r, 0, log.written, 5 * rec + rec // 2)  # type: ignore[arg-type]
+    assert cut is not None and (cut[0], cut[2]) == (5, 5 * rec)
+    # a budget under one record still sends one (a follower is never stuck)
+    one = reads.read(r, 7, log.written, 1)                  # type: ignore[arg-type]
+    assert one is not None and (one[0], one[2]) == (1, rec)
+
+
+# -- with several loops, a follower's connection is served by the loop owning its topics
+class _OwnedReplica:
+    def __init__(self, owner: SelectorLoop) -> None:
+        self.role = "follower"          # this node does not lead it: answered not_leader
+        self.topic = type("T", (), {"owner": owner})()
+
+
+def _ask(s: socket.socket, name: str) -> dict[str, object]:
+    s.sendall(b"".join(encode({"op": "fetch", "node": 2, "wait_ms": 0, "max_bytes": 10,
+                               "topics": [{"name": name, "epoch": 1, "offset": 0}]})))
+    reader = FrameReader()
+    while (frame := reader.next()) is None:
+        chunk = s.recv(65536)
+        assert chunk, "the server closed the connection"
+        reader.feed(chunk)
+    return frame[0]
+
+
+def test_a_follower_connection_moves_to_the_loop_that_owns_its_topics(
+        loop: SelectorLoop) -> None:
+    other = SelectorLoop("test-fetch-2")
+    other.start()
+    node = _ServerNode(loop)
+    node.runtime.loops = [loop, other]
+    node.replicas["t"] = _OwnedReplica(other)
+    srv = ReplicationServer(node, "127.0.0.1:0")  # type: ignore[arg-type]
+    srv.start()
+    try:
+        with _connect(srv) as s:
+            wait_until(lambda: len(srv.conns) == 1, 5)
+            conn = next(iter(srv.conns))
+            assert conn.loop is loop                   # the first loop took it
+            for _ in range(3):                         # answered there, from the start
+                assert _ask(s, "t")["topics"] == [{"name": "t", "error": "not_leader"}]
+                assert conn.loop is other and not conn.closed
+            assert srv.loops[id(other)] is other       # writes there answer its fetches
+            assert conn.moves == 1
+            # a topic this node does not have: no loop to go to, it stays
+            assert _ask(s, "unknown")["topics"] == [{"name": "unknown",
+                                                     "error": "not_leader"}]
+            assert conn.loop is other
+    finally:
+        srv.stop(5)
+        other.stop()
+        assert other.thread is not None
+        other.thread.join(5)
+        other.close()

@@ -1,0 +1,154 @@
+"""FollowerConn: one follower's connection to the leader's replication server
+(pybroker.cluster.serve), owned by one event loop at a time: non-blocking reads into one
+kept buffer, frames (pybroker.cluster.wire) handed to the server one request at a
+time, answers written with ``sendmsg`` uncopied. HeldAnswer: read again at the start
+of a turn (``SelectorLoop.read_again``) to answer a fetch held to the end of the turn
+before. Budget: a request frame over MAX_REQUEST drops the connection from its header.
+"""
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+from typing import TYPE_CHECKING, Protocol
+
+from pybroker.cluster.ports import JsonObj
+from pybroker.cluster.wire import Buffer, FrameReader, WireError
+
+if TYPE_CHECKING:
+    from pybroker.server.loop import EventLoop
+
+log = logging.getLogger("pybroker")
+MAX_REQUEST = 1024 * 1024     # a request frame (what a follower sends) at most
+RECV_BYTES = 64 * 1024        # one read (a fetch request is ~100 bytes)
+
+
+class ConnServer(Protocol):
+    """What a connection asks of its server."""
+
+    def handle(self, c: FollowerConn, req: JsonObj, final: bool = False) -> None: ...
+
+    def forget(self, c: FollowerConn) -> None: ...
+
+    def unpark(self, c: FollowerConn, final: bool = True) -> None: ...
+
+
+class FollowerConn:
+    """One follower's connection, owned by one event loop."""
+
+    __slots__ = ("server", "loop", "sock", "reader", "out", "parked", "timer", "node",
+                 "rbuf", "writing", "closed", "held", "late", "moves")
+
+    def __init__(self, server: ConnServer, loop: EventLoop,
+                 sock: socket.socket) -> None:
+        self.server = server
+        self.loop = loop
+        self.sock = sock
+        self.writing = False
+        self.closed = False
+        self.reader = FrameReader(MAX_REQUEST)
+        self.out: list[Buffer] = []
+        self.parked: JsonObj | None = None
+        self.held = False          # parked with records to send: answered this turn
+        self.late = HeldAnswer(self)    # answers it at the next turn if no write did
+        self.moves = 0             # to the loop owning its topics (at most MAX_MOVES)
+        self.timer: object = None
+        self.node = -1
+        self.rbuf = memoryview(bytearray(RECV_BYTES))   # one buffer, reused per recv
+
+    def on_readable(self) -> None:
+        try:
+            n = self.sock.recv_into(self.rbuf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            n = 0
+        if not n:
+            self.close("peer closed")
+            return
+        self.reader.feed(self.rbuf[:n])
+        loop = self.loop
+        try:
+            while self.parked is None and self.loop is loop:   # (moved: its new loop reads on)
+                frame = self.reader.next()
+                if frame is None:
+                    break
+                self.server.handle(self, frame[0])
+        except (WireError, ValueError, KeyError, TypeError) as e:
+            log.error("CLUSTER: replication peer %s: %s", self.node, e)
+            self.close(str(e))
+
+    def on_writable(self) -> None:
+        self.flush()
+
+    def send(self, bufs: list[Buffer]) -> None:
+        self.out.extend(b for b in bufs if len(b))
+        self.flush()
+
+    def flush(self) -> None:
+        while self.out:
+            try:
+                n = self.sock.sendmsg(self.out[:64])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self.close("write error")
+                return
+            while n and self.out:
+                if n >= len(self.out[0]):
+                    n -= len(self.out.pop(0))
+                else:
+                    self.out[0] = self.out[0][n:]
+                    n = 0
+        if bool(self.out) != self.writing and not self.closed:
+            self.writing = bool(self.out)
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.out else 0)
+            try:
+                self.loop.selector.modify(self.sock, events, self)
+            except (KeyError, ValueError):
+                pass
+
+    def close(self, why: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.held = False
+        self.server.forget(self)
+        try:
+            self.loop.selector.unregister(self.sock)
+        except (KeyError, ValueError):
+            pass
+        self.sock.close()
+
+
+class HeldAnswer:
+    """Read again at the start of the next turn (``SelectorLoop.read_again``): answers
+    a fetch held to the end of a turn that wrote nothing to its topics; when that next
+    turn has work for its end, once more at the turn after (the write of the turn's
+    publishes answers it first, mostly)."""
+
+    __slots__ = ("conn", "again")
+
+    def __init__(self, conn: FollowerConn) -> None:
+        self.conn = conn
+        self.again = False
+
+    def on_readable(self) -> None:
+        c = self.conn
+        if not c.held or c.closed:
+            self.again = False
+            return
+        if not self.again and c.loop.busy():
+            # this turn has work for its end (publishes to write, most often): that
+            # write answers it with its records; else the next turn does
+            self.again = True
+            c.loop.read_again(self)
+            return
+        self.again = False
+        c.server.unpark(c)
+
+    def on_writable(self) -> None:
+        """Never registered."""
+
+
+__all__ = ["MAX_REQUEST", "ConnServer", "FollowerConn", "HeldAnswer"]
