@@ -251,11 +251,12 @@ int nsqf_recv_many(const int32_t *fds, int n, uint8_t *buf, uint32_t cap,
                    uint32_t piece, uint32_t *starts, int32_t *got);
 
 /*
- * nsqf_send_many: sends socket fds[i] the bytes buf[starts[i], starts[i] +
- * lens[i]) (one send each, MSG_NOSIGNAL, retried on EINTR); sent[i] = bytes the
- * socket took, or -errno (-EAGAIN: none now).
+ * nsqf_send_many: sends socket fds[i] its lens[i] bytes of buf, the sockets'
+ * bytes lying one after another from offset 0 (one send each, MSG_NOSIGNAL,
+ * retried on EINTR); sent[i] = bytes the socket took, or -errno (-EAGAIN: none
+ * now).
  */
 void nsqf_send_many(const int32_t *fds, int n, const uint8_t *buf,
-                    const uint32_t *starts, const uint32_t *lens, int32_t *sent);
+                    const uint32_t *lens, int32_t *sent);
 
 #endif /* NSQFRAME_H */

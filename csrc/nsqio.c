@@ -37,14 +37,16 @@ int nsqf_recv_many(const int32_t *fds, int n, uint8_t *buf, uint32_t cap,
 }
 
 void nsqf_send_many(const int32_t *fds, int n, const uint8_t *buf,
-                    const uint32_t *starts, const uint32_t *lens, int32_t *sent)
+                    const uint32_t *lens, int32_t *sent)
 {
+    size_t at = 0;
     int i;
     for (i = 0; i < n; i++) {
         ssize_t r;
         do {
-            r = send(fds[i], buf + starts[i], lens[i], MSG_NOSIGNAL);
+            r = send(fds[i], buf + at, lens[i], MSG_NOSIGNAL);
         } while (r < 0 && errno == EINTR);
         sent[i] = r < 0 ? -errno : (int32_t)r;
+        at += lens[i];
     }
 }

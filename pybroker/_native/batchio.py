@@ -13,85 +13,99 @@ Owned by one event loop (its scratch arrays are reused every call).
 """
 from __future__ import annotations
 
-import array
 import errno
 import socket
 from collections.abc import Sequence
+from typing import Any
 
 from pybroker._native import BACKEND, _ffi, _lib
 
 EAGAIN = errno.EAGAIN
+# below this many sockets a loop of Python calls costs less than setting up the C call
+C_FROM = 8
+CData = Any     # cffi's cdata (arrays and pointers): untyped, as _native's ffi and lib
 _C = BACKEND == "c" and hasattr(_lib, "nsqf_send_many")
 
 
-def _grow(a: "array.array[int]", n: int) -> None:
-    if len(a) < n:
-        a.extend([0] * (n - len(a)))
-
-
 class BatchIO:
-    """One loop's batched reads and writes (see the module)."""
+    """One loop's batched reads and writes (see the module). Its C arrays are made once
+    (and grown when a call needs more), and the read buffer's address is kept while the
+    same buffer is passed, so a call costs the system calls and little else."""
 
-    __slots__ = ("starts", "got", "sent")
+    __slots__ = ("_cap", "_fds", "_starts", "_lens", "_out", "_buf", "_bufp")
 
     def __init__(self) -> None:
-        self.starts = array.array("I")
-        self.got = array.array("i")
-        self.sent = array.array("i")
+        self._cap = 0
+        self._fds: CData = None
+        self._starts: CData = None
+        self._lens: CData = None
+        self._out: CData = None
+        self._buf: bytearray | None = None
+        self._bufp: CData = None
 
-    def recv_many(self, socks: Sequence[socket.socket], fds: "array.array[int]",
-                  buf: bytearray, piece: int) -> int:
-        """Read each socket once (at most ``piece`` bytes) into ``buf``, packed from 0:
-        socket i's bytes are ``buf[starts[i]:starts[i] + got[i]]`` (``got[i]`` <= 0: 0,
-        the peer closed, or -errno). Stops before a socket whose piece could pass the end
-        of ``buf``; returns how many were read."""
+    def _room(self, n: int) -> None:
+        if n > self._cap:
+            self._cap = max(n, 2 * self._cap, 64)
+            self._fds = _ffi.new("int32_t[]", self._cap)
+            self._starts = _ffi.new("uint32_t[]", self._cap)
+            self._lens = _ffi.new("uint32_t[]", self._cap)
+            self._out = _ffi.new("int32_t[]", self._cap)
+
+    def recv_many(self, socks: Sequence[socket.socket], fds: list[int], buf: bytearray,
+                  piece: int) -> tuple[list[int], list[int]]:
+        """Read each socket once (at most ``piece`` bytes) into ``buf``, packed from 0;
+        returns (starts, got) for the sockets read: socket i's bytes are
+        ``buf[starts[i]:starts[i] + got[i]]`` (``got[i]`` <= 0: 0, the peer closed, or
+        -errno). Stops before a socket whose piece could pass the end of ``buf``. The
+        buffer must not change size while this BatchIO reads into it."""
         n = len(socks)
-        _grow(self.starts, n)
-        _grow(self.got, n)
-        if _C:
-            with _ffi.from_buffer("int32_t[]", fds) as fp, \
-                    _ffi.from_buffer("uint8_t[]", buf) as bp, \
-                    _ffi.from_buffer("uint32_t[]", self.starts) as sp, \
-                    _ffi.from_buffer("int32_t[]", self.got) as gp:
-                return int(_lib.nsqf_recv_many(fp, n, bp, len(buf), piece, sp, gp))
+        if _C and n >= C_FROM:
+            self._room(n)
+            if buf is not self._buf:
+                self._buf, self._bufp = buf, _ffi.from_buffer("uint8_t[]", buf)
+            self._fds[0:n] = fds
+            k = _lib.nsqf_recv_many(self._fds, n, self._bufp, len(buf), piece,
+                                    self._starts, self._out)
+            return _ffi.unpack(self._starts, k), _ffi.unpack(self._out, k)
         view = memoryview(buf)
-        starts, got = self.starts, self.got
+        starts: list[int] = []
+        got: list[int] = []
         pos = 0
-        for i, sock in enumerate(socks):
+        for sock in socks:
             if piece > len(buf) - pos:
-                return i
-            starts[i] = pos
+                break
+            starts.append(pos)
             try:
                 k = sock.recv_into(view[pos:pos + piece])
             except OSError as e:
-                got[i] = -(e.errno or errno.EIO)
+                got.append(-(e.errno or errno.EIO))
                 continue
-            got[i] = k
+            got.append(k)
             pos += k
-        return n
+        return starts, got
 
-    def send_many(self, socks: Sequence[socket.socket], fds: "array.array[int]",
-                  data: bytes, starts: "array.array[int]", lens: "array.array[int]"
-                  ) -> "array.array[int]":
-        """Send socket i ``data[starts[i]:starts[i] + lens[i]]`` (one send each);
-        ``sent[i]`` = bytes taken, or -errno."""
+    def send_many(self, socks: Sequence[socket.socket], fds: list[int], data: bytes,
+                  lens: list[int]) -> list[int]:
+        """Send socket i its ``lens[i]`` bytes of ``data`` (the sockets' bytes one after
+        another, one send each); returns bytes each socket took, or -errno."""
         n = len(socks)
-        _grow(self.sent, n)
-        sent = self.sent
-        if _C:
-            with _ffi.from_buffer("int32_t[]", fds) as fp, \
-                    _ffi.from_buffer("uint8_t[]", data) as dp, \
-                    _ffi.from_buffer("uint32_t[]", starts) as sp, \
-                    _ffi.from_buffer("uint32_t[]", lens) as lp, \
-                    _ffi.from_buffer("int32_t[]", sent) as op:
-                _lib.nsqf_send_many(fp, n, dp, sp, lp, op)
-            return sent
+        if _C and n >= C_FROM:
+            self._room(n)
+            self._fds[0:n] = fds
+            self._lens[0:n] = lens
+            _lib.nsqf_send_many(self._fds, n, _ffi.from_buffer("uint8_t[]", data),
+                                self._lens, self._out)
+            out: list[int] = _ffi.unpack(self._out, n)
+            return out
         view = memoryview(data)
-        for i, sock in enumerate(socks):
+        sent: list[int] = []
+        at = 0
+        for sock, ln in zip(socks, lens):
             try:
-                sent[i] = sock.send(view[starts[i]:starts[i] + lens[i]])
+                sent.append(sock.send(view[at:at + ln]))
             except OSError as e:
-                sent[i] = -(e.errno or errno.EIO)
+                sent.append(-(e.errno or errno.EIO))
+            at += ln
         return sent
 
 

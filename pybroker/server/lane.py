@@ -124,11 +124,11 @@ class Lane:
                 return
             # only connections still open: a closed one's descriptor may be another's now
             chunk = [c for c in conns[at:at + _PER_CALL] if c.io is OPEN]
-            k = bio.recv_many([c.sock for c in chunk], array.array("i", [c.fd for c in chunk]),
-                              self.buf, PIECE)
-            got = bio.got[:k]
+            got_at, got = bio.recv_many([c.sock for c in chunk], [c.fd for c in chunk],
+                                        self.buf, PIECE)
+            k = len(got)
             if k and min(got) > 0:     # the steady state: each sent something
-                handle(chunk[:k], bio.starts[:k], array.array("I", got))
+                handle(chunk[:k], array.array("I", got_at), array.array("I", got))
                 continue
             starts = array.array("I")
             lens = array.array("I")
@@ -137,7 +137,7 @@ class Lane:
                 n = got[i]
                 conn = chunk[i]
                 if n > 0:
-                    starts.append(bio.starts[i])
+                    starts.append(got_at[i])
                     lens.append(n)
                     batch.append(conn)
                 elif n == 0:

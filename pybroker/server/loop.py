@@ -25,8 +25,6 @@ to another.
 """
 from __future__ import annotations
 
-import array
-import itertools
 import logging
 import selectors
 import socket
@@ -166,11 +164,8 @@ class EventLoop(SelectorLoop):
             self._send_batch(batch, datas)
 
     def _send_batch(self, batch: list[Conn], datas: list[bytes | bytearray]) -> None:
-        lens = array.array("I", map(len, datas))
-        starts = array.array("I", itertools.accumulate(lens, initial=0))
-        sent = self.batch_io.send_many([c.sock for c in batch],
-                                       array.array("i", [c.fd for c in batch]),
-                                       b"".join(datas), starts, lens)
+        sent = self.batch_io.send_many([c.sock for c in batch], [c.fd for c in batch],
+                                       b"".join(datas), [len(d) for d in datas])
         for i, conn in enumerate(batch):
             conn.wrote(datas[i], sent[i])
 
