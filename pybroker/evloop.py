@@ -125,7 +125,7 @@ class CallQueue:
     wake-up).
     """
 
-    def __init__(self, selector: Poller[Any], token: object = None) -> None:
+    def __init__(self, selector: "Poller[Pollable | None]", token: None = None) -> None:
         self._calls: deque[Call] = deque()
         self._r, self._w = socket.socketpair()
         self._r.setblocking(False)
@@ -181,7 +181,7 @@ class SelectorLoop:
 
     def __init__(self, name: str, timers: Timers | None = None) -> None:
         self.name = name
-        self.selector: Poller[Any] = Poller()
+        self.selector: Poller[Pollable | None] = Poller()
         self._calls = CallQueue(self.selector)
         self.timers: Timers = timers if timers is not None else HeapTimers()
         self._again: dict[Pollable, None] = {}  # objects to read next turn (read_again)

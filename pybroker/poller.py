@@ -64,16 +64,10 @@ class Poller(Generic[D]):
             raise
 
     def register(self, fileobj: FileObj, events: int, data: D) -> None:
-        if not events or events & ~(EVENT_READ | EVENT_WRITE):
-            raise ValueError(f"invalid events: {events!r}")
         fd = _fd_of(fileobj)
         if fd in self._keys:
             raise KeyError(f"{fileobj!r} (fd {fd}) is already registered")
-        if self._ep is not None:
-            self._ep.register(fd, _epoll_mask(events))
-        else:
-            assert self._sel is not None
-            self._sel.register(fd, events, data)
+        self._tell(fd, events, data, new=True)
         self._keys[fd] = (fileobj, events, data)
 
     def modify(self, fileobj: FileObj, events: int, data: D) -> None:
@@ -81,17 +75,19 @@ class Poller(Generic[D]):
         key = self._keys.get(fd)
         if key is None:
             raise KeyError(f"{fileobj!r} is not registered")
-        if events != key[1]:
-            if not events or events & ~(EVENT_READ | EVENT_WRITE):
-                raise ValueError(f"invalid events: {events!r}")
-            if self._ep is not None:
-                self._ep.modify(fd, _epoll_mask(events))
-            else:
-                assert self._sel is not None
-                self._sel.modify(fd, events, data)
-        elif self._sel is not None and data is not key[2]:
-            self._sel.modify(fd, events, data)
+        if events != key[1] or (self._sel is not None and data is not key[2]):
+            self._tell(fd, events, data, new=False)
         self._keys[fd] = (key[0], events, data)
+
+    def _tell(self, fd: int, events: int, data: D, new: bool) -> None:
+        """Register (new) or modify fd with the kernel's epoll or the fallback selector."""
+        if not events or events & ~(EVENT_READ | EVENT_WRITE):
+            raise ValueError(f"invalid events: {events!r}")
+        if self._ep is not None:
+            (self._ep.register if new else self._ep.modify)(fd, _epoll_mask(events))
+        else:
+            assert self._sel is not None
+            (self._sel.register if new else self._sel.modify)(fd, events, data)
 
     def unregister(self, fileobj: FileObj) -> None:
         fd = self._lookup(fileobj)

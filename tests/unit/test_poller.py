@@ -2,9 +2,11 @@
 the errors and masks selectors.DefaultSelector gives (the loops' callers rely on them)."""
 from __future__ import annotations
 
+import select
 import selectors
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -21,6 +23,18 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     b.close()
 
 
+def _fallback() -> Poller[str]:
+    """A Poller on a platform without epoll: it wraps selectors.DefaultSelector."""
+    with pytest.MonkeyPatch.context() as m:
+        m.delattr(select, "epoll")
+        p: Poller[str] = Poller()
+    assert p._ep is None
+    return p
+
+
+MAKERS = [Poller, _fallback, selectors.DefaultSelector]
+
+
 def _ready(p: Poller[str] | selectors.BaseSelector, timeout: float
            ) -> list[tuple[object, int]]:
     """The ready (data, mask) pairs from either: both must give the same answers."""
@@ -29,8 +43,8 @@ def _ready(p: Poller[str] | selectors.BaseSelector, timeout: float
     return [(k.data, m) for k, m in p.select(timeout)]
 
 
-@pytest.mark.parametrize("make", [Poller, selectors.DefaultSelector])
-def test_ready_objects_and_masks(make: type, pair: tuple[socket.socket, socket.socket]
+@pytest.mark.parametrize("make", MAKERS)
+def test_ready_objects_and_masks(make: Callable[[], Any], pair: tuple[socket.socket, socket.socket]
                                  ) -> None:
     a, b = pair
     p = make()
@@ -52,8 +66,8 @@ def test_ready_objects_and_masks(make: type, pair: tuple[socket.socket, socket.s
         p.close()
 
 
-@pytest.mark.parametrize("make", [Poller, selectors.DefaultSelector])
-def test_errors_match_selectors(make: type, pair: tuple[socket.socket, socket.socket]
+@pytest.mark.parametrize("make", MAKERS)
+def test_errors_match_selectors(make: Callable[[], Any], pair: tuple[socket.socket, socket.socket]
                                 ) -> None:
     a, b = pair
     p = make()
