@@ -35,7 +35,9 @@ Scenarios:
   percentiles of publish-to-delivery latency, the first second left out.
 - ``client1``: the client library against nsqd at ``max_in_flight`` 1 beside gnsq's
   Consumer (gevent) at 1, on a backlog in nsqd (``--client-backlog``): the consumer
-  process's CPU per message. With ``--baseline-src`` the same consumer program also runs
+  process's CPU per message. ``pybroker.client`` runs its handler on a handler thread
+  (the default), ``pybroker.client inline`` on the loop's thread (``inline=True``), as
+  gnsq runs its handler in the reading greenlet. With ``--baseline-src`` the same consumer program also runs
   importing that tree (``baseline.client``).
 
 Prints a table per scenario: medians over ``--runs`` (min-max) and ratios to nsqd
@@ -207,12 +209,13 @@ CLIENT_PROGRAMS = {
         import resource, sys, threading, time
         from pybroker.client import Consumer
         addr, topic, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+        inline = sys.argv[4:] == ["inline"]
         count = [0]
         started = threading.Event()
         def handler(m):
             count[0] += 1
             started.set()
-        c = Consumer(topic, "ch", handler, max_in_flight=1)
+        c = Consumer(topic, "ch", handler, max_in_flight=1, **({"inline": True} if inline else {}))
         c.connect_to_nsqd(addr)
         started.wait(30)
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -251,11 +254,15 @@ CLIENT_PROGRAMS = {
 def run_client(kind: str, b: BrokerProcess, a: argparse.Namespace) -> Row:
     fill(b, TOPIC, a.client_backlog, a.size)
     env = dict(os.environ)
+    extra = []
+    if kind == "pybroker.client inline":     # the handler on the loop's thread, as gnsq's
+        kind, extra = "pybroker.client", ["inline"]
     if kind == "baseline.client":   # the same program, importing the baseline tree
         env.update(PYTHONPATH=str(Path(a.baseline_src).resolve()), PYTHONSAFEPATH="1")
         kind = "pybroker.client"
     prog = textwrap.dedent(CLIENT_PROGRAMS[kind])
-    out = subprocess.run([sys.executable, "-c", prog, b.tcp_address, TOPIC, str(a.seconds)],
+    out = subprocess.run([sys.executable, "-c", prog, b.tcp_address, TOPIC, str(a.seconds),
+                          *extra],
                          capture_output=True, text=True, timeout=a.seconds + 120,
                          cwd=str(ROOT), env=env)
     if out.returncode != 0:
@@ -347,8 +354,8 @@ def main() -> int:
             print(f"  e2e at {a.e2e_rate:,} msg/s: half of nsqd's single-message "
                   f"maximum ({statistics.median(nsqd_pub1):,.0f} msg/s)", flush=True)
         if name == "client1":
-            order = ["pybroker.client", *(["baseline.client"] if a.baseline_src else []),
-                     "gnsq"]
+            order = ["pybroker.client", "pybroker.client inline",
+                     *(["baseline.client"] if a.baseline_src else []), "gnsq"]
             results: dict[str, dict[str, list[float]]] = {k: {} for k in order}
             for run in range(a.runs):
                 for kind in order if run % 2 == 0 else order[::-1]:

@@ -3,7 +3,9 @@
 Threads: one IOLoop (reads every connection, answers heartbeats, fires RDY timers),
 ``concurrency`` handler threads fed by a queue, and a lookupd poller when discovery is
 used. The loop hands a turn's messages to the queue at the end of the turn, just before
-it sleeps again, so a woken handler thread finds the GIL free (docs/client.md).
+it sleeps again, so a woken handler thread finds the GIL free (docs/client.md). With
+``inline=True`` there are no handler threads: the loop runs the handler itself at the
+end of the turn, as gnsq and pynsq do (one thread woken per message instead of two).
 Returning from the handler FINs the message; raising REQueues it (with backoff).
 Flow control lives in ``rdy.FlowController``. Names follow go-nsq (ConnectToNSQD,
 ConnectToNSQLookupd, ChangeMaxInFlight, Stop/StopChan, MaxAttempts...).
@@ -50,6 +52,11 @@ class Consumer:
             ``message.disable_auto_response()`` to finish or requeue later yourself.
         config: a Config; keyword ``options`` override its fields (``max_in_flight=100``).
         concurrency: handler threads.
+        inline: no handler threads: run ``handler`` on the I/O loop's thread at the end
+            of each turn (``concurrency`` is then ignored). Per message that wakes one
+            thread instead of two, which at a low ``max_in_flight`` is most of the cost
+            (docs/client.md); but while the handler runs, no connection is read and no
+            heartbeat answered, so keep it well under the heartbeat interval.
         on_rdy: ``hook(conn, count)`` after every RDY sent (for observing flow control).
         on_give_up: called with a message delivered more than ``max_attempts`` times,
             just before it is FIN'd unhandled. A handler's ``log_failed_message`` method
@@ -58,7 +65,7 @@ class Consumer:
 
     def __init__(self, topic: str, channel: str, handler: Handler | None = None,
                  config: Config | None = None, *, concurrency: int = 1,
-                 on_rdy: RdyHook | None = None, on_give_up: GiveUpHook | None = None,
+                 inline: bool = False, on_rdy: RdyHook | None = None, on_give_up: GiveUpHook | None = None,
                  **options: object) -> None:
         if not P.is_valid_topic_name(topic):
             raise ValueError(f"invalid topic name {topic!r}")
@@ -80,6 +87,8 @@ class Consumer:
         self._incoming: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
         self._received: list[Message] = []   # this loop turn's, not yet handed over
         self._handlers: list[threading.Thread] = []
+        # inline=True: the handler the loop runs itself, with its give-up hook
+        self._inline: tuple[Handler, GiveUpHook | None] | None = None
         self._running_handlers = 0
         self._stop_flag = threading.Event()
         self._stopped = threading.Event()
@@ -91,7 +100,10 @@ class Consumer:
         self._loop.start()
         self._loop.call_later(cfg.rdy_redistribute_interval, self._redistribute_tick)
         if handler is not None:
-            self.add_concurrent_handlers(handler, concurrency)
+            if inline:
+                self.add_inline_handler(handler)
+            else:
+                self.add_concurrent_handlers(handler, concurrency)
 
     # -- handlers --------------------------------------------------------------------
     def add_handler(self, handler: Handler) -> None:
@@ -110,39 +122,60 @@ class Consumer:
             self._handlers.append(t)
             t.start()
 
+    def add_inline_handler(self, handler: Handler) -> None:
+        """Run ``handler`` on the I/O loop's thread (see ``inline``); only before
+        connecting, and not beside handler threads."""
+        if self._connected_flag:
+            raise RuntimeError("already connected")
+        if self._handlers or self._inline is not None:
+            raise RuntimeError("handlers already added")
+        self._inline = (handler, self._give_up_of(handler))
+        with self._lock:
+            self._running_handlers += 1
+
+    def _give_up_of(self, handler: Handler) -> GiveUpHook | None:
+        hook: GiveUpHook | None = self.on_give_up or getattr(handler, "log_failed_message",
+                                                               None)
+        return hook
+
     def _handler_loop(self, handler: Handler) -> None:
-        give_up = self.on_give_up or getattr(handler, "log_failed_message", None)
+        give_up = self._give_up_of(handler)
         while True:
             msg = self._incoming.get()
             if msg is None:
                 break
-            if isinstance(msg.delegate, Conn):
-                self.flow.on_dispatched(msg.delegate)
-            max_attempts = self.config.max_attempts
-            if max_attempts > 0 and msg.attempts > max_attempts:
-                log.warning("msg %s attempted %d times, giving up",
-                            msg.id.decode(), msg.attempts)
-                if give_up is not None:
-                    try:
-                        give_up(msg)
-                    except Exception:
-                        log.exception("give-up hook failed for msg %s", msg.id.decode())
-                msg.finish()
-                continue
-            try:
-                handler(msg)
-            except Exception as e:
-                log.error("Handler returned error (%r) for msg %s", e, msg.id.decode())
-                if not msg.is_auto_response_disabled():
-                    msg.requeue(None)
-                continue
-            if not msg.is_auto_response_disabled():
-                msg.finish()
+            self._handle(handler, give_up, msg)
         with self._lock:
             self._running_handlers -= 1
             last = self._running_handlers == 0
         if last:
             self._exit()
+
+    def _handle(self, handler: Handler, give_up: GiveUpHook | None, msg: Message) -> None:
+        """One message, on a handler thread (or the loop's, inline): give up on it past
+        ``max_attempts``, else run the handler; FIN on return, REQ on an exception."""
+        if isinstance(msg.delegate, Conn):
+            self.flow.on_dispatched(msg.delegate)
+        max_attempts = self.config.max_attempts
+        if max_attempts > 0 and msg.attempts > max_attempts:
+            log.warning("msg %s attempted %d times, giving up",
+                        msg.id.decode(), msg.attempts)
+            if give_up is not None:
+                try:
+                    give_up(msg)
+                except Exception:
+                    log.exception("give-up hook failed for msg %s", msg.id.decode())
+            msg.finish()
+            return
+        try:
+            handler(msg)
+        except Exception as e:
+            log.error("Handler returned error (%r) for msg %s", e, msg.id.decode())
+            if not msg.is_auto_response_disabled():
+                msg.requeue(None)
+            return
+        if not msg.is_auto_response_disabled():
+            msg.finish()
 
     # -- connections -----------------------------------------------------------------
     def conns(self) -> list[Conn]:
@@ -255,6 +288,12 @@ class Consumer:
         received = self._received
         if received:
             self._received = []
+            inline = self._inline
+            if inline is not None:
+                handler, give_up = inline
+                for m in received:
+                    self._handle(handler, give_up, m)
+                return
             for m in received:
                 self._incoming.put(m)
 

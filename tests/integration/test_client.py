@@ -301,3 +301,49 @@ def test_concurrent_handlers(any_broker: BrokerProcess) -> None:
         c.close()
     assert peak[0] == 4
     assert c.stats().messages_finished == 40
+
+
+def test_inline_handler_runs_on_the_loop_thread(any_broker: BrokerProcess) -> None:
+    """inline=True: no handler threads; the loop's own thread runs the handler, FINs on
+    return, REQs on an exception (attempts counted as with threads), and a clean stop
+    drains it as with threads."""
+    topic = unique_name("cli_inline")
+    threads: set[str] = set()
+    seen: list[tuple[bytes, int]] = []
+
+    def handler(msg: Message) -> None:
+        threads.add(threading.current_thread().name)
+        seen.append((msg.body, msg.attempts))
+        if msg.body == b"fail-once" and msg.attempts == 1:
+            raise RuntimeError("first try fails")
+
+    before = {t.name for t in threading.enumerate()}
+    with Producer(any_broker.tcp_hostport) as p:
+        p.multi_publish(topic, [b"m%d" % i for i in range(200)] + [b"fail-once"])
+    c = Consumer(topic, "ch", handler, inline=True, max_in_flight=1,
+                 default_requeue_delay=0.1, backoff_multiplier=0.01)
+    assert not any(t.name.startswith("nsq-handler") for t in threading.enumerate()
+                   if t.name not in before), "inline consumer started handler threads"
+    c.connect_to_nsqd(any_broker.tcp_hostport)
+    try:
+        wait_until(lambda: len(seen) >= 202, 20, what="202 deliveries")
+        wait_all_finished(any_broker, topic, "ch")
+    finally:
+        c.close()
+    assert c.stopped.is_set()
+    assert threads == {f"nsq-consumer-{topic}"}, threads
+    bodies = [b for b, _ in seen]
+    assert sorted(set(bodies)) == sorted([b"m%d" % i for i in range(200)] + [b"fail-once"])
+    assert [a for b, a in seen if b == b"fail-once"] == [1, 2]
+    assert len(bodies) == 202, "a finished message was delivered again"
+    st = c.stats()
+    assert (st.messages_finished, st.messages_requeued) == (201, 1)
+
+
+def test_inline_handler_not_beside_threads() -> None:
+    c = Consumer("t_inline_mix", "ch", lambda m: None)
+    try:
+        with pytest.raises(RuntimeError, match="handlers already added"):
+            c.add_inline_handler(lambda m: None)
+    finally:
+        c.close()
