@@ -97,6 +97,8 @@ def _measured(b: BrokerProcess, run: Callable[[], tuple[float, float]]) -> Row:
 
 
 def _depth(b: BrokerProcess) -> int:
+    if not b.http_address:      # the ceiling's null broker: an endless backlog
+        return 1
     with urllib.request.urlopen(f"http://{b.http_address}/stats?format=json&topic={TOPIC}",
                                 timeout=30) as r:
         doc = json.load(r)
@@ -137,6 +139,46 @@ def rdy_reader_binary(name: str = "rdy_reader") -> str:
         subprocess.run([cc, "-O2", "-o", str(tmp), str(src)], check=True)
         os.replace(tmp, out)
     return str(out)
+
+
+class NullBroker:
+    """loadtest/null_broker.c as a broker of this benchmark (kind ``ceiling``): the rate a
+    flow reaches when the broker costs almost nothing, i.e. what the load generator and
+    this machine allow. It has no HTTP API (no depth) and stores nothing."""
+
+    http_address = ""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.proc: subprocess.Popen[str] | None = None
+        self.tcp_address = ""
+
+    def start(self) -> "NullBroker":
+        self.proc = subprocess.Popen([rdy_reader_binary("null_broker"), "127.0.0.1:0",
+                                      str(self.size)], stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        m = re.search(r"listening on (\S+)", line)
+        if m is None:
+            self.stop()
+            raise RuntimeError(f"null_broker did not start: {line!r}")
+        self.tcp_address = m.group(1)
+        return self
+
+    def cpu_s(self) -> float:
+        if self.proc is None:
+            return 0.0
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> int:
+        if self.proc is None:
+            return 0
+        self.proc.kill()
+        rc = self.proc.wait(10)
+        self.proc = None
+        return rc
 
 
 def fin_reader(b: BrokerProcess, a: argparse.Namespace, rdy: int, conns: int) -> Row:
@@ -327,6 +369,9 @@ def main() -> int:
     p.add_argument("--nsqd", default=shutil.which("nsqd"))
     p.add_argument("--baseline-src", default="",
                    help="also run a pybroker from this source tree (C codec built)")
+    p.add_argument("--ceiling", action="store_true",
+                   help="also run loadtest/null_broker.c (kind ceiling): what the load "
+                        "generator allows on this machine when the broker costs ~nothing")
     a = p.parse_args()
     for tool in ("bench_writer", "bench_reader"):
         if shutil.which(tool) is None:
@@ -341,6 +386,8 @@ def main() -> int:
         kinds["baseline"] = ("pybroker", {"PYTHONPATH": str(Path(a.baseline_src).resolve()),
                                           "PYTHONSAFEPATH": "1"})
     kinds["nsqd"] = ("nsqd", {})
+    if a.ceiling:
+        kinds["ceiling"] = ("null", {})
     nsqd_pub1: list[float] = []
     for name in a.only:
         if name == "e2e" and not a.e2e_rate:
@@ -370,12 +417,13 @@ def main() -> int:
                           + ", ".join(f"{k} {v:,.1f}" for k, v in got.items()), flush=True)
             table("client1 (consumers against nsqd, max_in_flight 1)", a.runs, results, "gnsq")
             continue
-        results = {k: {} for k in kinds}
-        names = list(kinds)
+        names = [k for k in kinds if not (kinds[k][0] == "null" and name == "e2e")]
+        results = {k: {} for k in names}
         for run in range(a.runs):
             for kind in names if run % 2 == 0 else names[::-1]:
                 prog, env = kinds[kind]
-                b = BrokerProcess(prog, nsqd_path=a.nsqd, env=env).start()
+                b = (NullBroker(a.size) if prog == "null" else
+                     BrokerProcess(prog, nsqd_path=a.nsqd, env=env)).start()
                 try:
                     got = SCENARIOS[name](b, a)
                 finally:
