@@ -4,14 +4,19 @@ pybroker beside nsqd in one invocation, with nsq's own bench programs.
 
     . /work/shared/nsq/env.sh
     python loadtest/bench_io.py [--runs 3] [--seconds 5] [--only SCENARIO ...]
-                                [--baseline-src DIR] [--nsqd PATH]
+                                [--baseline-src DIR] [--nsqd PATH] [--ceiling]
 
 Every broker is started fresh with its defaults (ephemeral loopback ports, its own
 temporary data directory) and stopped by PID; each run alternates the brokers. Beside
 each rate: the broker's CPU per message (utime + stime from /proc/PID/stat over the
 measured part, divided by the messages of that part). ``--baseline-src DIR`` adds a
 second pybroker run from another source tree (a checkout of main, with its C codec
-built) to show "no worse than before".
+built) to show "no worse than before". ``--ceiling`` adds ``loadtest/null_broker.c``
+(kind ``ceiling``, compiled on first use): a one-thread epoll server that answers every
+publish OK and keeps subscribed connections at their RDY with one prebuilt message,
+storing nothing, with one recv and at most one send per readable connection. No broker
+can do less per message, so its rate is what the load generator and this machine allow
+for the flow (not for e2e, which needs real messages).
 
 Scenarios:
 
@@ -37,8 +42,8 @@ Scenarios:
   Consumer (gevent) at 1, on a backlog in nsqd (``--client-backlog``): the consumer
   process's CPU per message. ``pybroker.client`` runs its handler on a handler thread
   (the default), ``pybroker.client inline`` on the loop's thread (``inline=True``), as
-  gnsq runs its handler in the reading greenlet. With ``--baseline-src`` the same consumer program also runs
-  importing that tree (``baseline.client``).
+  gnsq runs its handler in the reading greenlet. With ``--baseline-src`` the same
+  consumer program also runs importing that tree (``baseline.client``).
 
 Prints a table per scenario: medians over ``--runs`` (min-max) and ratios to nsqd
 (client1: pybroker.client to gnsq). Figures from a shared machine are indicative only.
