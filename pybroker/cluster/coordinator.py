@@ -2,8 +2,12 @@
 
 Keys under ``/pybroker/``:
 - ``nodes/<id>``: this node's addresses, on this node's lease (membership);
-- ``topics/<name>``: ``{"replicas": [ids]}``, written once by the node that first had
-  the topic (assign_replicas: it and the next live nodes by id);
+- ``topics/<name>``: ``{"replicas": [ids], "inc": n}``, written once by the node that
+  first had the topic (assign_replicas: it and the next live nodes by id); ``inc``
+  names this incarnation of the name (random; 0 in records of earlier versions);
+- ``deleted/<name>``: ``{"inc": n}``: incarnation n was deleted (``/topic/delete`` on any
+  node): every node deletes its copy of n, and a topic of that name made later is a new
+  incarnation (registering it removes this tombstone);
 - ``state/<name>``: ``{"epoch", "leader", "isr"}``: the leader epoch and the in-sync set;
 - ``leader/<name>``: ``{"node", "epoch"}`` on the leader's lease (the lease is the
   leadership: when it expires the key goes and an in-sync replica may take the next
@@ -11,9 +15,12 @@ Keys under ``/pybroker/``:
 
 The thread renews the lease every ttl/3 (``LeaseClock`` counts from when the renewal was
 sent), reads the whole prefix every ``POLL_NS`` (and at once when a topic appears
-here), and then: registers topics new here, creates the local topics etcd lists with
-this node as a replica, campaigns where there is no leader and this node is in sync,
-and posts each replica's role to its topic's owner loop. An in-sync change asked by a
+here), and then: deletes local copies of deleted or replaced incarnations, registers
+topics new here, creates the local topics etcd lists with this node as a replica,
+campaigns where there is no leader and this node is in sync, and posts each replica's
+role to its topic's owner loop. Each replica's incarnation is kept in
+``<data_path>/cluster/<name>.inc`` (beside its epoch history), so a node that was down
+when a topic was deleted, or deleted and made again, drops its old copy on return. An in-sync change asked by a
 leader is a transaction that holds only while this node's leader key (and lease) does.
 Every etcd call has a deadline (pybroker.cluster.etcd); nothing here blocks a loop.
 """
@@ -22,14 +29,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import time
 from typing import TYPE_CHECKING
 
-from pybroker.cluster.etcd import Compare, Etcd, EtcdError, put_op
+from pybroker.cluster.etcd import Compare, Etcd, EtcdError, delete_op, put_op
 from pybroker.cluster.ports import (IsrAsker, LeaderKey, Registration, TopicState,
-                                    as_ints, as_obj, leader_key, registration, topic_state)
+                                    as_int, as_ints, as_obj, leader_key, registration,
+                                    topic_state)
 from pybroker.cluster.replica import FOLLOWER, LEADER, NONE, Replica
 from pybroker.cluster.rules import EpochHistory, assign_replicas
+from pybroker.errors import TopicNotFound
 from pybroker.evloop import SelectorLoop
 from pybroker.protocol.names import is_ephemeral
 from pybroker.server.services import owner_loop
@@ -58,6 +68,10 @@ class Coordinator(SelectorLoop):
         self._leader_values: dict[str, str] = {}
         self._state: dict[str, tuple[TopicState, int]] = {}     # name -> (state, mod)
         self._leader_kv: dict[str, tuple[LeaderKey, int]] = {}  # name -> (value, lease)
+        self._records: dict[str, tuple[list[int], int, str]] = {}  # name -> (replicas,
+        #                                                            inc, raw value)
+        self._tombs: dict[str, int] = {}      # name -> the incarnation deleted
+        self._dropping: set[str] = set()      # local copies this thread deletes now
 
     # -- any thread ---------------------------------------------------------------------
     def start(self) -> None:
@@ -86,6 +100,12 @@ class Coordinator(SelectorLoop):
 
     def assign_fetchers(self) -> None:
         self.call_soon_threadsafe(self._assign_fetchers)
+
+    def topic_deleted(self, name: str) -> None:
+        """A replicated topic was deleted here (``/topic/delete``, any thread): delete
+        its incarnation in the cluster, unless this thread is the one dropping it."""
+        if name not in self._dropping:
+            self.call_soon_threadsafe(self._delete_cluster_topic, name)
 
     # -- the session ------------------------------------------------------------------
     def _begin(self) -> None:
@@ -181,6 +201,8 @@ class Coordinator(SelectorLoop):
         topics: dict[str, list[int]] = {}
         self._state = {}
         self._leader_kv = {}
+        self._records = {}
+        self._tombs = {}
         for kv in kvs:
             kind, _, name = kv.key[len(ROOT):].partition("/")
             doc = kv.json()
@@ -192,6 +214,9 @@ class Coordinator(SelectorLoop):
                     nodes[int(name)] = reg
             elif kind == "topics":
                 topics[name] = as_ints(doc.get("replicas"))
+                self._records[name] = (topics[name], as_int(doc.get("inc")), kv.value)
+            elif kind == "deleted":
+                self._tombs[name] = as_int(doc.get("inc"))
             elif kind == "state":
                 self._state[name] = (topic_state(doc), kv.mod_revision)
             elif kind == "leader":
@@ -210,11 +235,32 @@ class Coordinator(SelectorLoop):
         node = self.node
         broker = node.runtime.broker
         me = node.id
+        changed = False
+        # replicas of incarnations etcd no longer lists: deleted (their tombstone), or
+        # deleted here and not registered again
+        for name in [n for n in node.replicas if n not in topics]:
+            gone = node.replicas[name]
+            if gone.topic.deleted or self._tombs.get(name) == gone.inc:
+                self._drop_local(name)
+                changed = True
         for t in broker.all_topics():
             if t.name not in topics and not is_ephemeral(t.name) and not t.deleted:
+                tomb = self._tombs.get(t.name)
+                if tomb is not None and tomb == self._local_inc(t.name):
+                    self._drop_local(t.name)     # a copy of the deleted incarnation
+                    changed = True
+                    continue
                 topics[t.name] = self._register(t.name)
-        changed = False
         for name, replicas in topics.items():
+            inc = self._records.get(name, (replicas, 0, ""))[1]
+            local = self._local_inc(name)
+            if local is not None and local != inc:
+                # this node's copy is of an earlier incarnation, deleted since (and the
+                # name made again): its records, epochs and channels are not this one's
+                log.info("CLUSTER: %s: dropping the copy of deleted incarnation %x",
+                         name, local)
+                self._drop_local(name)
+                changed = True
             if me not in replicas:
                 continue
             r = node.replicas.get(name)
@@ -223,8 +269,9 @@ class Coordinator(SelectorLoop):
                     topic = broker.get_topic(name)
                 except Exception:        # the broker is exiting
                     return
-                r = Replica(node, topic, self._load_history(name))
+                r = Replica(node, topic, self._load_history(name), inc)
                 node.replicas[name] = r
+                self._save_inc(name, inc)
             state, mod = self._state.get(name, (topic_state(None), 0))
             isr = state["isr"]
             lead = self._leader_kv.get(name)
@@ -250,27 +297,100 @@ class Coordinator(SelectorLoop):
             self._assign_fetchers()
 
     def _register(self, name: str) -> list[int]:
+        """A topic new here becomes a topic of the cluster: a new incarnation (its
+        tombstone, if the name was deleted before, goes in the same transaction)."""
         node = self.node
         replicas = assign_replicas(node.id, sorted(node.live | {node.id}), node.factor)
         key = f"{ROOT}topics/{name}"
         state = TopicState(epoch=0, leader=-1, isr=replicas)
+        inc = secrets.randbits(62) | 1          # never 0: records of earlier versions
+        value = json.dumps({"replicas": replicas, "inc": inc})
         ok = self.etcd.txn([Compare(key, "CREATE", 0)],
-                           [put_op(key, json.dumps({"replicas": replicas})),
-                            put_op(f"{ROOT}state/{name}", json.dumps(state))])
+                           [put_op(key, value),
+                            put_op(f"{ROOT}state/{name}", json.dumps(state)),
+                            delete_op(f"{ROOT}deleted/{name}")])
         if ok:
-            log.info("CLUSTER: topic %s replicated on nodes %s", name, replicas)
+            log.info("CLUSTER: topic %s replicated on nodes %s (incarnation %x)", name,
+                     replicas, inc)
+            self._tombs.pop(name, None)
+            self._records[name] = (replicas, inc, value)
+            # the copy here is this incarnation's first (a record lost from etcd, not
+            # deleted through it: registered again with what this node holds)
+            r = node.replicas.get(name)
+            if r is not None and not r.topic.deleted:
+                r.inc = inc
+            if name in node.runtime.broker.topics:
+                self._save_inc(name, inc)
             found = self.etcd.get(f"{ROOT}state/{name}")
             if found is not None:
                 self._state[name] = (state, found.mod_revision)
             return replicas
         kv = self.etcd.get(key)
         doc = kv.json() if kv is not None else None
-        if isinstance(doc, dict):
+        if kv is not None and isinstance(doc, dict):
             st = self.etcd.get(f"{ROOT}state/{name}")
             if st is not None and isinstance(st.json(), dict):
                 self._state[name] = (topic_state(st.json()), st.mod_revision)
-            return as_ints(as_obj(doc).get("replicas"))
+            got = as_ints(as_obj(doc).get("replicas"))
+            self._records[name] = (got, as_int(as_obj(doc).get("inc")), kv.value)
+            return got
         return replicas
+
+    # -- deletion ---------------------------------------------------------------------
+    def _delete_cluster_topic(self, name: str) -> None:
+        """The incarnation this node knew of ``name`` goes from etcd, a tombstone in its
+        place, in one transaction that holds only while the record is the one read
+        (a name made again meanwhile is not touched). Every node then drops its copy
+        at its next poll."""
+        rec = self._records.get(name)
+        r = self.node.replicas.get(name)
+        if rec is None or (r is not None and r.inc != rec[1]):
+            return          # not a topic of the cluster (or not the incarnation here)
+        _, inc, raw = rec
+        key = f"{ROOT}topics/{name}"
+        try:
+            ok = self.etcd.txn([Compare(key, "VALUE", raw)],
+                               [delete_op(key), delete_op(f"{ROOT}state/{name}"),
+                                delete_op(f"{ROOT}leader/{name}"),
+                                put_op(f"{ROOT}deleted/{name}", json.dumps({"inc": inc}))])
+        except EtcdError as e:
+            log.error("CLUSTER: %s: deleting it in the cluster failed: %s", name, e)
+            self.call_later(500_000_000, self._delete_cluster_topic, name)
+            return
+        if ok:
+            log.info("CLUSTER: topic %s (incarnation %x) deleted in the cluster", name, inc)
+            self._records.pop(name, None)
+            self._tombs[name] = inc
+        self._poll()
+
+    def _drop_local(self, name: str) -> None:
+        """This node's copy of a deleted incarnation goes: the local topic (its files,
+        channels and lookupd registration, as /topic/delete), its replica, its epoch
+        history and incarnation files."""
+        node = self.node
+        r = node.replicas.pop(name, None)
+        self._posted.pop(name, None)
+        self._leader_values.pop(name, None)
+        broker = node.runtime.broker
+        topic = broker.topics.get(name)
+        if topic is not None and (r is None or r.topic is topic):
+            self._dropping.add(name)
+            try:
+                broker.delete_topic(name)
+            except TopicNotFound:
+                pass
+            finally:
+                self._dropping.discard(name)
+        for path in (self._history_path(name), self._inc_path(name)):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                log.error("CLUSTER: %s: %s not removed: %s", name, path, e)
+        if r is not None:
+            owner_loop(r.topic.owner).call_soon_threadsafe(r.dropped)
+        log.info("CLUSTER: %s: local copy dropped (deleted in the cluster)", name)
 
     def _campaign(self, name: str, state: TopicState, mod: int, isr: list[int]
                   ) -> tuple[LeaderKey, int] | None:
@@ -331,6 +451,34 @@ class Coordinator(SelectorLoop):
     # -- files -------------------------------------------------------------------------
     def _history_path(self, name: str) -> str:
         return os.path.join(self.dir, f"{name}.epochs")
+
+    def _inc_path(self, name: str) -> str:
+        return os.path.join(self.dir, f"{name}.inc")
+
+    def _local_inc(self, name: str) -> int | None:
+        """The incarnation this node's copy of ``name`` belongs to (None: no copy
+        known to belong to one: a topic new here, or kept by an earlier version)."""
+        r = self.node.replicas.get(name)
+        if r is not None and not r.topic.deleted:
+            return r.inc
+        if name not in self.node.runtime.broker.topics:
+            return None
+        try:
+            with open(self._inc_path(name)) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _save_inc(self, name: str, inc: int) -> None:
+        path = self._inc_path(name)
+        try:
+            with open(path + ".tmp", "w") as f:
+                f.write(str(inc))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(path + ".tmp", path)
+        except OSError as e:
+            log.error("CLUSTER: %s: incarnation not saved: %s", name, e)
 
     def _load_history(self, name: str) -> EpochHistory:
         try:

@@ -78,6 +78,7 @@ class ClusterNode:
         self.coordinator = Coordinator(self, tcp_address, http_address,
                                        self.server.address)
         self.coordinator.start()
+        self.runtime.broker.on_delete_topic.append(self._topic_deleted)
         for loop in self.runtime.loops:
             loop.call_soon_threadsafe(self._tick, loop)
 
@@ -88,6 +89,12 @@ class ClusterNode:
             self.fetchers.stop(timeout_s)
         if self.server is not None:
             self.server.stop(timeout_s)
+
+    def _topic_deleted(self, topic: Topic) -> None:
+        """A topic was deleted here (any thread, under the registry's lock): a
+        replicated one is deleted in the whole cluster (docs/replication.md)."""
+        if self.coordinator is not None and self.replicated(topic.name):
+            self.coordinator.topic_deleted(topic.name)
 
     def _tick(self, loop: EventLoop) -> None:
         for r in list(self.replicas.values()):

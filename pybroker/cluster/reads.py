@@ -31,8 +31,9 @@ def record_bytes(batch: Batch, n: int) -> memoryview:
 
 class LastReads:
     def __init__(self) -> None:
-        # topic -> ((log, epoch, offset, log end), n, raw views, size): its last read
-        self.last: dict[str, tuple[tuple[int, int, int, int], int, list[memoryview],
+        # topic -> ((log, incarnation, epoch, offset, log end), n, raw views, size): its
+        # last read
+        self.last: dict[str, tuple[tuple[int, int, int, int, int], int, list[memoryview],
                                    int]] = {}
         self.bytes = 0
 
@@ -45,7 +46,7 @@ class LastReads:
         while nothing was written after it (records never change under a leader's
         epoch)."""
         lg = r.topic.log
-        key = (id(lg), r.epoch, offset, written)
+        key = (id(lg), r.inc, r.epoch, offset, written)
         last = self.last.get(r.name)
         if last is not None and last[0] == key and last[3] <= budget:
             return last[1], last[2], last[3]

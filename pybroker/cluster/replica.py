@@ -46,10 +46,12 @@ class NotLeader(Exception):
 
 
 class Replica:
-    def __init__(self, node: ReplicaHost, topic: Topic, history: EpochHistory) -> None:
+    def __init__(self, node: ReplicaHost, topic: Topic, history: EpochHistory,
+                 inc: int = 0) -> None:
         self.node = node
         self.topic = topic
         self.name = topic.name
+        self.inc = inc                 # the incarnation of the name (etcd's topics/<name>)
         self.role = NONE
         self.epoch = 0
         self.leader = -1               # the leader's node id (-1: none known)
@@ -116,6 +118,15 @@ class Replica:
         if role == FOLLOWER:
             log.info("CLUSTER: %s: following node %d at epoch %d", self.name, leader, epoch)
             self.kick_consumers(f"topic {self.name} is led by node {leader}")
+
+    def dropped(self) -> None:
+        """This incarnation was deleted in the cluster and its local topic with it (the
+        coordinator): publishes waiting for its replicas fail, and it leads no more."""
+        was = self.role
+        self._fail_all(NotLeader(f"topic {self.name} was deleted"))
+        self.role, self.leader, self.lead = NONE, -1, None
+        if was != NONE:
+            self.node.roles_changed()
 
     def kick_consumers(self, why: str) -> None:
         for ch in list(self.topic.channels.values()):

@@ -544,3 +544,107 @@ def test_pybroker_client_finds_the_new_leader_at_once(
         if consumer is not None:
             consumer.close()
         assert lookupd.stop() == 0, lookupd.text()
+
+
+def _gone_everywhere(c: Cluster, topic: str) -> bool:
+    return all(c.topic_stats(i, topic) is None for i in c.nodes if c.nodes[i].proc)
+
+
+def _stays_gone(c: Cluster, topic: str, seconds: float) -> None:
+    """No node takes the topic up again for ``seconds`` (several coordinator polls:
+    one every 200 ms), checked all along."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        back = [i for i in c.nodes if c.nodes[i].proc and c.topic_stats(i, topic)]
+        assert not back, f"{topic} came back on nodes {back}"
+        time.sleep(0.05)
+
+
+def _delete(c: Cluster, i: int, topic: str = TOPIC) -> None:
+    req = urllib.request.Request(f"{c.nodes[i].http_url}/topic/delete?topic={topic}",
+                                 b"", method="POST")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+
+
+def _made_again_holds_only_new(c: Cluster, members: int) -> None:
+    """A publish after the delete makes a new, empty topic: every replica's log holds
+    the new message alone, and a consumer gets it and nothing of the old one."""
+    status, body = c.http_pub(1, TOPIC, b"again")
+    assert (status, body) == (200, b"OK"), (status, body)
+    lead = wait_until(lambda: c.settled(TOPIC, members), 20, 0.05,
+                      what=f"the new {TOPIC} to settle on {members} nodes")
+    r = c.replication(int(lead), TOPIC)     # type: ignore[call-overload]
+    assert r is not None and r["log_end"] == 1 and r["epoch"] == 1, r
+    wait_until(lambda: all((c.replication(i, TOPIC) or {}).get("log_end") == 1
+                           for i in r["isr"]), 10, 0.05, what="the replicas to hold it")
+    cons = Consumers(c, TOPIC, "ch", 1)
+    try:
+        wait_until(lambda: b"again" in cons.received(), 15, 0.05, what="the new message")
+    finally:
+        cons.stop()
+    assert cons.received() == {b"again"}, cons.received()
+
+
+def test_deleting_a_topic_deletes_it_on_every_node(cluster: Cluster) -> None:
+    """/topic/delete on one node (a follower here; nsqadmin asks the leader) deletes the
+    topic on all three, for good: no node registers its copy again. A publish then
+    makes a new topic of that name, which holds none of the old records."""
+    c = cluster
+    lead = _create(c)
+    for k in range(5):
+        assert _pub_answer(c, lead, f"old-{k}".encode()) == (FRAME_RESPONSE, b"OK")
+    wait_until(lambda: all((c.replication(i, TOPIC) or {}).get("log_end") == 6
+                           for i in c.nodes), 10, 0.05, what="every node to hold 6")
+    f = next(i for i in c.nodes if i != lead)
+    _delete(c, f)
+    wait_until(lambda: _gone_everywhere(c, TOPIC), 10, 0.05,
+               what=f"{TOPIC} deleted on every node")
+    _stays_gone(c, TOPIC, 1.5)
+    _made_again_holds_only_new(c, 3)
+
+
+def test_a_node_down_during_a_delete_drops_its_copy_on_return(cluster: Cluster) -> None:
+    """A follower killed before the delete comes back with its copy of the deleted
+    topic: it drops it rather than registering it again; and a follower that was down
+    while the topic was deleted and made again drops the old copy and follows the new."""
+    c = cluster
+    lead = _create(c)
+    for k in range(5):
+        assert _pub_answer(c, lead, f"old-{k}".encode()) == (FRAME_RESPONSE, b"OK")
+    wait_until(lambda: all((c.replication(i, TOPIC) or {}).get("log_end") == 6
+                           for i in c.nodes), 10, 0.05, what="every node to hold 6")
+    f = next(i for i in c.nodes if i != lead)
+    c.nodes[f].kill9()
+    _delete(c, lead)
+    wait_until(lambda: _gone_everywhere(c, TOPIC), 10, 0.05,
+               what=f"{TOPIC} deleted on the live nodes")
+    c.nodes[f].start()
+    c.wait_joined(f, 3)
+    wait_until(lambda: _gone_everywhere(c, TOPIC), 10, 0.05,
+               what=f"the returning node {f} to drop its copy")
+    _stays_gone(c, TOPIC, 1.5)
+    # down again while the topic is deleted... and made again (without it)
+    _made_again_holds_only_new(c, 3)
+    lead = int(c.settled(TOPIC, 3))     # type: ignore[arg-type]
+    g = next(i for i in c.nodes if i != lead)
+    c.nodes[g].kill9()
+    _delete(c, lead)
+    wait_until(lambda: _gone_everywhere(c, TOPIC), 10, 0.05, what="the second delete")
+    status, body = c.http_pub(lead, TOPIC, b"third")
+    assert (status, body) == (200, b"OK"), (status, body)
+    two = wait_until(lambda: c.settled(TOPIC, 2), 20, 0.05, what="the third incarnation")
+    c.nodes[g].start()
+    c.wait_joined(g, 3)
+    # g held the second incarnation's "again": never the third's record at offset 0
+    wait_until(lambda: (c.topic_stats(g, TOPIC) is None
+                        or (c.replication(g, TOPIC) or {}).get("log_end") == 1), 15, 0.05,
+               what=f"node {g} to drop the old copy")
+    r = c.replication(int(two), TOPIC)       # type: ignore[call-overload]
+    assert r is not None and r["log_end"] == 1
+    cons = Consumers(c, TOPIC, "ch2", 1)
+    try:
+        wait_until(lambda: b"third" in cons.received(), 15, 0.05, what="the third's message")
+    finally:
+        cons.stop()
+    assert cons.received() == {b"third"}

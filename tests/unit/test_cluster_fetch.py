@@ -315,6 +315,7 @@ def test_the_server_drops_a_follower_that_sends_nonsense(server: ReplicationServ
 class _LeaderReplica:
     def __init__(self, log: object) -> None:
         self.name = "t"
+        self.inc = 7
         self.epoch = 1
         self.topic = type("T", (), {"log": log})()
 
