@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, cast
 from pybroker import _native
 from pybroker.cluster.ports import Done, JsonObj, ReplicaHost, ReplicaStats
 from pybroker.cluster.rules import EpochHistory, LeaderState, Waiter
+from pybroker.errors import ChannelNotFound, TopicNotFound
 from pybroker.server.services import owner_loop
 from pybroker.storage.topiclog import RecordBatch
 
@@ -362,6 +363,18 @@ class Replica:
         states = self.channels
         log.info("CLUSTER: %s: channels taken over: %s", self.name,
                  ", ".join(f"{n} at {st.get('cursor')}" for n, st in states.items()) or "none")
+        if self.chan_from_leader:
+            # the states came from a leader: its channels are the topic's. One this node
+            # still has from an earlier leadership of its own, deleted since, goes
+            broker = self.node.runtime.broker
+            for name, ch in list(topic.channels.items()):
+                if name not in states and not ch.ephemeral:
+                    log.info("CLUSTER: %s: channel %s was deleted by the leader before",
+                             self.name, name)
+                    try:
+                        broker.delete_channel(topic.name, name)
+                    except (TopicNotFound, ChannelNotFound):
+                        pass
         if not states:
             return
         end = topic.log.written

@@ -648,3 +648,46 @@ def test_a_node_down_during_a_delete_drops_its_copy_on_return(cluster: Cluster) 
     finally:
         cons.stop()
     assert cons.received() == {b"third"}
+
+
+def test_a_channel_deleted_by_the_leader_stays_deleted_after_failover(
+        cluster: Cluster) -> None:
+    """A node that led the topic (and so holds its channels locally) follows again; the
+    new leader deletes a channel; when the old one leads again it takes the new
+    leader's channels, and the deleted one is not among them (it was, before)."""
+    c = cluster
+    a = _create(c)
+    for ch in ("keep", "drop"):
+        req = urllib.request.Request(
+            f"{c.nodes[a].http_url}/channel/create?topic={TOPIC}&channel={ch}", b"",
+            method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200
+
+    def shipped(frm: int, to: int) -> bool:      # to holds frm's newest channel states
+        x, y = c.replication(frm, TOPIC), c.replication(to, TOPIC)
+        return bool(x and y and x["channel_states"] and
+                    x["channel_states"] == y["channel_states"])
+
+    others = [i for i in c.nodes if i != a]
+    wait_until(lambda: all(shipped(a, i) for i in others), 10, 0.05,
+               what="the channel states at the followers")
+    c.nodes[a].kill9()                            # a's local channels stay on its disk
+    b = wait_until(lambda: c.settled(TOPIC, 2), 20, 0.05, what="a new leader")
+    assert isinstance(b, int)
+    c.nodes[a].start()
+    wait_until(lambda: c.settled(TOPIC, 3) == b, 20, 0.05, what=f"node {a} back in sync")
+    req = urllib.request.Request(
+        f"{c.nodes[b].http_url}/channel/delete?topic={TOPIC}&channel=drop", b"",
+        method="POST")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+    wait_until(lambda: shipped(b, a), 10, 0.05,
+               what=f"node {a} to hold the states without the channel")
+    third = next(i for i in c.nodes if i not in (a, b))
+    c.nodes[third].kill9()                       # only a can take over from b now
+    c.nodes[b].kill9()
+    wait_until(lambda: c.leader(TOPIC) == a, 20, 0.05, what=f"node {a} to lead again")
+    t = c.topic_stats(a, TOPIC)
+    assert t is not None
+    assert sorted(ch["channel_name"] for ch in t["channels"]) == ["keep"], t["channels"]
