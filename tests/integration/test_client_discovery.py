@@ -13,7 +13,7 @@ import pytest
 
 from pybroker.client import Consumer, Message, Producer
 from tests.support.broker import BrokerProcess, unique_name, wait_until
-from tests.support.http import http_json
+from tests.support.http import http_json, wait_all_finished
 from tests.support.lookupd import FakeLookupd
 from tests.support.nsqtools import NsqDaemon, start_nsqlookupd
 
@@ -55,6 +55,8 @@ def test_reconnect_after_server_restart(make_broker: Callable[..., BrokerProcess
         c.connect_to_nsqd(b.tcp_hostport)
         p.publish(topic, b"before")
         wait_until(lambda: got.bodies() == [b"before"], 5, what="the first message")
+        # its FIN at the server before it stops (else, at least once, it comes again)
+        wait_all_finished(b, topic, "ch")
         old = c.conns()[0]
         assert b.stop() == 0
         wait_until(lambda: old.is_closed and not p.is_connected, 5,
