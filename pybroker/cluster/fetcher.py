@@ -211,11 +211,17 @@ class Fetcher:
             if not data and chans is None and hw <= r.hw and "history" not in t:
                 continue
             history = history_of(t["history"]) if "history" in t else None
+            flag = t.get("paused")
+            paused = (flag, need_int(t.get("released", 0))) \
+                if isinstance(flag, bool) else None
             jobs.append((r, need_int(t.get("first", r.topic.log.written)), data, hw,
-                         history, chans, need_int(t.get("version", 0))))
+                         history, chans, need_int(t.get("version", 0)), paused))
         self.pending += len(jobs)
-        for r, first, data, hw, history, chans, version in jobs:
-            r.apply(first, data, hw, history, chans, version, self._done_one)
+        for r, first, data, hw, history, chans, version, paused in jobs:
+            if paused is None:
+                r.apply(first, data, hw, history, chans, version, self._done_one)
+            else:
+                r.apply(first, data, hw, history, chans, version, self._done_one, paused)
 
     def _done_one(self) -> None:
         """An append (or cut) of this round is done (synced, in fsync mode): the storage

@@ -69,6 +69,11 @@ class Replica:
         self.channels: dict[str, ChannelState] = {}
         self.chan_version = 0
         self.chan_from_leader = 0      # follower: the version it holds
+        # the topic's paused flag and, when paused, how far its channels may read
+        # (``released``), shipped with the channel states: the leader's as in its newest
+        # version; a follower's as last heard (None: not heard)
+        self.paused_shipped: bool | None = None
+        self.released_shipped = 0
         self.last_snap_ns = 0
         self.lead_lease = 0            # leader: the etcd lease its leadership is held on
 
@@ -251,6 +256,11 @@ class Replica:
         self.check_isr(now)
         if now - self.last_snap_ns >= self.node.ship_ns:
             self.last_snap_ns = now
+            topic = self.topic
+            released = topic.released if topic.paused else 0
+            if topic.paused != self.paused_shipped or released != self.released_shipped:
+                self.paused_shipped, self.released_shipped = topic.paused, released
+                self.chan_version = next(_versions)
             live = self.topic.channels
             for name in [n for n in self.channels if n not in live]:
                 self.channels.pop(name, None)       # deleted here: not on takeover either
@@ -293,9 +303,12 @@ class Replica:
             done()
 
     def apply(self, first: int, blob: bytes, hw: int, history: list[list[int]] | None,
-              chans: JsonObj | None, version: int, done: Callable[[], None]) -> None:
+              chans: JsonObj | None, version: int, done: Callable[[], None],
+              paused: tuple[bool, int] | None = None) -> None:
         """Append a leader's records (posted by the fetcher); done() once written (and
-        synced, in fsync mode)."""
+        synced, in fsync mode). ``chans`` (with ``version``, and ``paused``: the topic's
+        paused flag and its released offset when paused): the leader's newest channel
+        states, when newer than the ones held."""
         topic = self.topic
         rt = self.node.runtime
         try:
@@ -304,6 +317,8 @@ class Replica:
                 self.channels = {n: cast("ChannelState", st) for n, st in chans.items()
                                  if isinstance(st, dict)}
                 self.chan_from_leader = version
+                if paused is not None:
+                    self.paused_shipped, self.released_shipped = paused
                 self._follow_floor(self.channels)
             if blob:
                 with topic.lock:
@@ -375,6 +390,19 @@ class Replica:
                         broker.delete_channel(topic.name, name)
                     except (TopicNotFound, ChannelNotFound):
                         pass
+        if self.paused_shipped is not None and self.paused_shipped != topic.paused:
+            # a topic paused (or unpaused) by the old leader stays so: when paused, its
+            # channels read no further than they could there (a follower's log was
+            # all released as it came)
+            log.info("CLUSTER: %s: topic %s as the leader had it", self.name,
+                     "paused" if self.paused_shipped else "unpaused")
+            woken = topic.set_paused(self.paused_shipped)
+            if self.paused_shipped:
+                with topic.lock:
+                    topic.released = min(topic.released, self.released_shipped)
+            if woken:
+                self.node.runtime.broker.wake(woken)
+            self.node.runtime.broker.notify_changed()
         if not states:
             return
         end = topic.log.written

@@ -303,6 +303,9 @@ class ReplicationServer(SelectorLoop):
                 # ChannelState documents are JSON
                 entry["channels"] = cast(JsonObj, dict(r.channels))
                 entry["version"] = r.chan_version
+                if r.paused_shipped is not None:
+                    entry["paused"] = r.paused_shipped
+                    entry["released"] = r.released_shipped
                 any_data = True
             if offset < written and budget > 0:
                 read = self.reads.read(r, offset, written, budget)
