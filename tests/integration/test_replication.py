@@ -586,17 +586,22 @@ def _made_again_holds_only_new(c: Cluster, members: int) -> None:
     assert cons.received() == {b"again"}, cons.received()
 
 
-def test_deleting_a_topic_deletes_it_on_every_node(cluster: Cluster) -> None:
-    """/topic/delete on one node (a follower here; nsqadmin asks the leader) deletes the
-    topic on all three, for good: no node registers its copy again. A publish then
-    makes a new topic of that name, which holds none of the old records."""
-    c = cluster
+def _six_on_every_node(c: Cluster) -> tuple[int, int]:
+    """The topic with six records on all three nodes; (its leader, a follower)."""
     lead = _create(c)
     for k in range(5):
         assert _pub_answer(c, lead, f"old-{k}".encode()) == (FRAME_RESPONSE, b"OK")
     wait_until(lambda: all((c.replication(i, TOPIC) or {}).get("log_end") == 6
                            for i in c.nodes), 10, 0.05, what="every node to hold 6")
-    f = next(i for i in c.nodes if i != lead)
+    return lead, next(i for i in c.nodes if i != lead)
+
+
+def test_deleting_a_topic_deletes_it_on_every_node(cluster: Cluster) -> None:
+    """/topic/delete on one node (a follower here; nsqadmin asks the leader) deletes the
+    topic on all three, for good: no node registers its copy again. A publish then
+    makes a new topic of that name, which holds none of the old records."""
+    c = cluster
+    lead, f = _six_on_every_node(c)
     _delete(c, f)
     wait_until(lambda: _gone_everywhere(c, TOPIC), 10, 0.05,
                what=f"{TOPIC} deleted on every node")
@@ -609,12 +614,7 @@ def test_a_node_down_during_a_delete_drops_its_copy_on_return(cluster: Cluster) 
     topic: it drops it rather than registering it again; and a follower that was down
     while the topic was deleted and made again drops the old copy and follows the new."""
     c = cluster
-    lead = _create(c)
-    for k in range(5):
-        assert _pub_answer(c, lead, f"old-{k}".encode()) == (FRAME_RESPONSE, b"OK")
-    wait_until(lambda: all((c.replication(i, TOPIC) or {}).get("log_end") == 6
-                           for i in c.nodes), 10, 0.05, what="every node to hold 6")
-    f = next(i for i in c.nodes if i != lead)
+    lead, f = _six_on_every_node(c)
     c.nodes[f].kill9()
     _delete(c, lead)
     wait_until(lambda: _gone_everywhere(c, TOPIC), 10, 0.05,
