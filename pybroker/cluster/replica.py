@@ -20,6 +20,7 @@ from pybroker import _native
 from pybroker.cluster.ports import Done, JsonObj, ReplicaHost, ReplicaStats
 from pybroker.cluster.rules import EpochHistory, LeaderState, Waiter
 from pybroker.errors import ChannelNotFound, TopicNotFound
+from pybroker.protocol.deadletter import dead_letter_settings
 from pybroker.server.services import owner_loop
 from pybroker.storage.topiclog import RecordBatch
 
@@ -272,7 +273,10 @@ class Replica:
         # on the channel's owner loop
         if ch.deleted or ch.ephemeral:
             return
-        self.channels[ch.name] = ch.snapshot(time.time_ns(), time.monotonic_ns())
+        st = ch.snapshot(time.time_ns(), time.monotonic_ns())
+        if ch.dl_settings:
+            st["settings"] = dict(ch.dl_settings)    # max_attempts, dead_letter_topic
+        self.channels[ch.name] = st
         self.chan_version = next(_versions)
 
     # -- follower ----------------------------------------------------------------------
@@ -419,6 +423,9 @@ class Replica:
                 old.deleted = True
                 old.owner.call_soon_threadsafe(old.owner.close_channel, old)
             ch.paused = bool(st.get("paused", False))
+            settings = st.get("settings")
+            if isinstance(settings, dict):          # from the wire: checked as nsqd.dat's
+                ch.configure_dead_letters(dead_letter_settings(settings))
             ch.owner.call_soon_threadsafe(_restore, ch, st, now, wall)
         self.node.runtime.broker.notify_changed()
 

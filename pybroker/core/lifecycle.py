@@ -55,6 +55,8 @@ class ChannelState(TypedDict, total=False):
     deliveries: list[list[int]]
     paused: bool
     floor: int
+    settings: dict[str, object]   # a replicated topic's leader ships its own dead-letter
+    #                               settings with it (not in the state files: nsqd.dat)
 
 
 class Lifecycle:

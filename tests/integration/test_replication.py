@@ -698,10 +698,11 @@ def test_a_channel_deleted_by_the_leader_stays_deleted_after_failover(
     assert sorted(ch["channel_name"] for ch in t["channels"]) == ["keep"], t["channels"]
 
 
-def test_a_paused_topic_stays_paused_after_failover(cluster: Cluster) -> None:
+def test_a_paused_topic_and_channel_settings_survive_failover(cluster: Cluster) -> None:
     """nsqadmin's topic pause, on the leader, ships with the channel states: the next
     leader keeps the topic paused (what was published after the pause is not
-    delivered), and unpausing it there delivers it."""
+    delivered), and unpausing it there delivers it. So do a channel's dead-letter
+    settings (POST /channel/config)."""
     c = cluster
     a = _create(c)
 
@@ -711,6 +712,8 @@ def test_a_paused_topic_stays_paused_after_failover(cluster: Cluster) -> None:
             assert r.status == 200
 
     post(a, f"/channel/create?topic={TOPIC}&channel=ch")
+    post(a, f"/channel/config?topic={TOPIC}&channel=ch&max_attempts=3"
+            f"&dead_letter_topic={TOPIC}.parked")
     post(a, f"/topic/pause?topic={TOPIC}")
     for k in range(3):
         assert _pub_answer(c, a, f"held-{k}".encode()) == (FRAME_RESPONSE, b"OK")
@@ -723,6 +726,10 @@ def test_a_paused_topic_stays_paused_after_failover(cluster: Cluster) -> None:
     wait_until(lambda: (c.topic_stats(b, TOPIC) or {}).get("paused") is True
                and [ch["channel_name"] for ch in c.topic_stats(b, TOPIC)["channels"]]  # type: ignore[index]
                == ["ch"], 10, 0.05, what="the new leader's topic paused, with its channel")
+    status, cfg = http_json("GET", f"{c.nodes[b].http_url}/channel/config?topic={TOPIC}"
+                                   "&channel=ch")
+    assert status == 200 and (cfg["max_attempts"], cfg["dead_letter_topic"]) == \
+        (3, f"{TOPIC}.parked"), cfg
     cons = Consumers(c, TOPIC, "ch", 1)
     try:
         wait_until(lambda: cons.subscribed, 15, 0.05, what="the consumer on the new leader")
