@@ -46,6 +46,7 @@ from pybroker.server.services import owner_loop
 
 if TYPE_CHECKING:
     from pybroker.cluster.nodeport import NodePort
+    from pybroker.core.topic import Topic
 
 log = logging.getLogger("pybroker")
 ROOT = "/pybroker/"
@@ -72,6 +73,10 @@ class Coordinator(SelectorLoop):
         #                                                            inc, raw value)
         self._tombs: dict[str, int] = {}      # name -> the incarnation deleted
         self._dropping: set[str] = set()      # local copies this thread deletes now
+        self._deleting: set[str] = set()      # deleted here, not yet in etcd (any thread)
+        # the incarnation each local topic belongs to, by topic object: a topic made
+        # after a delete is a new object, so it never inherits its name's old incarnation
+        self._incs: dict[Topic, int] = {}
 
     # -- any thread ---------------------------------------------------------------------
     def start(self) -> None:
@@ -105,6 +110,7 @@ class Coordinator(SelectorLoop):
         """A replicated topic was deleted here (``/topic/delete``, any thread): delete
         its incarnation in the cluster, unless this thread is the one dropping it."""
         if name not in self._dropping:
+            self._deleting.add(name)      # before the next poll can adopt a new copy
             self.call_soon_threadsafe(self._delete_cluster_topic, name)
 
     # -- the session ------------------------------------------------------------------
@@ -236,6 +242,8 @@ class Coordinator(SelectorLoop):
         broker = node.runtime.broker
         me = node.id
         changed = False
+        for t in [t for t in self._incs if t.deleted]:
+            del self._incs[t]
         # replicas of incarnations etcd no longer lists: deleted (their tombstone), or
         # deleted here and not registered again
         for name in [n for n in node.replicas if n not in topics]:
@@ -244,7 +252,8 @@ class Coordinator(SelectorLoop):
                 self._drop_local(name)
                 changed = True
         for t in broker.all_topics():
-            if t.name not in topics and not is_ephemeral(t.name) and not t.deleted:
+            if t.name not in topics and not is_ephemeral(t.name) and not t.deleted \
+                    and t.name not in self._deleting:
                 tomb = self._tombs.get(t.name)
                 if tomb is not None and tomb == self._local_inc(t.name):
                     self._drop_local(t.name)     # a copy of the deleted incarnation
@@ -252,6 +261,8 @@ class Coordinator(SelectorLoop):
                     continue
                 topics[t.name] = self._register(t.name)
         for name, replicas in topics.items():
+            if name in self._deleting:
+                continue       # its delete is on its way to etcd
             inc = self._records.get(name, (replicas, 0, ""))[1]
             local = self._local_inc(name)
             if local is not None and local != inc:
@@ -261,6 +272,10 @@ class Coordinator(SelectorLoop):
                          name, local)
                 self._drop_local(name)
                 changed = True
+                local = None
+            here = broker.topics.get(name)
+            if local is None and here is not None and not here.deleted:
+                self._adopt(here, inc)     # a copy here (replica or not) of this one
             if me not in replicas:
                 continue
             r = node.replicas.get(name)
@@ -271,7 +286,7 @@ class Coordinator(SelectorLoop):
                     return
                 r = Replica(node, topic, self._load_history(name), inc)
                 node.replicas[name] = r
-                self._save_inc(name, inc)
+                self._adopt(topic, inc)
             state, mod = self._state.get(name, (topic_state(None), 0))
             isr = state["isr"]
             lead = self._leader_kv.get(name)
@@ -319,8 +334,9 @@ class Coordinator(SelectorLoop):
             r = node.replicas.get(name)
             if r is not None and not r.topic.deleted:
                 r.inc = inc
-            if name in node.runtime.broker.topics:
-                self._save_inc(name, inc)
+            t = node.runtime.broker.topics.get(name)
+            if t is not None:
+                self._adopt(t, inc)
             found = self.etcd.get(f"{ROOT}state/{name}")
             if found is not None:
                 self._state[name] = (state, found.mod_revision)
@@ -345,7 +361,9 @@ class Coordinator(SelectorLoop):
         rec = self._records.get(name)
         r = self.node.replicas.get(name)
         if rec is None or (r is not None and r.inc != rec[1]):
-            return          # not a topic of the cluster (or not the incarnation here)
+            # not a topic of the cluster (or not the incarnation here)
+            self._deleting.discard(name)
+            return
         _, inc, raw = rec
         key = f"{ROOT}topics/{name}"
         try:
@@ -361,6 +379,7 @@ class Coordinator(SelectorLoop):
             log.info("CLUSTER: topic %s (incarnation %x) deleted in the cluster", name, inc)
             self._records.pop(name, None)
             self._tombs[name] = inc
+        self._deleting.discard(name)
         self._poll()
 
     def _drop_local(self, name: str) -> None:
@@ -374,6 +393,7 @@ class Coordinator(SelectorLoop):
         broker = node.runtime.broker
         topic = broker.topics.get(name)
         if topic is not None and (r is None or r.topic is topic):
+            self._incs.pop(topic, None)
             self._dropping.add(name)
             try:
                 broker.delete_topic(name)
@@ -456,18 +476,27 @@ class Coordinator(SelectorLoop):
         return os.path.join(self.dir, f"{name}.inc")
 
     def _local_inc(self, name: str) -> int | None:
-        """The incarnation this node's copy of ``name`` belongs to (None: no copy
-        known to belong to one: a topic new here, or kept by an earlier version)."""
-        r = self.node.replicas.get(name)
-        if r is not None and not r.topic.deleted:
-            return r.inc
-        if name not in self.node.runtime.broker.topics:
+        """The incarnation this node's copy of ``name`` belongs to (None: no copy, or
+        one not known to belong to any: a topic made here since, or kept by an earlier
+        version). A topic read from the data path at start-up takes its incarnation
+        from its ``.inc`` file."""
+        t = self.node.runtime.broker.topics.get(name)
+        if t is None or t.deleted:
             return None
-        try:
-            with open(self._inc_path(name)) as f:
-                return int(f.read().strip())
-        except (OSError, ValueError):
-            return None
+        inc = self._incs.get(t)
+        if inc is None and self.node.restored.get(name) is t:
+            try:
+                with open(self._inc_path(name)) as f:
+                    inc = self._incs[t] = int(f.read().strip())
+            except (OSError, ValueError):
+                return None
+        return inc
+
+    def _adopt(self, topic: Topic, inc: int) -> None:
+        """The local ``topic`` is a copy of incarnation ``inc`` (kept on disk too)."""
+        if self._incs.get(topic) != inc:
+            self._incs[topic] = inc
+            self._save_inc(topic.name, inc)
 
     def _save_inc(self, name: str, inc: int) -> None:
         path = self._inc_path(name)

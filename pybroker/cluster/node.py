@@ -57,6 +57,8 @@ class ClusterNode:
         self.ship_ns = 200_000_000
         self.durable = o.durability == "fsync"
         self.replicas: dict[str, Replica] = {}
+        # the topics read from the data path (built after they are, before clients come)
+        self.restored: dict[str, Topic] = {t.name: t for t in runtime.broker.all_topics()}
         self.live: set[int] = set()
         self.nodes: dict[int, Registration] = {}        # id -> registration
         self.assigned: dict[str, list[int]] = {}        # topic -> replica ids
@@ -116,7 +118,9 @@ class ClusterNode:
         if is_ephemeral(name):
             return False
         r = self.replicas.get(name)
-        return r is None or r.role != LEADER
+        # a replica whose topic was deleted here leads nothing: the name's next
+        # incarnation gets a leader of its own first
+        return r is None or r.role != LEADER or r.topic.deleted
 
     def refusal(self, name: str) -> str | None:
         """Why a publish to a topic led here must fail now, or None."""
@@ -134,6 +138,8 @@ class ClusterNode:
         now = time.monotonic_ns()
         deadline_ns = deadline_ns or now + DIVERT_WAIT_NS
         r = self.replicas.get(name)
+        if r is not None and r.topic.deleted:
+            r = None           # an incarnation deleted here: wait for the next one's leader
         leader = self.leaders.get(name, -1) if r is None else r.leader
         if r is not None and r.role == LEADER:
             loop.publisher.submit(name, payload, defer_ns, done)
@@ -163,9 +169,11 @@ class ClusterNode:
         """On the topic's owner loop, after its write: False when the topic is not
         replicated (answer at once); else done(None or error) runs later."""
         r = self.replicas.get(topic.name)
-        if r is None:
+        if r is None or r.topic is not topic:
             if not self.replicated(topic.name):
                 return False
+            # none yet, or the replica of an incarnation deleted since (this topic is
+            # the name made again): nothing may be acknowledged for it yet
             done(NotLeader(f"{topic.name} has no replica state yet"))
             return True
         r.await_replicas(end, done)

@@ -14,6 +14,7 @@ from pybroker.cluster.ports import Registration, ReplicaHost, ReplicaStats
 if TYPE_CHECKING:
     from pybroker.cluster.replica import Replica
     from pybroker.config import Options
+    from pybroker.core.topic import Topic
 
 
 class NodeSummary(TypedDict):
@@ -31,6 +32,7 @@ class NodePort(ReplicaHost, Protocol):
     nodes: dict[int, Registration]        # live nodes (the coordinator's thread)
     leaders: dict[str, int]               # topic -> leader id (etcd's view; coordinator)
     replicas: dict[str, Replica]          # this node's replicas (the coordinator adds)
+    restored: dict[str, Topic]            # the topics read from the data path at start-up
 
     def assign_fetchers(self, by_leader: dict[int, list[Replica]],
                         addresses: dict[int, str]) -> None:

@@ -745,3 +745,24 @@ def test_a_paused_topic_and_channel_settings_survive_failover(cluster: Cluster) 
     finally:
         cons.stop()
     assert cons.received() == {b"first", b"held-0", b"held-1", b"held-2"}
+
+
+def test_a_publish_right_after_a_delete_goes_to_the_new_topic(cluster: Cluster) -> None:
+    """Deleted on the leader and published to there at once: the publish waits for the
+    name's new incarnation (its registration and election), is answered OK once that
+    one's in-sync replicas hold it, and is its only record (nothing of the old one)."""
+    c = cluster
+    lead, _ = _six_on_every_node(c)
+    _delete(c, lead)
+    assert _pub_answer(c, lead, b"fresh") == (FRAME_RESPONSE, b"OK")
+    new = wait_until(lambda: c.settled(TOPIC, 3), 20, 0.05, what="the new incarnation")
+    r = c.replication(int(new), TOPIC)     # type: ignore[call-overload]
+    assert r is not None and r["log_end"] == 1 and r["high_watermark"] == 1, r
+    wait_until(lambda: all((c.replication(i, TOPIC) or {}).get("log_end") == 1
+                           for i in c.nodes), 10, 0.05, what="every node to hold it")
+    cons = Consumers(c, TOPIC, "ch", 1)
+    try:
+        wait_until(lambda: b"fresh" in cons.received(), 15, 0.05, what="the message")
+    finally:
+        cons.stop()
+    assert cons.received() == {b"fresh"}
