@@ -106,6 +106,9 @@ class TopicLog:
         self.tail_start = 0    # offsets below are counted as on disk
         self.dropped_count = 0
         self._pending: list[bytes | bytearray] = []
+        # per pending chunk, what its build (or check) already found: (record starts,
+        # newest time, deferred count); None: write_pending scans it
+        self._pending_meta: list[tuple[Sequence[int], int, int] | None] = []
         self._pending_deferred = 0
         self._blocks: list[_Block] = []
         self._block_firsts: list[int] = []
@@ -269,8 +272,9 @@ class TopicLog:
             for i, n in enumerate(lens):
                 offs[i] = at
                 at += n
-        data, _ = _native.log_build(first, ts_ns, deliver_at_ns, src, offs, lens)
+        data, pos = _native.log_build(first, ts_ns, deliver_at_ns, src, offs, lens)
         self._pending.append(data)
+        self._pending_meta.append((pos, ts_ns, len(bodies) if deliver_at_ns else 0))
         if deliver_at_ns:
             self._pending_deferred += len(bodies)
         self.head = first + len(bodies)
@@ -281,8 +285,9 @@ class TopicLog:
         """Records for the parts src[offs[i]:offs[i] + lens[i]] (an MPUB body as
         mpub_split found it): one C call, no object per part."""
         first = self.head
-        data, _ = _native.log_build(first, ts_ns, 0, src, offs, lens)
+        data, pos = _native.log_build(first, ts_ns, 0, src, offs, lens)
         self._pending.append(data)
+        self._pending_meta.append((pos, ts_ns, 0))
         self.head = first + len(lens)
         return first
 
@@ -297,6 +302,7 @@ class TopicLog:
                 rec[0:4] = zlib.crc32(bytes(rec[4:])).to_bytes(4, "big")
                 data = bytes(rec)
             self._pending.append(data)
+            self._pending_meta.append(None)
             if deliver_at:
                 self._pending_deferred += 1
         self.head = first + len(items)
@@ -309,13 +315,14 @@ class TopicLog:
         is appended). Written by the next ``write_pending`` like any append."""
         if first != self.head:
             raise ValueError(f"records start at {first}, the log's head is {self.head}")
-        starts, used, (status, deferred, _) = _native.log_scan(
+        starts, used, (status, deferred, max_ts) = _native.log_scan(
             data, first, True, self.max_payload, 1 << 30)
         if used != len(data) or status < 0:
             raise ValueError(f"records from {first} are damaged or incomplete")
         if not starts:
             return 0
         self._pending.append(bytes(data))
+        self._pending_meta.append((starts, max_ts, deferred))
         self._pending_deferred += deferred
         self.head = first + len(starts)
         return len(starts)
@@ -404,6 +411,7 @@ class TopicLog:
     def discard_pending(self) -> None:
         """Forget appended records not yet written (their publishes failed)."""
         self._pending = []
+        self._pending_meta = []
         self._pending_deferred = 0
         self.head = self.written
 
@@ -417,11 +425,18 @@ class TopicLog:
             return 0
         epoch = self.epoch
         self.epoch += 1
-        data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
         first = self.written
         n = self.head - first
-        pos, _, (_, deferred, max_ts) = _native.log_scan(data, first, False,
-                                                         self.max_payload, n)
+        meta = self._pending_meta[0] if len(self._pending) == 1 else None
+        if meta is not None:
+            # one build this write (a turn's publishes to this topic, mostly): its
+            # starts and times are known, no scan needed
+            data = self._pending[0]
+            pos, max_ts, deferred = meta
+        else:
+            data = b"".join(self._pending)
+            pos, _, (_, deferred, max_ts) = _native.log_scan(data, first, False,
+                                                             self.max_payload, n)
         if self.directory is not None:
             try:
                 self._write_file(data, first, n, pos)
@@ -429,6 +444,7 @@ class TopicLog:
                 e.epoch = epoch
                 raise
         self._pending = []
+        self._pending_meta = []
         self._pending_deferred = 0
         if self._segs:
             seg = self._segs[-1]

@@ -186,3 +186,47 @@ def test_sync_beside_appends(tmp_path: Path) -> None:
     th.join()
     assert synced == sorted(synced) and log.sync() == 1000
     assert len(read_all(log)) == 1000
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+@pytest.mark.parametrize("kind", ["append", "dpub", "parts", "raw", "two"])
+def test_a_write_knows_its_records_as_a_scan_would(tmp_path: Path, on_disk: bool,
+                                                   kind: str) -> None:
+    """write_pending takes a lone build's record starts, newest time and deferred count
+    from the build instead of scanning what it wrote: the same as the scan finds, in
+    the block kept in memory and the segment's newest time (``two`` builds: scanned)."""
+    from pybroker import _native
+
+    log = open_log(tmp_path / "t" if on_disk else None, mem=1000, seg=1 << 20)
+    put(log, [b"before"], ts=TS - 5)
+    bodies = [b"m%d" % i * (i + 1) for i in range(7)]
+    with log.lock:
+        first = log.head
+        if kind in ("append", "two"):
+            log.append(bodies, TS + 3)
+        elif kind == "dpub":
+            log.append(bodies[:1], TS + 3, TS + 10**9)
+        elif kind == "parts":
+            src = b"".join(bodies)
+            offs, at = [], 0
+            for b in bodies:
+                offs.append(at)
+                at += len(b)
+            log.append_parts(src, offs, [len(b) for b in bodies], TS + 3)
+        else:
+            data, _ = _native.log_build(first, TS + 3, 0, b"".join(bodies),
+                                        [sum(map(len, bodies[:i])) for i in range(7)],
+                                        [len(b) for b in bodies])
+            log.append_raw(data, first)
+        if kind == "two":
+            log.append([b"late"], TS + 9)
+        log.write_pending()
+    block = log._blocks[-1]
+    pos, used, (_, deferred, newest) = _native.log_scan(block.data, first, True,
+                                                        log.max_payload, 1 << 20)
+    assert used == len(block.data)
+    assert list(block.pos) == list(pos) and block.deferred == deferred
+    if on_disk:
+        assert log._segs[-1].max_ts == max(newest, TS - 5)
+    assert [b for _, b in read_all(log, first)] == (
+        bodies[:1] if kind == "dpub" else bodies + ([b"late"] if kind == "two" else []))
