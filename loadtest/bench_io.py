@@ -22,6 +22,9 @@ Scenarios:
 
 - ``pub1``: ``GOMAXPROCS=32 bench_writer --batch-size 1``: single-message PUB over 32
   connections.
+- ``sync1``: one producer (Python, raw socket) sending a PUB and waiting for its OK
+  before the next, as a web handler publishing per request does: every message is a
+  turn of the broker of its own, so this measures a turn's fixed cost.
 - ``rdy8`` / ``rdy1``: ``--backlog`` (``--backlog-rdy1``) messages MPUBlished first (a
   backlog far beyond the memory queue: on disk), then 32 consumers read it:
   ``GOMAXPROCS=32 bench_reader --rdy 8``; at RDY 1 ``loadtest/rdy_reader.c`` (compiled
@@ -131,6 +134,44 @@ def reader(b: BrokerProcess, a: argparse.Namespace, rdy: int, procs: int | None)
 
 def scenario_pub1(b: BrokerProcess, a: argparse.Namespace) -> Row:
     return writer(b, a, 1, 32)
+
+
+SYNC_PROGRAM = """
+import socket, struct, sys, time
+host, port = sys.argv[1].rsplit(":", 1)
+topic, size, seconds = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+s = socket.create_connection((host, int(port)))
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+s.sendall(b"  V2")
+cmd = b"PUB " + topic.encode() + b"\\n" + struct.pack(">I", size) + b"x" * size
+buf = memoryview(bytearray(64))
+n, t0 = 0, time.monotonic()
+end = t0 + seconds
+while time.monotonic() < end:
+    s.sendall(cmd)
+    got = 0
+    while got < 10:                       # the OK frame
+        k = s.recv_into(buf[got:], 10 - got)
+        if not k:
+            sys.exit("the broker closed the connection")
+        got += k
+    n += 1
+print(n, time.monotonic() - t0)
+"""
+
+
+def scenario_sync1(b: BrokerProcess, a: argparse.Namespace) -> Row:
+    """One producer publishing one message at a time, each after the last one's OK
+    (a web handler's publish): every PUB is a turn of the broker's loop of its own."""
+    def run() -> tuple[float, float]:
+        out = subprocess.run([sys.executable, "-c", SYNC_PROGRAM, b.tcp_address, TOPIC,
+                              str(a.size), str(a.seconds)], capture_output=True, text=True,
+                             timeout=a.seconds + 60)
+        if out.returncode != 0:
+            raise RuntimeError(f"sync producer failed: {out.stderr[-2000:]}")
+        n, dur = (float(x) for x in out.stdout.split())
+        return n / dur, dur
+    return _measured(b, run)
 
 
 def rdy_reader_binary(name: str = "rdy_reader") -> str:
@@ -321,6 +362,7 @@ def run_client(kind: str, b: BrokerProcess, a: argparse.Namespace) -> Row:
 
 SCENARIOS: dict[str, Callable[[BrokerProcess, argparse.Namespace], Row]] = {
     "pub1": scenario_pub1,
+    "sync1": scenario_sync1,
     "rdy8": _backlog_reader(8),
     "rdy1": _backlog_reader(1),
     "bulk": scenario_bulk,

@@ -230,6 +230,10 @@ SPECS: tuple[OptionSpec, ...] = (
                "event loop threads serving clients; channels are hash-partitioned across "
                "them (0: one per CPU). Under the GIL one loop is fastest and keeps publishers "
                "and consumers in balance", 0, 256),
+    OptionSpec("loop_spin", "duration", 50_000,
+               "after a turn that had work, an event loop looks for more for this long "
+               "before it sleeps in epoll (a client answering at once is read without a "
+               "wake-up); 0: sleep at once", 0, 10 * MS),
     OptionSpec("max_connections", "int", 0,
                "most TCP clients at once; more are answered E_INVALID and closed (redis's "
                "maxclients; 0: no limit). A reserve of file descriptors is always kept",

@@ -79,6 +79,7 @@ class OptionFields:
     max_attempts: int
     dead_letter_topic: str
     loop_threads: int
+    loop_spin: int  # ns
     max_connections: int
     cluster_etcd: str
     cluster_address: str

@@ -64,7 +64,7 @@ class EventLoop(SelectorLoop):
 
     def __init__(self, index: int, runtime: LoopServices) -> None:
         super().__init__(f"loop-{index}",
-                         TimeoutWheel[Call]())
+                         TimeoutWheel[Call](), runtime.options.loop_spin)
         self.index = index
         self.runtime = runtime
         self.options = runtime.options
