@@ -100,8 +100,8 @@ class Coordinator(SelectorLoop):
     def change_isr(self, r: IsrAsker, epoch: int, isr: list[int]) -> None:
         self.call_soon_threadsafe(self._change_isr, r, epoch, isr)
 
-    def save_history(self, name: str, entries: list[list[int]]) -> None:
-        self.call_soon_threadsafe(self._save_history, name, entries)
+    def save_history(self, name: str, inc: int, entries: list[list[int]]) -> None:
+        self.call_soon_threadsafe(self._save_history, name, inc, entries)
 
     def assign_fetchers(self) -> None:
         self.call_soon_threadsafe(self._assign_fetchers)
@@ -516,7 +516,10 @@ class Coordinator(SelectorLoop):
         except (OSError, ValueError, TypeError):
             return EpochHistory()
 
-    def _save_history(self, name: str, entries: list[list[int]]) -> None:
+    def _save_history(self, name: str, inc: int, entries: list[list[int]]) -> None:
+        r = self.node.replicas.get(name)
+        if r is None or r.inc != inc or r.topic.deleted:
+            return      # a replica dropped since (deleted): its file went with it
         path = self._history_path(name)
         try:
             with open(path + ".tmp", "w") as f:

@@ -228,9 +228,9 @@ class ClusterNode:
         assert self.coordinator is not None
         self.coordinator.change_isr(asker, epoch, isr)
 
-    def save_history(self, name: str, entries: list[list[int]]) -> None:
+    def save_history(self, name: str, inc: int, entries: list[list[int]]) -> None:
         if self.coordinator is not None:
-            self.coordinator.save_history(name, entries)
+            self.coordinator.save_history(name, inc, entries)
 
     def wake_fetches(self, name: str) -> None:
         if self.server is not None:

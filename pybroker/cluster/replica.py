@@ -94,7 +94,7 @@ class Replica:
             self.role, self.epoch, self.leader = LEADER, epoch, leader
             end = topic.log.written
             self.history.begin(epoch, end)
-            self.node.save_history(self.name, self.history.to_list())
+            self.node.save_history(self.name, self.inc, self.history.to_list())
             self.local_end = end
             now = time.monotonic_ns()
             self.lead = LeaderState(self.node.id, epoch, set(isr), self.node.min_insync,
@@ -290,6 +290,10 @@ class Replica:
             return
         try:
             with topic.lock:
+                if topic.deleted:
+                    # this incarnation was deleted meanwhile (its files are going):
+                    # nothing to cut; the fetcher is told at its next assignment
+                    return
                 before = topic.log.written
                 end = topic.log.truncate(offset)
                 topic.released = min(topic.released, end)
@@ -338,7 +342,7 @@ class Replica:
                 before = list(self.history.entries)
                 self.history.adopt(EpochHistory([(e, s) for e, s in history]), end)
                 if self.history.entries != before:
-                    self.node.save_history(self.name, self.history.to_list())
+                    self.node.save_history(self.name, self.inc, self.history.to_list())
             self.hw = max(self.hw, min(hw, end))
             if blob and self.node.durable:
                 rt.storage.sync_topics([topic], lambda _t: done())

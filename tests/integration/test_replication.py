@@ -567,6 +567,16 @@ def _delete(c: Cluster, i: int, topic: str = TOPIC) -> None:
         assert r.status == 200
 
 
+def _consumes_only(c: Cluster, body: bytes, channel: str = "ch") -> None:
+    """A consumer of the topic (at its leader) gets ``body`` and nothing else."""
+    cons = Consumers(c, TOPIC, channel, 1)
+    try:
+        wait_until(lambda: body in cons.received(), 15, 0.05, what=f"{body!r}")
+    finally:
+        cons.stop()
+    assert cons.received() == {body}, cons.received()
+
+
 def _made_again_holds_only_new(c: Cluster, members: int) -> None:
     """A publish after the delete makes a new, empty topic: every replica's log holds
     the new message alone, and a consumer gets it and nothing of the old one."""
@@ -578,12 +588,7 @@ def _made_again_holds_only_new(c: Cluster, members: int) -> None:
     assert r is not None and r["log_end"] == 1 and r["epoch"] == 1, r
     wait_until(lambda: all((c.replication(i, TOPIC) or {}).get("log_end") == 1
                            for i in r["isr"]), 10, 0.05, what="the replicas to hold it")
-    cons = Consumers(c, TOPIC, "ch", 1)
-    try:
-        wait_until(lambda: b"again" in cons.received(), 15, 0.05, what="the new message")
-    finally:
-        cons.stop()
-    assert cons.received() == {b"again"}, cons.received()
+    _consumes_only(c, b"again")
 
 
 def _six_on_every_node(c: Cluster) -> tuple[int, int]:
@@ -642,12 +647,7 @@ def test_a_node_down_during_a_delete_drops_its_copy_on_return(cluster: Cluster) 
                what=f"node {g} to drop the old copy")
     r = c.replication(int(two), TOPIC)       # type: ignore[call-overload]
     assert r is not None and r["log_end"] == 1
-    cons = Consumers(c, TOPIC, "ch2", 1)
-    try:
-        wait_until(lambda: b"third" in cons.received(), 15, 0.05, what="the third's message")
-    finally:
-        cons.stop()
-    assert cons.received() == {b"third"}
+    _consumes_only(c, b"third", "ch2")
 
 
 def _states_shipped(c: Cluster, frm: int, to: list[int]) -> None:
@@ -760,9 +760,4 @@ def test_a_publish_right_after_a_delete_goes_to_the_new_topic(cluster: Cluster) 
     assert r is not None and r["log_end"] == 1 and r["high_watermark"] == 1, r
     wait_until(lambda: all((c.replication(i, TOPIC) or {}).get("log_end") == 1
                            for i in c.nodes), 10, 0.05, what="every node to hold it")
-    cons = Consumers(c, TOPIC, "ch", 1)
-    try:
-        wait_until(lambda: b"fresh" in cons.received(), 15, 0.05, what="the message")
-    finally:
-        cons.stop()
-    assert cons.received() == {b"fresh"}
+    _consumes_only(c, b"fresh")

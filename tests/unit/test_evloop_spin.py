@@ -4,13 +4,14 @@ still sleeps when nothing comes, never spins after an idle turn, and keeps its t
 times. Real sockets and a real loop thread; the thread's CPU time from /proc."""
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -46,14 +47,16 @@ def thread_cpu_s(t: threading.Thread) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-@pytest.fixture(params=[SPIN_NS])
-def echo_loop(request: pytest.FixtureRequest) -> Iterator[tuple[SelectorLoop, Echo,
-                                                                 socket.socket]]:
+@contextlib.contextmanager
+def echoing(spin_ns: int, before_start: Callable[[SelectorLoop], None] = lambda _: None
+            ) -> Iterator[tuple[SelectorLoop, Echo, socket.socket]]:
+    """A loop thread echoing one end of a socketpair; the other end for the test."""
     a, b = socket.socketpair()
     a.setblocking(False)
-    loop = SelectorLoop("test-spin", spin_ns=int(request.param))
+    loop = SelectorLoop("test-spin", spin_ns=spin_ns)
     echo = Echo(a)
     loop.selector.register(a, EVENT_READ, echo)
+    before_start(loop)
     loop.start()
     try:
         yield loop, echo, b
@@ -63,6 +66,13 @@ def echo_loop(request: pytest.FixtureRequest) -> Iterator[tuple[SelectorLoop, Ec
         loop.close()
         a.close()
         b.close()
+
+
+@pytest.fixture(params=[SPIN_NS])
+def echo_loop(request: pytest.FixtureRequest) -> Iterator[tuple[SelectorLoop, Echo,
+                                                                 socket.socket]]:
+    with echoing(int(request.param)) as got:
+        yield got
 
 
 PEER = """
@@ -157,29 +167,20 @@ def test_spinning_stops_for_a_peer_slower_than_the_spin() -> None:
     (one sleep in SPIN_PROBE), so a slow client costs a bounded few spins."""
     from pybroker.evloop import SPIN_MISSES, SPIN_PROBE
 
-    a, b = socket.socketpair()
-    a.setblocking(False)
-    loop = SelectorLoop("test-spin-slow", spin_ns=200_000)
-    echo = Echo(a)
-    loop.selector.register(a, EVENT_READ, echo)
     spins = [0]
-    spin = loop._spin
 
-    def counting(timeout: float | None) -> list[tuple[object, int]]:
-        spins[0] += 1
-        return spin(timeout)  # type: ignore[return-value]
+    def count_spins(loop: SelectorLoop) -> None:
+        spin = loop._spin
 
-    loop._spin = counting     # type: ignore[method-assign]
-    loop.start()
-    try:
+        def counting(timeout: float | None) -> list[tuple[object, int]]:
+            spins[0] += 1
+            return spin(timeout)  # type: ignore[return-value]
+
+        loop._spin = counting     # type: ignore[method-assign]
+
+    with echoing(200_000, count_spins) as (_, echo, b):
         n = 100
         subprocess.run([sys.executable, "-c", SLOW_PEER, str(b.fileno()), str(n)],
                        pass_fds=[b.fileno()], check=True, timeout=30)
         assert echo.reads == n
         assert spins[0] <= SPIN_MISSES + n // SPIN_PROBE + 2, spins[0]
-    finally:
-        loop.stop()
-        assert loop.stopped.wait(5)
-        loop.close()
-        a.close()
-        b.close()
