@@ -12,7 +12,9 @@ says it has work, ``busy()``; else until the next timer); ``select()``; for each
 object call ``on_readable()`` and/or ``on_writable()`` (an exception closes that object
 through ``on_error`` and never the loop); fire due timers; run queued calls; then the
 subclass's ``end_of_turn()``. ``stop()`` (any thread) ends the loop after the current
-turn; ``on_exit()`` runs on the loop's thread after the last turn.
+turn; ``on_exit()`` runs on the loop's thread after the last turn. A loop made with
+``spin_ns`` (the broker's, ``loop_spin``) that would sleep after a turn with events
+looks again without sleeping for up to that long first (``_spin``; docs/io.md).
 
 Input the selector cannot see: an object that stopped reading with bytes already in
 hand (its per-turn budget ran out: a decompressed stream, TLS records in a BIO, the
