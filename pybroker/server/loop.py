@@ -35,6 +35,7 @@ from pybroker._native.batchio import BatchIO
 from pybroker.core.channel import Channel
 from pybroker.core.timeouts import TimeoutWheel
 from pybroker.evloop import Call, SelectorLoop
+from pybroker.protocol.encoder import OK_FRAME
 from pybroker.server.connection import ClientConn
 from pybroker.server.iostate import CLOSED, DRAINING
 from pybroker.server.lane import Lane
@@ -82,6 +83,10 @@ class EventLoop(SelectorLoop):
         # connections that SUBscribed to another loop's channel: handed over at the end
         # of this turn
         self._handover: list[tuple[Conn, Loop, Channel]] = []
+        # OKs of the publish lane's connections whose topic write worked this turn
+        # (Publisher._settle): (connection, commands, messages), written with the turn's
+        # batched writes, before anything queued for them since
+        self.direct: list[tuple[Conn, int, int]] = []
         # channels of other loops with new records: told once per turn
         self._wake_remote: dict[Owner[Channel], dict[Channel, None]] = {}
 
@@ -143,13 +148,45 @@ class EventLoop(SelectorLoop):
         end of this turn (owner thread). It runs no command meanwhile (``conn.io`` is MOVING)."""
         self._handover.append((conn, owner_loop(ch.owner), ch))
 
-    def _write_all(self, conns: dict[Conn, None]) -> None:
+    def answer_direct(self, items: list[tuple[Conn, int, int]]) -> None:
+        """The publish lane's answers to send at the end of this turn (see direct)."""
+        self.direct.extend(items)
+
+    def _direct_to_out(self) -> None:
+        """Queue the direct answers as frames (the loop stops before its writes)."""
+        direct, self.direct = self.direct, []
+        for conn, cmds, _ in direct:
+            if conn.io is not CLOSED:
+                frame = OK_FRAME if cmds == 1 else OK_FRAME * cmds
+                conn.out.insert(0, frame)
+                conn.out_bytes += len(frame)
+
+    def _write_all(self, conns: dict[Conn, None],
+                   direct: list[tuple[Conn, int, int]] | None = None) -> None:
         """Flush several connections: the plain ones' replies in one C call per
         WRITE_BATCH bytes (``BatchIO.send_many``; each connection brings at most
-        BATCH_BYTES), each other one on its own (``Conn.take_output``)."""
+        BATCH_BYTES), each other one on its own (``Conn.take_output``). ``direct``:
+        OKs of the publish lane (``answer_direct``), sent in the same calls, or put
+        before what a connection has queued since."""
         batch: list[Conn] = []
         datas: list[bytes | bytearray] = []
         size = 0
+        for conn, cmds, _ in direct or ():
+            if conn.io is CLOSED:
+                continue
+            frame = OK_FRAME if cmds == 1 else OK_FRAME * cmds
+            if conn.out or conn.pending or conn.writing or conn.transport.waiting \
+                    or conn in conns:
+                conn.out.insert(0, frame)    # queued after its publish: after its OK
+                conn.out_bytes += len(frame)
+                conns[conn] = None
+                continue
+            batch.append(conn)
+            datas.append(frame)
+            size += len(frame)
+            if size >= WRITE_BATCH:
+                self._send_batch(batch, datas)
+                batch, datas, size = [], [], 0
         for conn in conns:
             if conn.io is not CLOSED:
                 data = conn.take_output()
@@ -237,6 +274,7 @@ class EventLoop(SelectorLoop):
         # once its write worked (a failed one is sent as its error)
         if self.publisher.busy():
             self.publisher.end_of_turn()
+        self._direct_to_out()
         for conn in list(self.connections):
             conn.close("broker exiting", flush=True)
         self._running = False
@@ -248,7 +286,7 @@ class EventLoop(SelectorLoop):
 
     def busy(self) -> bool:
         return bool(self.dirty or self.to_flush or self.publisher.busy() or self._handover
-                    or self.lane.taken)
+                    or self.lane.taken or self.direct)
 
     def on_error(self, obj: object) -> None:
         log.exception("[%s] unexpected error; closing the connection", obj)
@@ -287,14 +325,17 @@ class EventLoop(SelectorLoop):
             remote, self._wake_remote = self._wake_remote, {}
             for owner, chans in remote.items():
                 owner.call_soon_threadsafe(owner.mark_dirty_many, list(chans))
-        if self.to_flush:
+        if self.to_flush or self.direct:
             conns = self.to_flush
             self.to_flush = {}
-            if len(conns) == 1:
+            direct = self.direct
+            if direct:
+                self.direct = []
+            if len(conns) == 1 and not direct:
                 for conn in conns:
                     if conn.io is not CLOSED:
                         conn.flush()
             else:
-                self._write_all(conns)
+                self._write_all(conns, direct)
         if self._handover:
             self._hand_over_all()

@@ -61,7 +61,7 @@ Record = tuple[int, int, bytes, int]
 class _Batch:
     """The publishes of one topic in one turn: all carried by the write of ``epoch``."""
 
-    __slots__ = ("epoch", "slots", "calls", "remote", "end")
+    __slots__ = ("epoch", "slots", "direct", "calls", "remote", "end")
 
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch
@@ -69,6 +69,11 @@ class _Batch:
         # memory mode, connections of this loop: their OK already in conn.out at index i,
         # not flushed before the write (conn.unconfirmed); an error replaces it
         self.slots: list[tuple[Conn, int, type[ClientError], str]] = []
+        # memory mode, the publish lane's connections with nothing else to send:
+        # (connection, commands, messages | LANE_MPUB); once written their OKs go to
+        # the loop's batched writes of this turn (Loop.answer_direct), no frame queued
+        # before (a failed write queues their errors as the slots' are)
+        self.direct: list[tuple[Conn, int, int]] = []
         self.calls: list[Done] = []                       # settled on this loop
         self.remote: list[tuple[Loop, Done]] = []    # settled on their origin loop
 
@@ -209,10 +214,17 @@ class Publisher:
         name = topic.name
         durable = self.durable
         to_flush = self.loop.to_flush
+        # answered at this turn's write, with nothing queued before or after it: the
+        # OKs go straight to the turn's batched writes (not for a replicated topic,
+        # answered once its replicas hold it, maybe turns later)
+        direct = None if durable or self.cluster is not None else batch.direct
         for conn, cmds, msgs in conns:
-            failed, verb = (MpubFailed, "MPUB") if msgs & LANE_MPUB else (PubFailed, "PUB")
             counts = conn.pub_counts
             counts[name] = counts.get(name, 0) + (msgs & ~LANE_MPUB)
+            if direct is not None and not (conn.out or conn.pending or conn.unconfirmed):
+                direct.append((conn, cmds, msgs))
+                continue
+            failed, verb = (MpubFailed, "MPUB") if msgs & LANE_MPUB else (PubFailed, "PUB")
             if durable:
                 conn.awaiting_commit += 1
                 batch.calls.append(functools.partial(answer_many, conn, failed, verb, cmds))
@@ -461,6 +473,18 @@ class Publisher:
 
     def _settle(self, batch: _Batch, err: Exception | None) -> None:
         to_flush = self.loop.to_flush
+        if batch.direct:
+            if err is None:
+                self.loop.answer_direct(batch.direct)
+            else:
+                for conn, _, msgs in batch.direct:
+                    if not conn.closed:
+                        kind: type[ClientError] = MpubFailed if msgs & LANE_MPUB \
+                            else PubFailed
+                        e = kind(f"{'MPUB' if msgs & LANE_MPUB else 'PUB'} failed {err}")
+                        conn.send_frame(encode_error(e.payload()))
+                        log.error("[%s] - %s", conn, e.payload().decode("utf-8", "replace"))
+                        conn.close_after_flush()
         for conn, idx, failed, verb in batch.slots:
             conn.unconfirmed -= 1
             # its OK was queued in an earlier turn than this write when the command ran

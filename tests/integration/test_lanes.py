@@ -191,3 +191,49 @@ def test_a_stalled_and_a_vanished_consumer_beside_ones_finishing(
     subscribe(again, topic, "gone", rdy=400)
     assert sorted(m.body for m in again.read_messages(len(bodies), timeout=30)) == \
         sorted(bodies)
+
+
+def test_publishers_that_read_their_oks_late_get_every_one_whole(
+        any_broker: BrokerProcess) -> None:
+    """Publishers with a small receive buffer pipeline tens of thousands of PUBs before
+    reading a byte (their OKs pile up in the broker's send buffers while more of their
+    publishes come in through the lane): each then reads exactly one whole OK frame per
+    PUB, nothing else, and every message is stored once."""
+    topic = unique_name()
+    n, k = 20000, 4
+    socks = []
+    for _ in range(k):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)     # before connect
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.settimeout(20)
+        assert any_broker.tcp_address is not None
+        s.connect(any_broker.tcp_address)
+        s.sendall(b"  V2")
+        socks.append(s)
+    for start in range(0, n, 250):          # in sends of 250, all connections in turn
+        for i, s in enumerate(socks):
+            s.sendall(b"".join(wire.pub(topic, b"%d-%d" % (i, j))
+                               for j in range(start, start + 250)))
+    for s in socks:
+        got = b""
+        while len(got) < 10 * n:
+            chunk = s.recv(65536)
+            assert chunk, f"closed after {len(got)} bytes"
+            got += chunk
+        assert got == wire.encode_frame(0, b"OK") * n
+        s.settimeout(0.3)
+        try:
+            extra = s.recv(64)
+        except socket.timeout:
+            extra = b""
+        assert extra == b"", extra
+        s.close()
+    c = WireClient.connect(any_broker.tcp_address)
+    subscribe(c, topic, "ch", rdy=2500)
+    got_bodies = []
+    while len(got_bodies) < n * k:
+        got_bodies += _drain(c, min(2500, n * k - len(got_bodies)))
+    assert sorted(got_bodies) == sorted(b"%d-%d" % (i, j) for i in range(k)
+                                        for j in range(n))
+    c.expect_nothing(0.3)

@@ -319,3 +319,55 @@ def test_fsync_of_a_topic_deleted_meanwhile(fsync: Harness) -> None:
     h.settle()
     assert h.results["raced"] == ("ok", "loop-0")
     assert h.rt.health is None
+
+
+def _plain_client(h: Harness, loop: EventLoop) -> tuple[Any, Any]:
+    """A client connection on ``loop`` over a socketpair, its magic read."""
+    import socket
+
+    client, server = socket.socketpair()
+    client.settimeout(5)
+    loop.add_connection(server, "test:1")
+    conn = next(c for c in loop.connections if c.sock is server)
+    client.sendall(b"  V2")
+    h.turn(loop)
+    return client, conn
+
+
+def _read(client: Any, n: int) -> bytes:
+    got = b""
+    while len(got) < n:
+        chunk = client.recv(n - len(got))
+        assert chunk
+        got += chunk
+    return got
+
+
+def test_the_lanes_answers_go_out_with_the_turn_and_before_what_follows(
+        memory: Harness) -> None:
+    """A plain publisher's PUBs go through the publish lane and its OKs straight to the
+    turn's batched writes (Publisher: batch.direct, EventLoop.answer_direct); an OK
+    whose connection has something queued after the publish goes in front of it."""
+    from pybroker.protocol.encoder import OK_FRAME
+
+    loop = memory.a
+    topic = memory.name_owned_by(loop, "direct")
+    client, conn = _plain_client(memory, loop)
+    answered: list[list[tuple[Any, int, int]]] = []
+    real = loop.answer_direct
+    loop.answer_direct = lambda items: (answered.append(list(items)),   # type: ignore
+                                        real(items))[1]
+    client.sendall(b"".join(b"PUB %s\n" % topic.encode() + len(b).to_bytes(4, "big") + b
+                            for b in (b"one", b"two")))
+    memory.turn(loop)
+    assert _read(client, 20) == OK_FRAME * 2
+    assert answered == [[(conn, 2, 2)]]     # by the lane, straight to the turn's writes
+    loop.answer_direct = real               # type: ignore[method-assign]
+    assert memory.topic_bodies(topic) == [b"one", b"two"]
+    # the defensive order: an answer for conn, with a frame queued for it since
+    conn.send_frame(b"\x00\x00\x00\x05\x00\x00\x00\x00X")
+    loop.answer_direct([(conn, 3, 3)])
+    loop.call_soon_threadsafe(lambda: None)
+    loop.run_once()
+    assert _read(client, 39) == OK_FRAME * 3 + b"\x00\x00\x00\x05\x00\x00\x00\x00X"
+    client.close()
