@@ -168,9 +168,7 @@ class EventLoop(SelectorLoop):
         BATCH_BYTES), each other one on its own (``Conn.take_output``). ``direct``:
         OKs of the publish lane (``answer_direct``), sent in the same calls, or put
         before what a connection has queued since."""
-        batch: list[Conn] = []
-        datas: list[bytes | bytearray] = []
-        size = 0
+        out: list[tuple[Conn, bytes | bytearray]] = []
         for conn, cmds, _ in direct or ():
             if conn.io is CLOSED:
                 continue
@@ -180,23 +178,23 @@ class EventLoop(SelectorLoop):
                 conn.out.insert(0, frame)    # queued after its publish: after its OK
                 conn.out_bytes += len(frame)
                 conns[conn] = None
-                continue
-            batch.append(conn)
-            datas.append(frame)
-            size += len(frame)
-            if size >= WRITE_BATCH:
-                self._send_batch(batch, datas)
-                batch, datas, size = [], [], 0
+            else:
+                out.append((conn, frame))
         for conn in conns:
             if conn.io is not CLOSED:
                 data = conn.take_output()
                 if data is not None:
-                    batch.append(conn)
-                    datas.append(data)
-                    size += len(data)
-                    if size >= WRITE_BATCH:
-                        self._send_batch(batch, datas)
-                        batch, datas, size = [], [], 0
+                    out.append((conn, data))
+        batch: list[Conn] = []
+        datas: list[bytes | bytearray] = []
+        size = 0
+        for conn, data in out:
+            batch.append(conn)
+            datas.append(data)
+            size += len(data)
+            if size >= WRITE_BATCH:
+                self._send_batch(batch, datas)
+                batch, datas, size = [], [], 0
         if batch:
             self._send_batch(batch, datas)
 
