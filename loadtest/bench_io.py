@@ -76,7 +76,7 @@ sys.path.insert(0, str(ROOT / "loadtest"))
 
 from bench_topic_log import fill  # noqa: E402
 
-from pybroker.bench.brokers import BrokerProcess  # noqa: E402
+from pybroker.bench.brokers import BrokerProcess, proc_cpu_s  # noqa: E402
 
 RESULT_RE = re.compile(r"duration: ([0-9.]+)(m?s).*?([0-9.]+)ops/s")
 TOPIC = "bench_io"
@@ -212,11 +212,7 @@ class NullBroker:
         return self
 
     def cpu_s(self) -> float:
-        if self.proc is None:
-            return 0.0
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return proc_cpu_s(self.proc.pid) if self.proc is not None else 0.0
 
     def stop(self) -> int:
         if self.proc is None:

@@ -65,7 +65,8 @@ class Consumer:
 
     def __init__(self, topic: str, channel: str, handler: Handler | None = None,
                  config: Config | None = None, *, concurrency: int = 1,
-                 inline: bool = False, on_rdy: RdyHook | None = None, on_give_up: GiveUpHook | None = None,
+                 inline: bool = False, on_rdy: RdyHook | None = None,
+                 on_give_up: GiveUpHook | None = None,
                  **options: object) -> None:
         if not P.is_valid_topic_name(topic):
             raise ValueError(f"invalid topic name {topic!r}")

@@ -69,8 +69,7 @@ class Coordinator(SelectorLoop):
         self._leader_values: dict[str, str] = {}
         self._state: dict[str, tuple[TopicState, int]] = {}     # name -> (state, mod)
         self._leader_kv: dict[str, tuple[LeaderKey, int]] = {}  # name -> (value, lease)
-        self._records: dict[str, tuple[list[int], int, str]] = {}  # name -> (replicas,
-        #                                                            inc, raw value)
+        self._records: dict[str, tuple[int, str]] = {}   # name -> (inc, raw value)
         self._tombs: dict[str, int] = {}      # name -> the incarnation deleted
         self._dropping: set[str] = set()      # local copies this thread deletes now
         self._deleting: set[str] = set()      # deleted here, not yet in etcd (any thread)
@@ -220,7 +219,7 @@ class Coordinator(SelectorLoop):
                     nodes[int(name)] = reg
             elif kind == "topics":
                 topics[name] = as_ints(doc.get("replicas"))
-                self._records[name] = (topics[name], as_int(doc.get("inc")), kv.value)
+                self._records[name] = (as_int(doc.get("inc")), kv.value)
             elif kind == "deleted":
                 self._tombs[name] = as_int(doc.get("inc"))
             elif kind == "state":
@@ -263,7 +262,7 @@ class Coordinator(SelectorLoop):
         for name, replicas in topics.items():
             if name in self._deleting:
                 continue       # its delete is on its way to etcd
-            inc = self._records.get(name, (replicas, 0, ""))[1]
+            inc = self._records.get(name, (0, ""))[0]
             local = self._local_inc(name)
             if local is not None and local != inc:
                 # this node's copy is of an earlier incarnation, deleted since (and the
@@ -328,7 +327,7 @@ class Coordinator(SelectorLoop):
             log.info("CLUSTER: topic %s replicated on nodes %s (incarnation %x)", name,
                      replicas, inc)
             self._tombs.pop(name, None)
-            self._records[name] = (replicas, inc, value)
+            self._records[name] = (inc, value)
             # the copy here is this incarnation's first (a record lost from etcd, not
             # deleted through it: registered again with what this node holds)
             r = node.replicas.get(name)
@@ -348,7 +347,7 @@ class Coordinator(SelectorLoop):
             if st is not None and isinstance(st.json(), dict):
                 self._state[name] = (topic_state(st.json()), st.mod_revision)
             got = as_ints(as_obj(doc).get("replicas"))
-            self._records[name] = (got, as_int(as_obj(doc).get("inc")), kv.value)
+            self._records[name] = (as_int(as_obj(doc).get("inc")), kv.value)
             return got
         return replicas
 
@@ -360,11 +359,11 @@ class Coordinator(SelectorLoop):
         at its next poll."""
         rec = self._records.get(name)
         r = self.node.replicas.get(name)
-        if rec is None or (r is not None and r.inc != rec[1]):
+        if rec is None or (r is not None and r.inc != rec[0]):
             # not a topic of the cluster (or not the incarnation here)
             self._deleting.discard(name)
             return
-        _, inc, raw = rec
+        inc, raw = rec
         key = f"{ROOT}topics/{name}"
         try:
             ok = self.etcd.txn([Compare(key, "VALUE", raw)],
@@ -499,15 +498,7 @@ class Coordinator(SelectorLoop):
             self._save_inc(topic.name, inc)
 
     def _save_inc(self, name: str, inc: int) -> None:
-        path = self._inc_path(name)
-        try:
-            with open(path + ".tmp", "w") as f:
-                f.write(str(inc))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(path + ".tmp", path)
-        except OSError as e:
-            log.error("CLUSTER: %s: incarnation not saved: %s", name, e)
+        _save(self._inc_path(name), str(inc), f"{name}: incarnation")
 
     def _load_history(self, name: str) -> EpochHistory:
         try:
@@ -520,15 +511,20 @@ class Coordinator(SelectorLoop):
         r = self.node.replicas.get(name)
         if r is None or r.inc != inc or r.topic.deleted:
             return      # a replica dropped since (deleted): its file went with it
-        path = self._history_path(name)
-        try:
-            with open(path + ".tmp", "w") as f:
-                json.dump(entries, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(path + ".tmp", path)
-        except OSError as e:
-            log.error("CLUSTER: %s: epoch history not saved: %s", name, e)
+        _save(self._history_path(name), json.dumps(entries), f"{name}: epoch history")
+
+
+def _save(path: str, text: str, what: str) -> None:
+    """Replace the file at path with text, synced, atomically (a tmp file renamed);
+    an error is logged (the coordinator's files are kept beside the data path)."""
+    try:
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+    except OSError as e:
+        log.error("CLUSTER: %s not saved: %s", what, e)
 
 
 __all__ = ["Coordinator", "POLL_NS", "ROOT"]

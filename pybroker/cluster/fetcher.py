@@ -218,10 +218,7 @@ class Fetcher:
                          history, chans, need_int(t.get("version", 0)), paused))
         self.pending += len(jobs)
         for r, first, data, hw, history, chans, version, paused in jobs:
-            if paused is None:
-                r.apply(first, data, hw, history, chans, version, self._done_one)
-            else:
-                r.apply(first, data, hw, history, chans, version, self._done_one, paused)
+            r.apply(first, data, hw, history, chans, version, self._done_one, paused)
 
     def _done_one(self) -> None:
         """An append (or cut) of this round is done (synced, in fsync mode): the storage

@@ -117,10 +117,14 @@ class ClusterNode:
         no leader is known yet)."""
         if is_ephemeral(name):
             return False
+        r = self._live_replica(name)
+        return r is None or r.role != LEADER
+
+    def _live_replica(self, name: str) -> Replica | None:
+        """This node's replica of ``name``, unless its topic was deleted here: that one
+        leads nothing any more, and the name's next incarnation gets a leader first."""
         r = self.replicas.get(name)
-        # a replica whose topic was deleted here leads nothing: the name's next
-        # incarnation gets a leader of its own first
-        return r is None or r.role != LEADER or r.topic.deleted
+        return None if r is None or r.topic.deleted else r
 
     def refusal(self, name: str) -> str | None:
         """Why a publish to a topic led here must fail now, or None."""
@@ -137,9 +141,7 @@ class ClusterNode:
         DIVERT_WAIT_NS of the publish's arrival, then it fails."""
         now = time.monotonic_ns()
         deadline_ns = deadline_ns or now + DIVERT_WAIT_NS
-        r = self.replicas.get(name)
-        if r is not None and r.topic.deleted:
-            r = None           # an incarnation deleted here: wait for the next one's leader
+        r = self._live_replica(name)
         leader = self.leaders.get(name, -1) if r is None else r.leader
         if r is not None and r.role == LEADER:
             loop.publisher.submit(name, payload, defer_ns, done)

@@ -6,7 +6,7 @@ import struct
 
 from pybroker.protocol.wire import CLOSE_WAIT, HEARTBEAT, OK, FrameType
 
-__all__ = ["encode_frame", "encode_response", "encode_error",
+__all__ = ["encode_frame", "encode_response", "encode_error", "ok_frames",
            "OK_FRAME", "HEARTBEAT_FRAME", "CLOSE_WAIT_FRAME"]
 
 _HEAD = struct.Struct(">ii")
@@ -29,3 +29,8 @@ def encode_error(payload: bytes) -> bytes:
 OK_FRAME = encode_response(OK)
 HEARTBEAT_FRAME = encode_response(HEARTBEAT)
 CLOSE_WAIT_FRAME = encode_response(CLOSE_WAIT)
+
+
+def ok_frames(n: int) -> bytes:
+    """The answers to n commands that each succeed: n OK frames."""
+    return OK_FRAME if n == 1 else OK_FRAME * n

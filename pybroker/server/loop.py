@@ -35,7 +35,7 @@ from pybroker._native.batchio import BatchIO
 from pybroker.core.channel import Channel
 from pybroker.core.timeouts import TimeoutWheel
 from pybroker.evloop import Call, SelectorLoop
-from pybroker.protocol.encoder import OK_FRAME
+from pybroker.protocol.encoder import ok_frames
 from pybroker.server.connection import ClientConn
 from pybroker.server.iostate import CLOSED, DRAINING
 from pybroker.server.lane import Lane
@@ -57,6 +57,12 @@ WRITE_BATCH = 1024 * 1024
 @runtime_checkable
 class _Closable(Protocol):
     def close(self, reason: str) -> None: ...
+
+
+def _queue_first(conn: Conn, frame: bytes) -> None:
+    """Queue frame ahead of what conn has queued (an answer owed from before it)."""
+    conn.out.insert(0, frame)
+    conn.out_bytes += len(frame)
 
 
 class EventLoop(SelectorLoop):
@@ -157,9 +163,7 @@ class EventLoop(SelectorLoop):
         direct, self.direct = self.direct, []
         for conn, cmds, _ in direct:
             if conn.io is not CLOSED:
-                frame = OK_FRAME if cmds == 1 else OK_FRAME * cmds
-                conn.out.insert(0, frame)
-                conn.out_bytes += len(frame)
+                _queue_first(conn, ok_frames(cmds))
 
     def _write_all(self, conns: dict[Conn, None],
                    direct: list[tuple[Conn, int, int]] | None = None) -> None:
@@ -172,14 +176,12 @@ class EventLoop(SelectorLoop):
         for conn, cmds, _ in direct or ():
             if conn.io is CLOSED:
                 continue
-            frame = OK_FRAME if cmds == 1 else OK_FRAME * cmds
             if conn.out or conn.pending or conn.writing or conn.transport.waiting \
                     or conn in conns:
-                conn.out.insert(0, frame)    # queued after its publish: after its OK
-                conn.out_bytes += len(frame)
+                _queue_first(conn, ok_frames(cmds))   # queued after its publish: after its OK
                 conns[conn] = None
             else:
-                out.append((conn, frame))
+                out.append((conn, ok_frames(cmds)))
         for conn in conns:
             if conn.io is not CLOSED:
                 data = conn.take_output()

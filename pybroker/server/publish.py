@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pybroker.errors import ClientError, Exiting, MpubFailed, PubFailed
-from pybroker.protocol.encoder import OK_FRAME, encode_error
+from pybroker.protocol.encoder import encode_error, ok_frames
 from pybroker.server.ports import Done, Parts, Payload, owner_loop
 from pybroker.storage import StorageError, StorageIOError
 
@@ -114,11 +114,16 @@ def answer_many(conn: Conn, failed: type[ClientError], verb: str, count: int,
     if conn.closed:
         return
     if err is None:
-        conn.send_frame(OK_FRAME if count == 1 else OK_FRAME * count)
+        conn.send_frame(ok_frames(count))
     else:
         conn.fail(failed(f"{verb} failed {err}"))
     if not conn.awaiting_commit:
         conn.process()
+
+
+def _failure_of(msgs: int) -> tuple[type[ClientError], str]:
+    """The error and verb of a failed lane publish (``msgs`` as the lane counts them)."""
+    return (MpubFailed, "MPUB") if msgs & LANE_MPUB else (PubFailed, "PUB")
 
 
 def _unwaited(topics: list[Topic]) -> None:
@@ -224,12 +229,12 @@ class Publisher:
             if direct is not None and not (conn.out or conn.pending or conn.unconfirmed):
                 direct.append((conn, cmds, msgs))
                 continue
-            failed, verb = (MpubFailed, "MPUB") if msgs & LANE_MPUB else (PubFailed, "PUB")
+            failed, verb = _failure_of(msgs)
             if durable:
                 conn.awaiting_commit += 1
                 batch.calls.append(functools.partial(answer_many, conn, failed, verb, cmds))
             else:
-                frame = OK_FRAME if cmds == 1 else OK_FRAME * cmds
+                frame = ok_frames(cmds)
                 conn.out.append(frame)
                 conn.out_bytes += len(frame)
                 to_flush[conn] = None
@@ -479,12 +484,8 @@ class Publisher:
             else:
                 for conn, _, msgs in batch.direct:
                     if not conn.closed:
-                        kind: type[ClientError] = MpubFailed if msgs & LANE_MPUB \
-                            else PubFailed
-                        e = kind(f"{'MPUB' if msgs & LANE_MPUB else 'PUB'} failed {err}")
-                        conn.send_frame(encode_error(e.payload()))
-                        log.error("[%s] - %s", conn, e.payload().decode("utf-8", "replace"))
-                        conn.close_after_flush()
+                        failed, verb = _failure_of(msgs)
+                        conn.fail(failed(f"{verb} failed {err}"))
         for conn, idx, failed, verb in batch.slots:
             conn.unconfirmed -= 1
             # its OK was queued in an earlier turn than this write when the command ran

@@ -105,10 +105,10 @@ class TopicLog:
         self.oldest = 0        # the lowest offset held
         self.tail_start = 0    # offsets below are counted as on disk
         self.dropped_count = 0
-        self._pending: list[bytes | bytearray] = []
-        # per pending chunk, what its build (or check) already found: (record starts,
-        # newest time, deferred count); None: write_pending scans it
-        self._pending_meta: list[tuple[Sequence[int], int, int] | None] = []
+        # appended chunks, each with what its build (or check) already found: (record
+        # starts, newest time, deferred count); None: write_pending scans it
+        self._pending: list[tuple[bytes | bytearray,
+                                  tuple[Sequence[int], int, int] | None]] = []
         self._pending_deferred = 0
         self._blocks: list[_Block] = []
         self._block_firsts: list[int] = []
@@ -273,8 +273,7 @@ class TopicLog:
                 offs[i] = at
                 at += n
         data, pos = _native.log_build(first, ts_ns, deliver_at_ns, src, offs, lens)
-        self._pending.append(data)
-        self._pending_meta.append((pos, ts_ns, len(bodies) if deliver_at_ns else 0))
+        self._pending.append((data, (pos, ts_ns, len(bodies) if deliver_at_ns else 0)))
         if deliver_at_ns:
             self._pending_deferred += len(bodies)
         self.head = first + len(bodies)
@@ -286,8 +285,7 @@ class TopicLog:
         mpub_split found it): one C call, no object per part."""
         first = self.head
         data, pos = _native.log_build(first, ts_ns, 0, src, offs, lens)
-        self._pending.append(data)
-        self._pending_meta.append((pos, ts_ns, 0))
+        self._pending.append((data, (pos, ts_ns, 0)))
         self.head = first + len(lens)
         return first
 
@@ -301,8 +299,7 @@ class TopicLog:
                 rec[32:34] = min(attempts, 0xFFFF).to_bytes(2, "big")
                 rec[0:4] = zlib.crc32(bytes(rec[4:])).to_bytes(4, "big")
                 data = bytes(rec)
-            self._pending.append(data)
-            self._pending_meta.append(None)
+            self._pending.append((data, None))
             if deliver_at:
                 self._pending_deferred += 1
         self.head = first + len(items)
@@ -321,8 +318,7 @@ class TopicLog:
             raise ValueError(f"records from {first} are damaged or incomplete")
         if not starts:
             return 0
-        self._pending.append(bytes(data))
-        self._pending_meta.append((starts, max_ts, deferred))
+        self._pending.append((bytes(data), (starts, max_ts, deferred)))
         self._pending_deferred += deferred
         self.head = first + len(starts)
         return len(starts)
@@ -411,7 +407,6 @@ class TopicLog:
     def discard_pending(self) -> None:
         """Forget appended records not yet written (their publishes failed)."""
         self._pending = []
-        self._pending_meta = []
         self._pending_deferred = 0
         self.head = self.written
 
@@ -427,14 +422,15 @@ class TopicLog:
         self.epoch += 1
         first = self.written
         n = self.head - first
-        meta = self._pending_meta[0] if len(self._pending) == 1 else None
+        pending = self._pending
+        meta = pending[0][1] if len(pending) == 1 else None
         if meta is not None:
             # one build this write (a turn's publishes to this topic, mostly): its
             # starts and times are known, no scan needed
-            data = self._pending[0]
+            data = pending[0][0]
             pos, max_ts, deferred = meta
         else:
-            data = b"".join(self._pending)
+            data = b"".join(d for d, _ in pending)
             pos, _, (_, deferred, max_ts) = _native.log_scan(data, first, False,
                                                              self.max_payload, n)
         if self.directory is not None:
@@ -444,7 +440,6 @@ class TopicLog:
                 e.epoch = epoch
                 raise
         self._pending = []
-        self._pending_meta = []
         self._pending_deferred = 0
         if self._segs:
             seg = self._segs[-1]

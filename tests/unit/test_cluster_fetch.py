@@ -56,7 +56,7 @@ class _Replica:
         self.applied: list[tuple[int, bytes, int]] = []
 
     def apply(self, first: int, data: bytes, hw: int, history: object, chans: object,
-              version: int, done: Callable[[], None]) -> None:
+              version: int, done: Callable[[], None], paused: object = None) -> None:
         self.applied.append((first, data, hw))
         self.topic.log.written = first + len(data) // 10     # ten bytes a "record" here
         self.hw = hw
