@@ -177,7 +177,8 @@ def scenario_sync1(b: BrokerProcess, a: argparse.Namespace) -> Row:
 def rdy_reader_binary(name: str = "rdy_reader") -> str:
     """loadtest/<name>.c compiled (once per source version) with the C compiler."""
     src = ROOT / "loadtest" / f"{name}.c"
-    digest = hashlib.sha1(src.read_bytes()).hexdigest()[:12]
+    header = ROOT / "loadtest" / "hostport.h"        # included by each program
+    digest = hashlib.sha1(src.read_bytes() + header.read_bytes()).hexdigest()[:12]
     out = Path(tempfile.gettempdir()) / f"pybroker-{name}-{digest}"
     if not out.exists():
         cc = os.environ.get("CC", "cc")

@@ -29,6 +29,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "hostport.h"
+
 typedef struct {
     int fd;
     int consumer;
@@ -123,13 +125,11 @@ int main(int argc, char **argv) {
                 "usage: e2e_latency HOST:PORT TOPIC RATE PUBCONNS SUBCONNS SIZE SECONDS\n");
         return 2;
     }
-    char host[256];
-    snprintf(host, sizeof host, "%s", argv[1]);
-    char *colon = strrchr(host, ':');
-    if (!colon)
+    struct sockaddr_in addr;
+    if (parse_hostport(argv[1], &addr) < 0) {
+        fprintf(stderr, "e2e_latency: not an IPv4 HOST:PORT: %s\n", argv[1]);
         return 2;
-    *colon = 0;
-    int port = atoi(colon + 1);
+    }
     const char *topic = argv[2];
     double rate = atof(argv[3]);
     int npub = atoi(argv[4]), nsub = atoi(argv[5]);
@@ -137,9 +137,6 @@ int main(int argc, char **argv) {
     double seconds = atof(argv[7]);
     if (size < 8 || npub < 1 || nsub < 1 || rate <= 0)
         return 2;
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1)
-        die("inet_pton");
     int n = npub + nsub;
     conn_t *conns = calloc((size_t)n, sizeof *conns);
     int ep = epoll_create1(0);

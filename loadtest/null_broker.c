@@ -26,6 +26,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "hostport.h"
+
 #define IN_CAP (1 << 20)
 #define OUT_CAP (4 << 20)
 
@@ -129,12 +131,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: null_broker HOST:PORT [BODY_SIZE]\n");
         return 2;
     }
-    char host[256];
-    snprintf(host, sizeof host, "%s", argv[1]);
-    char *colon = strrchr(host, ':');
-    if (!colon)
+    struct sockaddr_in a;
+    if (parse_hostport(argv[1], &a) < 0) {
+        fprintf(stderr, "null_broker: not an IPv4 HOST:PORT: %s\n", argv[1]);
         return 2;
-    *colon = 0;
+    }
     size_t body = argc > 2 ? (size_t)atol(argv[2]) : 200;
     msg_len = 4 + 4 + 8 + 2 + 16 + body;
     msg_frame = calloc(1, msg_len);
@@ -143,9 +144,6 @@ int main(int argc, char **argv) {
     msg_frame[8 + 9] = 1;                      /* attempts 1 */
     memset(msg_frame + 8 + 10 + 16, 'x', body);
 
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
-    if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
-        return 2;
     int ls = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0), one = 1;
     setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (bind(ls, (struct sockaddr *)&a, sizeof a) < 0 || listen(ls, 1024) < 0) {
@@ -154,6 +152,8 @@ int main(int argc, char **argv) {
     }
     socklen_t alen = sizeof a;
     getsockname(ls, (struct sockaddr *)&a, &alen);
+    char host[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &a.sin_addr, host, sizeof host);
     printf("null_broker listening on %s:%d\n", host, ntohs(a.sin_port));
     fflush(stdout);
 

@@ -23,6 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "hostport.h"
+
 typedef struct {
     int fd;
     char *buf;
@@ -92,17 +94,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: rdy_reader HOST:PORT TOPIC CHANNEL CONNS RDY SECONDS\n");
         return 2;
     }
-    char host[256];
-    snprintf(host, sizeof host, "%s", argv[1]);
-    char *colon = strrchr(host, ':');
-    if (!colon)
+    struct sockaddr_in addr;
+    if (parse_hostport(argv[1], &addr) < 0) {
+        fprintf(stderr, "rdy_reader: not an IPv4 HOST:PORT: %s\n", argv[1]);
         return 2;
-    *colon = 0;
-    int port = atoi(colon + 1), nconn = atoi(argv[4]), rdy = atoi(argv[5]);
+    }
+    int nconn = atoi(argv[4]), rdy = atoi(argv[5]);
     double seconds = atof(argv[6]);
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1)
-        die("inet_pton");
     conn_t *conns = calloc((size_t)nconn, sizeof *conns);
     int ep = epoll_create1(0);
     char cmd[512];
