@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pybroker.core.channel import Channel
+from pybroker.core.flight import offset_of
 from pybroker.core.topic import Topic
 from pybroker.errors import NotInFlight, NotOwner, TooManyConsumers
 from pybroker.storage.topiclog import TopicLog
@@ -124,6 +125,35 @@ def test_finish_offsets_reports_failures_in_order() -> None:
     assert [(i, type(e).__name__) for i, e in failed] == \
         [(1, "NotInFlight"), (3, "NotInFlight"), (4, "NotInFlight")]
     assert ch.finish_offsets(other, [2]) and c.in_flight_count == 3 and len(ch.in_flight) == 3
+
+
+def test_finish_offsets_whole_flights_and_mixed_batches() -> None:
+    """FIN batches: a repeat fails its second FIN, a foreign offset fails and stays in
+    flight, a whole flight finished out of order leaves the timeout wheel."""
+    t, ch = make()
+    c, other = Client(rdy=3), Client(rdy=3)
+    ch.add_consumer(c, 0)
+    publish(t, 3)
+    ch.dispatch(0, WALL)            # one flight of 3 to one of them
+    ch.add_consumer(other, 0)
+    owner, rest = (c, other) if c.got else (other, c)
+    publish(t, 3)
+    ch.dispatch(0, WALL)            # the next 3 to the other
+    assert len(ch.in_flight) == 6 and len(ch.in_flight_wheel) == 2
+    mine = [offset_of(m.id) for m in owner.got]
+    theirs = [offset_of(m.id) for m in rest.got]
+    # a repeat: the second FIN of 1 fails, the others finish
+    failed = ch.finish_offsets(owner, [mine[1], mine[0], mine[1]])
+    assert [(i, type(e).__name__) for i, e in failed] == [(2, "NotInFlight")]
+    assert owner.in_flight_count == 1 and len(ch.in_flight_wheel) == 2
+    # a foreign offset in the batch: NotOwner for it, the rest finish, its flight stays
+    failed = ch.finish_offsets(owner, [theirs[0], mine[2]])
+    assert [(i, type(e).__name__) for i, e in failed] == [(0, "NotOwner")]
+    assert owner.in_flight_count == 0 and len(ch.in_flight_wheel) == 1
+    assert theirs[0] in ch.in_flight
+    # a whole flight in one batch, out of order: its timeout leaves the wheel
+    assert ch.finish_offsets(rest, theirs[::-1]) == []
+    assert rest.in_flight_count == 0 and not ch.in_flight and not len(ch.in_flight_wheel)
 
 
 def test_requeue_now_and_deferred_keep_timestamp_and_count_attempts() -> None:
