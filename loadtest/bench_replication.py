@@ -13,7 +13,11 @@ Throughput: every run publishes to a fresh topic with one channel and no consume
 (``--batch`` messages), to the topic's leader (the cluster) or the node. Settings are
 interleaved run by run; the table shows the median of ``--runs`` runs (min-max), the
 ratio to the single node, and CPU ms per 1000 messages from /proc/PID/stat: of the
-node, of the leader, and of the whole cluster (the three nodes together).
+node, of the leader, and of the whole cluster (the three nodes together), and of the
+load generator (this process's threads, ``client``). ``cpu cap`` is the rate this
+machine's cores allow at that CPU per message (brokers and load generator, all on the
+same cores): cores / (all nodes + client); where the measured rate is near it, only less
+CPU per message moves the rate.
 
 Failover: a publisher (one PUB at a time, to any node that answers) and a consumer
 (SUB'd to whichever node accepts) run; the leader is killed with SIGKILL; the time from
@@ -177,7 +181,7 @@ class ClusterSetting:
 
 
 def throughput(args: argparse.Namespace, settings: dict[str, Any]) -> None:
-    results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    results: dict[tuple[str, str], list[tuple[float, float, float, float]]] = {}
     for run in range(args.runs):
         for scenario in ("PUB", "MPUB"):
             for name, s in settings.items():
@@ -194,28 +198,37 @@ def throughput(args: argparse.Namespace, settings: dict[str, Any]) -> None:
                 publish_for(addr, cmd, per, args.connections, args.depth, args.warmup)
                 all0 = s.cpu_s() if isinstance(s, ClusterSetting) else b.cpu_s()
                 cpu0 = b.cpu_s()
+                me0 = os.times()
                 n, elapsed = publish_for(addr, cmd, per, args.connections, args.depth,
                                          args.seconds)
+                me1 = os.times()
                 cpu = b.cpu_s() - cpu0
+                client = (me1.user - me0.user) + (me1.system - me0.system)
                 allc = (s.cpu_s() if isinstance(s, ClusterSetting) else b.cpu_s()) - all0
                 results.setdefault((scenario, name), []).append(
-                    (n / elapsed, 1e6 * cpu / max(n, 1), 1e6 * allc / max(n, 1)))
+                    (n / elapsed, 1e6 * cpu / max(n, 1), 1e6 * allc / max(n, 1),
+                     1e6 * client / max(n, 1)))
                 print(f"  run {run + 1} {scenario:4} {name:22} {n / elapsed:10.0f} msg/s",
                       flush=True)
     print(f"\nthroughput ({args.connections} connections, depth {args.depth}, "
           f"{args.size} B, MPUB of {args.batch}, durability {args.durability}; "
           f"median of {args.runs})")
+    cores = os.cpu_count() or 1
     print(f"{'scenario':8} {'setting':22} {'msg/s':>10} {'min-max':>19} {'vs single':>9} "
-          f"{'cpu ms/1k':>9} {'all nodes':>9}")
+          f"{'cpu ms/1k':>9} {'all nodes':>9} {'client':>7} {'cpu cap':>9} {'vs single':>9}")
     for scenario in ("PUB", "MPUB"):
         base = statistics.median(r[0] for r in results[(scenario, "pybroker single node")])
         for name in settings:
             rs = results[(scenario, name)]
             rate = statistics.median(r[0] for r in rs)
             lo, hi = min(r[0] for r in rs), max(r[0] for r in rs)
+            allc = statistics.median(r[2] for r in rs)
+            client = statistics.median(r[3] for r in rs)
+            # the rate these cores allow at this CPU per message (brokers and client)
+            cap = cores * 1e6 / (allc + client) if allc + client else 0.0
             print(f"{scenario:8} {name:22} {rate:10.0f} {lo:9.0f}-{hi:<9.0f} "
                   f"{rate / base:8.2f}x {statistics.median(r[1] for r in rs):9.3f} "
-                  f"{statistics.median(r[2] for r in rs):9.3f}")
+                  f"{allc:9.3f} {client:7.3f} {cap:9.0f} {cap / base:8.2f}x")
 
 
 def failover(args: argparse.Namespace, etcd: Etcd) -> None:
