@@ -126,10 +126,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     struct sockaddr_in addr;
-    if (parse_hostport(argv[1], &addr) < 0) {
-        fprintf(stderr, "e2e_latency: not an IPv4 HOST:PORT: %s\n", argv[1]);
+    if (parse_hostport("e2e_latency", argv[1], &addr) < 0)
         return 2;
-    }
     const char *topic = argv[2];
     double rate = atof(argv[3]);
     int npub = atoi(argv[4]), nsub = atoi(argv[5]);

@@ -10,22 +10,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* 0 with *out set, or -1: no colon, a port that is not 0-65535, not an IPv4 address */
-static int parse_hostport(const char *arg, struct sockaddr_in *out) {
+/* 0 with *out set, or -1, said on stderr after ``prog``: no colon, a port that is not
+ * 0-65535, not an IPv4 address */
+static int parse_hostport(const char *prog, const char *arg, struct sockaddr_in *out) {
     char host[256];
     snprintf(host, sizeof host, "%s", arg);
     char *colon = strrchr(host, ':');
     if (!colon)
-        return -1;
+        goto bad;
     *colon = 0;
     char *end;
     long port = strtol(colon + 1, &end, 10);
     if (end == colon + 1 || *end || port < 0 || port > 65535)
-        return -1;
+        goto bad;
     memset(out, 0, sizeof *out);
     out->sin_family = AF_INET;
     out->sin_port = htons((uint16_t)port);
-    return inet_pton(AF_INET, host, &out->sin_addr) == 1 ? 0 : -1;
+    if (inet_pton(AF_INET, host, &out->sin_addr) == 1)
+        return 0;
+bad:
+    fprintf(stderr, "%s: not an IPv4 HOST:PORT: %s\n", prog, arg);
+    return -1;
 }
 
 #endif

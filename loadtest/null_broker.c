@@ -132,10 +132,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     struct sockaddr_in a;
-    if (parse_hostport(argv[1], &a) < 0) {
-        fprintf(stderr, "null_broker: not an IPv4 HOST:PORT: %s\n", argv[1]);
+    if (parse_hostport("null_broker", argv[1], &a) < 0)
         return 2;
-    }
     size_t body = argc > 2 ? (size_t)atol(argv[2]) : 200;
     msg_len = 4 + 4 + 8 + 2 + 16 + body;
     msg_frame = calloc(1, msg_len);

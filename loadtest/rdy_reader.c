@@ -95,10 +95,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     struct sockaddr_in addr;
-    if (parse_hostport(argv[1], &addr) < 0) {
-        fprintf(stderr, "rdy_reader: not an IPv4 HOST:PORT: %s\n", argv[1]);
+    if (parse_hostport("rdy_reader", argv[1], &addr) < 0)
         return 2;
-    }
     int nconn = atoi(argv[4]), rdy = atoi(argv[5]);
     double seconds = atof(argv[6]);
     conn_t *conns = calloc((size_t)nconn, sizeof *conns);
