@@ -145,23 +145,25 @@ class Runtime:
         for ch in self.broker.all_channels():  # read restored backlogs once consumers come
             ch.owner.call_soon_threadsafe(ch.owner.mark_dirty, ch)
         sock = self.bound.tcp
+        http_sock = self.bound.http if http_class is not None else None
+        http_port = http_sock.getsockname()[1] if http_sock is not None else 0
+        # nsqd registers with nsqlookupd even when the list starts empty (PUT /config can
+        # add addresses later), so the registrar always runs; it idles with no addresses.
+        # matches nsqd: broadcast_tcp_port/broadcast_http_port, when set, are registered
+        # instead of the ports listened on. Made here, before the listeners say they
+        # listen (what supervisors and tests wait for): its selector and wake-up take
+        # descriptors, which a flood of clients could otherwise take first
+        self.lookupd = LookupdRegistrar(self, o.broadcast_tcp_port or sock.getsockname()[1],
+                                        o.broadcast_http_port or http_port)
         for loop in self.loops:
             loop.start()
         self.listener = Listener(sock, self.loops)
         self.listener.start()
         log.info("TCP: listening on %s", format_addr(sock))
-        http_port = 0
         if http_class is not None:
             self.http = http_class(self)
             log.info("HTTP: listening on %s", self.http.listen(self.bound.http, self.bound.https))
-            http_port = self.http.port
         self.scanner.start()
-        # nsqd registers with nsqlookupd even when the list starts empty (PUT /config can
-        # add addresses later), so the registrar always runs; it idles with no addresses.
-        # matches nsqd: broadcast_tcp_port/broadcast_http_port, when set, are registered
-        # instead of the ports listened on
-        self.lookupd = LookupdRegistrar(self, o.broadcast_tcp_port or sock.getsockname()[1],
-                                        o.broadcast_http_port or http_port)
         self.lookupd.start()
         if self.cluster is not None:
             try:

@@ -119,6 +119,12 @@ def test_out_of_file_descriptors_no_spin_and_service_resumes(make_broker: MakeBr
     assert any("fd limit" in ln for ln in b.stderr_lines), b.stderr_text()
     assert b.proc is not None
     pid = b.proc.pid
+    # every part of the broker up and serving (HTTP and TCP answer) before its fds run
+    # short: the test is about accepting, not about a start-up that was still opening
+    wait_until(lambda: ping(b) == (200, "OK"), timeout_s=10, what="/ping before the test")
+    with WireClient.connect(b.tcp_address) as c:  # type: ignore[arg-type]
+        c.send(identify(client_id="first"))
+        c.expect_response(b"OK")
     _, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
     resource.prlimit(pid, resource.RLIMIT_NOFILE, (64, hard))
     socks = []
