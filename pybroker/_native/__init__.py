@@ -341,6 +341,40 @@ if c_backend is None and not _force_pure:
 BACKEND: str = "pure" if _force_pure or c_backend is None else "c"
 
 
+class _LaneViews:
+    """The C views a lane scanner hands to its C call each turn: of its kept arrays,
+    made once (again when the results array must grow: a view would stop it from
+    growing), and of the last input buffer (which must not change size while the
+    scanner reads it, as BatchIO's does not). A turn's call then sets up only its two
+    small input arrays."""
+
+    __slots__ = ("_kept", "_res", "_ptrs", "_buf", "_bufp")
+
+    def __init__(self, res: "array.array[int]", *kept: "tuple[str, array.array[int]]"
+                 ) -> None:
+        self._kept = kept          # (C type, array) of the arrays that never grow
+        self._res = res            # the results: grown to what a call needs
+        self._ptrs: Any = None
+        self._buf: bytearray | None = None
+        self._bufp: Any = None
+
+    def arrays(self, need: int) -> Any:
+        """The kept arrays' views then the results' (at least ``need`` long)."""
+        res = self._res
+        if len(res) < need or self._ptrs is None:
+            self._ptrs = None
+            if len(res) < need:
+                res.extend([0] * (need - len(res)))
+            self._ptrs = (*(_ffi.from_buffer(t, a) for t, a in self._kept),
+                          _ffi.from_buffer("uint32_t[]", res))
+        return self._ptrs
+
+    def buffer(self, buf: bytearray) -> Any:
+        if buf is not self._buf:
+            self._buf, self._bufp = buf, _ffi.from_buffer("uint8_t[]", buf)
+        return self._bufp
+
+
 class PubLane:
     """The publish lane's scan (nsqf_pub_lane; csrc/nsqframe.h): one call per loop turn
     over the bytes every publishing connection sent. Owned by one event loop (its
@@ -351,7 +385,7 @@ class PubLane:
     of FAST connections, in order, at offs/lens[0, parts) (offsets into buf)."""
 
     __slots__ = ("_lim", "_max_count", "_offs", "_lens", "_res", "_max_line",
-                 "_max_msg", "_max_body", "_ptrs", "_buf", "_bufp")
+                 "_max_msg", "_max_body", "_views")
 
     def __init__(self, max_line: int, max_msg_size: int, max_body_size: int,
                  parts_cap: int) -> None:
@@ -363,11 +397,8 @@ class PubLane:
         self._lens = array.array("I", bytes(4 * parts_cap))
         self._res = array.array("I")
         self._lim: Any = None
-        # the kept arrays' C views, made once (the results' again when they grow) and the
-        # last input buffer's: a turn's call sets up only its two small input arrays
-        self._ptrs: Any = None
-        self._buf: bytearray | None = None
-        self._bufp: Any = None
+        self._views = _LaneViews(self._res, ("uint32_t[]", self._offs),
+                                 ("uint32_t[]", self._lens))
         if BACKEND == "c":
             self._lim = _ffi.new("nsqf_limits *", (self._max_line, self._max_msg,
                                                    self._max_body))
@@ -378,23 +409,12 @@ class PubLane:
         if BACKEND != "c":
             return _pure.pub_lane(buf, starts, lens, n, self._max_line, self._max_msg,
                                   self._max_body, self._max_count, len(self._offs))
-        res = self._res
-        need = LANE_FIELDS * n
-        if len(res) < need or self._ptrs is None:
-            self._ptrs = None          # a view of res would stop it from growing
-            if len(res) < need:
-                res.extend([0] * (need - len(res)))
-            self._ptrs = (_ffi.from_buffer("uint32_t[]", self._offs),
-                          _ffi.from_buffer("uint32_t[]", self._lens),
-                          _ffi.from_buffer("uint32_t[]", res))
-        if buf is not self._buf:
-            self._buf, self._bufp = buf, _ffi.from_buffer("uint8_t[]", buf)
-        op, ln, rp = self._ptrs
+        op, ln, rp = self._views.arrays(LANE_FIELDS * n)
         with _ffi.from_buffer("uint32_t[]", starts) as sp, \
                 _ffi.from_buffer("uint32_t[]", lens) as lp:
-            got = _lib.nsqf_pub_lane(self._bufp, sp, lp, n, self._lim, self._max_count, op,
-                                     ln, len(self._offs), rp)
-        return res, self._offs, self._lens, got
+            got = _lib.nsqf_pub_lane(self._views.buffer(buf), sp, lp, n, self._lim,
+                                     self._max_count, op, ln, len(self._offs), rp)
+        return self._res, self._offs, self._lens, got
 
 
 class FinLane:
@@ -403,34 +423,24 @@ class FinLane:
     starts, lens, n)`` returns (res, offsets, stored): res[i] = how many FINs connection
     i's bytes are (FIN_LANE_SLOW: not only FINs), their offsets in connection order."""
 
-    __slots__ = ("_offs", "_res", "_ptrs", "_buf", "_bufp")
+    __slots__ = ("_offs", "_res", "_views")
 
     def __init__(self, cap: int) -> None:
         self._offs = array.array("q", bytes(8 * cap))
         self._res = array.array("I")
-        self._ptrs: Any = None      # the kept arrays' C views (as PubLane's)
-        self._buf: bytearray | None = None
-        self._bufp: Any = None
+        self._views = _LaneViews(self._res, ("int64_t[]", self._offs))
 
     def scan(self, buf: bytearray, starts: "array.array[int]", lens: "array.array[int]",
              n: int) -> "tuple[Sequence[int], Sequence[int], int]":
         """The buffer must not change size while this scanner reads it."""
         if BACKEND != "c":
             return _pure.fin_lane(buf, starts, lens, n, len(self._offs))
-        res = self._res
-        if len(res) < n or self._ptrs is None:
-            self._ptrs = None
-            if len(res) < n:
-                res.extend([0] * (n - len(res)))
-            self._ptrs = (_ffi.from_buffer("int64_t[]", self._offs),
-                          _ffi.from_buffer("uint32_t[]", res))
-        if buf is not self._buf:
-            self._buf, self._bufp = buf, _ffi.from_buffer("uint8_t[]", buf)
-        op, rp = self._ptrs
+        op, rp = self._views.arrays(n)
         with _ffi.from_buffer("uint32_t[]", starts) as sp, \
                 _ffi.from_buffer("uint32_t[]", lens) as lp:
-            got = _lib.nsqf_fin_lane(self._bufp, sp, lp, n, op, len(self._offs), rp)
-        return res, self._offs, got
+            got = _lib.nsqf_fin_lane(self._views.buffer(buf), sp, lp, n, op,
+                                     len(self._offs), rp)
+        return self._res, self._offs, got
 
 
 class Scanner:
