@@ -22,8 +22,8 @@ Scenarios:
 
 - ``pub1``: ``GOMAXPROCS=32 bench_writer --batch-size 1``: single-message PUB over 32
   connections.
-- ``sync1``: one producer (Python, raw socket) sending a PUB and waiting for its OK
-  before the next, as a web handler publishing per request does: every message is a
+- ``sync1``: one producer (a raw socket in a thread of this process:
+  ``bench_durability.publish_for``) sending a PUB and waiting for its OK before the next, as a web handler publishing per request does: every message is a
   turn of the broker of its own, so this measures a turn's fixed cost.
 - ``rdy8`` / ``rdy1``: ``--backlog`` (``--backlog-rdy1``) messages MPUBlished first (a
   backlog far beyond the memory queue: on disk), then 32 consumers read it:
@@ -74,6 +74,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "loadtest"))
 
+from bench_durability import build_command, publish_for  # noqa: E402
 from bench_topic_log import fill  # noqa: E402
 
 from pybroker.bench.brokers import BrokerProcess, proc_cpu_s  # noqa: E402
@@ -136,40 +137,14 @@ def scenario_pub1(b: BrokerProcess, a: argparse.Namespace) -> Row:
     return writer(b, a, 1, 32)
 
 
-SYNC_PROGRAM = """
-import socket, struct, sys, time
-host, port = sys.argv[1].rsplit(":", 1)
-topic, size, seconds = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-s = socket.create_connection((host, int(port)))
-s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-s.sendall(b"  V2")
-cmd = b"PUB " + topic.encode() + b"\\n" + struct.pack(">I", size) + b"x" * size
-buf = memoryview(bytearray(64))
-n, t0 = 0, time.monotonic()
-end = t0 + seconds
-while time.monotonic() < end:
-    s.sendall(cmd)
-    got = 0
-    while got < 10:                       # the OK frame
-        k = s.recv_into(buf[got:], 10 - got)
-        if not k:
-            sys.exit("the broker closed the connection")
-        got += k
-    n += 1
-print(n, time.monotonic() - t0)
-"""
-
-
 def scenario_sync1(b: BrokerProcess, a: argparse.Namespace) -> Row:
     """One producer publishing one message at a time, each after the last one's OK
     (a web handler's publish): every PUB is a turn of the broker's loop of its own."""
+    cmd, per = build_command("PUB", TOPIC, a.size, 1)
+    host, _, port = b.tcp_address.rpartition(":")
+
     def run() -> tuple[float, float]:
-        out = subprocess.run([sys.executable, "-c", SYNC_PROGRAM, b.tcp_address, TOPIC,
-                              str(a.size), str(a.seconds)], capture_output=True, text=True,
-                             timeout=a.seconds + 60)
-        if out.returncode != 0:
-            raise RuntimeError(f"sync producer failed: {out.stderr[-2000:]}")
-        n, dur = (float(x) for x in out.stdout.split())
+        n, dur = publish_for((host.strip("[]"), int(port)), cmd, per, 1, 1, a.seconds)
         return n / dur, dur
     return _measured(b, run)
 
