@@ -38,6 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pybroker.bench.brokers import BrokerProcess
+from pybroker.config import split_hostport
 
 OK_FRAME = struct.pack(">ii", 6, 0) + b"OK"
 
@@ -54,10 +55,6 @@ def build_command(kind: str, topic: str, size: int, batch: int) -> tuple[bytes, 
     payload = struct.pack(">i", batch) + _sized(body) * batch
     return f"MPUB {topic}\n".encode() + _sized(payload), batch
 
-
-def _split(addr: str) -> tuple[str, int]:
-    host, _, port = addr.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def _http(b: BrokerProcess, path: str) -> None:
@@ -183,7 +180,7 @@ def one_run(b: BrokerProcess, scenario: str, run: int, args: argparse.Namespace,
     _http(b, "/topic/create?" + urllib.parse.urlencode({"topic": topic}))
     _http(b, "/channel/create?" + urllib.parse.urlencode({"topic": topic, "channel": "ch"}))
     cmd, per_cmd = build_command(scenario, topic, args.size, args.batch)
-    addr = _split(b.tcp_address)
+    addr = split_hostport(b.tcp_address)
     publish_for(addr, cmd, per_cmd, args.connections, args.depth, args.warmup)
     counter = SyscallCounter(counter_tool)
     assert b.pid is not None

@@ -78,6 +78,7 @@ from bench_durability import build_command, publish_for  # noqa: E402
 from bench_topic_log import fill  # noqa: E402
 
 from pybroker.bench.brokers import BrokerProcess, proc_cpu_s  # noqa: E402
+from pybroker.config import split_hostport  # noqa: E402
 
 RESULT_RE = re.compile(r"duration: ([0-9.]+)(m?s).*?([0-9.]+)ops/s")
 TOPIC = "bench_io"
@@ -141,10 +142,9 @@ def scenario_sync1(b: BrokerProcess, a: argparse.Namespace) -> Row:
     """One producer publishing one message at a time, each after the last one's OK
     (a web handler's publish): every PUB is a turn of the broker's loop of its own."""
     cmd, per = build_command("PUB", TOPIC, a.size, 1)
-    host, _, port = b.tcp_address.rpartition(":")
 
     def run() -> tuple[float, float]:
-        n, dur = publish_for((host.strip("[]"), int(port)), cmd, per, 1, 1, a.seconds)
+        n, dur = publish_for(split_hostport(b.tcp_address), cmd, per, 1, 1, a.seconds)
         return n / dur, dur
     return _measured(b, run)
 

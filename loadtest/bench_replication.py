@@ -50,11 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_durability import build_command, publish_for  # noqa: E402
 
 from pybroker.bench.brokers import BrokerProcess  # noqa: E402
+from pybroker.config import split_hostport  # noqa: E402
 
-
-def _split(addr: str) -> tuple[str, int]:
-    host, _, port = addr.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def _free_port() -> int:
@@ -194,7 +191,7 @@ def throughput(args: argparse.Namespace, settings: dict[str, Any]) -> None:
                     _post(b, "/channel/create?" + urllib.parse.urlencode(
                         {"topic": topic, "channel": "ch"}))
                 cmd, per = build_command(scenario, topic, args.size, args.batch)
-                addr = _split(b.tcp_address)
+                addr = split_hostport(b.tcp_address)
                 publish_for(addr, cmd, per, args.connections, args.depth, args.warmup)
                 all0 = s.cpu_s() if isinstance(s, ClusterSetting) else b.cpu_s()
                 cpu0 = b.cpu_s()
@@ -246,7 +243,7 @@ def failover(args: argparse.Namespace, etcd: Etcd) -> None:
                     if stop.is_set() or b.proc is None or not b.tcp_address:
                         continue
                     try:
-                        s = socket.create_connection(_split(b.tcp_address), timeout=1)
+                        s = socket.create_connection(split_hostport(b.tcp_address), timeout=1)
                         s.sendall(b"  V2" + f"SUB {topic} ch\n".encode())
                         buf = b""
                         s.settimeout(1)
@@ -288,7 +285,7 @@ def failover(args: argparse.Namespace, etcd: Etcd) -> None:
                     if stop.is_set() or b.proc is None or not b.tcp_address:
                         continue
                     try:
-                        s = socket.create_connection(_split(b.tcp_address), timeout=5)
+                        s = socket.create_connection(split_hostport(b.tcp_address), timeout=5)
                         s.sendall(b"  V2")
                         while not stop.is_set():
                             s.sendall(cmd)

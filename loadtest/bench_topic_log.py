@@ -38,14 +38,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pybroker.bench.brokers import BrokerProcess, proc_status_kb  # noqa: E402
+from pybroker.config import split_hostport  # noqa: E402
 
 OPS_RE = re.compile(r"([0-9.]+)ops/s")
 OK = struct.pack(">ii", 6, 0) + b"OK"
 
-
-def _split(addr: str) -> tuple[str, int]:
-    host, _, port = addr.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def _run_tool(args: list[str], timeout_s: float) -> float:
@@ -81,7 +78,7 @@ class Wire:
     """A raw V2 connection for the stall probe and MPUB loads."""
 
     def __init__(self, addr: str) -> None:
-        self.sock = socket.create_connection(_split(addr), timeout=60)
+        self.sock = socket.create_connection(split_hostport(addr), timeout=60)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.sendall(b"  V2")
 
