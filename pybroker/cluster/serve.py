@@ -17,9 +17,10 @@ Requests (one at a time per connection, answered in order):
   there (raw log bytes in the blob: every write since, pybroker.cluster.reads), the
   high watermark, the epoch history when it differs from what ``hist`` says the
   follower holds, and the channel states when the follower's ``version`` is older. It
-  is sent at the end of the turn the fetch was read in (``notify``: the turn's write
-  answers it with that turn's records too; else the next turn, or the one after when
-  that one has publishes to write: ``HeldAnswer``). With no record to send, the request
+  is sent at the end of the turn the fetch was read in, after that turn's writes
+  (``notify``: a write answers it with its records too; else
+  ``EventLoop.at_turn_end``), never a turn later: a follower answered late would stay
+  a write behind the others. With no record to send, the request
   waits (long poll) until a write or ``wait_ms`` (at most MAX_WAIT_MS).
 
 Budgets: ``max_bytes`` is capped at MAX_FETCH_BYTES per answer; a request frame over
@@ -253,15 +254,15 @@ class ReplicationServer(SelectorLoop):
         """Answer a fetch (True), or leave it to wait for records (False): parked
         here unless ``again`` (it is parked already; its acknowledgement was posted).
         ``hold``: a fetch just read: its acknowledgement is posted now and, when it has
-        something to be sent, it is answered at the end of this turn (``notify``, or
-        the next turn's start: ``read_again``), so that the answer also carries what
-        this turn's publishes append; else it is parked."""
+        something to be sent, it is answered at the end of this turn, after its writes
+        (``notify``, else ``at_turn_end``), so that the answer also carries what this
+        turn's publishes append; else it is parked."""
         wait_ms = min(need_int(req.get("wait_ms", 0)), MAX_WAIT_MS)
         if hold and wait_ms > 0 and not final:
             c.parked = req
             if self._acknowledge(c, req):
                 c.held = True
-                c.loop.read_again(c.late)
+                c.loop.at_turn_end(c.answer_held)
             else:
                 c.timer = c.loop.call_later(wait_ms * 1_000_000, self.unpark, c)
             return False

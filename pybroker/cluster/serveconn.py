@@ -1,9 +1,9 @@
 """FollowerConn: one follower's connection to the leader's replication server
 (pybroker.cluster.serve), owned by one event loop at a time: non-blocking reads into one
 kept buffer, frames (pybroker.cluster.wire) handed to the server one request at a
-time, answers written with ``sendmsg`` uncopied. HeldAnswer: read again at the start
-of a turn (``SelectorLoop.read_again``) to answer a fetch held to the end of the turn
-before. Budget: a request frame over MAX_REQUEST drops the connection from its header.
+time, answers written with ``sendmsg`` uncopied; a fetch held to the end of its turn
+is answered there (``answer_held``, after the turn's writes). Budget: a request frame
+over MAX_REQUEST drops the connection from its header.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class FollowerConn:
     """One follower's connection, owned by one event loop."""
 
     __slots__ = ("server", "loop", "sock", "reader", "out", "parked", "timer", "node",
-                 "rbuf", "writing", "closed", "held", "late", "moves")
+                 "rbuf", "writing", "closed", "held", "moves")
 
     def __init__(self, server: ConnServer, loop: EventLoop,
                  sock: socket.socket) -> None:
@@ -50,7 +50,6 @@ class FollowerConn:
         self.out: list[Buffer] = []
         self.parked: JsonObj | None = None
         self.held = False          # parked with records to send: answered this turn
-        self.late = HeldAnswer(self)    # answers it at the next turn if no write did
         self.moves = 0             # to the loop owning its topics (at most MAX_MOVES)
         self.timer: object = None
         self.node = -1
@@ -108,6 +107,12 @@ class FollowerConn:
             except (KeyError, ValueError):
                 pass
 
+    def answer_held(self) -> None:
+        """The end of the turn the held fetch was read in, after the turn's writes
+        (``EventLoop.at_turn_end``): answered now if no write answered it."""
+        if self.held and not self.closed:
+            self.server.unpark(self)
+
     def close(self, why: str) -> None:
         if self.closed:
             return
@@ -121,34 +126,4 @@ class FollowerConn:
         self.sock.close()
 
 
-class HeldAnswer:
-    """Read again at the start of the next turn (``SelectorLoop.read_again``): answers
-    a fetch held to the end of a turn that wrote nothing to its topics; when that next
-    turn has work for its end, once more at the turn after (the write of the turn's
-    publishes answers it first, mostly)."""
-
-    __slots__ = ("conn", "again")
-
-    def __init__(self, conn: FollowerConn) -> None:
-        self.conn = conn
-        self.again = False
-
-    def on_readable(self) -> None:
-        c = self.conn
-        if not c.held or c.closed:
-            self.again = False
-            return
-        if not self.again and c.loop.busy():
-            # this turn has work for its end (publishes to write, most often): that
-            # write answers it with its records; else the next turn does
-            self.again = True
-            c.loop.read_again(self)
-            return
-        self.again = False
-        c.server.unpark(c)
-
-    def on_writable(self) -> None:
-        """Never registered."""
-
-
-__all__ = ["MAX_REQUEST", "ConnServer", "FollowerConn", "HeldAnswer"]
+__all__ = ["MAX_REQUEST", "ConnServer", "FollowerConn"]

@@ -29,7 +29,7 @@ import logging
 import selectors
 import socket
 import time
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
 from pybroker._native.batchio import BatchIO
 from pybroker.core.channel import Channel
@@ -95,6 +95,8 @@ class EventLoop(SelectorLoop):
         self.direct: list[tuple[Conn, int, int]] = []
         # channels of other loops with new records: told once per turn
         self._wake_remote: dict[Owner[Channel], dict[Channel, None]] = {}
+        # run at the end of this turn, after its publishes' writes (at_turn_end)
+        self._turn_end: list[Callable[[], None]] = []
 
     def __repr__(self) -> str:
         return f"EventLoop({self.name})"
@@ -286,7 +288,12 @@ class EventLoop(SelectorLoop):
 
     def busy(self) -> bool:
         return bool(self.dirty or self.to_flush or self.publisher.busy() or self._handover
-                    or self.lane.taken or self.direct)
+                    or self.lane.taken or self.direct or self._turn_end)
+
+    def at_turn_end(self, fn: Callable[[], None]) -> None:
+        """Run fn() at the end of this turn, after the writes of the turn's publishes
+        (a follower's fetch answered with what they appended too)."""
+        self._turn_end.append(fn)
 
     def on_error(self, obj: object) -> None:
         log.exception("[%s] unexpected error; closing the connection", obj)
@@ -313,6 +320,13 @@ class EventLoop(SelectorLoop):
         publisher = self.publisher
         if publisher.busy():
             publisher.end_of_turn()
+        while self._turn_end:
+            fns, self._turn_end = self._turn_end, []
+            for fn in fns:
+                try:
+                    fn()
+                except Exception:    # a bug: never into the rest of the turn
+                    log.exception("%s: an end-of-turn call failed", self.name)
         if self.dirty:
             now = monotonic_ns()
             wall = time.time_ns()

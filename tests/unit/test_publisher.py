@@ -371,3 +371,34 @@ def test_the_lanes_answers_go_out_with_the_turn_and_before_what_follows(
     loop.run_once()
     assert _read(client, 39) == OK_FRAME * 3 + b"\x00\x00\x00\x05\x00\x00\x00\x00X"
     client.close()
+
+
+def test_turn_end_calls_run_after_the_turns_writes_in_the_same_turn(
+        memory: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    """EventLoop.at_turn_end: what a replication leader answers a follower's held fetch
+    with. The call sees the records the turn's publishes appended already written; a
+    call it adds runs in the same turn; one that raises is logged, the rest still run;
+    the next turn runs none again."""
+    h = memory
+    t = h.name_owned_by(h.a, "t")
+    topic = h.rt.broker.get_topic(t)
+    seen: list[tuple[str, int]] = []
+
+    def broken() -> None:
+        raise RuntimeError("a bug")
+
+    def first() -> None:
+        seen.append(("first", topic.log.written))
+        h.a.at_turn_end(lambda: seen.append(("added", topic.log.written)))
+
+    h.publish(h.a, t, "p", 3)
+    h.a.at_turn_end(broken)
+    h.a.at_turn_end(first)
+    assert h.a.busy()                 # a turn with calls owed does not sleep
+    with caplog.at_level(logging.ERROR):
+        h.turn(h.a)
+    assert seen == [("first", 3), ("added", 3)]
+    assert "an end-of-turn call failed" in caplog.text
+    assert h.results["p"][0] == "ok"
+    h.turn(h.a)
+    assert len(seen) == 2
