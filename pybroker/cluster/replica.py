@@ -14,9 +14,9 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, cast
 
-from pybroker import _native
 from pybroker.cluster.ports import Done, JsonObj, ReplicaHost, ReplicaStats
 from pybroker.cluster.rules import EpochHistory, LeaderState, Waiter
 from pybroker.errors import ChannelNotFound, TopicNotFound
@@ -177,13 +177,17 @@ class Replica:
         lead = self.lead
         if lead is not None:
             lead.answered(node, sent_end)
-            self.check_isr(time.monotonic_ns())
+            if node not in lead.isr:
+                # it may have caught up: into the ISR at once (members that lag are
+                # dropped by the tick)
+                self.check_isr(time.monotonic_ns())
 
     def acked(self, node: int, acked: int) -> None:
-        """A follower's acknowledgement: it holds everything below ``acked``."""
+        """A follower's acknowledgement: it holds everything below ``acked`` (the
+        high watermark moves only when that changed)."""
         lead = self.lead
-        if lead is not None:
-            lead.fetched(node, acked, self.topic.log.written, time.monotonic_ns())
+        if lead is not None and lead.fetched(node, acked, self.topic.log.written,
+                                             time.monotonic_ns()):
             self.advance()
 
     def advance(self) -> None:
@@ -332,9 +336,10 @@ class Replica:
                 with topic.lock:
                     if topic.log.written != first or self.role != FOLLOWER:
                         raise ValueError(f"records from {first}, log at {topic.log.written}")
-                    n = topic.log.append_raw(blob, first)
-                    self._note_dpubs(first, blob)
-                    topic.message_count += n
+                    starts, deferred = topic.log.append_raw(blob, first)
+                    if deferred:
+                        self._note_dpubs(first, blob, starts, deferred)
+                    topic.message_count += len(starts)
                     topic.message_bytes += len(blob)
                 topic.write()
             end = topic.log.written
@@ -369,14 +374,12 @@ class Replica:
             with topic.lock:
                 topic.orphan_start = max(topic.orphan_start, min(floors))
 
-    def _note_dpubs(self, first: int, blob: bytes) -> None:
+    def _note_dpubs(self, first: int, blob: bytes, starts: Sequence[int],
+                    deferred: int) -> None:
         # caller holds the topic's lock: DPUB records count as deferred until due
-        starts, _, (_, deferred, _) = _native.log_scan(blob, first, False,
-                                                       self.topic.log.max_payload, 1 << 30)
-        if deferred:
-            batch = RecordBatch(first, blob, starts, deferred)
-            for i in batch.deferred_indices(len(starts)):
-                self.topic.dpubs[first + i] = batch.deliver_at(i)
+        batch = RecordBatch(first, blob, starts, deferred)
+        for i in batch.deferred_indices(len(starts)):
+            self.topic.dpubs[first + i] = batch.deliver_at(i)
 
     def install_channels(self) -> None:
         """A new leader takes its old leader's channel states (cursors, pending, skip),

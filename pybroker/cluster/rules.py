@@ -171,20 +171,20 @@ class LeaderState:
         self.followers: dict[int, Follower] = {}
         self.now_ns = now_ns
 
-    def follower(self, node: int, now_ns: int) -> Follower:
+    def fetched(self, node: int, acked: int, leader_end: int, now_ns: int) -> bool:
+        """A fetch from ``node`` holding ``acked``; the leader's log ends at leader_end
+        (offsets past it are not believed: a follower never holds more). True when
+        what it holds changed (the high watermark may move)."""
         f = self.followers.get(node)
         if f is None:
             f = self.followers[node] = Follower(now_ns)
-        return f
-
-    def fetched(self, node: int, acked: int, leader_end: int, now_ns: int) -> None:
-        """A fetch from ``node`` holding ``acked``; the leader's log ends at leader_end
-        (offsets past it are not believed: a follower never holds more)."""
-        f = self.follower(node, now_ns)
+            f.acked = -1
+        was = f.acked
         f.acked = min(acked, leader_end)
         f.fetched_ns = now_ns
         if f.acked >= f.last_end:
             f.caught_up_ns = now_ns
+        return f.acked != was
 
     def answered(self, node: int, leader_end: int) -> None:
         """The leader answered ``node``'s fetch with everything up to leader_end."""

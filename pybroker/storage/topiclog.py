@@ -305,11 +305,12 @@ class TopicLog:
         self.head = first + len(items)
         return first
 
-    def append_raw(self, data: bytes | bytearray, first: int) -> int:
+    def append_raw(self, data: bytes | bytearray, first: int) -> tuple[Sequence[int], int]:
         """Records already built elsewhere (a replica's copy of its leader's log:
         pybroker.cluster): they must start at ``head`` and be whole and intact (offsets
-        in sequence, checksums); returns how many. Raises ValueError otherwise (nothing
-        is appended). Written by the next ``write_pending`` like any append."""
+        in sequence, checksums); returns where each starts in ``data`` and how many are
+        deferred (DPUB). Raises ValueError otherwise (nothing is appended). Written by
+        the next ``write_pending`` like any append."""
         if first != self.head:
             raise ValueError(f"records start at {first}, the log's head is {self.head}")
         starts, used, (status, deferred, max_ts) = _native.log_scan(
@@ -317,11 +318,11 @@ class TopicLog:
         if used != len(data) or status < 0:
             raise ValueError(f"records from {first} are damaged or incomplete")
         if not starts:
-            return 0
+            return starts, 0
         self._pending.append((bytes(data), (starts, max_ts, deferred)))
         self._pending_deferred += deferred
         self.head = first + len(starts)
-        return len(starts)
+        return starts, deferred
 
     def truncate(self, offset: int) -> int:
         """Cut the log back so that ``offset`` is the next offset written (a replica
