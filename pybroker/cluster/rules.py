@@ -178,8 +178,9 @@ class LeaderState:
         f = self.followers.get(node)
         if f is None:
             f = self.followers[node] = Follower(now_ns)
-            f.acked = -1
-        was = f.acked
+            was = -1                  # first heard of: whatever it holds is news
+        else:
+            was = f.acked
         f.acked = min(acked, leader_end)
         f.fetched_ns = now_ns
         if f.acked >= f.last_end:
