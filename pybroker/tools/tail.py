@@ -16,6 +16,7 @@ import typer
 
 from pybroker import __version__
 from pybroker.client import Config, Consumer, Message, random_ephemeral_channel
+from pybroker.stopflag import StopFlag
 from pybroker.tools._common import Progress, StopSignals, apply_opts, fatal, opt, setup_logging
 
 log = logging.getLogger("pybroker.tools")
@@ -30,12 +31,13 @@ class TailPrinter:
     """The handler shared by every topic's consumer: writes, counts, stops at N."""
 
     def __init__(self, out: BinaryIO, total: int, print_topic: bool, progress: Progress,
-                 stop: threading.Event) -> None:
+                 stop: StopFlag, pause: Callable[[], None] = lambda: None) -> None:
         self.out = out
         self.total = total
         self.print_topic = print_topic
         self.progress = progress
         self.stop = stop
+        self.pause = pause
         self.shown = 0
         self._done = False
         self._lock = threading.Lock()
@@ -53,17 +55,26 @@ class TailPrinter:
                     self.out.write(prefix + msg.body + b"\n")
                     self.out.flush()
                 except (BrokenPipeError, ValueError):
-                    self._done = True
+                    self._finish()
                     msg.requeue_without_backoff(0)
-                    self.stop.set()
                     return
                 self.shown += 1
                 self.progress.add(1, len(msg.body))
                 if self.total > 0 and self.shown >= self.total:
-                    self._done = True
-                    self.stop.set()
+                    self._finish()
 
         return handle
+
+    def _finish(self) -> None:
+        """Done: pause every consumer before this message's FIN or REQ goes out.
+
+        The server must not fill the RDY a FIN frees (nor hand a REQ'd message straight
+        back): each extra message would be requeued, and its attempts would climb for as
+        long as the main thread takes to send CLS.
+        """
+        self._done = True
+        self.pause()
+        self.stop.set()
 
 
 def tail_command(
@@ -110,7 +121,12 @@ def tail_command(
     progress = Progress("tail", enabled=None if not stdout_tty else False)
     consumers: list[Consumer] = []
     with StopSignals() as signals:
-        printer = TailPrinter(out, total_messages, print_topic, progress, signals.stop)
+        def stop_consumers() -> None:
+            for c in list(consumers):
+                c.stop()        # CLS: the server sends no more; returns at once
+
+        printer = TailPrinter(out, total_messages, print_topic, progress, signals.stop,
+                              pause=stop_consumers)
         try:
             for t in topic:
                 log.info("Adding consumer for topic: %s", t)
