@@ -32,6 +32,7 @@ from pybroker.server.loop import EventLoop
 from pybroker.server.scanner import QueueScanner
 from pybroker.server.sockets import Bound, StartupError, bind_listeners
 from pybroker.server.storage import StorageManager
+from pybroker.stopflag import StopFlag
 from pybroker.storage import StorageError
 from pybroker.storage.lock import DataPathLocked
 
@@ -72,7 +73,7 @@ class Runtime:
         # replication (pybroker.cluster), only when cluster_etcd is set: nothing of it
         # is imported otherwise
         self.cluster: ClusterHooks | None = None
-        self._stop = threading.Event()
+        self._stop = StopFlag()     # set by the signal handlers: no lock
 
     # -- waking channels for publishers that are not loop threads (HTTP, start-up) ------
     def _wake(self, chans: list[Channel]) -> None:
@@ -196,8 +197,7 @@ class Runtime:
 
     def wait(self) -> None:
         """Block the main thread until SIGTERM/SIGINT (or request_stop)."""
-        while not self._stop.wait(0.5):
-            pass
+        self._stop.wait()
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop accepting, close clients, join every thread with a deadline."""

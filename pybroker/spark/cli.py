@@ -8,13 +8,13 @@ Exit status: 0 done (or stopped by SIGINT/SIGTERM), 1 the query failed, 2 bad us
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from typing import TYPE_CHECKING
 
 import typer
 
 from pybroker.client.config import parse_duration
+from pybroker.stopflag import StopFlag
 
 if TYPE_CHECKING:   # pyspark is imported when a job starts
     from pyspark.sql import SparkSession
@@ -145,7 +145,7 @@ def archive(
 def _run(spark: SparkSession, job: ArchiveJob) -> int:
     from pybroker.spark.pipeline import batch_rows, start_archive
 
-    stop = threading.Event()
+    stop = StopFlag()     # set by the signal handlers: no lock
     previous = {s: signal.signal(s, lambda *_: stop.set())
                 for s in (signal.SIGINT, signal.SIGTERM)}
     seen: dict[int, int] = {}

@@ -18,6 +18,7 @@ import typer
 from typer.core import TyperCommand
 
 from pybroker.client.config import Config, parse_duration
+from pybroker.stopflag import StopFlag
 
 if TYPE_CHECKING:
     from signal import _HANDLER   # what signal.signal returns (typeshed's name)
@@ -138,7 +139,7 @@ class StopSignals:
     """
 
     def __init__(self, hup: Callable[[], None] | None = None) -> None:
-        self.stop = threading.Event()
+        self.stop = StopFlag()    # set by the handlers: no lock (see pybroker.stopflag)
         self.signal: int | None = None
         self._hup = hup
         self._saved: dict[int, _HANDLER] = {}
@@ -164,14 +165,8 @@ class StopSignals:
             signal.signal(sig, handler)
 
     def wait(self, timeout_s: float | None = None) -> bool:
-        """Sleep until a stop signal (short slices, so signal handlers run promptly)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while not self.stop.is_set():
-            left = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
-            if left <= 0:
-                return False
-            self.stop.wait(left)
-        return True
+        """Sleep until a stop signal (or ``stop.set()``); True if stopped."""
+        return self.stop.wait(timeout_s)
 
 
 def _human_bytes(n: float) -> str:

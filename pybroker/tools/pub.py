@@ -22,6 +22,7 @@ import typer
 
 from pybroker import __version__
 from pybroker.client import Config, Producer
+from pybroker.stopflag import StopFlag
 from pybroker.tools._common import Progress, StopSignals, apply_opts, fatal, opt, setup_logging
 
 log = logging.getLogger("pybroker.tools")
@@ -67,7 +68,7 @@ class Throttle:
         self.burst = float(rate)
         self._next = time.monotonic()
 
-    def wait(self, stop: threading.Event) -> None:
+    def wait(self, stop: StopFlag) -> None:
         if not self.interval:
             return
         now = time.monotonic()

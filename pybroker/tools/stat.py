@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import ssl
 import sys
-import threading
-import time
 import urllib.error
 import urllib.parse
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ import typer
 from pybroker import __version__
 from pybroker.client.lookupd import get_json, http_url, lookup_producers, producer_http_address
 from pybroker.jsonvalue import Json, JsonObject
+from pybroker.stopflag import StopFlag
 from pybroker.tools._common import StopSignals, duration, fatal, opt, setup_logging
 
 HEADER = ("%s+%s+%s" % ("------rate------", "----------------depth----------------",
@@ -220,7 +219,7 @@ def stat_command(
                    lookupd_http_address, timeout_s)
 
 
-def _stat_loop(stop: threading.Event, topic: str, channel: str, interval_s: float,
+def _stat_loop(stop: StopFlag, topic: str, channel: str, interval_s: float,
                count: int | None, nsqd_http: list[str], lookupd_http: list[str],
                timeout_s: float) -> None:
     out = sys.stdout
@@ -250,8 +249,5 @@ def _stat_loop(stop: threading.Event, topic: str, channel: str, interval_s: floa
         i += 1
         if count is not None and count < i:
             break
-        deadline = time.monotonic() + interval_s
-        while not stop.is_set() and time.monotonic() < deadline:
-            stop.wait(min(0.2, max(0.0, deadline - time.monotonic())))
-        if stop.is_set():
+        if stop.wait(interval_s):
             return

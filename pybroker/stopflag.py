@@ -1,0 +1,65 @@
+"""A stop event that a signal handler may set.
+
+``threading.Event.set()`` takes the event's lock. A signal handler runs in the main
+thread between two bytecodes, so if the main thread was inside ``Event.wait()`` holding
+that same lock when the signal came, the handler's ``set()`` waits for a lock its own
+thread holds: the process never stops. ``StopFlag.set()`` takes no lock: it sets a flag
+and writes a byte to a pipe that waiters ``select`` on. A signal interrupts that
+``select``; Python runs the handler and resumes it, and the byte wakes it.
+"""
+from __future__ import annotations
+
+import math
+import os
+import select
+import threading
+import time
+
+
+class StopFlag:
+    """``set`` / ``is_set`` / ``wait`` like ``threading.Event``, safe from signal handlers.
+
+    The pipe is made by the first ``wait`` (an object nobody waits on holds no file
+    descriptor) and kept: a late ``set`` from another thread must never write to a
+    descriptor number that has since been given to another file.
+    """
+
+    def __init__(self) -> None:
+        self._set = False
+        self._fds: tuple[int, int] | None = None
+        self._make_lock = threading.Lock()     # never taken by set()
+
+    def set(self) -> None:
+        self._set = True
+        fds = self._fds
+        if fds is not None:
+            try:
+                os.write(fds[1], b"x")
+            except BlockingIOError:     # the pipe is full: waiters are woken already
+                pass
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def _read_fd(self) -> int:
+        with self._make_lock:
+            if self._fds is None:
+                r, w = os.pipe()
+                os.set_blocking(w, False)
+                self._fds = (r, w)
+            return self._fds[0]
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until set or ``timeout_s`` passes; True if set."""
+        if self._set:
+            return True
+        poller = select.poll()
+        poller.register(self._read_fd(), select.POLLIN)
+        # a set() before the pipe existed wrote nothing: it is seen here
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._set:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            poller.poll(None if left is None else max(1, math.ceil(left * 1000)))
+        return self._set

@@ -1,0 +1,82 @@
+"""StopFlag: a stop event that signal handlers set without taking a lock."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from pybroker.stopflag import StopFlag
+from tests.support.broker import project_root
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_wait_times_out_false_and_returns_true_once_set() -> None:
+    flag = StopFlag()
+    started = time.monotonic()
+    assert flag.wait(0.05) is False
+    assert time.monotonic() - started >= 0.05
+    assert not flag.is_set()
+    flag.set()
+    assert flag.is_set() and flag.wait(0) is True and flag.wait() is True
+
+
+def test_set_from_another_thread_wakes_a_waiter_without_timeout() -> None:
+    flag = StopFlag()
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(flag.wait()))
+    waiter.start()
+    threading.Timer(0.05, flag.set).start()
+    waiter.join(10)
+    assert woke == [True]
+
+
+def test_set_before_the_first_wait_is_seen() -> None:
+    flag = StopFlag()
+    flag.set()                      # no pipe yet: the flag alone carries it
+    assert flag.wait(5) is True
+
+
+def test_a_handler_sets_it_while_the_main_thread_holds_its_lock() -> None:
+    # threading.Event.set() in a handler that interrupts Event.wait() (which holds the
+    # event's lock) waits for its own thread forever; StopFlag.set() takes no lock
+    flag = StopFlag()
+    previous = signal.signal(signal.SIGUSR1, lambda *_: flag.set())
+    try:
+        with flag._make_lock:
+            signal.raise_signal(signal.SIGUSR1)    # the handler runs here, in this thread
+        assert flag.is_set() and flag.wait(0)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+CHILD = textwrap.dedent("""
+    import os, random, signal, sys, threading, time
+    from pybroker.stopflag import StopFlag
+    flag = None
+    signal.signal(signal.SIGUSR1, lambda *_: flag.set())
+    for _ in range(int(sys.argv[1])):
+        flag = StopFlag()
+        kill = threading.Timer(random.random() * 0.002, os.kill,
+                               (os.getpid(), signal.SIGUSR1))
+        kill.start()
+        while not flag.wait(0):         # the main thread is always inside wait()
+            pass
+        kill.join()
+    print("stopped every time")
+""")
+
+
+def test_signals_landing_anywhere_in_wait_always_stop_it() -> None:
+    # threading.Event in this loop wedges within a few hundred rounds on this machine
+    env = {**os.environ, "PYTHONPATH": str(project_root())}
+    r = subprocess.run([sys.executable, "-c", CHILD, "300"], capture_output=True,
+                       timeout=40, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == b"stopped every time"
