@@ -136,12 +136,19 @@ class StopSignals:
     """SIGINT/SIGTERM (and optionally SIGHUP) set events instead of killing the process.
 
     Use as a context manager in the main thread; the previous handlers come back after.
+    The handlers take no lock: one that interrupted the main thread while it held the
+    lock would wait for itself forever. So SIGHUP only counts, and ``wait`` (on the main
+    thread) calls ``hup`` for it, within ``HUP_POLL_S``.
     """
+
+    HUP_POLL_S = 0.1
 
     def __init__(self, hup: Callable[[], None] | None = None) -> None:
         self.stop = StopFlag()    # set by the handlers: no lock (see pybroker.stopflag)
         self.signal: int | None = None
         self._hup = hup
+        self._hups = 0            # SIGHUPs received (the handler only counts)
+        self._hups_done = 0
         self._saved: dict[int, _HANDLER] = {}
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -149,8 +156,7 @@ class StopSignals:
         self.stop.set()
 
     def _on_hup(self, signum: int, frame: FrameType | None) -> None:
-        if self._hup is not None:
-            self._hup()
+        self._hups += 1
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is threading.main_thread():
@@ -165,8 +171,22 @@ class StopSignals:
             signal.signal(sig, handler)
 
     def wait(self, timeout_s: float | None = None) -> bool:
-        """Sleep until a stop signal (or ``stop.set()``); True if stopped."""
-        return self.stop.wait(timeout_s)
+        """Sleep until a stop signal (or ``stop.set()``); True if stopped. Runs the
+        ``hup`` callback for SIGHUPs received meanwhile."""
+        if self._hup is None:
+            return self.stop.wait(timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if self.stop.wait(self.HUP_POLL_S if left is None
+                              else max(0.0, min(left, self.HUP_POLL_S))):
+                return True
+            seen = self._hups
+            if seen != self._hups_done:
+                self._hups_done = seen
+                self._hup()
+            if left is not None and left <= self.HUP_POLL_S:
+                return self.stop.is_set()
 
 
 def _human_bytes(n: float) -> str:

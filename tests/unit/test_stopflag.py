@@ -80,3 +80,25 @@ def test_signals_landing_anywhere_in_wait_always_stop_it() -> None:
                        timeout=40, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == b"stopped every time"
+
+
+def test_sighup_while_the_hup_callbacks_lock_is_held_runs_it_from_wait() -> None:
+    # to_file's hup takes the discoverer's lock, which its main thread holds while it
+    # updates topics: the handler must only count, and wait() call hup on this thread
+    from pybroker.tools._common import StopSignals
+    lock = threading.Lock()
+    hups: list[int] = []
+
+    def hup() -> None:
+        with lock:
+            hups.append(1)
+
+    with StopSignals(hup=hup) as signals:
+        with lock:
+            signal.raise_signal(signal.SIGHUP)     # the handler runs here, lock held
+            signal.raise_signal(signal.SIGHUP)
+        assert hups == []
+        assert signals.wait(0.5) is False        # not a stop: hup ran, time ran out
+        assert hups == [1]                        # two signals before one wait: one hup
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        assert signals.wait(10) is True and signals.signal == signal.SIGTERM
