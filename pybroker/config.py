@@ -249,8 +249,9 @@ SPECS: tuple[OptionSpec, ...] = (
                "nodes that hold a copy of each topic (the topic's first node and the "
                "next ones by id)", 1, 64),
     OptionSpec("min_insync_replicas", "int", 2,
-               "in-sync replicas (the leader included) that must hold a publish before "
-               "it is answered OK; fewer in sync: publishes fail", 1, 64),
+               "the fewest in-sync replicas (the leader included) a publish is answered "
+               "with: every in-sync replica holds it before OK; fewer in sync: "
+               "publishes fail", 1, 64),
     OptionSpec("cluster_lease_ttl", "duration", 5 * S,
                "etcd lease of a node's membership and leaderships: a dead leader is "
                "replaced after about this long", 1 * S, 300 * S),
