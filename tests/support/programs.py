@@ -11,7 +11,8 @@ What strict mode requires, all provided by ``.ci/run`` (or present in any CI clo
 NSQ's programs (nsqd, nsqlookupd, nsqadmin, nsq_tail, nsq_to_file, nsq_stat, to_nsq,
 bench_writer/bench_reader), etcd (Debian's etcd-server), go-nsq's compiled test suite with its source directory
 ($GO_NSQ_DIR) and a private network namespace to run it in, strace, curl, a Java runtime,
-the extras (pyspark, pyarrow, locust), git and a C compiler.
+Chromium and chromedriver (Debian's chromium, chromium-driver), the extras (pyspark,
+pyarrow, locust, selenium), git and a C compiler.
 
 The skips that remain in a strict run, each for a reason no CI set-up changes:
 - systemd-analyze missing: the unit file's check (containers run no systemd);
