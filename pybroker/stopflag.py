@@ -53,6 +53,12 @@ class StopFlag:
         """Block until set or ``timeout_s`` passes; True if set."""
         if self._set:
             return True
+        if timeout_s is not None and timeout_s < 0.001:
+            # poll counts whole milliseconds: a shorter wait (a throttle's) sleeps; a
+            # signal still runs its handler, and a set() meanwhile is seen on return
+            if timeout_s > 0:
+                time.sleep(timeout_s)
+            return self._set
         poller = select.poll()
         poller.register(self._read_fd(), select.POLLIN)
         # a set() before the pipe existed wrote nothing: it is seen here

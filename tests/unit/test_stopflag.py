@@ -102,3 +102,4 @@ def test_sighup_while_the_hup_callbacks_lock_is_held_runs_it_from_wait() -> None
         assert hups == [1]                        # two signals before one wait: one hup
         threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM)).start()
         assert signals.wait(10) is True and signals.signal == signal.SIGTERM
+
