@@ -114,6 +114,22 @@ def mpub_error(e: "_native.ScanError", max_msg: int) -> ClientError:
     return BadBody(f"MPUB body size does not match its messages ({v} bytes left over)")
 
 
+def mpub_body_error(e: "_native.ScanError", max_msg: int, size: int) -> ClientError:
+    """The answer to a whole MPUB body (``size`` bytes, as its header said) that does not
+    parse: nsqd's, except where the body ends before its messages do. nsqd reads an
+    MPUB's messages from the stream whatever the size said, on into the next command's
+    bytes, so its answer then depends on what follows; pybroker frames the body by its
+    size and says that the two disagree (E_BAD_BODY)."""
+    code, i = e.code, e.index
+    where = ("the message count" if code == _native.E_MPUB_COUNT_READ
+             else f"message({i})'s size" if code == _native.E_MPUB_PART_READ
+             else f"message({i})'s body" if code == _native.E_MPUB_PART_SHORT else "")
+    if where:
+        return BadBody(f"MPUB body size does not match its messages (its {size} bytes end "
+                       f"inside {where})")
+    return mpub_error(e, max_msg)
+
+
 _SHORT_READ = {b"PUB": True, b"DPUB": True, b"IDENTIFY": False, b"AUTH": False,
                b"MPUB": False}   # verb -> is its body a message (E_BAD_MESSAGE)
 

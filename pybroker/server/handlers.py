@@ -29,7 +29,7 @@ from pybroker.errors import (AuthDisabled, BadBody, BadChannel, BadTopic, Broker
                              ClientError, DpubFailed, Exiting, FinFailed, IdentifyFailed,
                              Invalid, MpubFailed,
                              PubFailed, ReqFailed, SubFailed, TouchFailed)
-from pybroker.protocol.decoder import Command, mpub_error
+from pybroker.protocol.decoder import Command, mpub_body_error
 from pybroker.protocol.identify import IdentifyDecodeError, decode_identify
 from pybroker.protocol.encoder import CLOSE_WAIT_FRAME, encode_error, encode_response
 from pybroker.protocol.names import is_valid_name
@@ -269,7 +269,7 @@ def mpub(c: Conn, line: Line, body: bytes) -> None:
     try:
         offs, lens = _native.mpub_parts(body, o.max_msg_size, (o.max_body_size - 4) // 5)
     except _native.ScanError as e:
-        raise mpub_error(e, o.max_msg_size) from None
+        raise mpub_body_error(e, o.max_msg_size, len(body)) from None
     # more than SLICE messages are appended a slice per loop turn (server/publish.py),
     # so other clients wait for none
     _publish(c, name, (body, offs, lens), 0, MpubFailed, "MPUB")

@@ -439,6 +439,28 @@ def test_mpub_bad_parts_are_atomic(small_broker: BrokerProcess, connect: Connect
     consumer.expect_nothing(0.2)
 
 
+# A body whose size ends before its messages do: nsqd reads on past the size, into
+# whatever follows (its answer depends on those bytes: the fuzz test found it answering
+# E_BAD_MESSAGE); pybroker frames the body by its size and says the two disagree.
+@pytest.mark.parametrize("body, where", [
+    (b"\x00\x00\x00", "its 3 bytes end inside the message count"),
+    (struct.pack(">i", 2) + struct.pack(">i", 1) + b"a" + b"\x00\x00",
+     "its 11 bytes end inside message(1)'s size"),
+    (struct.pack(">i", 1) + struct.pack(">i", 5) + b"abc",
+     "its 11 bytes end inside message(0)'s body"),
+])
+def test_mpub_body_ending_inside_its_messages(broker: BrokerProcess, connect: Connect,
+                                              body: bytes, where: str) -> None:
+    topic = unique_name()
+    consumer = subscribe(connect(broker), topic, rdy=10)
+    c = connect(broker)
+    c.send(wire.command("MPUB", topic, body=body) + wire.command("NOP"))
+    c.expect_error("E_BAD_BODY",
+                   prefix=f"E_BAD_BODY MPUB body size does not match its messages ({where})")
+    connect(broker).pub(topic, b"marker")
+    assert consumer.read_message().body == b"marker", "a rejected MPUB delivered a part"
+
+
 @pytest.mark.parametrize("delay, text", [
     ("10001", "E_INVALID DPUB timeout 10001 out of range 0-10000"),
     ("-1", "E_INVALID DPUB could not parse timeout -1"),
