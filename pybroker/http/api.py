@@ -432,15 +432,16 @@ def build_router(api: Api) -> Router:
     """nsqd's routes (http.go), each with its body limit and the answer past it."""
     o = api.opts
     too_big = (o.max_body_size, error(413, "BODY_TOO_BIG", close=True))
+    ignored = (o.max_body_size, None)     # the handler never reads the body (as nsqd's)
     r = Router(default_limit=too_big)
-    r.add("GET", "/ping", api.ping)
-    r.add("GET", "/info", api.info)
+    r.add("GET", "/ping", api.ping, ignored)
+    r.add("GET", "/info", api.info, ignored)
     r.add("POST", "/pub", guarded(api.pub), (o.max_msg_size, error(413, "MSG_TOO_BIG", close=True)))
     r.add("POST", "/mpub", guarded(api.mpub), too_big)
-    r.add("GET", "/stats", guarded(api.stats))
+    r.add("GET", "/stats", guarded(api.stats), ignored)
     for verb in ("create", "delete", "empty", "pause", "unpause"):
-        r.add("POST", f"/topic/{verb}", guarded(getattr(api, f"topic_{verb}")))
-        r.add("POST", f"/channel/{verb}", guarded(getattr(api, f"channel_{verb}")))
+        r.add("POST", f"/topic/{verb}", guarded(getattr(api, f"topic_{verb}")), ignored)
+        r.add("POST", f"/channel/{verb}", guarded(getattr(api, f"channel_{verb}")), ignored)
     invalid = (o.max_msg_size, error(413, "INVALID_VALUE", close=True))
     r.add("GET", "/config/:opt", api.options.handle)
     r.add("PUT", "/config/:opt", api.options.handle, invalid)

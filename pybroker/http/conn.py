@@ -9,7 +9,8 @@ response bytes are waiting, so a client that sends without reading cannot grow m
 Limits: the request line plus headers may not exceed ``MAX_HEADER_BYTES`` (431, then a
 close); a body may not exceed the route's limit, checked against Content-Length as soon
 as the headers arrive and while a chunked body streams (413 with nsqd's code, then a
-close); garbage gets Go's ``400 Bad Request`` and a close. Deadlines (``expired``):
+close), except on routes whose handler never reads it (as nsqd's): there the request is
+answered as usual, the body dropped unread, and the connection closed after; garbage gets Go's ``400 Bad Request`` and a close. Deadlines (``expired``):
 headers within ``header_timeout``, the whole request within ``request_timeout``, a
 response drained within ``request_timeout``, an idle keep-alive connection closed after
 ``idle_timeout``.
@@ -139,13 +140,25 @@ class HttpConn:
             r.reject = plain_error(400, "missing required Host header")  # as Go's server
         else:
             r.limit, r.over_limit = self.server.router.limit(r.method, r.path)
-            if r.content_length > r.limit and r.over_limit is not None:
-                r.reject = closing(r.over_limit)  # refused before the body is read
+            if r.content_length > r.limit:
+                if r.over_limit is not None:
+                    r.reject = closing(r.over_limit)  # refused before the body is read
+                else:
+                    self._ignore_body(r)              # answered without reading it
+                    return
             elif r.expect_continue and r.version == "1.1" and self._idle():
                 self._write(CONTINUE)
         if r.reject is not None:
             self._queue_current()
             self.discard = True
+
+    def _ignore_body(self, r: Request) -> None:
+        """A body larger than a route that never reads it keeps: answer the request as
+        usual now, drop the body unread, and close after the answer."""
+        r.body = []
+        r.keep_alive = False
+        self._queue_current()
+        self.discard = True
 
     def on_body(self, data: bytes) -> None:
         if self.discard:
@@ -153,7 +166,10 @@ class HttpConn:
         r = self.cur
         assert r is not None
         r.body_len += len(data)
-        if r.body_len > r.limit and r.over_limit is not None:
+        if r.body_len > r.limit:
+            if r.over_limit is None:
+                self._ignore_body(r)
+                return
             r.body = []
             r.reject = closing(r.over_limit)  # a chunked body grew past the limit
             self._queue_current()

@@ -17,6 +17,13 @@ from pybroker.http.response import HTML, Response, error
 Handler = Callable[[Request], Response | Gather[Response]]
 
 
+# (largest body kept, the answer past it); None for the answer: the handler never reads
+# the body, so past the size it is dropped unread and the request answered as usual,
+# then the connection closed (nsqd's handlers for these routes never read it; Go's
+# server closes a connection that leaves a large body unread)
+Limit = tuple[int, "Response | None"]
+
+
 class Route:
     """The methods of one path, and how much body each may carry (checked as soon as
     the headers arrive, so an oversized body is refused before it is read)."""
@@ -26,10 +33,10 @@ class Route:
     def __init__(self, path: str) -> None:
         self.path = path
         self.handlers: dict[bytes, Handler] = {}
-        self.limits: dict[bytes, tuple[int, Response]] = {}
+        self.limits: dict[bytes, Limit] = {}
         self.allow = b""
 
-    def add(self, method: bytes, handler: Handler, limit: tuple[int, Response] | None) -> None:
+    def add(self, method: bytes, handler: Handler, limit: Limit | None) -> None:
         self.handlers[method] = handler
         if limit is not None:
             self.limits[method] = limit
@@ -41,13 +48,13 @@ class Route:
 class Router:
     PARAM_PREFIX = "/config/"
 
-    def __init__(self, default_limit: tuple[int, Response]) -> None:
+    def __init__(self, default_limit: Limit) -> None:
         self.static: dict[str, Route] = {}
         self.param: Route | None = None  # /config/:opt
         self.default_limit = default_limit
 
     def add(self, method: str, path: str, handler: Handler,
-            limit: tuple[int, Response] | None = None) -> None:
+            limit: Limit | None = None) -> None:
         if path.endswith("/:opt"):
             if self.param is None:
                 self.param = Route(path)
@@ -66,8 +73,9 @@ class Router:
                 return self.param, opt
         return None, ""
 
-    def limit(self, method: bytes, path: str) -> tuple[int, Response]:
-        """(largest body, response when it is exceeded) for a request's headers."""
+    def limit(self, method: bytes, path: str) -> Limit:
+        """(largest body, response when it is exceeded) for a request's headers; the
+        response None: the handler ignores the body (``BODY_IGNORED``)."""
         route, _ = self._match(path)
         if route is None:
             return self.default_limit[0], self.resolve(method, path, b"")[1] or error(404, "NOT_FOUND")
