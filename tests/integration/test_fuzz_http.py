@@ -1,5 +1,5 @@
 """The HTTP API beside nsqd's, request by request: Hypothesis draws requests (method,
-endpoint, query, body) and sends each to a real nsqd 1.3 and to pybroker, started with
+endpoint, query, body, Accept header) and sends each to a real nsqd 1.3 and to pybroker, started with
 the same limits and fed the same sequence; the status codes must be equal, and so must
 the bodies of every answer but the documents that describe the broker itself (/stats,
 /info). Names are drawn as kinds (the topic both brokers have, one new to both, an
@@ -26,7 +26,8 @@ DESCRIPTIVE = ("/stats", "/info")
 ENDPOINTS = ["/pub", "/mpub", "/topic/create", "/topic/delete", "/topic/empty",
              "/topic/pause", "/topic/unpause", "/channel/create", "/channel/delete",
              "/channel/empty", "/channel/pause", "/channel/unpause", "/ping", "/info",
-             "/stats", "/nope", "/pub/", "/topic/", "/channel"]
+             "/stats", "/nope", "/pub/", "/topic/", "/channel", "/config/log_level",
+             "/config/nsqlookupd_tcp_addresses", "/config/bogus", "/config/"]
 KEYS = ["topic", "channel", "defer", "binary", "format", "include_clients"]
 VALUES = ["", "1", "0", "-1", "3600000", "3600001", "x", "true", "false", "json", "text",
           "9" * 25]
@@ -41,12 +42,14 @@ def mpub_binary(parts: list[bytes]) -> bytes:
 BODIES = st.one_of(
     st.sampled_from([b"", b"hello", b"a\nb\n", b"\n\n", b"x" * (MAX_MSG + 1),
                      b"y" * (MAX_BODY + 1), mpub_binary([b"a", b"bc"]),
-                     mpub_binary([b""]), mpub_binary([]), b"\x00\x00\x00\x02\x00"]),
+                     mpub_binary([b""]), mpub_binary([]), b"\x00\x00\x00\x02\x00",
+                     b'"debug"', b'"warn"', b'"nope"', b"[]", b'["127.0.0.1:1"]', b'[1]',
+                     b'"x"', b"null", b"{}"]),
     st.binary(max_size=20))
 
 
 @st.composite
-def requests(draw: st.DrawFn) -> tuple[str, str, list[tuple[str, str]], bytes]:
+def requests(draw: st.DrawFn) -> tuple[str, str, list[tuple[str, str]], bytes, str]:
     method = draw(st.sampled_from(["POST", "POST", "POST", "GET", "PUT", "DELETE"]))
     path = draw(st.sampled_from(ENDPOINTS))
     query: list[tuple[str, str]] = []
@@ -57,7 +60,8 @@ def requests(draw: st.DrawFn) -> tuple[str, str, list[tuple[str, str]], bytes]:
         else:
             value = draw(st.sampled_from(VALUES))
         query.append((key, value))
-    return method, path, query, draw(BODIES)
+    accept = draw(st.sampled_from(["", "application/vnd.nsq; version=1.0", "text/plain"]))
+    return method, path, query, draw(BODIES), accept
 
 
 def concrete(query: list[tuple[str, str]], known: str, fresh: str) -> str:
@@ -67,10 +71,12 @@ def concrete(query: list[tuple[str, str]], known: str, fresh: str) -> str:
                                    for k, v in query])
 
 
-def answer(b: BrokerProcess, method: str, target: str, body: bytes) -> tuple[int, bytes]:
+def answer(b: BrokerProcess, method: str, target: str, body: bytes,
+           accept: str = "") -> tuple[int, bytes]:
     conn = http.client.HTTPConnection(*b.http_address, timeout=10)  # type: ignore[misc]
     try:
-        conn.request(method, target, body=body if method in ("POST", "PUT") else None)
+        conn.request(method, target, body=body if method in ("POST", "PUT") else None,
+                     headers={"Accept": accept} if accept else {})
         r = conn.getresponse()
         return r.status, r.read()
     finally:
@@ -91,17 +97,18 @@ def test_http_answers_match_nsqd(make_broker: Callable[..., BrokerProcess]) -> N
     @settings(max_examples=EXAMPLES, deadline=None,
               suppress_health_check=[HealthCheck.too_slow])
     @given(req=requests())
-    def run(req: tuple[str, str, list[tuple[str, str]], bytes]) -> None:
-        method, path, query, body = req
+    def run(req: tuple[str, str, list[tuple[str, str]], bytes, str]) -> None:
+        method, path, query, body, accept = req
         fresh = f"{known}_{next(counter)}"
         q = concrete(query, known, fresh)
         target = path + ("?" + q if q else "")
-        want = answer(nsqd, method, target, body)
-        got = answer(ours, method, target, body)
+        want = answer(nsqd, method, target, body, accept)
+        got = answer(ours, method, target, body, accept)
         if path in DESCRIPTIVE:
             want, got = (want[0], b""), (got[0], b"")
         if got != want:
-            mismatches.append(f"{method} {target} {body[:40]!r}\n  nsqd:     {want}\n"
+            mismatches.append(f"{method} {target} {body[:40]!r} Accept {accept!r}\n"
+                              f"  nsqd:     {want}\n"
                               f"  pybroker: {got}")
 
     run()
