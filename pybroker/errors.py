@@ -9,6 +9,42 @@ from __future__ import annotations
 from typing import ClassVar
 
 
+_GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r",
+               "\t": "\\t", "\v": "\\v", '"': '\\"', "\\": "\\\\"}
+
+
+def go_quote(value: bytes | str) -> str:
+    """Go's ``%q`` of a string (strconv.Quote), as nsqd's error texts quote names:
+    printable characters as they are, ``\\"``, ``\\\\`` and the ``\\n`` family escaped,
+    other control characters as ``\\xNN``, other non-printable ones as ``\\uNNNN`` or
+    ``\\UNNNNNNNN``, and each byte that is not part of valid UTF-8 as ``\\xNN``."""
+    text = value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
+    out = ['"']
+    for ch in text:
+        o = ord(ch)
+        esc = _GO_ESCAPES.get(ch)
+        if esc is not None:
+            out.append(esc)
+        elif 0xDC80 <= o <= 0xDCFF:          # a byte that was not UTF-8 (surrogateescape)
+            out.append(f"\\x{o - 0xDC00:02x}")
+        elif ch.isprintable():              # Go's IsPrint: L, M, N, P, S and the space
+            out.append(ch)
+        elif o < 0x20 or o == 0x7F:
+            out.append(f"\\x{o:02x}")
+        elif o < 0x10000:
+            out.append(f"\\u{o:04x}")
+        else:
+            out.append(f"\\U{o:08x}")
+    out.append('"')
+    return "".join(out)
+
+
+def raw_text(value: bytes) -> str:
+    """Bytes a client sent, to be written back as they were in an error text (nsqd's
+    ``%s``): ``ClientError.payload`` turns them back into the same bytes."""
+    return value.decode("utf-8", "surrogateescape")
+
+
 class ClientError(Exception):
     """An error answered to one client as an Error frame ``CODE description``."""
 
@@ -16,7 +52,12 @@ class ClientError(Exception):
     fatal: ClassVar[bool] = True
 
     def payload(self) -> bytes:
-        return self.code + b" " + str(self).encode("utf-8", "replace")
+        text = str(self)
+        try:   # bytes carried by raw_text go back as they came
+            body = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            body = text.encode("utf-8", "replace")
+        return self.code + b" " + body
 
 
 class BadProtocol(ClientError):

@@ -259,7 +259,11 @@ class CommandDecoder:
                 _native.mpub_parts(rest[4:], self.max_msg_size, (self.max_body_size - 4) // 5)
             except _native.ScanError as e:
                 return mpub_error(e, self.max_msg_size)
-            return BadMessage("MPUB failed to read message body")
+            # the messages are all there, short of the size: nsqd would have taken them
+            # and read on (see mpub_body_error)
+            size = int.from_bytes(rest[:4], "big", signed=True)
+            return BadBody(f"MPUB body size does not match its messages (they end after "
+                           f"{len(rest) - 4} of its {size} bytes)")
         if message:
             return BadMessage(f"{v} failed to read message body")
         return BadBody(f"{v} failed to read body")

@@ -17,7 +17,7 @@ does not allow is a bug (SessionError), never a client error.
 """
 from __future__ import annotations
 
-from pybroker.errors import Invalid
+from pybroker.errors import Invalid, raw_text
 from pybroker.protocol.wire import ClientState
 
 INIT, CONNECTED, SUBSCRIBED, CLOSING = (ClientState.INIT, ClientState.CONNECTED,
@@ -72,11 +72,10 @@ class Session:
         """May verb run now? True: run it; False: ignore it. Raises E_INVALID."""
         if self.tls_required and not self.tls and verb != b"IDENTIFY":
             # matches nsqd's enforceTLSPolicy: checked before the verb is even known
-            raise Invalid(f"cannot {verb.decode('utf-8', 'replace')} in current state "
-                          f"(TLS required)")
+            raise Invalid(f"cannot {raw_text(verb)} in current state (TLS required)")
         rule = COMMANDS.get(verb)
         if rule is None:
-            raise Invalid(f"invalid command {verb.decode('utf-8', 'replace')}")
+            raise Invalid(f"invalid command {raw_text(verb)}")
         allowed, ignored = rule
         if self.state in allowed:
             return True

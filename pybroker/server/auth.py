@@ -17,7 +17,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Callable
 
-from pybroker.errors import ClientError
+from pybroker.errors import ClientError, go_quote
 from pybroker.protocol.encoder import encode_error, encode_response
 from pybroker.server.authstate import AuthState, Authorization, parse_state
 
@@ -117,12 +117,8 @@ def check(c: Conn, then: Callable[[], None], verb: str, topic: str,
         _ask(c, answered)
         return False
     if not state.is_allowed(topic, channel):
-        raise Unauthorized(f"AUTH failed for {verb} on {_q(topic)} {_q(channel)}")
+        raise Unauthorized(f"AUTH failed for {verb} on {go_quote(topic)} {go_quote(channel)}")
     return True
-
-
-def _q(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _resume(c: Conn, then: Callable[[], None], verb: str, topic: str,

@@ -28,7 +28,8 @@ from pybroker.core.snapshot import record_latency
 from pybroker.errors import (AuthDisabled, BadBody, BadChannel, BadTopic, BrokerError,
                              ClientError, DpubFailed, Exiting, FinFailed, IdentifyFailed,
                              Invalid, MpubFailed,
-                             PubFailed, ReqFailed, SubFailed, TouchFailed)
+                             PubFailed, ReqFailed, SubFailed, TouchFailed, go_quote,
+                             raw_text)
 from pybroker.protocol.decoder import Command, mpub_body_error
 from pybroker.protocol.identify import IdentifyDecodeError, decode_identify
 from pybroker.protocol.encoder import CLOSE_WAIT_FRAME, encode_error, encode_response
@@ -89,18 +90,14 @@ def _msg_id(c: Conn, params: list[bytes], verb: str, nparams: int) -> bytes:
     return mid
 
 
-def _q(name: bytes) -> str:
-    """Quote a name the way Go's %q does (for error texts)."""
-    text = name.decode("utf-8", "replace").replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{text}"'
-
-
 def _topic_name(params: list[bytes], verb: str, nparams: int) -> str:
     if len(params) < nparams:
         raise Invalid(f"{verb} insufficient number of parameters")
     name = params[1]
     if not is_valid_name(name):
-        raise BadTopic(f"{verb} topic name {_q(name)} is not valid")
+        # matches nsqd: its MPUB text repeats the code ("E_BAD_TOPIC E_BAD_TOPIC MPUB ...")
+        again = "E_BAD_TOPIC " if verb == "MPUB" else ""
+        raise BadTopic(f"{again}{verb} topic name {go_quote(name)} is not valid")
     return name.decode()
 
 
@@ -211,9 +208,9 @@ def sub_line(c: Conn, cmd: Command) -> Line:
     if len(p) < 3:
         raise Invalid("SUB insufficient number of parameters")
     if not is_valid_name(p[1]):
-        raise BadTopic(f"SUB topic name {_q(p[1])} is not valid")
+        raise BadTopic(f"SUB topic name {go_quote(p[1])} is not valid")
     if not is_valid_name(p[2]):
-        raise BadChannel(f"SUB channel name {_q(p[2])} is not valid")
+        raise BadChannel(f"SUB channel name {go_quote(p[2])} is not valid")
     return p[1].decode(), p[2].decode(), 0
 
 
@@ -247,7 +244,7 @@ def dpub_line(c: Conn, cmd: Command) -> Line:
     name = _topic_name(p, "DPUB", 3)
     ms = _base10(p[2])
     if ms is None:
-        raise Invalid(f"DPUB could not parse timeout {p[2].decode('utf-8', 'replace')}")
+        raise Invalid(f"DPUB could not parse timeout {raw_text(p[2])}")
     max_ms = c.opts.max_req_timeout // MS
     defer_ns = _ms_duration(ms)
     if not 0 <= defer_ns <= c.opts.max_req_timeout:
@@ -292,7 +289,7 @@ def rdy(c: Conn, cmd: Command) -> None:
     if len(p) > 1:
         n = _base10(p[1])
         if n is None:
-            raise Invalid(f"RDY could not parse count {p[1].decode('utf-8', 'replace')}")
+            raise Invalid(f"RDY could not parse count {raw_text(p[1])}")
         count = _int64(n)
     if not 0 <= count <= c.opts.max_rdy_count:
         # matches nsqd: fatal, or client and server would disagree about the count
@@ -372,7 +369,7 @@ def req(c: Conn, cmd: Command) -> None:
     mid = _msg_id(c, p, "REQ", 3)
     ms = _base10(p[2])
     if ms is None:
-        raise Invalid(f"REQ could not parse timeout {p[2].decode('utf-8', 'replace')}")
+        raise Invalid(f"REQ could not parse timeout {raw_text(p[2])}")
     # matches nsqd: a REQ timeout out of 0..max_req_timeout is clamped, not rejected
     delay_ns = min(max(_ms_duration(ms), 0), c.opts.max_req_timeout)
     assert c.channel is not None

@@ -8,6 +8,7 @@ with tests/support/wire.py, never with pybroker's own codec.
 from __future__ import annotations
 
 import json
+import socket
 import struct
 import time
 from collections.abc import Callable
@@ -459,6 +460,39 @@ def test_mpub_body_ending_inside_its_messages(broker: BrokerProcess, connect: Co
                    prefix=f"E_BAD_BODY MPUB body size does not match its messages ({where})")
     connect(broker).pub(topic, b"marker")
     assert consumer.read_message().body == b"marker", "a rejected MPUB delivered a part"
+
+
+# nsqd's error texts byte for byte where they echo what the client sent: names quoted
+# as Go's %q (bytes that are not UTF-8 as \xNN, control characters escaped), other
+# values echoed raw, and MPUB's text repeating its code (nsqd's own quirk)
+@pytest.mark.parametrize("sent, text", [
+    (b"\xb6\xb6z\xc0;REQ\n", b"E_INVALID invalid command \xb6\xb6z\xc0;REQ"),
+    (b"DPUB t \tr\x08\xa9\x8b\n\x00\x00\x00\x01x",
+     b"E_INVALID DPUB could not parse timeout \tr\x08\xa9\x8b"),
+    (b"MPUB \xff\xfe\n", b'E_BAD_TOPIC E_BAD_TOPIC MPUB topic name "\\xff\\xfe" is not valid'),
+    (b"PUB a\x15\xc3\xbc\xc2\xa0\n", b'E_BAD_TOPIC PUB topic name "a\\x15\xc3\xbc\\u00a0" '
+                                     b"is not valid"),
+    (b'SUB ok a"b\\c\n', b'E_BAD_CHANNEL SUB channel name "a\\"b\\\\c" is not valid'),
+])
+def test_error_texts_echo_what_was_sent_as_nsqd(any_broker: BrokerProcess, connect: Connect,
+                                               sent: bytes, text: bytes) -> None:
+    c = connect(any_broker)
+    c.send(sent)
+    assert c.expect_error(text.split(b" ", 1)[0]) == text
+
+
+def test_mpub_body_longer_than_its_messages_then_the_stream_ends(
+        broker: BrokerProcess, connect: Connect) -> None:
+    # nsqd takes the messages (OK) and reads what follows as the next command; pybroker
+    # waits for the size it was told, and when the stream ends says the two disagree
+    c = connect(broker)
+    messages = wire.mpub_body([b"a", b"bc"])
+    c.send(wire.command("MPUB", unique_name()) + struct.pack(">i", len(messages) + 6)
+           + messages)
+    c.sock.shutdown(socket.SHUT_WR)
+    c.expect_error("E_BAD_BODY", prefix="E_BAD_BODY MPUB body size does not match its "
+                   f"messages (they end after {len(messages)} of its {len(messages) + 6} "
+                   "bytes)")
 
 
 @pytest.mark.parametrize("delay, text", [
