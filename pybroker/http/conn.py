@@ -141,22 +141,24 @@ class HttpConn:
         else:
             r.limit, r.over_limit = self.server.router.limit(r.method, r.path)
             if r.content_length > r.limit:
-                if r.over_limit is not None:
-                    r.reject = closing(r.over_limit)  # refused before the body is read
-                else:
-                    self._ignore_body(r)              # answered without reading it
-                    return
+                self._past_limit(r)                   # decided before the body is read
+                return
             elif r.expect_continue and r.version == "1.1" and self._idle():
                 self._write(CONTINUE)
         if r.reject is not None:
             self._queue_current()
             self.discard = True
 
-    def _ignore_body(self, r: Request) -> None:
-        """A body larger than a route that never reads it keeps: answer the request as
-        usual now, drop the body unread, and close after the answer."""
+    def _past_limit(self, r: Request) -> None:
+        """A body larger than the route keeps: the rest of it is dropped unread, the
+        request answered now, then the connection closed: refused with the route's
+        answer, or, on a route whose handler never reads it (``over_limit`` None),
+        answered as usual."""
         r.body = []
-        r.keep_alive = False
+        if r.over_limit is None:
+            r.keep_alive = False
+        else:
+            r.reject = closing(r.over_limit)
         self._queue_current()
         self.discard = True
 
@@ -167,13 +169,7 @@ class HttpConn:
         assert r is not None
         r.body_len += len(data)
         if r.body_len > r.limit:
-            if r.over_limit is None:
-                self._ignore_body(r)
-                return
-            r.body = []
-            r.reject = closing(r.over_limit)  # a chunked body grew past the limit
-            self._queue_current()
-            self.discard = True
+            self._past_limit(r)               # a chunked body grew past the limit
             return
         r.body.append(data)
 

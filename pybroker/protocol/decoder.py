@@ -96,6 +96,13 @@ def _size_error(verb: bytes, code: int, size: int, max_msg: int, max_body: int) 
     return BadBody(f"{v} body too big {size} > {max_body}")
 
 
+def size_mismatch(detail: str) -> ClientError:
+    """An MPUB body whose size and messages disagree: framed by its size here, read on
+    past it by nsqd (so nsqd's answer depends on what follows: the one known difference
+    of answers, docs/dropin.md)."""
+    return BadBody(f"MPUB body size does not match its messages ({detail})")
+
+
 def mpub_error(e: "_native.ScanError", max_msg: int) -> ClientError:
     """nsqd's answer to an MPUB body that does not parse (read as a stream, in order)."""
     code, i, v = e.code, e.index, e.value
@@ -111,7 +118,7 @@ def mpub_error(e: "_native.ScanError", max_msg: int) -> ClientError:
         return BadMessage(f"MPUB message too big {v} > {max_msg}")
     if code == _native.E_MPUB_PART_SHORT:
         return BadMessage("MPUB failed to read message body")
-    return BadBody(f"MPUB body size does not match its messages ({v} bytes left over)")
+    return size_mismatch(f"{v} bytes left over")
 
 
 def mpub_body_error(e: "_native.ScanError", max_msg: int, size: int) -> ClientError:
@@ -125,8 +132,7 @@ def mpub_body_error(e: "_native.ScanError", max_msg: int, size: int) -> ClientEr
              else f"message({i})'s size" if code == _native.E_MPUB_PART_READ
              else f"message({i})'s body" if code == _native.E_MPUB_PART_SHORT else "")
     if where:
-        return BadBody(f"MPUB body size does not match its messages (its {size} bytes end "
-                       f"inside {where})")
+        return size_mismatch(f"its {size} bytes end inside {where}")
     return mpub_error(e, max_msg)
 
 
@@ -262,8 +268,7 @@ class CommandDecoder:
             # the messages are all there, short of the size: nsqd would have taken them
             # and read on (see mpub_body_error)
             size = int.from_bytes(rest[:4], "big", signed=True)
-            return BadBody(f"MPUB body size does not match its messages (they end after "
-                           f"{len(rest) - 4} of its {size} bytes)")
+            return size_mismatch(f"they end after {len(rest) - 4} of its {size} bytes")
         if message:
             return BadMessage(f"{v} failed to read message body")
         return BadBody(f"{v} failed to read body")

@@ -31,13 +31,13 @@ class TailPrinter:
     """The handler shared by every topic's consumer: writes, counts, stops at N."""
 
     def __init__(self, out: BinaryIO, total: int, print_topic: bool, progress: Progress,
-                 stop: StopFlag, pause: Callable[[], None] = lambda: None) -> None:
+                 stop: StopFlag, stop_consumers: Callable[[], None] = lambda: None) -> None:
         self.out = out
         self.total = total
         self.print_topic = print_topic
         self.progress = progress
         self.stop = stop
-        self.pause = pause
+        self.stop_consumers = stop_consumers
         self.shown = 0
         self._done = False
         self._lock = threading.Lock()
@@ -66,14 +66,15 @@ class TailPrinter:
         return handle
 
     def _finish(self) -> None:
-        """Done: pause every consumer before this message's FIN or REQ goes out.
+        """Done: CLS on every consumer's connections before this message's FIN or REQ
+        goes out.
 
         The server must not fill the RDY a FIN frees (nor hand a REQ'd message straight
         back): each extra message would be requeued, and its attempts would climb for as
         long as the main thread takes to send CLS.
         """
         self._done = True
-        self.pause()
+        self.stop_consumers()
         self.stop.set()
 
 
@@ -126,7 +127,7 @@ def tail_command(
                 c.stop()        # CLS: the server sends no more; returns at once
 
         printer = TailPrinter(out, total_messages, print_topic, progress, signals.stop,
-                              pause=stop_consumers)
+                              stop_consumers=stop_consumers)
         try:
             for t in topic:
                 log.info("Adding consumer for topic: %s", t)

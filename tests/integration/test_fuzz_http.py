@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.broker import BrokerProcess, unique_name
+from tests.support.wire import mpub_body
 
 EXAMPLES = max(60, int(os.environ.get("PYBROKER_FUZZ_EXAMPLES", "300")) // 2)
 MAX_MSG, MAX_BODY = 64, 512
@@ -34,15 +35,10 @@ VALUES = ["", "1", "0", "-1", "3600000", "3600001", "x", "true", "false", "json"
 BAD_NAMES = ["", "a" * 65, "bad!name", "sp ace", "#ephemeral", ".", "a..b", "ü"]
 
 
-def mpub_binary(parts: list[bytes]) -> bytes:
-    return len(parts).to_bytes(4, "big") + b"".join(
-        len(p).to_bytes(4, "big") + p for p in parts)
-
-
 BODIES = st.one_of(
     st.sampled_from([b"", b"hello", b"a\nb\n", b"\n\n", b"x" * (MAX_MSG + 1),
-                     b"y" * (MAX_BODY + 1), mpub_binary([b"a", b"bc"]),
-                     mpub_binary([b""]), mpub_binary([]), b"\x00\x00\x00\x02\x00",
+                     b"y" * (MAX_BODY + 1), mpub_body([b"a", b"bc"]),
+                     mpub_body([b""]), mpub_body([]), b"\x00\x00\x00\x02\x00",
                      b'"debug"', b'"warn"', b'"nope"', b"[]", b'["127.0.0.1:1"]', b'[1]',
                      b'"x"', b"null", b"{}"]),
     st.binary(max_size=20))
