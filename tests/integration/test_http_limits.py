@@ -152,6 +152,28 @@ def test_a_body_no_handler_reads_is_not_read(broker: BrokerProcess) -> None:
     assert ping_time(broker) < 1
 
 
+def test_a_chunked_body_no_handler_reads_is_dropped_past_the_limit(
+        make_broker: Callable[..., BrokerProcess]) -> None:
+    # the same when the size is not announced: once the chunks pass max_body_size the
+    # request is answered as usual and the rest is never kept
+    b = make_broker("--max-msg-size=1024", "--max-body-size=4096")
+    topic = unique_name("ignored_chunked")
+    s = connect(b)
+    with s:
+        s.sendall(f"POST /topic/create?topic={topic} HTTP/1.1\r\nHost: t\r\n".encode()
+                  + b"Transfer-Encoding: chunked\r\n\r\n")
+        chunk = b"a" * 1024
+        try:
+            for _ in range(8):
+                s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        data = read_all(s)
+    assert data.startswith(b"HTTP/1.1 200 OK\r\n") and b"Connection: close\r\n" in data, data
+    status, doc = broker_json(b, "GET", "/stats", format="json", topic=topic)
+    assert status == 200 and [t["topic_name"] for t in doc["topics"]] == [topic], doc
+
+
 def test_refused_body_closes_even_on_unknown_paths(broker: BrokerProcess) -> None:
     # the unread body cannot be told from a next request: the answer closes
     for path, head in [(b"/nope", b"HTTP/1.1 404 "), (b"/ping", b"HTTP/1.1 405 ")]:
