@@ -159,7 +159,13 @@ class Session:
         cons.read_message()  # m4 takes m2's place
         cons.rdy(0)
         self.consumer = cons
-        wait_until(lambda: self.channel("a")["deferred_count"] == 1, what="the REQ")
+
+        def settled() -> bool:
+            # the REQ and the RDY 0 after it (the REQ alone may be seen before the RDY)
+            c = self.channel("a")
+            return c["deferred_count"] == 1 and [cl["ready_count"] for cl in c["clients"]] == [0]
+
+        wait_until(settled, what="the REQ and the RDY 0")
 
     def topic_doc(self, query: str = "") -> dict[str, Any]:
         d = doc(self.b, f"topic={self.topic}&" + query)
