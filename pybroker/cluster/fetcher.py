@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING
 from pybroker.cluster.ports import Json, JsonObj, as_obj, need_int, need_objs
 from pybroker.cluster.replica import FOLLOWER
 from pybroker.cluster.rules import EpochHistory, divergence
-from pybroker.cluster.wire import (MAX_TOPICS, WireError, blob_span, encode, history_of,
-                                   parse_head, parse_header)
+from pybroker.cluster.wire import (MAX_TOPICS, Buffer, WireError, blob_span, encode,
+                                   encode_compact_fetch, history_of, is_json,
+                                   parse_compact_answer, parse_head, parse_header)
 from pybroker.config import split_hostport
 from pybroker.server.services import owner_loop
 
@@ -80,6 +81,11 @@ class Fetcher:
         self.timer: object = None
         self.idle: object = None
         self.rounds = 0           # where the next window of topics starts (over MAX_TOPICS)
+        # the compact steady state (wire.COMPACT_FETCH): the leader said it takes them
+        # on this connection, and what the last JSON fetch sent named of each topic
+        # (a compact fetch repeats it with new offsets)
+        self.compact_ok = False
+        self.plan: list[tuple[Replica, int, int, list[Json]]] = []
 
     def __repr__(self) -> str:
         return f"fetch-from-{self.leader}"
@@ -134,22 +140,33 @@ class Fetcher:
             self._send({"op": "epoch_end", "node": self.node.id, "topics": ask},
                        ("epoch_end", todo), 0)
             return
-        fetch: list[Json] = [{"name": r.name, "epoch": r.epoch,
-                              "offset": r.topic.log.written,
-                              "version": r.chan_from_leader,
-                              "hist": _hist_mark(r.history)} for r in topics]
+        plan = [(r, r.epoch, r.chan_from_leader, _hist_mark(r.history)) for r in topics]
+        if self.compact_ok and plan == self.plan:
+            # the steady state: the same topics, epochs, versions and histories
+            self._send_frame(encode_compact_fetch(
+                self.node.id, WAIT_MS, FETCH_BYTES, [r.topic.log.written for r in topics]),
+                ("fetch", topics), WAIT_MS * 1_000_000)
+            return
+        self.plan = plan
+        fetch: list[Json] = [{"name": r.name, "epoch": epoch, "offset": r.topic.log.written,
+                              "version": version, "hist": hist}
+                             for r, epoch, version, hist in plan]
         self._send({"op": "fetch", "node": self.node.id, "wait_ms": WAIT_MS,
                     "max_bytes": FETCH_BYTES, "topics": fetch}, ("fetch", topics),
                    WAIT_MS * 1_000_000)
 
     def _send(self, head: JsonObj, asked: tuple[str, list[Replica]], wait_ns: int) -> None:
+        self._send_frame(encode(head), asked, wait_ns)
+
+    def _send_frame(self, frame: list[Buffer], asked: tuple[str, list[Replica]],
+                    wait_ns: int) -> None:
         self.asked = asked
         # one watchdog timer, moved on only when it fires (not set and cancelled per
         # exchange: an exchange is a few hundred microseconds under load)
         self.deadline = time.monotonic_ns() + wait_ns + IO_SLACK_NS
         if self.timer is None:
             self.timer = self.loop.call_later(wait_ns + IO_SLACK_NS, self._late)
-        for b in encode(head):
+        for b in frame:
             self.out += b
         self.on_writable()
 
@@ -163,14 +180,18 @@ class Fetcher:
         else:
             self._failed("the leader did not answer in time")
 
-    def _answered(self, head: JsonObj, blob: memoryview) -> None:
+    def _answered(self, raw: memoryview, blob: memoryview) -> None:
         assert self.asked is not None
         kind, topics = self.asked
         self.asked = None
-        if kind == "epoch_end":
-            self._cut(head, topics)
+        if not is_json(raw):
+            if kind != "fetch":
+                raise WireError(f"a compact answer to {kind}")
+            self._apply_compact(parse_compact_answer(raw, len(blob)), blob, topics)
+        elif kind == "epoch_end":
+            self._cut(parse_head(raw), topics)
         else:
-            self._apply(head, blob, topics)
+            self._apply(parse_head(raw), blob, topics)
         self.step()
 
     def _cut(self, head: JsonObj, todo: list[Replica]) -> None:
@@ -192,7 +213,27 @@ class Fetcher:
         for r, cut in cuts:
             r.truncate(cut, self._done_one)
 
+    def _apply_compact(self, entries: list[tuple[int, int, int]], blob: memoryview,
+                       topics: list[Replica]) -> None:
+        """A compact answer (wire.COMPACT_ANSWER): per topic asked, in order, records
+        and the high watermark."""
+        if len(entries) != len(topics):
+            raise WireError(f"a compact answer of {len(entries)} topics to a fetch "
+                            f"of {len(topics)}")
+        jobs = []
+        at = 0
+        for r, (first, hw, n) in zip(topics, entries):
+            data = bytes(blob[at:at + n])
+            at += n
+            if n or hw > r.hw:
+                jobs.append((r, first, data, hw))
+        self.pending += len(jobs)
+        for r, first, data, hw in jobs:
+            r.apply(first, data, hw, None, None, 0, self._done_one)
+
     def _apply(self, head: JsonObj, blob: memoryview, topics: list[Replica]) -> None:
+        if head.get("compact") == 1:
+            self.compact_ok = True
         mine = {r.name: r for r in topics}
         jobs = []
         for t in need_objs(head.get("topics")):
@@ -322,7 +363,7 @@ class Fetcher:
                 view = memoryview(body)
                 if self.asked is None:
                     raise WireError("an answer to no request")
-                self._answered(parse_head(view[:hlen]), view[hlen:])
+                self._answered(view[:hlen], view[hlen:])
                 # one answer per request: nothing more is due until the next request
                 # (sent by now) is answered, and the selector is level-triggered, so
                 # no read that would only say EAGAIN
@@ -347,6 +388,8 @@ class Fetcher:
         self.loop.cancel(self.idle)
         self.idle = None
         self.asked = None
+        self.compact_ok = False
+        self.plan = []
         self.out.clear()
         self.body, self.got = None, 0
         sock, self.sock = self.sock, None

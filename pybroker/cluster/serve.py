@@ -43,7 +43,8 @@ from pybroker.cluster.ports import Json, JsonObj, need_int, need_objs, need_str
 from pybroker.cluster.reads import LastReads, record_bytes
 from pybroker.cluster.replica import LEADER, Replica
 from pybroker.cluster.serveconn import MAX_REQUEST, FollowerConn
-from pybroker.cluster.wire import MAX_TOPICS, WireError, encode
+from pybroker.cluster.wire import (MAX_TOPICS, WireError, encode, encode_compact_answer,
+                                   is_json, parse_compact_fetch, parse_head)
 from pybroker.config import split_hostport
 from pybroker.evloop import SelectorLoop
 from pybroker.server.services import owner_loop
@@ -57,6 +58,20 @@ MAX_FETCH_BYTES = 8 * 1024 * 1024
 MAX_WAIT_MS = 5000
 MAX_CONNS = 64
 MAX_MOVES = 8                 # a connection changes loops at most this often
+_PLAIN = frozenset(("name", "hw", "first", "blob"))   # an answer a compact head can carry
+
+
+def _compact(out: list[Json]) -> list[tuple[int, int, int]] | None:
+    """A fetch's answer as compact entries (first, hw, record bytes), or None when a
+    topic's answer carries more than records and a high watermark."""
+    entries = []
+    for e in out:
+        if not isinstance(e, dict) or not _PLAIN.issuperset(e):
+            return None
+        span = e.get("blob")
+        entries.append((need_int(e.get("first", 0)), need_int(e.get("hw")),
+                        need_int(span[1]) if isinstance(span, list) else 0))
+    return entries
 
 
 class _Listener:
@@ -166,10 +181,10 @@ class ReplicationServer(SelectorLoop):
         loop = c.loop
         try:
             while c.parked is None and c.loop is loop and not c.closed:
-                frame = c.reader.next()
+                frame = c.reader.next_raw()
                 if frame is None:
                     break
-                self.handle(c, frame[0])
+                self.handle_raw(c, frame[0])
         except (WireError, ValueError, KeyError, TypeError) as e:
             c.close(str(e))
 
@@ -179,6 +194,31 @@ class ReplicationServer(SelectorLoop):
         c.loop.cancel(c.timer)
 
     # -- requests ----------------------------------------------------------------------
+    def handle_raw(self, c: FollowerConn, head: bytes) -> None:
+        """A request frame's head: JSON, or a compact fetch (wire.COMPACT_FETCH): the
+        connection's last JSON fetch again, with new offsets (and wait and budget)."""
+        if is_json(head):
+            req = parse_head(head)
+            c.compact = False
+            if req.get("op") == "fetch":
+                c.plan = req
+            self.handle(c, req)
+            return
+        node, wait_ms, max_bytes, offsets = parse_compact_fetch(head)
+        plan = c.plan
+        if plan is None:
+            raise WireError("a compact fetch before any fetch")
+        topics = need_objs(plan.get("topics"))
+        if node != c.node or len(offsets) != len(topics):
+            raise WireError(f"a compact fetch of node {node}, {len(offsets)} topics, "
+                            f"after a fetch of node {c.node}, {len(topics)} topics")
+        for t, offset in zip(topics, offsets):
+            t["offset"] = offset
+        plan["wait_ms"] = wait_ms
+        plan["max_bytes"] = max_bytes
+        c.compact = True
+        self.handle(c, plan)
+
     def handle(self, c: FollowerConn, req: JsonObj, final: bool = False) -> None:
         c.node = need_int(req.get("node", -1))
         if len(need_objs(req.get("topics", []))) > MAX_TOPICS:
@@ -334,8 +374,13 @@ class ReplicationServer(SelectorLoop):
             c.parked = req
             c.timer = c.loop.call_later(wait_ms * 1_000_000, self.unpark, c)
             answered = False
+        elif c.compact and (entries := _compact(out)) is not None:
+            # the steady state: records and high watermarks only
+            c.send(encode_compact_answer(entries, blobs))
+            answered = True
         else:
-            c.send(encode({"topics": out}, *blobs))
+            # "compact": this leader takes compact fetches (wire.COMPACT_FETCH)
+            c.send(encode({"topics": out, "compact": 1}, *blobs))
             answered = True
         for r, offset, sent_end in posts:
             owner = owner_loop(r.topic.owner)

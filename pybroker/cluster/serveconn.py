@@ -28,6 +28,8 @@ class ConnServer(Protocol):
 
     def handle(self, c: FollowerConn, req: JsonObj, final: bool = False) -> None: ...
 
+    def handle_raw(self, c: FollowerConn, head: bytes) -> None: ...
+
     def forget(self, c: FollowerConn) -> None: ...
 
     def unpark(self, c: FollowerConn, final: bool = True) -> None: ...
@@ -37,7 +39,7 @@ class FollowerConn:
     """One follower's connection, owned by one event loop."""
 
     __slots__ = ("server", "loop", "sock", "reader", "out", "parked", "timer", "node",
-                 "rbuf", "writing", "closed", "held", "moves")
+                 "rbuf", "writing", "closed", "held", "moves", "plan", "compact")
 
     def __init__(self, server: ConnServer, loop: EventLoop,
                  sock: socket.socket) -> None:
@@ -53,6 +55,10 @@ class FollowerConn:
         self.moves = 0             # to the loop owning its topics (at most MAX_MOVES)
         self.timer: object = None
         self.node = -1
+        # the last JSON fetch read (a compact fetch is it again with new offsets), and
+        # whether the one being served came compact (then so may its answer)
+        self.plan: JsonObj | None = None
+        self.compact = False
         self.rbuf = memoryview(bytearray(RECV_BYTES))   # one buffer, reused per recv
 
     def on_readable(self) -> None:
@@ -69,10 +75,10 @@ class FollowerConn:
         loop = self.loop
         try:
             while self.parked is None and self.loop is loop:   # (moved: its new loop reads on)
-                frame = self.reader.next()
+                frame = self.reader.next_raw()
                 if frame is None:
                     break
-                self.server.handle(self, frame[0])
+                self.server.handle_raw(self, frame[0])
         except (WireError, ValueError, KeyError, TypeError) as e:
             log.error("CLUSTER: replication peer %s: %s", self.node, e)
             self.close(str(e))

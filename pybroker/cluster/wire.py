@@ -1,8 +1,19 @@
 """The replication connection's framing (sans-IO): a frame is ``[u32 size][u32 head
-size][head: JSON object][blob]``, size counting everything after itself. The head says
-what the frame is; the blob carries records (raw log bytes, referenced from the head
-as ``[position, length]``). No NSQ client ever speaks this: it is served on the
-cluster address only.
+size][head][blob]``, size counting everything after itself. The head says what the
+frame is; the blob carries records (raw log bytes, referenced from the head as
+``[position, length]``). No NSQ client ever speaks this: it is served on the cluster
+address only.
+
+A head is a JSON object, or, in the steady state of a fetch, a compact head (its first
+byte is not ``{``; big-endian, no JSON to build or parse on either side):
+- ``COMPACT_FETCH`` ``[u8 1][i32 node][u32 wait_ms][u32 max_bytes][u16 n][u64 offset]*n``:
+  the same fetch as the last JSON one on this connection (its n topics, epochs,
+  versions and history marks), with new offsets; a follower sends it only once the
+  leader's JSON answers said ``"compact": 1``;
+- ``COMPACT_ANSWER`` ``[u8 2][u16 n][u64 first][u64 hw][u32 bytes]*n``: per topic of that
+  fetch, in its order, the first offset and the high watermark, and the records' bytes,
+  which lie in the blob one topic after the other; a leader sends it to a compact fetch
+  only when no topic's answer carries more (an error, a history, channel states).
 
 Budgets: a frame over ``MAX_FRAME`` bytes, a head over ``MAX_HEAD`` or a head that is
 not a JSON object is a protocol error (the connection is dropped); a reader holds at
@@ -14,6 +25,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Sequence
 from typing import Union
 from pybroker.cluster.ports import Json, JsonObj, need_int
 
@@ -23,6 +35,12 @@ MAX_HEAD = 4 * 1024 * 1024
 MAX_TOPICS = 1000
 _HDR = struct.Struct(">II")
 _ENCODER = json.JSONEncoder(separators=(",", ":"))   # built once, not per frame
+COMPACT_FETCH = 1
+COMPACT_ANSWER = 2
+_FETCH = struct.Struct(">BiIIH")
+_ANSWER = struct.Struct(">BH")
+_ENTRY = struct.Struct(">QQI")
+_JSON_HEAD = ord("{")
 
 
 class WireError(Exception):
@@ -35,11 +53,66 @@ Buffer = Union[bytes, bytearray, memoryview]
 def encode(head: JsonObj, *blobs: Buffer) -> list[Buffer]:
     """One frame as buffers for sendmsg; the blob is the blobs one after another (they
     are not copied: each must stay unchanged until sent)."""
-    h = _ENCODER.encode(head).encode()
+    return _frame(_ENCODER.encode(head).encode(), blobs)
+
+
+def _frame(h: bytes, blobs: Sequence[Buffer]) -> list[Buffer]:
     size = sum(len(b) for b in blobs)
     if len(h) > MAX_HEAD or 4 + len(h) + size > MAX_FRAME:
         raise WireError(f"frame too large ({len(h)} + {size} bytes)")
     return [_HDR.pack(4 + len(h) + size, len(h)) + h, *(b for b in blobs if len(b))]
+
+
+def is_json(raw: bytes | bytearray | memoryview) -> bool:
+    """A head that is JSON (else a compact one)."""
+    return len(raw) > 0 and raw[0] == _JSON_HEAD
+
+
+def encode_compact_fetch(node: int, wait_ms: int, max_bytes: int,
+                         offsets: Sequence[int]) -> list[Buffer]:
+    n = len(offsets)
+    return _frame(_FETCH.pack(COMPACT_FETCH, node, wait_ms, max_bytes, n)
+                  + struct.pack(f">{n}Q", *offsets), ())
+
+
+def parse_compact_fetch(raw: bytes | bytearray | memoryview
+                        ) -> tuple[int, int, int, list[int]]:
+    """(node, wait_ms, max_bytes, offsets) of a COMPACT_FETCH head, else WireError."""
+    if len(raw) < _FETCH.size:
+        raise WireError("a compact head too short")
+    tag, node, wait_ms, max_bytes, n = _FETCH.unpack_from(raw, 0)
+    if tag != COMPACT_FETCH:
+        raise WireError(f"a compact head of kind {tag} where a request was due")
+    if n > MAX_TOPICS or len(raw) != _FETCH.size + 8 * n:
+        raise WireError(f"a compact fetch of {n} topics in {len(raw)} bytes")
+    return node, wait_ms, max_bytes, list(struct.unpack_from(f">{n}Q", raw, _FETCH.size))
+
+
+def encode_compact_answer(entries: Sequence[tuple[int, int, int]],
+                          blobs: Sequence[Buffer]) -> list[Buffer]:
+    """entries: (first, hw, record bytes) per topic; blobs: the records, in order."""
+    h = bytearray(_ANSWER.pack(COMPACT_ANSWER, len(entries)))
+    for e in entries:
+        h += _ENTRY.pack(*e)
+    return _frame(bytes(h), blobs)
+
+
+def parse_compact_answer(raw: bytes | bytearray | memoryview,
+                         blob_len: int) -> list[tuple[int, int, int]]:
+    """The (first, hw, record bytes) entries of a COMPACT_ANSWER head whose blob is
+    blob_len bytes, else WireError (a kind, a count or sizes that do not add up)."""
+    if len(raw) < _ANSWER.size:
+        raise WireError("a compact head too short")
+    tag, n = _ANSWER.unpack_from(raw, 0)
+    if tag != COMPACT_ANSWER:
+        raise WireError(f"a compact head of kind {tag} where an answer was due")
+    if n > MAX_TOPICS or len(raw) != _ANSWER.size + _ENTRY.size * n:
+        raise WireError(f"a compact answer of {n} topics in {len(raw)} bytes")
+    out = [(int(a), int(b), int(c)) for a, b, c in
+           _ENTRY.iter_unpack(memoryview(raw)[_ANSWER.size:])]
+    if sum(e[2] for e in out) != blob_len:
+        raise WireError(f"a compact answer's records do not fill its {blob_len} bytes")
+    return out
 
 
 def parse_header(hdr: bytes | bytearray, max_frame: int = MAX_FRAME) -> tuple[int, int]:
@@ -78,13 +151,19 @@ class FrameReader:
         return len(self._buf)
 
     def next(self) -> tuple[JsonObj, memoryview] | None:
+        """The next frame with its head parsed as JSON (WireError if it is not)."""
+        frame = self.next_raw()
+        return None if frame is None else (parse_head(frame[0]), frame[1])
+
+    def next_raw(self) -> tuple[bytes, memoryview] | None:
+        """The next frame, its head unparsed (JSON or compact: ``is_json``)."""
         buf = self._buf
         if len(buf) < 8:
             return None
         size, hlen = parse_header(buf, self.max_frame)
         if len(buf) < 4 + size:
             return None
-        head = parse_head(buf[8:8 + hlen])
+        head = bytes(buf[8:8 + hlen])
         blob = memoryview(bytes(buf[8 + hlen:4 + size]))
         del buf[:4 + size]
         return head, blob
@@ -123,5 +202,7 @@ def frame_need(buf: bytes | bytearray) -> int:
     return max(0, 4 + size - len(buf))
 
 
-__all__ = ["MAX_FRAME", "MAX_TOPICS", "Buffer", "FrameReader", "WireError", "blob_span",
-           "encode", "frame_need", "history_of", "parse_head", "parse_header"]
+__all__ = ["COMPACT_ANSWER", "COMPACT_FETCH", "MAX_FRAME", "MAX_TOPICS", "Buffer",
+           "FrameReader", "WireError", "blob_span", "encode", "encode_compact_answer",
+           "encode_compact_fetch", "frame_need", "history_of", "is_json",
+           "parse_compact_answer", "parse_compact_fetch", "parse_head", "parse_header"]

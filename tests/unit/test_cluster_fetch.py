@@ -22,7 +22,8 @@ from pybroker.cluster.replica import FOLLOWER
 from pybroker.cluster.rules import EpochHistory
 from pybroker.cluster.reads import LastReads, record_bytes
 from pybroker.cluster.serve import MAX_REQUEST, ReplicationServer
-from pybroker.cluster.wire import MAX_TOPICS, FrameReader, encode
+from pybroker.cluster.wire import MAX_TOPICS, FrameReader, encode, encode_compact_answer, \
+    encode_compact_fetch, is_json, parse_compact_fetch, parse_head
 from pybroker.evloop import SelectorLoop
 from pybroker.storage.topiclog import TopicLog
 from pybroker.testing import wait_until
@@ -110,10 +111,16 @@ class _Leader:
                 if not data:
                     return
                 reader.feed(data)
-                while (frame := reader.next()) is not None:
-                    self.requests.append(dict(frame[0]))
+                while (frame := reader.next_raw()) is not None:
+                    head: dict[str, object]
+                    if is_json(frame[0]):
+                        head = dict(parse_head(frame[0]))
+                    else:       # a compact fetch: its fields by name
+                        node, wait_ms, max_bytes, offsets = parse_compact_fetch(frame[0])
+                        head = {"op": "compact", "node": node, "offsets": offsets}
+                    self.requests.append(head)
                     try:
-                        self.answer(conn, dict(frame[0]), len(self.requests))
+                        self.answer(conn, head, len(self.requests))
                     except OSError:
                         return
 
@@ -145,11 +152,12 @@ def _stop(loop: SelectorLoop, f: Fetcher) -> None:
     loop.call_soon_threadsafe(f.stop)
 
 
-def _records(head: dict[str, object], n: int) -> list[bytes]:
+def _records(head: dict[str, object], n: int, compact: bool = False) -> list[bytes]:
     t = head["topics"][0]  # type: ignore[index]
     blob = b"r" * (10 * n)
+    extra = {"compact": 1} if compact else {}
     return encode({"topics": [{"name": "t", "hw": t["offset"] + n, "first": t["offset"],
-                               "blob": [0, len(blob)]}]}, blob)
+                               "blob": [0, len(blob)]}], **extra}, blob)
 
 
 def test_records_are_applied_and_the_next_fetch_acknowledges_them(
@@ -167,6 +175,39 @@ def test_records_are_applied_and_the_next_fetch_acknowledges_them(
         assert offsets == [0, 5, 10, 15]          # each names what the last one applied
         assert [a[0] for a in rep.applied] == [0, 5, 10] and rep.hw == 15
         assert all(r["op"] == "fetch" and r["node"] == 3 for r in leader.requests)
+    finally:
+        _stop(loop, f)
+        leader.close()
+
+
+def test_once_the_leader_takes_compact_fetches_the_steady_state_is_compact(
+        loop: SelectorLoop) -> None:
+    rep: _Replica
+
+    def answer(conn: socket.socket, head: dict[str, object], i: int) -> None:
+        if i == 1:       # the JSON fetch, answered JSON: the leader takes compact ones
+            conn.sendall(b"".join(_records(head, 5, compact=True)))
+        elif i <= 3:     # compact fetches, answered compact
+            at = head["offsets"][0]  # type: ignore[index]
+            if i == 3:
+                rep.chan_from_leader = 4     # (as a channel document would) the plan changes
+            conn.sendall(b"".join(encode_compact_answer([(at, at + 5, 50)], [b"r" * 50])))
+        elif i == 4:
+            conn.sendall(b"".join(_records(head, 5)))
+
+    leader = _Leader(answer)
+    f, rep = _fetching(loop, leader)
+    try:
+        wait_until(lambda: len(leader.requests) >= 5, 5, what="five fetches")
+        got = leader.requests[:5]
+        assert [r["op"] for r in got] == ["fetch", "compact", "compact", "fetch", "compact"]
+        assert [r["offsets"] for r in got[1:3]] == [[5], [10]]
+        assert all(r["node"] == 3 for r in got)
+        # what changed goes out in JSON, then the steady state is compact again
+        assert got[3]["topics"] == [{"name": "t", "epoch": 1, "offset": 15, "version": 4,
+                                     "hist": [1, 1, 0]}]
+        assert got[4]["offsets"] == [20]
+        assert [a[0] for a in rep.applied] == [0, 5, 10, 15] and rep.hw == 20
     finally:
         _stop(loop, f)
         leader.close()
@@ -205,6 +246,9 @@ def test_a_trickled_answer_is_cut_at_its_deadline(loop: SelectorLoop,
     b"".join(encode({"topics": [{"name": "t", "hw": "many"}]})),     # not an integer
     b"".join(encode({"topics": "t"})),                               # not a list
     struct.pack(">II", 9, 5) + b"[1,2]",                             # head not an object
+    b"".join(encode_compact_answer([(0, 1, 0), (0, 1, 0)], [])),      # 2 topics, 1 asked
+    b"".join(encode_compact_answer([(0, 1, 10)], [b"x" * 11])),      # sizes that differ
+    b"".join(encode_compact_fetch(2, 0, 10, [0])),                   # a request's kind
 ])
 def test_a_bad_answer_drops_the_connection_and_it_connects_again(
         loop: SelectorLoop, monkeypatch: pytest.MonkeyPatch, reply: bytes) -> None:
@@ -300,6 +344,8 @@ def test_the_server_answers_a_fetch_of_a_topic_it_does_not_lead(
     b"".join(encode({"op": "fetch", "node": "two", "topics": []})),   # not an integer
     b"".join(encode({"op": "fetch", "node": 2, "topics": {"t": 1}})),  # not a list
     b"".join(encode({"op": "nonsense", "node": 2})),
+    b"".join(encode_compact_fetch(2, 0, 10, [0])),      # compact, with no fetch before it
+    b"".join(encode_compact_answer([(0, 1, 0)], [])),   # an answer's kind
     b"".join(encode({"op": "fetch", "node": 2, "wait_ms": 0, "max_bytes": 10,     # too many
                      "topics": [{"name": f"t{k}", "epoch": 1, "offset": 0}
                                 for k in range(MAX_TOPICS + 1)]})),
@@ -308,6 +354,24 @@ def test_the_server_drops_a_follower_that_sends_nonsense(server: ReplicationServ
                                                           request_: bytes) -> None:
     with _connect(server) as s:
         s.sendall(request_)
+        assert _closed(s)
+
+
+def test_a_compact_fetch_must_match_the_last_fetch(server: ReplicationServer) -> None:
+    with _connect(server) as s:
+        s.sendall(b"".join(encode({"op": "fetch", "node": 2, "wait_ms": 0, "max_bytes": 10,
+                                   "topics": [{"name": "t", "epoch": 1, "offset": 0}]})))
+        reader = FrameReader()
+        while (frame := reader.next()) is None:
+            reader.feed(s.recv(65536))
+        assert frame[0]["compact"] == 1           # this leader takes compact fetches
+        # the same fetch again, compact: answered (in JSON: its topic has an error)
+        s.sendall(b"".join(encode_compact_fetch(2, 0, 10, [0])))
+        while (frame := reader.next()) is None:
+            reader.feed(s.recv(65536))
+        assert frame[0]["topics"] == [{"name": "t", "error": "not_leader"}]
+        # offsets for two topics after a fetch of one: dropped
+        s.sendall(b"".join(encode_compact_fetch(2, 0, 10, [0, 0])))
         assert _closed(s)
 
 

@@ -15,8 +15,9 @@ import pytest
 
 from pybroker.cluster import etcd as etcd_mod
 from pybroker.cluster.etcd import Etcd, EtcdError, prefix_end
-from pybroker.cluster.wire import MAX_FRAME, MAX_HEAD, FrameReader, WireError, encode, \
-    frame_need
+from pybroker.cluster.wire import MAX_FRAME, MAX_HEAD, MAX_TOPICS, FrameReader, WireError, \
+    encode, encode_compact_answer, encode_compact_fetch, frame_need, is_json, \
+    parse_compact_answer, parse_compact_fetch
 
 
 # -- wire -------------------------------------------------------------------------------
@@ -55,6 +56,58 @@ def test_frame_need_and_the_sender_refuse_oversized() -> None:
     assert frame_need(struct.pack(">II", 10, 2)) == 6
     with pytest.raises(WireError):
         encode({"x": "y" * MAX_HEAD})
+
+
+def test_compact_heads_round_trip_beside_json_ones() -> None:
+    data = b"".join(encode_compact_fetch(3, 500, 1 << 21, [0, 7, 1 << 40])) + \
+        b"".join(encode_compact_answer([(7, 9, 6), (1 << 40, 1 << 40, 0), (2, 3, 4)],
+                                       [b"abcdef", b"ghij"])) + b"".join(encode({"op": "x"}))
+    r = FrameReader()
+    r.feed(data)
+    fetch, answer, js = r.next_raw(), r.next_raw(), r.next_raw()
+    assert fetch is not None and answer is not None and js is not None
+    assert not is_json(fetch[0]) and not is_json(answer[0]) and is_json(js[0])
+    assert parse_compact_fetch(fetch[0]) == (3, 500, 1 << 21, [0, 7, 1 << 40])
+    assert parse_compact_answer(answer[0], len(answer[1])) == [
+        (7, 9, 6), (1 << 40, 1 << 40, 0), (2, 3, 4)]
+    assert bytes(answer[1]) == b"abcdefghij"
+    assert r.next_raw() is None
+
+
+_FETCH_HEAD = struct.pack(">BiIIH", 1, 3, 500, 100, 2) + struct.pack(">2Q", 1, 2)
+_ANSWER_HEAD = struct.pack(">BH", 2, 1) + struct.pack(">QQI", 0, 5, 10)
+
+
+@pytest.mark.parametrize("head", [
+    b"", b"\x01\x00",                                   # too short
+    b"\x02" + _FETCH_HEAD[1:],                          # an answer's kind
+    _FETCH_HEAD[:-1],                                   # an offset cut short
+    _FETCH_HEAD + b"\x00" * 8,                          # more offsets than it says
+    struct.pack(">BiIIH", 1, 3, 500, 100, MAX_TOPICS + 1)
+    + b"\x00" * 8 * (MAX_TOPICS + 1),                   # over the topics a request names
+])
+def test_a_malformed_compact_fetch_is_refused(head: bytes) -> None:
+    with pytest.raises(WireError):
+        parse_compact_fetch(head)
+
+
+@pytest.mark.parametrize("head,blob_len", [
+    (_ANSWER_HEAD, 9), (_ANSWER_HEAD, 11),             # records that do not fill the blob
+    (b"\x01" + _ANSWER_HEAD[1:], 10),                   # a request's kind
+    (_ANSWER_HEAD[:-2], 10),                            # an entry cut short
+    (struct.pack(">BH", 2, 2) + _ANSWER_HEAD[3:], 10),  # more entries than it holds
+    (b"\x02", 0),
+])
+def test_a_malformed_compact_answer_is_refused(head: bytes, blob_len: int) -> None:
+    with pytest.raises(WireError):
+        parse_compact_answer(head, blob_len)
+
+
+def test_a_compact_head_is_not_json_to_a_json_reader() -> None:
+    r = FrameReader()
+    r.feed(b"".join(encode_compact_fetch(3, 0, 0, [1])))
+    with pytest.raises(WireError):
+        r.next()
 
 
 # -- etcd client ------------------------------------------------------------------------
