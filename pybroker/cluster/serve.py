@@ -39,6 +39,7 @@ import socket
 import threading
 from typing import TYPE_CHECKING, cast
 
+from pybroker.cluster.fetchreq import MAX_FETCH_BYTES, Fetch
 from pybroker.cluster.ports import Json, JsonObj, need_int, need_objs, need_str
 from pybroker.cluster.reads import LastReads, record_bytes
 from pybroker.cluster.replica import LEADER, Replica
@@ -54,24 +55,8 @@ if TYPE_CHECKING:
     from pybroker.server.loop import EventLoop
 
 log = logging.getLogger("pybroker")
-MAX_FETCH_BYTES = 8 * 1024 * 1024
-MAX_WAIT_MS = 5000
 MAX_CONNS = 64
 MAX_MOVES = 8                 # a connection changes loops at most this often
-_PLAIN = frozenset(("name", "hw", "first", "blob"))   # an answer a compact head can carry
-
-
-def _compact(out: list[Json]) -> list[tuple[int, int, int]] | None:
-    """A fetch's answer as compact entries (first, hw, record bytes), or None when a
-    topic's answer carries more than records and a high watermark."""
-    entries = []
-    for e in out:
-        if not isinstance(e, dict) or not _PLAIN.issuperset(e):
-            return None
-        span = e.get("blob")
-        entries.append((need_int(e.get("first", 0)), need_int(e.get("hw")),
-                        need_int(span[1]) if isinstance(span, list) else 0))
-    return entries
 
 
 class _Listener:
@@ -155,8 +140,7 @@ class ReplicationServer(SelectorLoop):
             conns = [c for c in self.conns if c.loop is loop]
         for c in conns:
             req = c.parked
-            if req is not None and any(t.get("name") == name
-                                       for t in need_objs(req.get("topics"))):
+            if req is not None and name in req.names:
                 self.unpark(c, final=False)
 
     def unpark(self, c: FollowerConn, final: bool = True) -> None:
@@ -195,49 +179,45 @@ class ReplicationServer(SelectorLoop):
 
     # -- requests ----------------------------------------------------------------------
     def handle_raw(self, c: FollowerConn, head: bytes) -> None:
-        """A request frame's head: JSON, or a compact fetch (wire.COMPACT_FETCH): the
-        connection's last JSON fetch again, with new offsets (and wait and budget)."""
-        if is_json(head):
-            req = parse_head(head)
-            c.compact = False
-            if req.get("op") == "fetch":
-                c.plan = req
-            self.handle(c, req)
+        """A request frame's head: JSON (checked here, once), or a compact fetch
+        (wire.COMPACT_FETCH): the connection's last JSON fetch again, with new offsets
+        (and wait and budget)."""
+        if not is_json(head):
+            node, wait_ms, max_bytes, offsets = parse_compact_fetch(head)
+            fetch = c.plan
+            if fetch is None:
+                raise WireError("a compact fetch before any fetch")
+            if node != c.node or len(offsets) != len(fetch.wants):
+                raise WireError(f"a compact fetch of node {node}, {len(offsets)} topics, "
+                                f"after a fetch of node {c.node}, {len(fetch.wants)}")
+            fetch.renew(wait_ms, max_bytes, offsets)
+            c.compact = True
+            self.handle(c, fetch)
             return
-        node, wait_ms, max_bytes, offsets = parse_compact_fetch(head)
-        plan = c.plan
-        if plan is None:
-            raise WireError("a compact fetch before any fetch")
-        topics = need_objs(plan.get("topics"))
-        if node != c.node or len(offsets) != len(topics):
-            raise WireError(f"a compact fetch of node {node}, {len(offsets)} topics, "
-                            f"after a fetch of node {c.node}, {len(topics)} topics")
-        for t, offset in zip(topics, offsets):
-            t["offset"] = offset
-        plan["wait_ms"] = wait_ms
-        plan["max_bytes"] = max_bytes
-        c.compact = True
-        self.handle(c, plan)
-
-    def handle(self, c: FollowerConn, req: JsonObj, final: bool = False) -> None:
+        req = parse_head(head)
         c.node = need_int(req.get("node", -1))
-        if len(need_objs(req.get("topics", []))) > MAX_TOPICS:
+        topics = need_objs(req.get("topics", []))
+        if len(topics) > MAX_TOPICS:
             raise ValueError(f"a request names over {MAX_TOPICS} topics")
         op = req.get("op")
         if op == "epoch_end":
-            c.send(encode({"topics": [self._epoch_end(t)
-                                      for t in need_objs(req.get("topics"))]}))
+            c.send(encode({"topics": [self._epoch_end(t) for t in topics]}))
         elif op == "fetch":
-            home = self._home(req)
-            if home is not None and home is not c.loop and c.parked is None \
-                    and c.moves < MAX_MOVES:
-                self._move(c, home, req)
-            else:
-                self._fetch(c, req, final=final, hold=True)
+            fetch = c.plan = Fetch(req, topics)
+            c.compact = False
+            self.handle(c, fetch)
         else:
             raise ValueError(f"unknown request {op!r}")
 
-    def _home(self, req: JsonObj) -> EventLoop | None:
+    def handle(self, c: FollowerConn, req: Fetch) -> None:
+        home = self._home(req)
+        if home is not None and home is not c.loop and c.parked is None \
+                and c.moves < MAX_MOVES:
+            self._move(c, home, req)
+        else:
+            self._fetch(c, req, hold=True)
+
+    def _home(self, req: Fetch) -> EventLoop | None:
         """The loop that owns the first topic of a fetch this node has (None: none):
         the connection is served there, so that its acknowledgements and the writes
         that answer it need no thread hand-off (a follower's fetcher asks, per leader,
@@ -245,14 +225,14 @@ class ReplicationServer(SelectorLoop):
         mostly owned by one loop too)."""
         replicas = self.node.replicas
         loops = self.node.runtime.loops
-        for t in need_objs(req.get("topics")):
-            r = replicas.get(need_str(t.get("name")))
+        for t in req.wants:
+            r = replicas.get(t.name)
             if r is not None:
                 owner = owner_loop(r.topic.owner)
                 return owner if owner in loops else None
         return None
 
-    def _move(self, c: FollowerConn, home: EventLoop, req: JsonObj) -> None:
+    def _move(self, c: FollowerConn, home: EventLoop, req: Fetch) -> None:
         """On c's loop: hand c (and the fetch just read) to ``home``."""
         try:
             c.loop.selector.unregister(c.sock)
@@ -264,7 +244,7 @@ class ReplicationServer(SelectorLoop):
             self.loops[id(home)] = home
         home.call_soon_threadsafe(self._moved, c, req)
 
-    def _moved(self, c: FollowerConn, req: JsonObj) -> None:
+    def _moved(self, c: FollowerConn, req: Fetch) -> None:
         """On c's new loop: serve it here, beginning with the fetch it sent."""
         if c.closed:
             return
@@ -289,15 +269,17 @@ class ReplicationServer(SelectorLoop):
                 "history": [[e, s] for e, s in r.history.entries],
                 "written": r.topic.log.written}
 
-    def _fetch(self, c: FollowerConn, req: JsonObj, final: bool = False,
+    def _fetch(self, c: FollowerConn, req: Fetch, final: bool = False,
                again: bool = False, hold: bool = False) -> bool:
         """Answer a fetch (True), or leave it to wait for records (False): parked
         here unless ``again`` (it is parked already; its acknowledgement was posted).
         ``hold``: a fetch just read: its acknowledgement is posted now and, when it has
         something to be sent, it is answered at the end of this turn, after its writes
         (``notify``, else ``at_turn_end``), so that the answer also carries what this
-        turn's publishes append; else it is parked."""
-        wait_ms = min(need_int(req.get("wait_ms", 0)), MAX_WAIT_MS)
+        turn's publishes append; else it is parked. A compact fetch is answered
+        compact unless a topic's answer carries more than records and a high
+        watermark."""
+        wait_ms = req.wait_ms
         if hold and wait_ms > 0 and not final:
             c.parked = req
             if self._acknowledge(c, req):
@@ -307,40 +289,43 @@ class ReplicationServer(SelectorLoop):
                 c.timer = c.loop.call_later(wait_ms * 1_000_000, self.unpark, c)
             return False
         node = self.node
-        budget = min(need_int(req.get("max_bytes", MAX_FETCH_BYTES)), MAX_FETCH_BYTES)
+        budget = req.max_bytes
         out: list[Json] = []
+        compact: list[tuple[int, int, int]] | None = [] if c.compact else None
         posts: list[tuple[Replica, int, int]] = []
         blobs: list[memoryview] = []
         at = 0
         any_data = False
-        for t in need_objs(req.get("topics")):
-            name = need_str(t.get("name"))
+        for t in req.wants:
+            name = t.name
             r = node.replicas.get(name)
             if r is None or r.role != LEADER:
                 out.append({"name": name, "error": "not_leader"})
                 any_data = True
+                compact = None
                 continue
-            if need_int(t.get("epoch")) != r.epoch:
+            if t.epoch != r.epoch:
                 out.append({"name": name, "error": "epoch", "epoch": r.epoch})
                 any_data = True
+                compact = None
                 continue
             lg = r.topic.log
-            offset = need_int(t.get("offset"))
-            if offset < 0:
-                raise ValueError(f"offset {offset} asked")
+            offset = t.offset
             written = lg.written
             entry: JsonObj = {"name": name, "hw": r.hw}
             hist = r.history.entries
-            if not hist or t.get("hist") != [len(hist), *hist[-1]]:
+            if not hist or t.hist != [len(hist), *hist[-1]]:
                 # changed since it last heard
                 entry["history"] = [[e, s] for e, s in hist]
+                compact = None
             if offset > written:
                 entry["error"] = "offset"      # it holds more: truncate again
                 out.append(entry)
                 any_data = True
+                compact = None
                 continue
             sent_to = offset
-            if r.chan_version > need_int(t.get("version", 0)):
+            if r.chan_version > t.version:
                 # ChannelState documents are JSON
                 entry["channels"] = cast(JsonObj, dict(r.channels))
                 entry["version"] = r.chan_version
@@ -348,12 +333,15 @@ class ReplicationServer(SelectorLoop):
                     entry["paused"] = r.paused_shipped
                     entry["released"] = r.released_shipped
                 any_data = True
+                compact = None
+            size = 0
             if offset < written and budget > 0:
                 read = self.reads.read(r, offset, written, budget)
                 if read is None:
                     entry["error"] = "out_of_range"
                     out.append(entry)
                     any_data = True
+                    compact = None
                     continue
                 n, raws, size = read
                 if n:
@@ -368,15 +356,16 @@ class ReplicationServer(SelectorLoop):
             # leaves nothing behind
             posts.append((r, offset, sent_to if sent_to < written else written))
             out.append(entry)
+            if compact is not None:
+                compact.append((offset, r.hw, size if sent_to > offset else 0))
         if not any_data and wait_ms > 0 and not final:
             if again:
                 return False
             c.parked = req
             c.timer = c.loop.call_later(wait_ms * 1_000_000, self.unpark, c)
             answered = False
-        elif c.compact and (entries := _compact(out)) is not None:
-            # the steady state: records and high watermarks only
-            c.send(encode_compact_answer(entries, blobs))
+        elif compact is not None:
+            c.send(encode_compact_answer(compact, blobs))      # the steady state
             answered = True
         else:
             # "compact": this leader takes compact fetches (wire.COMPACT_FETCH)
@@ -390,24 +379,21 @@ class ReplicationServer(SelectorLoop):
                 owner.call_soon_threadsafe(r.fetched, c.node, offset, sent_end)
         return answered
 
-    def _acknowledge(self, c: FollowerConn, req: JsonObj) -> bool:
+    def _acknowledge(self, c: FollowerConn, req: Fetch) -> bool:
         """Post a fetch's acknowledgements (what the follower holds of each topic);
         True when an answer would carry something (records, an error, an epoch
         history or channel states it lacks). Nothing is read or encoded here."""
         node = self.node
         something = False
-        for t in need_objs(req.get("topics")):
-            r = node.replicas.get(need_str(t.get("name")))
-            if r is None or r.role != LEADER or need_int(t.get("epoch")) != r.epoch:
+        for t in req.wants:
+            r = node.replicas.get(t.name)
+            if r is None or r.role != LEADER or t.epoch != r.epoch:
                 something = True
                 continue
-            offset = need_int(t.get("offset"))
-            if offset < 0:
-                raise ValueError(f"offset {offset} asked")
+            offset = t.offset
             hist = r.history.entries
-            if offset != r.topic.log.written or r.chan_version > need_int(
-                    t.get("version", 0)) or not hist or t.get("hist") != [len(hist),
-                                                                          *hist[-1]]:
+            if offset != r.topic.log.written or r.chan_version > t.version or not hist \
+                    or t.hist != [len(hist), *hist[-1]]:
                 something = True
             owner = owner_loop(r.topic.owner)
             if owner is c.loop:

@@ -12,10 +12,10 @@ import selectors
 import socket
 from typing import TYPE_CHECKING, Protocol
 
-from pybroker.cluster.ports import JsonObj
 from pybroker.cluster.wire import Buffer, FrameReader, WireError
 
 if TYPE_CHECKING:
+    from pybroker.cluster.fetchreq import Fetch
     from pybroker.server.loop import EventLoop
 
 log = logging.getLogger("pybroker")
@@ -25,8 +25,6 @@ RECV_BYTES = 64 * 1024        # one read (a fetch request is ~100 bytes)
 
 class ConnServer(Protocol):
     """What a connection asks of its server."""
-
-    def handle(self, c: FollowerConn, req: JsonObj, final: bool = False) -> None: ...
 
     def handle_raw(self, c: FollowerConn, head: bytes) -> None: ...
 
@@ -50,14 +48,14 @@ class FollowerConn:
         self.closed = False
         self.reader = FrameReader(MAX_REQUEST)
         self.out: list[Buffer] = []
-        self.parked: JsonObj | None = None
+        self.parked: Fetch | None = None
         self.held = False          # parked with records to send: answered this turn
         self.moves = 0             # to the loop owning its topics (at most MAX_MOVES)
         self.timer: object = None
         self.node = -1
         # the last JSON fetch read (a compact fetch is it again with new offsets), and
         # whether the one being served came compact (then so may its answer)
-        self.plan: JsonObj | None = None
+        self.plan: Fetch | None = None
         self.compact = False
         self.rbuf = memoryview(bytearray(RECV_BYTES))   # one buffer, reused per recv
 
