@@ -10,7 +10,10 @@ records answered are appended in the same loop turn (``Replica.apply``, one call
 topic) and the next fetch goes out at once, carrying the new offsets: the
 acknowledgement of this round is the request of the next, with no thread in between.
 In fsync mode the next fetch waits for the storage thread's fsync of what was appended,
-so the offsets a fetch names are always on this node.
+so the offsets a fetch names are always on this node. Once the leader's JSON answers say
+``"compact": 1``, a fetch that names the same topics, epochs, versions and history
+marks as the last JSON one on the connection goes out compact (offsets only:
+wire.COMPACT_FETCH), and a compact answer is applied like a JSON one.
 
 Budgets: each exchange has a deadline (the long poll plus ``IO_SLACK_NS``, however the
 answer trickles); an answer whose header says more than the wire's frame limit drops

@@ -21,7 +21,11 @@ Requests (one at a time per connection, answered in order):
   (``notify``: a write answers it with its records too; else
   ``EventLoop.at_turn_end``), never a turn later: a follower answered late would stay
   a write behind the others. With no record to send, the request
-  waits (long poll) until a write or ``wait_ms`` (at most MAX_WAIT_MS).
+  waits (long poll) until a write or ``wait_ms`` (at most MAX_WAIT_MS);
+- a compact fetch (wire.COMPACT_FETCH, once a JSON answer said ``"compact": 1``): the
+  connection's last JSON fetch, kept checked (pybroker.cluster.fetchreq.Fetch), with
+  new offsets; answered compact (wire.COMPACT_ANSWER) when every topic's answer is
+  records and a high watermark only, else in JSON.
 
 Budgets: ``max_bytes`` is capped at MAX_FETCH_BYTES per answer; a request frame over
 MAX_REQUEST (or a head over the wire's limit) drops the connection from its header, so a
