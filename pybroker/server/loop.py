@@ -320,6 +320,12 @@ class EventLoop(SelectorLoop):
         publisher = self.publisher
         if publisher.busy():
             publisher.end_of_turn()
+        if self.direct and self.dirty:
+            # the publish lane's OKs (their writes are done) go out before this turn's
+            # deliveries are made: a producer waiting for its OK sends its next publish
+            # while the channels dispatch (in the writer and reader at once flow: +4-6 %)
+            direct, self.direct = self.direct, []
+            self._write_all({}, direct)
         while self._turn_end:
             fns, self._turn_end = self._turn_end, []
             for fn in fns:
