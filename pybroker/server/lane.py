@@ -67,6 +67,7 @@ class Lane:
         self.loop = loop
         o = loop.options
         self.taken: list[Conn] = []     # readable this turn, read at its end (run)
+        self.fins: list[Conn] = []      # of those, the subscribed ones (run_fins)
         self.fin_scanner = _native.FinLane(PIECE // 21 * (BUF // PIECE))
         self.buf = bytearray(BUF)
         self.batch_io = BatchIO()      # the reads into buf
@@ -84,9 +85,10 @@ class Lane:
     def run(self) -> None:
         """The end of the turn: every connection taken this turn is read. Those not in a
         lane's steady state now (``Conn.lane_kind``) are read the general way at once;
-        then the publishers (``_publish``) and the subscribed connections, whose bytes
+        then the publishers (``_publish``). The subscribed connections are kept for
+        ``run_fins``, after the Publisher's writes and the OKs they allow: their bytes
         one C call (``nsqf_fin_lane``) finds to be nothing but FINs or not
-        (``_finish``). Then the Publisher writes and the channels dispatch."""
+        (``_finish``). Then the channels dispatch."""
         taken, self.taken = self.taken, []
         pubs: list[Conn] = []
         fins: list[Conn] = []
@@ -107,8 +109,12 @@ class Lane:
             fins = _still(fins, LANE_FIN)
         if pubs:
             self._read_all(pubs, self._publish)
-        if fins:
-            self._read_all(fins, self._finish)
+        self.fins = fins
+
+    def run_fins(self) -> None:
+        """The subscribed connections ``run`` kept: read, their FINs finished."""
+        fins, self.fins = self.fins, []
+        self._read_all(fins, self._finish)
 
     def _read_all(self, conns: list[Conn],
                   handle: Callable[[list[Conn], array.array[int], array.array[int]], None]
