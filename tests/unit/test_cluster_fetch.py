@@ -327,15 +327,25 @@ def _connect(server: ReplicationServer) -> socket.socket:
     return socket.create_connection((host, int(port)), timeout=5)
 
 
+_FETCH_T = b"".join(encode({"op": "fetch", "node": 2, "wait_ms": 0, "max_bytes": 10,
+                             "topics": [{"name": "t", "epoch": 1, "offset": 0}]}))
+
+
+def _exchange(s: socket.socket, reader: FrameReader, request: bytes) -> dict[str, object]:
+    """Send a request, return the head of the answer (JSON)."""
+    s.sendall(request)
+    while (frame := reader.next()) is None:
+        chunk = s.recv(65536)
+        assert chunk, "the server closed the connection"
+        reader.feed(chunk)
+    return dict(frame[0])
+
+
 def test_the_server_answers_a_fetch_of_a_topic_it_does_not_lead(
         server: ReplicationServer) -> None:
     with _connect(server) as s:
-        s.sendall(b"".join(encode({"op": "fetch", "node": 2, "wait_ms": 0, "max_bytes": 10,
-                                   "topics": [{"name": "t", "epoch": 1, "offset": 0}]})))
-        reader = FrameReader()
-        while (frame := reader.next()) is None:
-            reader.feed(s.recv(65536))
-        assert json.loads(json.dumps(frame[0]))["topics"] == [
+        head = _exchange(s, FrameReader(), _FETCH_T)
+        assert json.loads(json.dumps(head))["topics"] == [
             {"name": "t", "error": "not_leader"}]
 
 
@@ -359,17 +369,12 @@ def test_the_server_drops_a_follower_that_sends_nonsense(server: ReplicationServ
 
 def test_a_compact_fetch_must_match_the_last_fetch(server: ReplicationServer) -> None:
     with _connect(server) as s:
-        s.sendall(b"".join(encode({"op": "fetch", "node": 2, "wait_ms": 0, "max_bytes": 10,
-                                   "topics": [{"name": "t", "epoch": 1, "offset": 0}]})))
         reader = FrameReader()
-        while (frame := reader.next()) is None:
-            reader.feed(s.recv(65536))
-        assert frame[0]["compact"] == 1           # this leader takes compact fetches
+        # this leader takes compact fetches
+        assert _exchange(s, reader, _FETCH_T)["compact"] == 1
         # the same fetch again, compact: answered (in JSON: its topic has an error)
-        s.sendall(b"".join(encode_compact_fetch(2, 0, 10, [0])))
-        while (frame := reader.next()) is None:
-            reader.feed(s.recv(65536))
-        assert frame[0]["topics"] == [{"name": "t", "error": "not_leader"}]
+        head = _exchange(s, reader, b"".join(encode_compact_fetch(2, 0, 10, [0])))
+        assert head["topics"] == [{"name": "t", "error": "not_leader"}]
         # offsets for two topics after a fetch of one: dropped
         s.sendall(b"".join(encode_compact_fetch(2, 0, 10, [0, 0])))
         assert _closed(s)
@@ -439,14 +444,9 @@ class _OwnedReplica:
 
 
 def _ask(s: socket.socket, name: str) -> dict[str, object]:
-    s.sendall(b"".join(encode({"op": "fetch", "node": 2, "wait_ms": 0, "max_bytes": 10,
-                               "topics": [{"name": name, "epoch": 1, "offset": 0}]})))
-    reader = FrameReader()
-    while (frame := reader.next()) is None:
-        chunk = s.recv(65536)
-        assert chunk, "the server closed the connection"
-        reader.feed(chunk)
-    return frame[0]
+    return _exchange(s, FrameReader(), b"".join(encode(
+        {"op": "fetch", "node": 2, "wait_ms": 0, "max_bytes": 10,
+         "topics": [{"name": name, "epoch": 1, "offset": 0}]})))
 
 
 def test_a_follower_connection_moves_to_the_loop_that_owns_its_topics(
