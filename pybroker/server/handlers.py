@@ -309,7 +309,7 @@ def fin(c: Conn, cmd: Command) -> None:
     try:
         off = ch.finish(c, mid)
     except BrokerError as e:
-        raise FinFailed(f"FIN {mid.decode('ascii', 'replace')} failed {e}") from None
+        raise FinFailed(f"FIN {raw_text(mid)} failed {e}") from None
     c.finish_count += 1
     if c.opts.e2e_processing_latency_percentiles:
         _record_e2e(c, ch, [off])
@@ -350,7 +350,7 @@ def _finished(c: Conn, ch: "Channel", offsets: Sequence[int],
 
 
 def _fin_failed(c: Conn, mid: bytes, e: BrokerError) -> None:
-    err = FinFailed(f"FIN {mid.decode('ascii', 'replace')} failed {e}")
+    err = FinFailed(f"FIN {raw_text(mid)} failed {e}")
     c.log_nonfatal(err)
     c.send_frame(encode_error(err.payload()))
 
@@ -376,7 +376,7 @@ def req(c: Conn, cmd: Command) -> None:
     try:
         c.channel.requeue(c, mid, delay_ns, monotonic_ns(), time.time_ns())
     except BrokerError as e:
-        raise ReqFailed(f"REQ {mid.decode('ascii', 'replace')} failed {e}") from None
+        raise ReqFailed(f"REQ {raw_text(mid)} failed {e}") from None
     if delay_ns and c.loop.durable:
         c.loop.runtime.storage.request_checkpoint()   # the due time, saved soon
     c.requeue_count += 1
@@ -389,7 +389,7 @@ def touch(c: Conn, cmd: Command) -> None:
     try:
         c.channel.touch(c, mid, monotonic_ns(), c.opts.max_msg_timeout)
     except BrokerError as e:
-        raise TouchFailed(f"TOUCH {mid.decode('ascii', 'replace')} failed {e}") from None
+        raise TouchFailed(f"TOUCH {raw_text(mid)} failed {e}") from None
 
 
 def cls(c: Conn, cmd: Command) -> None:

@@ -481,6 +481,18 @@ def test_error_texts_echo_what_was_sent_as_nsqd(any_broker: BrokerProcess, conne
     assert c.expect_error(text.split(b" ", 1)[0]) == text
 
 
+@pytest.mark.parametrize("verb, mid", [
+    (b"FIN", b"\xff" * 16), (b"REQ", b"0123456789abcd\xc3\xa9"), (b"TOUCH", b"\x01" * 16),
+])
+def test_id_failures_echo_the_id_as_sent(any_broker: BrokerProcess, connect: Connect,
+                                          verb: bytes, mid: bytes) -> None:
+    # nsqd's "FIN %s failed %s" prints the 16 id bytes as they came
+    c = subscribe(connect(any_broker), unique_name(), rdy=0)
+    c.send(verb + b" " + mid + (b" 0" if verb == b"REQ" else b"") + b"\n")
+    got = c.expect_error(b"E_" + verb + b"_FAILED")
+    assert got.startswith(b"E_" + verb + b"_FAILED " + verb + b" " + mid + b" failed "), got
+
+
 def test_mpub_body_longer_than_its_messages_then_the_stream_ends(
         broker: BrokerProcess, connect: Connect) -> None:
     # nsqd takes the messages (OK) and reads what follows as the next command; pybroker
