@@ -55,12 +55,6 @@ FETCH_BYTES = 2 * 1024 * 1024
 RECV_BYTES = 256 * 1024
 
 
-def _hist_mark(h: EpochHistory) -> list[Json]:
-    """What a fetch says of the epoch history it holds (its length and last entry):
-    the leader sends its own only when it differs."""
-    return [len(h.entries), *h.entries[-1]] if h.entries else [0]
-
-
 class Fetcher:
     """One leader's records for the topics one loop owns (every method on that loop)."""
 
@@ -88,7 +82,7 @@ class Fetcher:
         # on this connection, and what the last JSON fetch sent named of each topic
         # (a compact fetch repeats it with new offsets)
         self.compact_ok = False
-        self.plan: list[tuple[Replica, int, int, list[Json]]] = []
+        self.plan: list[tuple[Replica, int, int, list[int]]] = []
 
     def __repr__(self) -> str:
         return f"fetch-from-{self.leader}"
@@ -143,7 +137,7 @@ class Fetcher:
             self._send({"op": "epoch_end", "node": self.node.id, "topics": ask},
                        ("epoch_end", todo), 0)
             return
-        plan = [(r, r.epoch, r.chan_from_leader, _hist_mark(r.history)) for r in topics]
+        plan = [(r, r.epoch, r.chan_from_leader, r.history.mark()) for r in topics]
         if self.compact_ok and plan == self.plan:
             # the steady state: the same topics, epochs, versions and histories
             self._send_frame(encode_compact_fetch(
@@ -152,7 +146,7 @@ class Fetcher:
             return
         self.plan = plan
         fetch: list[Json] = [{"name": r.name, "epoch": epoch, "offset": r.topic.log.written,
-                              "version": version, "hist": hist}
+                              "version": version, "hist": [*hist]}
                              for r, epoch, version, hist in plan]
         self._send({"op": "fetch", "node": self.node.id, "wait_ms": WAIT_MS,
                     "max_bytes": FETCH_BYTES, "topics": fetch}, ("fetch", topics),

@@ -26,14 +26,14 @@ class Want:
         if self.offset < 0:
             raise ValueError(f"offset {self.offset} asked")
         self.version = need_int(t.get("version", 0))
-        self.hist: Json = t.get("hist")   # [entries, last epoch, its start] of its history
+        self.hist: Json = t.get("hist")   # its history's mark (EpochHistory.mark)
 
 
 class Fetch:
     """A fetch request, checked once, when its JSON was read; a compact fetch renews
     its offsets (``renew``) and it is served again."""
 
-    __slots__ = ("wait_ms", "max_bytes", "wants", "names")
+    __slots__ = ("wait_ms", "max_bytes", "wants", "names", "compact")
 
     def __init__(self, req: JsonObj, topics: list[JsonObj]) -> None:
         self.wait_ms = min(need_int(req.get("wait_ms", 0)), MAX_WAIT_MS)
@@ -41,8 +41,11 @@ class Fetch:
                              MAX_FETCH_BYTES)
         self.wants = [Want(t) for t in topics]
         self.names = frozenset(w.name for w in self.wants)
+        self.compact = False     # this time it came compact (then so may its answer)
 
     def renew(self, wait_ms: int, max_bytes: int, offsets: list[int]) -> None:
+        """The same fetch again, compact (wire.COMPACT_FETCH), with these values."""
+        self.compact = True
         self.wait_ms = min(wait_ms, MAX_WAIT_MS)
         self.max_bytes = min(max_bytes, MAX_FETCH_BYTES)
         for w, offset in zip(self.wants, offsets):

@@ -48,6 +48,11 @@ class EpochHistory:
     def last_epoch(self) -> int:
         return self.entries[-1][0] if self.entries else 0
 
+    def mark(self) -> list[int]:
+        """What a fetch says of the history it holds: its length and last entry (a
+        leader sends its own only when its mark differs)."""
+        return [len(self.entries), *self.entries[-1]] if self.entries else [0]
+
     def begin(self, epoch: int, start: int) -> None:
         """The leader of ``epoch`` appends from ``start`` on (entries that start later
         are dropped: their records are gone)."""

@@ -193,9 +193,9 @@ class ReplicationServer(SelectorLoop):
                 raise WireError("a compact fetch before any fetch")
             if node != c.node or len(offsets) != len(fetch.wants):
                 raise WireError(f"a compact fetch of node {node}, {len(offsets)} topics, "
-                                f"after a fetch of node {c.node}, {len(fetch.wants)}")
+                                f"after a fetch of node {c.node}, {len(fetch.wants)} "
+                                "topics")
             fetch.renew(wait_ms, max_bytes, offsets)
-            c.compact = True
             self.handle(c, fetch)
             return
         req = parse_head(head)
@@ -208,7 +208,6 @@ class ReplicationServer(SelectorLoop):
             c.send(encode({"topics": [self._epoch_end(t) for t in topics]}))
         elif op == "fetch":
             fetch = c.plan = Fetch(req, topics)
-            c.compact = False
             self.handle(c, fetch)
         else:
             raise ValueError(f"unknown request {op!r}")
@@ -295,7 +294,7 @@ class ReplicationServer(SelectorLoop):
         node = self.node
         budget = req.max_bytes
         out: list[Json] = []
-        compact: list[tuple[int, int, int]] | None = [] if c.compact else None
+        compact: list[tuple[int, int, int]] | None = [] if req.compact else None
         posts: list[tuple[Replica, int, int]] = []
         blobs: list[memoryview] = []
         at = 0
@@ -317,10 +316,10 @@ class ReplicationServer(SelectorLoop):
             offset = t.offset
             written = lg.written
             entry: JsonObj = {"name": name, "hw": r.hw}
-            hist = r.history.entries
-            if not hist or t.hist != [len(hist), *hist[-1]]:
+            hist = r.history
+            if not hist.entries or t.hist != hist.mark():
                 # changed since it last heard
-                entry["history"] = [[e, s] for e, s in hist]
+                entry["history"] = [[e, s] for e, s in hist.entries]
                 compact = None
             if offset > written:
                 entry["error"] = "offset"      # it holds more: truncate again
@@ -395,9 +394,9 @@ class ReplicationServer(SelectorLoop):
                 something = True
                 continue
             offset = t.offset
-            hist = r.history.entries
-            if offset != r.topic.log.written or r.chan_version > t.version or not hist \
-                    or t.hist != [len(hist), *hist[-1]]:
+            hist = r.history
+            if offset != r.topic.log.written or r.chan_version > t.version \
+                    or not hist.entries or t.hist != hist.mark():
                 something = True
             owner = owner_loop(r.topic.owner)
             if owner is c.loop:

@@ -37,7 +37,7 @@ class FollowerConn:
     """One follower's connection, owned by one event loop."""
 
     __slots__ = ("server", "loop", "sock", "reader", "out", "parked", "timer", "node",
-                 "rbuf", "writing", "closed", "held", "moves", "plan", "compact")
+                 "rbuf", "writing", "closed", "held", "moves", "plan")
 
     def __init__(self, server: ConnServer, loop: EventLoop,
                  sock: socket.socket) -> None:
@@ -53,10 +53,8 @@ class FollowerConn:
         self.moves = 0             # to the loop owning its topics (at most MAX_MOVES)
         self.timer: object = None
         self.node = -1
-        # the last JSON fetch read (a compact fetch is it again with new offsets), and
-        # whether the one being served came compact (then so may its answer)
+        # the last JSON fetch read (a compact fetch is it again with new offsets)
         self.plan: Fetch | None = None
-        self.compact = False
         self.rbuf = memoryview(bytearray(RECV_BYTES))   # one buffer, reused per recv
 
     def on_readable(self) -> None:
