@@ -10,7 +10,8 @@ Limits: the request line plus headers may not exceed ``MAX_HEADER_BYTES`` (431, 
 close); a body may not exceed the route's limit, checked against Content-Length as soon
 as the headers arrive and while a chunked body streams (413 with nsqd's code, then a
 close), except on routes whose handler never reads it (as nsqd's): there the request is
-answered as usual, the body dropped unread, and the connection closed after; garbage gets Go's ``400 Bad Request`` and a close. Deadlines (``expired``):
+answered as usual, the body dropped unread, and the connection closed after; garbage
+gets Go's ``400 Bad Request`` and a close. Deadlines (``expired``):
 headers within ``header_timeout``, the whole request within ``request_timeout``, a
 response drained within ``request_timeout``, an idle keep-alive connection closed after
 ``idle_timeout``.

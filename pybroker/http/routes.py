@@ -75,7 +75,7 @@ class Router:
 
     def limit(self, method: bytes, path: str) -> Limit:
         """(largest body, response when it is exceeded) for a request's headers; the
-        response None: the handler ignores the body (``BODY_IGNORED``)."""
+        response None: the handler never reads the body (see ``Limit``)."""
         route, _ = self._match(path)
         if route is None:
             return self.default_limit[0], self.resolve(method, path, b"")[1] or error(404, "NOT_FOUND")
