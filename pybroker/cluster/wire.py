@@ -17,7 +17,10 @@ byte is not ``{``; big-endian, no JSON to build or parse on either side):
 
 Budgets: a frame over ``MAX_FRAME`` bytes, a head over ``MAX_HEAD`` or a head that is
 not a JSON object is a protocol error (the connection is dropped); a reader holds at
-most one frame plus one read; a request names at most ``MAX_TOPICS`` topics. The
+most one frame plus one read; a request names at most ``MAX_TOPICS`` topics. A compact
+head must be exactly the size its count says, its count at most ``MAX_TOPICS``, and a
+compact answer's record sizes must add up to its blob (WireError otherwise), so it is
+parsed in time linear in its few bytes and allocates one tuple per topic. The
 readers of an answer's parts (``blob_span``, ``history_of``) raise ValueError on
 anything malformed or outside the frame.
 """

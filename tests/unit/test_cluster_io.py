@@ -63,15 +63,19 @@ def test_compact_heads_round_trip_beside_json_ones() -> None:
         b"".join(encode_compact_answer([(7, 9, 6), (1 << 40, 1 << 40, 0), (2, 3, 4)],
                                        [b"abcdef", b"ghij"])) + b"".join(encode({"op": "x"}))
     r = FrameReader()
-    r.feed(data)
-    fetch, answer, js = r.next_raw(), r.next_raw(), r.next_raw()
-    assert fetch is not None and answer is not None and js is not None
+    frames = []
+    for i in range(len(data)):          # one byte at a time: a trickling peer
+        r.feed(data[i:i + 1])
+        f = r.next_raw()
+        if f is not None:
+            frames.append(f)
+    fetch, answer, js = frames
     assert not is_json(fetch[0]) and not is_json(answer[0]) and is_json(js[0])
     assert parse_compact_fetch(fetch[0]) == (3, 500, 1 << 21, [0, 7, 1 << 40])
     assert parse_compact_answer(answer[0], len(answer[1])) == [
         (7, 9, 6), (1 << 40, 1 << 40, 0), (2, 3, 4)]
     assert bytes(answer[1]) == b"abcdefghij"
-    assert r.next_raw() is None
+    assert r.next_raw() is None and r.pending() == 0
 
 
 _FETCH_HEAD = struct.pack(">BiIIH", 1, 3, 500, 100, 2) + struct.pack(">2Q", 1, 2)
