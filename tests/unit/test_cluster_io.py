@@ -17,21 +17,29 @@ from pybroker.cluster import etcd as etcd_mod
 from pybroker.cluster.etcd import Etcd, EtcdError, prefix_end
 from pybroker.cluster.wire import MAX_FRAME, MAX_HEAD, MAX_TOPICS, FrameReader, WireError, \
     encode, encode_compact_answer, encode_compact_fetch, frame_need, is_json, \
-    parse_compact_answer, parse_compact_fetch
+    parse_compact_answer, parse_compact_fetch, parse_head
 
 
 # -- wire -------------------------------------------------------------------------------
+def _trickled(data: bytes) -> tuple[FrameReader, list[tuple[bytes, bytes]]]:
+    """The frames (raw head, blob) a reader makes of data fed one byte at a time (a
+    trickling peer)."""
+    r = FrameReader()
+    frames = []
+    for i in range(len(data)):
+        r.feed(data[i:i + 1])
+        f = r.next_raw()
+        if f is not None:
+            frames.append((f[0], bytes(f[1])))
+    return r, frames
+
+
 def test_frames_round_trip_in_pieces() -> None:
     data = b"".join(encode({"op": "fetch", "n": 1}, b"records")) + \
         b"".join(encode({"op": "x"}))
-    r = FrameReader()
-    got = []
-    for i in range(len(data)):          # one byte at a time: a trickling peer
-        r.feed(data[i:i + 1])
-        f = r.next()
-        if f is not None:
-            got.append((f[0], bytes(f[1])))
-    assert got == [({"op": "fetch", "n": 1}, b"records"), ({"op": "x"}, b"")]
+    r, frames = _trickled(data)
+    assert [(parse_head(h), b) for h, b in frames] == [({"op": "fetch", "n": 1}, b"records"),
+                                                       ({"op": "x"}, b"")]
     assert r.pending() == 0
 
 
@@ -62,13 +70,7 @@ def test_compact_heads_round_trip_beside_json_ones() -> None:
     data = b"".join(encode_compact_fetch(3, 500, 1 << 21, [0, 7, 1 << 40])) + \
         b"".join(encode_compact_answer([(7, 9, 6), (1 << 40, 1 << 40, 0), (2, 3, 4)],
                                        [b"abcdef", b"ghij"])) + b"".join(encode({"op": "x"}))
-    r = FrameReader()
-    frames = []
-    for i in range(len(data)):          # one byte at a time: a trickling peer
-        r.feed(data[i:i + 1])
-        f = r.next_raw()
-        if f is not None:
-            frames.append(f)
+    r, frames = _trickled(data)
     fetch, answer, js = frames
     assert not is_json(fetch[0]) and not is_json(answer[0]) and is_json(js[0])
     assert parse_compact_fetch(fetch[0]) == (3, 500, 1 << 21, [0, 7, 1 << 40])
