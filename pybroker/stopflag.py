@@ -15,13 +15,16 @@ import select
 import threading
 import time
 
+LOOK_S = 0.05   # how often a waiter without a pipe looks at the flag
+
 
 class StopFlag:
     """``set`` / ``is_set`` / ``wait`` like ``threading.Event``, safe from signal handlers.
 
-    The pipe is made by the first ``wait`` (an object nobody waits on holds no file
-    descriptor) and kept: a late ``set`` from another thread must never write to a
-    descriptor number that has since been given to another file.
+    The pipe is made by ``prepare`` or the first ``wait`` (an object nobody waits on
+    holds no file descriptor) and kept; a ``wait`` that finds no descriptor left for it
+    looks at the flag every LOOK_S instead. The pipe is kept: a late ``set`` from
+    another thread must never write to a descriptor number since given to another file.
     """
 
     def __init__(self) -> None:
@@ -41,6 +44,11 @@ class StopFlag:
     def is_set(self) -> bool:
         return self._set
 
+    def prepare(self) -> None:
+        """Make the pipe now, while descriptors are plenty: a process whose descriptors
+        run out later (a connection flood) can still wait on it."""
+        self._read_fd()
+
     def _read_fd(self) -> int:
         with self._make_lock:
             if self._fds is None:
@@ -59,13 +67,25 @@ class StopFlag:
             if timeout_s > 0:
                 time.sleep(timeout_s)
             return self._set
-        poller = select.poll()
-        poller.register(self._read_fd(), select.POLLIN)
-        # a set() before the pipe existed wrote nothing: it is seen here
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            fd = self._read_fd()
+        except OSError:     # no descriptor left for the pipe: look at the flag instead
+            return self._wait_by_looking(deadline)
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        # a set() before the pipe existed wrote nothing: it is seen here
         while not self._set:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 break
             poller.poll(None if left is None else max(1, math.ceil(left * 1000)))
+        return self._set
+
+    def _wait_by_looking(self, deadline: float | None) -> bool:
+        while not self._set:
+            left = LOOK_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(LOOK_S, left))
         return self._set

@@ -192,6 +192,7 @@ class Runtime:
         def on_signal(signum: int, frame: FrameType | None) -> None:
             self._stop.set()
 
+        self._stop.prepare()        # its pipe exists before any client can use up the fds
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
 

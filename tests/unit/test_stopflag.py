@@ -103,3 +103,36 @@ def test_sighup_while_the_hup_callbacks_lock_is_held_runs_it_from_wait() -> None
         threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM)).start()
         assert signals.wait(10) is True and signals.signal == signal.SIGTERM
 
+
+
+FD_CHILD = textwrap.dedent("""
+    import os, resource, sys, threading
+    from pybroker.stopflag import StopFlag
+    early, late = StopFlag(), StopFlag()
+    if sys.argv[1] == "prepared":
+        early.prepare()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+    held = []
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass                                    # every descriptor is taken
+    threading.Timer(0.1, early.set).start()
+    print("early", early.wait(10), early._fds is not None)
+    print("late", late.wait(0.2), late._fds is None)
+""")
+
+
+@pytest.mark.parametrize("how", ["prepared", "lazy"])
+def test_wait_with_every_descriptor_taken(how: str) -> None:
+    # a flood of connections can take the last descriptor before the first wait():
+    # a prepared flag waits on its pipe, an unprepared one looks at the flag instead
+    # of raising EMFILE (which stopped the broker's main thread)
+    env = {**os.environ, "PYTHONPATH": str(project_root())}
+    r = subprocess.run([sys.executable, "-c", FD_CHILD, how], capture_output=True,
+                       timeout=40, env=env, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == [
+        f"early True {how == 'prepared'}", "late False True"]
