@@ -8,11 +8,13 @@
  *   nsqf_log_scan        once per read from disk (and recovery): find and check records
  *   nsqf_log_frames      once per delivery batch: message frames from log records
  *   nsqf_mpub_split      once per MPUB: validate and split the body into parts
+ *   nsqf_if_*            the in-flight table: once per flight, per FIN batch, per timeout
  *
  * Rules: the caller owns every buffer (input and output); no function allocates,
- * keeps state between calls, touches globals or calls back into Python. C knows
- * framing (which verbs carry a body, size limits); policy (states, names, what a
- * command means) stays in Python. All integers on the wire are big-endian.
+ * keeps state between calls (the in-flight table is the caller's arrays), touches
+ * globals or calls back into Python. C knows framing (which verbs carry a body,
+ * size limits); policy (states, names, what a command means) stays in Python. All
+ * integers on the wire are big-endian.
  */
 #ifndef NSQFRAME_H
 #define NSQFRAME_H
@@ -258,5 +260,68 @@ int nsqf_recv_many(const int32_t *fds, int n, uint8_t *buf, uint32_t cap,
  */
 void nsqf_send_many(const int32_t *fds, int n, const uint8_t *buf,
                     const uint32_t *lens, int32_t *sent);
+
+/*
+ * The in-flight table (csrc/inflight.c): which of a channel's offsets are in flight,
+ * and in which flight (a slot number the caller gives each flight; the caller keeps
+ * the flight objects). Open addressing with linear probing; a removal shifts the
+ * entries behind it back, so lookups never pass tombstones however many messages come
+ * and go. One call per flight added, per batch of FINs, per timed-out flight.
+ *
+ * The caller owns every array: keys and slots (cap entries, cap a power of two, keys
+ * -1 where empty), live and tags (nslots entries: how many entries map to each slot,
+ * and the client each slot's flight went to). It keeps used + what it adds at most
+ * cap / 2 (growing: a larger table, then nsqf_if_rehash) and every slot it names below
+ * nslots. No function allocates.
+ */
+typedef struct {
+    int64_t *keys;
+    int32_t *slots;
+    uint32_t cap;
+    uint32_t used;
+    int64_t *live;
+    uint64_t *tags;
+    uint32_t nslots;
+} nsqf_inflight;
+
+/* k flights: flight i is offsets firsts[i] .. firsts[i] + ns[i] - 1, in slot slots[i]
+ * (its live count set to ns[i], its tag to tags[i]). Returns how many of the offsets
+ * were in the table already (moved to the new slot; 0 unless the caller has a bug). */
+int nsqf_if_add(nsqf_inflight *t, const int64_t *firsts, const int64_t *ns,
+                const int32_t *slots, const uint64_t *tags, int k);
+
+/* n FINs, offset offs[i] from the client tagged tags[i] (a loop turn's FINs of several
+ * clients in one call). An offset in the table in a slot of that tag is removed; the
+ * others fail: failed[j] = 2 * i + (1: the offset is in flight to another client, 0:
+ * it is not in flight) for the i-th offset, in order, and *nfailed their count. Slots
+ * whose last entry went are written to emptied (room for n); returns how many. */
+int nsqf_if_fin(nsqf_inflight *t, const uint64_t *tags, const int64_t *offs, int n,
+                int32_t *failed, int *nfailed, int32_t *emptied);
+
+/* One flight (nsqf_if_add for k = 1, without the arrays); returns as it does. */
+int nsqf_if_add1(nsqf_inflight *t, int64_t first, int64_t n, int32_t slot, uint64_t tag);
+
+/* One FIN (nsqf_if_fin for n = 1, without the arrays): 4 * slot + (2 if that slot has
+ * nothing left in flight), or -1 (not in flight) or -2 (in flight to another client). */
+int64_t nsqf_if_fin1(nsqf_inflight *t, uint64_t tag, int64_t off);
+
+/* The slot of off, or -1. */
+int32_t nsqf_if_get(const nsqf_inflight *t, int64_t off);
+
+/* Remove off: its slot (its live count less one), or -1 if it was not in the table. */
+int32_t nsqf_if_pop(nsqf_inflight *t, int64_t off);
+
+/* Remove the offsets first .. first + n - 1 that are in slot slot; they are written
+ * to out (room for n) in order; returns how many. */
+int nsqf_if_take(nsqf_inflight *t, int64_t first, int64_t n, int32_t slot, int64_t *out);
+
+/* Every entry: offs[i], slots[i] (room for t->used); returns how many. */
+int nsqf_if_dump(const nsqf_inflight *t, int64_t *offs, int32_t *slots);
+
+/* The lowest offset in the table, or -1 if it is empty. */
+int64_t nsqf_if_min(const nsqf_inflight *t);
+
+/* Insert every entry of from into to (empty, its cap at least twice from's used). */
+void nsqf_if_rehash(const nsqf_inflight *from, nsqf_inflight *to);
 
 #endif /* NSQFRAME_H */

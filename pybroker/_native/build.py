@@ -19,6 +19,7 @@ _CSRC = os.path.join(_ROOT, "csrc")
 _HEADER = os.path.join(_CSRC, "nsqframe.h")
 _SOURCE = os.path.join(_CSRC, "nsqframe.c")
 _IO_SOURCE = os.path.join(_CSRC, "nsqio.c")
+_IF_SOURCE = os.path.join(_CSRC, "inflight.c")
 
 _DEFINE = re.compile(r"#define\s+(\w+)\s+(-?\d+)\s*$")
 
@@ -57,7 +58,7 @@ ffibuilder.cdef(_CDEF)
 ffibuilder.set_source(
     "pybroker._native._nsqframe",
     '#include "nsqframe.h"\n',
-    sources=[_relative(_SOURCE), _relative(_IO_SOURCE)],
+    sources=[_relative(_SOURCE), _relative(_IO_SOURCE), _relative(_IF_SOURCE)],
     include_dirs=[_CSRC],
     # -Werror only where asked (CI sets PYBROKER_STRICT_CFLAGS=1): a newer compiler's
     # new warning must not break a user's install

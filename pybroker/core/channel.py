@@ -179,7 +179,7 @@ class Channel(Lifecycle):
         """The lowest offset this channel still needs (segments below may go)."""
         low = self.cursor
         if self.in_flight:
-            low = min(low, min(self.in_flight))
+            low = min(low, self.in_flight.min())
         if self.requeued:
             low = min(low, min(e[0] for e in self.requeued))
         if self.deferred:
@@ -286,20 +286,18 @@ class Channel(Lifecycle):
         first = batch.first
         i = at = 0
         last = ready[0][0]
-        flights: list[tuple[int, Flight]] = []
+        flights: list[Flight] = []
         for c, room in ready:
             if i >= count:
                 break
             j = min(count, i + room)
             end = pos[j] - base - 16 * j if j < count else len(frames)
-            flights.append((now_ns + c.msg_timeout_ns,
-                            self._flight(c, first + i, j - i, 1, now_ns)))
+            # counted in flight before its frames: a client whose room is now taken
+            # flushes them at once (send_frames)
+            flights.append(self._slice(c, first + i, j - i, now_ns))
             c.send_frames(out if end - at == len(out) else bytes(frames[at:end]), j - i)
             i, at, last = j, end, c
-        with self.lock:      # every flight of the pass on the wheel at once (as _fly does)
-            add = self.in_flight_wheel.add
-            for deadline, f in flights:
-                f.handle = add(deadline, f)
+        self._fly_all(flights, now_ns)     # every flight of the pass at once
         self.cursor = first + i
         self._rr = (consumers.index(last) + 1) % n
         if i == count and total > i and released > self.cursor:

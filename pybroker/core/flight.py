@@ -27,17 +27,18 @@ class Consumer(StatsClient, Protocol):
 
 class Flight:
     """One slice of messages sent to one client together: the offsets that still map to
-    it in ``in_flight`` are in flight. ``attempts`` counts this channel's deliveries of
-    each of them in their current life (a record's stored attempts come on top)."""
+    it in ``in_flight`` (an InFlight table, which gives it ``slot``) are in flight.
+    ``attempts`` counts this channel's deliveries of each of them in their current life
+    (a record's stored attempts come on top)."""
 
-    __slots__ = ("client", "first", "n", "live", "attempts", "delivery_ns", "handle")
+    __slots__ = ("client", "first", "n", "slot", "attempts", "delivery_ns", "handle")
 
     def __init__(self, client: Consumer | None, first: int, n: int, attempts: int,
                  delivery_ns: int) -> None:
         self.client = client
         self.first = first
         self.n = n
-        self.live = n
+        self.slot = -1
         self.attempts = attempts
         self.delivery_ns = delivery_ns
         self.handle: Handle | None = None

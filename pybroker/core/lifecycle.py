@@ -8,8 +8,9 @@ itself is move the cursor over the records it read (each slice handed to ``_fly`
 ``_defer``). The states of an offset on one channel:
 
 - **queued**: at or after ``cursor``, not in ``skip``: not yet read by this channel;
-- **in flight**: ``in_flight[off]`` is the Flight it went out in (client, attempts,
-  deadline in ``in_flight_wheel``);
+- **in flight**: ``in_flight.get(off)`` is the Flight it went out in (client,
+  attempts, deadline in ``in_flight_wheel``); ``in_flight`` is an InFlight table
+  (pybroker/_native/inflight.py: C arrays, a call per flight and per batch of FINs);
 - **requeued**: an entry ``(off, attempts, mark)`` of the FIFO ``requeued``; it may go
   once the cursor has reached ``mark`` (nsqd's order: behind what was queued ahead of
   it, see ``_tail_mark``) or nothing is left at the cursor;
@@ -34,6 +35,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypedDict
 
+from pybroker._native.inflight import InFlight
 from pybroker.core.flight import Consumer, Deferred, Flight, offset_of
 from pybroker.core.timeouts import TimeoutWheel
 from pybroker.errors import BrokerError, NotInFlight, NotOwner
@@ -70,7 +72,7 @@ class Lifecycle:
         self.lock = threading.Lock()
         self.cursor = cursor
         self.start_offset = cursor        # for message_count
-        self.in_flight: dict[int, Flight] = {}
+        self.in_flight: InFlight[Flight] = InFlight()
         self.in_flight_wheel: TimeoutWheel[Flight] = TimeoutWheel()
         self.requeued: deque[tuple[int, int, int]] = deque()   # (offset, attempts, mark)
         self.deferred: dict[int, Deferred] = {}
@@ -123,12 +125,24 @@ class Lifecycle:
         """Messages [first, first + n) in flight to c, not yet on the timeout wheel
         (``_fly`` puts it there; a dispatch pass may put several at once)."""
         f = Flight(c, first, n, attempts, now_ns)
-        if n == 1:
-            self.in_flight[first] = f
-        else:
-            self.in_flight.update(dict.fromkeys(range(first, first + n), f))
+        self.in_flight.add_flights((f,))
         c.in_flight_count += n
         return f
+
+    def _slice(self, c: Consumer, first: int, n: int, now_ns: int) -> Flight:
+        """dispatch's common case (Channel._spread): messages [first, first + n) go to
+        c, a first delivery; in flight once ``_fly_all`` has the pass's flights."""
+        c.in_flight_count += n
+        return Flight(c, first, n, 1, now_ns)
+
+    def _fly_all(self, flights: list[Flight], now_ns: int) -> None:
+        """The flights of a dispatch pass in the table in one call and on the timeout
+        wheel under one taking of the lock."""
+        self.in_flight.add_flights(flights)
+        with self.lock:
+            add = self.in_flight_wheel.add
+            for f in flights:
+                f.handle = add(now_ns + f.client.msg_timeout_ns, f)  # type: ignore[union-attr]
 
     def _pass_skipped(self) -> None:
         """The cursor moves over held offsets a rewind left at it (delivered through
@@ -158,10 +172,9 @@ class Lifecycle:
 
     def _take(self, client: Consumer, msg_id: bytes) -> tuple[int, Flight]:
         off, f = self._held(client, msg_id)
-        del self.in_flight[off]
-        f.live -= 1
+        emptied = self.in_flight.pop(off)[1]
         client.in_flight_count -= 1
-        if f.live == 0:
+        if emptied:
             self._drop_flights([f])
         return off, f
 
@@ -202,28 +215,22 @@ class Lifecycle:
         """finish_offsets for several consumers' batches at once (a turn's FINs read by
         the lane): the timeout wheel is changed under one taking of the lock. Returns
         each run's failures."""
-        in_flight = self.in_flight
-        emptied: list[Flight] = []
+        bads, emptied = self.in_flight.finish(runs)
         replay = self.replay
         times = self.delivery_times
         out: list[list[tuple[int, BrokerError]]] = []
-        for client, offsets in runs:
-            failed: list[tuple[int, BrokerError]] = []
-            i = 0
-            for off in offsets:
-                f = in_flight.get(off)
-                if f is None or f.client is not client:
-                    failed.append((i, NotInFlight() if f is None else NotOwner()))
-                else:
-                    del in_flight[off]
-                    f.live -= 1
-                    if f.live == 0:
-                        emptied.append(f)
+        for (client, offsets), bad in zip(runs, bads):
+            failed: list[tuple[int, BrokerError]] = [
+                (i, NotOwner() if other else NotInFlight()) for i, other in bad] if bad else []
+            if times or replay:
+                skip = {i for i, _ in bad}
+                for i, off in enumerate(offsets):
+                    if i in skip:
+                        continue
                     if times:
                         times.pop(off, None)
                     if replay and off in replay:
                         self._replayed(off)
-                i += 1
             client.in_flight_count -= len(offsets) - len(failed)
             out.append(failed)
         if emptied:
@@ -260,11 +267,11 @@ class Lifecycle:
         delivery + max_msg_timeout (matches nsqd)."""
         off, f = self._held(client, msg_id)
         deadline = min(now_ns + client.msg_timeout_ns, f.delivery_ns + max_msg_timeout_ns)
-        if f.live > 1:
+        if self.in_flight.live(f) > 1:
             # the others of its flight keep their deadline: this one gets a flight alone
-            f.live -= 1
+            self.in_flight.pop(off)
             single = Flight(client, off, 1, f.attempts, f.delivery_ns)
-            self.in_flight[off] = single
+            self.in_flight.add_flights((single,))
             with self.lock:
                 single.handle = self.in_flight_wheel.add(deadline, single)
             return
@@ -294,16 +301,14 @@ class Lifecycle:
         in_flight = self.in_flight
         mark = self._tail_mark()
         for f in timed_out:
-            offs = [off for off in f.offsets() if in_flight.get(off) is f]
+            offs = in_flight.take(f)
             for off in offs:
-                del in_flight[off]
                 self.replay.discard(off)
                 self._requeue(off, f.attempts, mark)
                 if self.max_attempts:
                     self._note_delivery(off, f.delivery_ns)
             if f.client is not None:
                 f.client.in_flight_count -= len(offs)
-            f.live = 0
             self.timeout_count += len(offs)
         for d in due:
             if self.deferred.get(d.offset) is d:
@@ -321,11 +326,10 @@ class Lifecycle:
         emptied = []
         mark = self._tail_mark()
         for off in mine:
-            f = in_flight.pop(off)
-            f.live -= 1
+            f, gone = in_flight.pop(off)
             if f.client is not None:
                 f.client.in_flight_count -= 1
-            if f.live == 0:
+            if gone:
                 emptied.append(f)
             self.replay.discard(off)
             self._requeue(off, f.attempts, mark)
@@ -371,10 +375,9 @@ class Lifecycle:
     def empty(self) -> None:
         """Drop every queued, in-flight, requeued, deferred and dying message
         (HTTP /channel/empty, channel delete)."""
-        for f in set(self.in_flight.values()):
+        for f in self.in_flight.flights():
             if f.client is not None:
-                f.client.in_flight_count -= sum(1 for off in f.offsets()
-                                                if self.in_flight.get(off) is f)
+                f.client.in_flight_count -= self.in_flight.live(f)
         self.in_flight.clear()
         self.requeued.clear()
         self.deferred.clear()

@@ -1,0 +1,490 @@
+"""The in-flight table: which of a channel's offsets are in flight, and in which
+Flight. ``nsqf_if_*`` in csrc/inflight.c (declared in csrc/nsqframe.h) hold offset ->
+flight slot in arrays this module owns; the Flight objects stay in a Python list, one
+per slot. With the pure-Python codec (or a compiled module built before the table
+existed) a dict does the same.
+
+Why: a dict entry per message in flight (``dict.fromkeys`` over a flight's offsets,
+then a lookup and a ``del`` per FIN, each in a Python loop) was about a fifth of the
+loop thread's time in the writer-and-reader flow (py-spy; docs/io.md). Here a flight
+costs one call, a batch of FINs one call, a timed-out flight one call.
+
+Owned by the channel's owner loop; ``InFlight`` reads like the dict it replaces
+(``get``, ``in``, ``len``, iteration over offsets, ``items``) and adds the batched
+operations: ``add_flights``, ``finish``, ``take``.
+"""
+from __future__ import annotations
+
+import array
+import bisect
+import functools
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any, Generic, Protocol, TypeVar
+
+from pybroker._native import BACKEND, _ffi, _lib
+
+CData = Any     # cffi's cdata: untyped, as _native's ffi and lib
+_C = BACKEND == "c" and hasattr(_lib, "nsqf_if_fin")
+MIN_CAP = 64          # table entries of a new table (a power of two)
+SMALL = 8             # at most this many flights or FINs: one call each, no arrays
+SHRINK_FROM = 4096    # a table this large or larger shrinks when 1/16 full
+
+
+class FlightLike(Protocol):
+    """What the table needs of a Flight (core/flight.py)."""
+
+    @property
+    def client(self) -> object: ...
+    @property
+    def first(self) -> int: ...
+    @property
+    def n(self) -> int: ...
+    slot: int
+
+
+F = TypeVar("F", bound=FlightLike)
+
+
+def _tag(client: object) -> int:
+    return 0 if client is None else id(client)
+
+
+class _PureTable:
+    """The table as dicts (PYBROKER_PURE=1, or no compiled module)."""
+
+    def __init__(self) -> None:
+        self.where: dict[int, int] = {}
+        self.live: list[int] = []
+        self.tags: list[int] = []
+
+    def slots(self, n: int) -> None:
+        grow = n - len(self.live)
+        if grow > 0:
+            self.live += [0] * grow
+            self.tags += [0] * grow
+
+    def add(self, firsts: Sequence[int], ns: Sequence[int], slots: Sequence[int],
+            tags: Sequence[int], total: int) -> int:
+        where = self.where
+        again = 0
+        for first, n, slot, tag in zip(firsts, ns, slots, tags):
+            self.live[slot] = n
+            self.tags[slot] = tag
+            for off in range(first, first + n):
+                old = where.get(off)
+                if old is not None:
+                    self.live[old] -= 1
+                    again += 1
+                where[off] = slot
+        return again
+
+    def fin(self, tags: Sequence[int], offs: Sequence[int]) -> tuple[list[int], list[int]]:
+        where = self.where
+        failed: list[int] = []
+        emptied: list[int] = []
+        for i, (off, tag) in enumerate(zip(offs, tags)):
+            slot = where.get(off)
+            if slot is None:
+                failed.append(2 * i)
+            elif self.tags[slot] != tag:
+                failed.append(2 * i + 1)
+            else:
+                del where[off]
+                self.live[slot] -= 1
+                if not self.live[slot]:
+                    emptied.append(slot)
+        return failed, emptied
+
+    def add1(self, first: int, n: int, slot: int, tag: int) -> int:
+        return self.add((first,), (n,), (slot,), (tag,), n)
+
+    def fin1(self, tag: int, off: int) -> int:
+        slot = self.where.get(off)
+        if slot is None:
+            return -1
+        if self.tags[slot] != tag:
+            return -2
+        del self.where[off]
+        self.live[slot] -= 1
+        return 4 * slot + (0 if self.live[slot] else 2)
+
+    def get(self, off: int) -> int:
+        return self.where.get(off, -1)
+
+    def pop(self, off: int) -> int:
+        slot = self.where.pop(off, -1)
+        if slot >= 0:
+            self.live[slot] -= 1
+        return slot
+
+    def take(self, first: int, n: int, slot: int) -> list[int]:
+        where = self.where
+        got = [off for off in range(first, first + n) if where.get(off) == slot]
+        for off in got:
+            del where[off]
+        self.live[slot] -= len(got)
+        return got
+
+    def dump(self) -> tuple[list[int], list[int]]:
+        return list(self.where), list(self.where.values())
+
+    def low(self) -> int:
+        return min(self.where) if self.where else -1
+
+    def count(self) -> int:
+        return len(self.where)
+
+    def clear(self) -> None:
+        self.where.clear()
+        self.live = [0] * len(self.live)
+
+
+class _CTable:
+    """The table in C arrays (nsqf_if_*); scratch arrays for the calls' outputs."""
+
+    def __init__(self) -> None:
+        # one struct for the table's life (resizing changes its fields), so that the
+        # one-offset calls can be bound to it once
+        self.t: CData = _ffi.new("nsqf_inflight *")
+        self._keys: CData = None
+        self._slots: CData = None
+        self._live: CData = None
+        self._tags: CData = None
+        self._scratch = 0
+        self._failed: CData = None
+        self._emptied: CData = None
+        self._nfailed: CData = _ffi.new("int *")
+        self._resize(MIN_CAP)
+        self.fin1 = functools.partial(_lib.nsqf_if_fin1, self.t)
+
+    @property
+    def live(self) -> CData:
+        return self._live
+
+    def _resize(self, cap: int) -> None:
+        keys = _ffi.new("int64_t[]", cap)
+        _ffi.buffer(keys)[:] = b"\xff" * (8 * cap)     # -1: empty
+        slots = _ffi.new("int32_t[]", cap)
+        t = _ffi.new("nsqf_inflight *")
+        t.keys, t.slots, t.cap, t.used = keys, slots, cap, 0
+        t.live, t.tags, t.nslots = self.t.live, self.t.tags, self.t.nslots
+        if self._keys is not None:
+            _lib.nsqf_if_rehash(self.t, t)
+        self.t.keys, self.t.slots, self.t.cap, self.t.used = keys, slots, cap, t.used
+        self._keys, self._slots = keys, slots
+
+    def slots(self, n: int) -> None:
+        t = self.t
+        if n <= t.nslots:
+            return
+        size = max(n, 2 * t.nslots, 64)
+        live = _ffi.new("int64_t[]", size)
+        tags = _ffi.new("uint64_t[]", size)
+        if t.nslots:
+            _ffi.memmove(live, t.live, 8 * t.nslots)
+            _ffi.memmove(tags, t.tags, 8 * t.nslots)
+        t.live, t.tags, t.nslots = live, tags, size
+        self._live, self._tags = live, tags
+
+    def _room(self, more: int) -> None:
+        t = self.t
+        need = t.used + more
+        if 2 * need > t.cap:
+            cap = t.cap
+            while 2 * need > cap:
+                cap *= 2
+            self._resize(cap)
+
+    def _shrink(self) -> None:
+        t = self.t
+        if t.cap >= SHRINK_FROM and 16 * t.used < t.cap:
+            cap = MIN_CAP
+            while cap < 4 * t.used:
+                cap *= 2
+            self._resize(cap)
+
+    def add(self, firsts: Sequence[int], ns: Sequence[int], slots: Sequence[int],
+            tags: Sequence[int], total: int) -> int:
+        self._room(total)
+        fa, na = array.array("q", firsts), array.array("q", ns)
+        sa, ta = array.array("i", slots), array.array("Q", tags)
+        with _ffi.from_buffer("int64_t[]", fa) as fp, \
+                _ffi.from_buffer("int64_t[]", na) as np_, \
+                _ffi.from_buffer("int32_t[]", sa) as sp, \
+                _ffi.from_buffer("uint64_t[]", ta) as tp:
+            return int(_lib.nsqf_if_add(self.t, fp, np_, sp, tp, len(fa)))
+
+    def fin(self, tags: "array.array[int]", offs: "array.array[int]"
+            ) -> tuple[list[int], list[int]]:
+        n = len(offs)
+        if n > self._scratch:
+            self._scratch = max(n, 2 * self._scratch, 64)
+            self._failed = _ffi.new("int32_t[]", self._scratch)
+            self._emptied = _ffi.new("int32_t[]", self._scratch)
+        with _ffi.from_buffer("int64_t[]", offs) as op, \
+                _ffi.from_buffer("uint64_t[]", tags) as tp:
+            ne = _lib.nsqf_if_fin(self.t, tp, op, n, self._failed, self._nfailed,
+                                  self._emptied)
+        nf = self._nfailed[0]
+        failed = _ffi.unpack(self._failed, nf) if nf else []
+        emptied = _ffi.unpack(self._emptied, ne) if ne else []
+        self._shrink()
+        return failed, emptied
+
+    def add1(self, first: int, n: int, slot: int, tag: int) -> int:
+        self._room(n)
+        return int(_lib.nsqf_if_add1(self.t, first, n, slot, tag))
+
+    def get(self, off: int) -> int:
+        return int(_lib.nsqf_if_get(self.t, off))
+
+    def pop(self, off: int) -> int:
+        return int(_lib.nsqf_if_pop(self.t, off))
+
+    def take(self, first: int, n: int, slot: int) -> list[int]:
+        out = _ffi.new("int64_t[]", n)
+        got = _lib.nsqf_if_take(self.t, first, n, slot, out)
+        self._shrink()
+        return list(_ffi.unpack(out, got))
+
+    def dump(self) -> tuple[list[int], list[int]]:
+        n = self.t.used
+        offs = _ffi.new("int64_t[]", max(n, 1))
+        slots = _ffi.new("int32_t[]", max(n, 1))
+        got = _lib.nsqf_if_dump(self.t, offs, slots)
+        return list(_ffi.unpack(offs, got)), list(_ffi.unpack(slots, got))
+
+    def low(self) -> int:
+        return int(_lib.nsqf_if_min(self.t))
+
+    def count(self) -> int:
+        return int(self.t.used)
+
+    def clear(self) -> None:
+        t = self.t
+        self._keys = None     # no rehash: a fresh table
+        self._resize(MIN_CAP)
+        if t.nslots:
+            _ffi.buffer(self.t.live, 8 * t.nslots)[:] = bytes(8 * t.nslots)
+
+
+class InFlight(Generic[F]):
+    """offset -> the Flight it went out in, for one channel (see the module).
+
+    A flight of one message (a consumer at RDY 1, a TOUCHed message) is a dict entry:
+    a store and a lookup cost less than a call into C with its arrays. Larger flights
+    are in the table; slots of flights with nothing left in flight are given to new
+    ones. An offset is in one of the two at most."""
+
+    __slots__ = ("_one", "_t", "_flights", "_free")
+
+    def __init__(self, pure: bool = False) -> None:
+        self._one: dict[int, F] = {}
+        self._t: _CTable | _PureTable = _CTable() if _C and not pure else _PureTable()
+        self._flights: list[F | None] = []
+        self._free: list[int] = []
+
+    # -- adding ------------------------------------------------------------------------
+    def _slot(self, f: F) -> int:
+        if self._free:
+            slot = self._free.pop()
+            self._flights[slot] = f
+        else:
+            slot = len(self._flights)
+            self._flights.append(f)
+            self._t.slots(slot + 1)
+        f.slot = slot
+        return slot
+
+    def add_flights(self, flights: Sequence[F]) -> None:
+        """Each flight's offsets [first, first + n) are in flight in it (none of them
+        may be in flight already)."""
+        one = self._one
+        many: list[F] = []
+        for f in flights:
+            if f.n == 1:
+                one[f.first] = f
+            else:
+                many.append(f)
+        if not many:
+            return
+        if len(many) <= SMALL:
+            add1 = self._t.add1
+            for f in many:
+                client = f.client
+                if add1(f.first, f.n, self._slot(f), 0 if client is None else id(client)):
+                    raise RuntimeError(f"offsets of {f.first}+{f.n} put in flight twice")
+            return
+        slots = [self._slot(f) for f in many]
+        total = sum(f.n for f in many)
+        again = self._t.add([f.first for f in many], [f.n for f in many], slots,
+                            [_tag(f.client) for f in many], total)
+        if again:
+            raise RuntimeError(f"{again} offsets put in flight twice")
+
+    # -- removing ----------------------------------------------------------------------
+    def _release(self, slots: Sequence[int]) -> list[F]:
+        flights = self._flights
+        out = []
+        for slot in slots:
+            f = flights[slot]
+            assert f is not None
+            out.append(f)
+            flights[slot] = None
+            self._free.append(slot)
+        return out
+
+    def finish(self, runs: Sequence[tuple[object, Sequence[int]]]
+               ) -> tuple[list[list[tuple[int, bool]]], list[F]]:
+        """FIN batches of several clients (a loop turn's) at once: each run's offsets
+        in flight to its client leave, in order. Returns each run's failures, (index in
+        its offsets, True: in flight to another client / False: not in flight), and the
+        flights that have nothing left in flight."""
+        if self._one:
+            return self._finish_each(runs)
+        if len(runs) <= SMALL and sum(len(run) for _, run in runs) <= SMALL:
+            return self._finish_each(runs)
+        offs = array.array("q")
+        tags = array.array("Q")
+        for client, run in runs:
+            tag = 0 if client is None else id(client)
+            if len(run) == 1:
+                offs.append(run[0])
+                tags.append(tag)
+            else:
+                offs.extend(run)
+                tags.extend(array.array("Q", (tag,)) * len(run))
+        failed, emptied = self._t.fin(tags, offs)
+        out: list[list[tuple[int, bool]]] = [[] for _ in runs]
+        if failed:
+            starts = list(itertools.accumulate((len(run) for _, run in runs), initial=0))
+            for v in failed:
+                i = v >> 1
+                r = bisect.bisect_right(starts, i) - 1
+                out[r].append((i - starts[r], bool(v & 1)))
+        return out, self._release(emptied) if emptied else []
+
+    def _finish_each(self, runs: Sequence[tuple[object, Sequence[int]]]
+                     ) -> tuple[list[list[tuple[int, bool]]], list[F]]:
+        """finish one offset at a time: the dict's, else the table's (one call each)."""
+        one = self._one
+        fin1 = self._t.fin1 if self._t.count() else None
+        out: list[list[tuple[int, bool]]] = []
+        gone: list[F] = []
+        emptied: list[int] = []
+        for client, run in runs:
+            bad: list[tuple[int, bool]] = []
+            i = 0
+            for off in run:
+                f = one.get(off)
+                if f is not None:
+                    if f.client is client:
+                        del one[off]
+                        gone.append(f)
+                    else:
+                        bad.append((i, True))
+                elif fin1 is None:
+                    bad.append((i, False))
+                else:
+                    v = fin1(0 if client is None else id(client), off)
+                    if v < 0:
+                        bad.append((i, v == -2))
+                    elif v & 2:
+                        emptied.append(v >> 2)
+                i += 1
+            out.append(bad)
+        if emptied:
+            gone += self._release(emptied)
+        return out, gone
+
+    def pop(self, off: int) -> tuple[F, bool]:
+        """Remove one offset: its flight and whether that has nothing left in flight
+        (KeyError if it is not in flight)."""
+        f = self._one.pop(off, None)
+        if f is not None:
+            return f, True
+        slot = self._t.pop(off)
+        if slot < 0:
+            raise KeyError(off)
+        g = self._flights[slot]
+        assert g is not None
+        if self._t.live[slot] == 0:
+            self._release([slot])
+            return g, True
+        return g, False
+
+    def take(self, f: F) -> list[int]:
+        """Remove every offset of f still in flight in it; returns them, in order."""
+        if f.n == 1:
+            if self._one.get(f.first) is f:
+                del self._one[f.first]
+                return [f.first]
+            return []
+        slot = f.slot
+        if slot < 0 or self._flights[slot] is not f:
+            return []
+        got = self._t.take(f.first, f.n, slot)
+        if self._t.live[slot] == 0:
+            self._release([slot])
+        return got
+
+    def clear(self) -> None:
+        self._one.clear()
+        self._t.clear()
+        self._flights = []
+        self._free = []
+
+    # -- reading -----------------------------------------------------------------------
+    def get(self, off: int) -> F | None:
+        f = self._one.get(off)
+        if f is not None or not self._t.count():
+            return f
+        slot = self._t.get(off)
+        return None if slot < 0 else self._flights[slot]
+
+    def live(self, f: F) -> int:
+        """How many of f's offsets are in flight in it."""
+        if f.n == 1:
+            return 1 if self._one.get(f.first) is f else 0
+        slot = f.slot
+        if slot < 0 or slot >= len(self._flights) or self._flights[slot] is not f:
+            return 0
+        return int(self._t.live[slot])
+
+    def flights(self) -> list[F]:
+        """The flights with something in flight."""
+        return [*self._one.values(), *(f for f in self._flights if f is not None)]
+
+    def min(self) -> int:
+        """The lowest offset in flight (-1: none)."""
+        low = self._t.low() if self._t.count() else -1
+        if self._one:
+            first = min(self._one)
+            low = first if low < 0 else min(low, first)
+        return low
+
+    def items(self) -> list[tuple[int, F]]:
+        offs, slots = self._t.dump()
+        out = list(self._one.items())
+        flights = self._flights
+        for off, slot in zip(offs, slots):
+            f = flights[slot]
+            assert f is not None
+            out.append((off, f))
+        return out
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.chain(list(self._one), self._t.dump()[0])
+
+    def __contains__(self, off: object) -> bool:
+        return off in self._one or (isinstance(off, int) and self._t.get(off) >= 0)
+
+    def __len__(self) -> int:
+        return len(self._one) + self._t.count()
+
+    def __bool__(self) -> bool:
+        return bool(self._one) or self._t.count() > 0
+
+
+__all__ = ["InFlight"]

@@ -1,0 +1,209 @@
+"""The in-flight table (pybroker/_native/inflight.py, csrc/inflight.c) against a dict
+of offset -> flight, the structure it replaced: a Hypothesis state machine adds flights
+of one and of many messages (a pass of more than SMALL flights takes the batched call),
+FINs runs of several clients (their own offsets, others', ones not in flight, twice the
+same), pops, takes timed-out flights and clears; after each step every reading of the
+table equals the dict's. Run on the C table and on the pure-Python one."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
+                                 rule)
+
+from pybroker._native import inflight as mod
+from pybroker._native.inflight import InFlight
+
+C_BUILT = mod._C
+
+
+class Client:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class F:
+    """A flight as the table sees one."""
+
+    def __init__(self, client: Client | None, first: int, n: int) -> None:
+        self.client = client
+        self.first = first
+        self.n = n
+        self.slot = -1
+
+    def __repr__(self) -> str:
+        return f"F({self.client}, {self.first}+{self.n})"
+
+
+CLIENTS = [Client("a"), Client("b"), Client("c"), None]
+
+
+class InFlightMachine(RuleBasedStateMachine):
+    pure = False
+
+    @initialize()
+    def start(self) -> None:
+        self.t: InFlight[F] = InFlight(pure=self.pure)
+        self.model: dict[int, F] = {}
+        self.known: list[F] = []
+        self.next = 0
+
+    def _free_offsets(self, start: int, n: int) -> bool:
+        return all(o not in self.model for o in range(start, start + n))
+
+    @rule(sizes=st.lists(st.sampled_from([1, 1, 2, 3, 8, 40]), min_size=1, max_size=14),
+          who=st.lists(st.integers(0, 3), min_size=14, max_size=14),
+          gap=st.integers(0, 3), reuse=st.booleans())
+    def add(self, sizes: list[int], who: list[int], gap: int, reuse: bool) -> None:
+        # new offsets past the last ones, or (reuse) finished ones again from 0 on
+        at = 0 if reuse else self.next + gap
+        flights = []
+        for k, n in enumerate(sizes):
+            while not self._free_offsets(at, n) or any(
+                    f.first < at + n and at < f.first + f.n for f in flights):
+                at += 1
+            flights.append(F(CLIENTS[who[k]], at, n))
+            at += n
+        self.t.add_flights(flights)
+        for f in flights:
+            for o in range(f.first, f.first + f.n):
+                self.model[o] = f
+        self.known += flights
+        self.next = max(self.next, at)
+
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        offs = sorted(self.model)
+        pick = st.sampled_from(offs) if offs else st.integers(0, 5)
+        runs = data.draw(st.lists(st.tuples(
+            st.sampled_from(CLIENTS),
+            st.lists(st.one_of(pick, st.integers(-2, self.next + 3)), max_size=12)),
+            min_size=1, max_size=10))
+        want_bad = []
+        want_gone = []
+        for client, run in runs:
+            bad = []
+            for i, off in enumerate(run):
+                f = self.model.get(off)
+                if f is None:
+                    bad.append((i, False))
+                elif f.client is not client:
+                    bad.append((i, True))
+                else:
+                    del self.model[off]
+                    if all(self.model.get(o) is not f for o in range(f.first, f.first + f.n)):
+                        want_gone.append(f)
+            want_bad.append(bad)
+        got_bad, got_gone = self.t.finish(runs)
+        assert got_bad == want_bad
+        assert sorted(map(id, got_gone)) == sorted(map(id, want_gone))
+
+    @rule(data=st.data())
+    def pop(self, data: st.DataObject) -> None:
+        off = data.draw(st.sampled_from(sorted(self.model)) if self.model
+                        else st.integers(0, 5))
+        f = self.model.pop(off, None)
+        if f is None:
+            with pytest.raises(KeyError):
+                self.t.pop(off)
+            return
+        got, gone = self.t.pop(off)
+        assert got is f
+        assert gone == all(self.model.get(o) is not f for o in range(f.first, f.first + f.n))
+
+    @precondition(lambda self: self.known)
+    @rule(data=st.data())
+    def take(self, data: st.DataObject) -> None:
+        f = data.draw(st.sampled_from(self.known))
+        want = [o for o in range(f.first, f.first + f.n) if self.model.get(o) is f]
+        for o in want:
+            del self.model[o]
+        assert self.t.take(f) == want
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def touch(self, data: st.DataObject) -> None:
+        # a TOUCHed message of a larger flight gets a flight of its own
+        off = data.draw(st.sampled_from(sorted(self.model)))
+        f = self.model[off]
+        self.t.pop(off)
+        single = F(f.client, off, 1)
+        self.t.add_flights([single])
+        self.model[off] = single
+        self.known.append(single)
+
+    @rule()
+    def clear(self) -> None:
+        self.t.clear()
+        self.model.clear()
+        self.known = []
+
+    @invariant()
+    def same_as_the_dict(self) -> None:
+        model = self.model
+        assert len(self.t) == len(model) and bool(self.t) == bool(model)
+        assert sorted(self.t) == sorted(model)
+        assert sorted((o, id(f)) for o, f in self.t.items()) == \
+            sorted((o, id(f)) for o, f in model.items())
+        assert self.t.min() == (min(model) if model else -1)
+        for o in range(-1, self.next + 2):
+            assert self.t.get(o) is model.get(o)
+            assert (o in self.t) == (o in model)
+        live = {id(f): 0 for f in self.known}
+        for f in model.values():
+            live[id(f)] += 1
+        for f in self.known:
+            assert self.t.live(f) == live[id(f)]
+        assert sorted(map(id, self.t.flights())) == sorted(
+            {id(f) for f in model.values()})
+
+
+@pytest.mark.skipif(not C_BUILT, reason="C codec not built (or PYBROKER_PURE=1)")
+class TestCTable(InFlightMachine.TestCase):
+    settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
+
+
+class PureMachine(InFlightMachine):
+    pure = True
+
+
+class TestPureTable(PureMachine.TestCase):
+    settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_a_large_table_grows_and_shrinks_back(pure: bool) -> None:
+    # 100,000 in flight (flights of 2,500, strided offsets too), then all finished:
+    # lookups right at every size, and the C arrays back to a small table
+    if not pure and not C_BUILT:
+        pytest.skip("C codec not built")
+    t: InFlight[F] = InFlight(pure=pure)
+    a, b = CLIENTS[0], CLIENTS[1]
+    flights = [F(a if k % 2 else b, k * 2500, 2500) for k in range(20)]
+    strided = [F(a, 1_000_000 + k * 4096, 2) for k in range(25_000)]
+    t.add_flights(flights)
+    t.add_flights(strided)
+    assert len(t) == 100_000
+    assert t.get(1_000_000 + 4096 * 7 + 1) is strided[7] and t.get(1_000_000 + 2) is None
+    runs = [(f.client, list(range(f.first, f.first + f.n))) for f in flights]
+    bad, gone = t.finish(runs)
+    assert bad == [[]] * 20 and len(gone) == 20
+    bad, gone = t.finish([(a, [f.first, f.first + 1]) for f in strided])
+    assert not any(bad) and len(gone) == 25_000
+    assert len(t) == 0 and not t and t.min() == -1
+    if not pure:
+        assert t._t.t.cap <= 4096     # shrunk as it emptied
+    t.add_flights([F(a, 7, 3)])
+    assert sorted(t) == [7, 8, 9]
+
+
+def test_an_offset_put_in_flight_twice_is_refused_loudly() -> None:
+    # a bug in the caller, never a silent second owner (the dict it replaced overwrote)
+    t: InFlight[F] = InFlight()
+    t.add_flights([F(CLIENTS[0], 10, 4)])
+    with pytest.raises(RuntimeError, match="twice"):
+        t.add_flights([F(CLIENTS[1], 12, 4)])
