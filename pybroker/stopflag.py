@@ -49,6 +49,16 @@ class StopFlag:
         run out later (a connection flood) can still wait on it."""
         self._read_fd()
 
+    def wake_fd(self) -> int:
+        """The pipe's write end (made now if need be), for ``signal.set_wakeup_fd``: a
+        signal that the kernel hands to another thread than the one waiting still
+        wakes it, and the wait returns once the main thread has run the handler. Only
+        for a process whose every Python signal handler sets this flag (each byte then
+        means stop; none is ever read back)."""
+        self._read_fd()
+        assert self._fds is not None
+        return self._fds[1]
+
     def _read_fd(self) -> int:
         with self._make_lock:
             if self._fds is None:

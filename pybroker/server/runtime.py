@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     from pybroker.server.authhttp import AuthClient
 
 __all__ = ["Runtime", "StartupError", "run"]
+
+WAIT_LOOK_S = 1.0    # the main thread's wait looks at the stop flag at least this often
 log = logging.getLogger("pybroker")
 
 
@@ -195,10 +197,17 @@ class Runtime:
         self._stop.prepare()        # its pipe exists before any client can use up the fds
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        # a signal the kernel hands to another thread (it does when the main thread
+        # cannot take it then) wakes the main thread's wait through the pipe; the
+        # handler itself runs in the main thread only
+        signal.set_wakeup_fd(self._stop.wake_fd(), warn_on_full_buffer=False)
 
     def wait(self) -> None:
-        """Block the main thread until SIGTERM/SIGINT (or request_stop)."""
-        self._stop.wait()
+        """Block the main thread until SIGTERM/SIGINT (or request_stop). It looks again
+        every WAIT_LOOK_S whatever wakes it: a handler is run only when the main thread
+        runs Python."""
+        while not self._stop.wait(WAIT_LOOK_S):
+            pass
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop accepting, close clients, join every thread with a deadline."""
