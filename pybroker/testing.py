@@ -74,6 +74,28 @@ def split_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _thread_states(pid: int) -> str:
+    """Each thread's name, state and kernel wait channel (Linux's /proc; else empty)."""
+    out = []
+    try:
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+    except OSError:
+        return ""
+    for tid in tids:
+        base = f"/proc/{pid}/task/{tid}"
+        try:
+            with open(f"{base}/comm") as f:
+                name = f.read().strip()
+            with open(f"{base}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"{base}/wchan") as f:
+                wchan = f.read().strip()
+        except OSError:
+            continue
+        out.append(f"{tid} {name} {state} {wchan}")
+    return "; ".join(out)
+
+
 class BrokerProcess:
     """One broker subprocess on ephemeral loopback ports.
 
@@ -175,11 +197,13 @@ class BrokerProcess:
             try:
                 proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
+                threads = _thread_states(proc.pid)     # what each thread was doing
                 proc.kill()
                 proc.wait(5)
                 self._close(proc)
                 raise AssertionError(f"{self.kind} did not exit within {timeout_s}s of "
-                                     f"signal {sig}:\n" + self.stderr_text()) from None
+                                     f"signal {sig}; its threads: {threads}\n"
+                                     + self.stderr_text()) from None
         self._close(proc)
         return proc.returncode
 
