@@ -67,6 +67,10 @@ def browse(driver: Any, c: Cluster, topic: str) -> Pages:
     click_confirmed(driver, "UnPause Topic")
     wait_until(lambda: (c.stats(topic) or {}).get("paused") is False, 10, 0.05,
                what="the topic unpaused on the broker")
+    # and reloads the topic's page again: a reload still to come would take the place
+    # of the channel's page opened next, and "Empty Queue" there empties the topic
+    wait_until(lambda: "Pause Topic" in buttons(driver), 15, 0.05,
+               what="the reloaded page to offer Pause Topic")
 
     open_page(driver, f"{api}/topics/{topic}/c2", "NSQd Host")
     click_confirmed(driver, "Empty Queue")
