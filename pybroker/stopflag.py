@@ -16,6 +16,7 @@ import threading
 import time
 
 LOOK_S = 0.05   # how often a waiter without a pipe looks at the flag
+SLICE_S = 1.0   # the longest sleep on the pipe before a waiter looks at the flag again
 
 
 class StopFlag:
@@ -84,12 +85,14 @@ class StopFlag:
             return self._wait_by_looking(deadline)
         poller = select.poll()
         poller.register(fd, select.POLLIN)
-        # a set() before the pipe existed wrote nothing: it is seen here
+        # a set() before the pipe existed wrote nothing: it is seen here. Each sleep
+        # is at most SLICE_S: a signal the kernel hands to another thread does not wake
+        # this one, and Python runs its handler only when this thread runs Python again
         while not self._set:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            left = SLICE_S if deadline is None else min(SLICE_S, deadline - time.monotonic())
+            if left <= 0:
                 break
-            poller.poll(None if left is None else max(1, math.ceil(left * 1000)))
+            poller.poll(max(1, math.ceil(left * 1000)))
         return self._set
 
     def _wait_by_looking(self, deadline: float | None) -> bool:

@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Runtime", "StartupError", "run"]
 
-WAIT_LOOK_S = 1.0    # the main thread's wait looks at the stop flag at least this often
 log = logging.getLogger("pybroker")
 
 
@@ -203,11 +202,8 @@ class Runtime:
         signal.set_wakeup_fd(self._stop.wake_fd(), warn_on_full_buffer=False)
 
     def wait(self) -> None:
-        """Block the main thread until SIGTERM/SIGINT (or request_stop). It looks again
-        every WAIT_LOOK_S whatever wakes it: a handler is run only when the main thread
-        runs Python."""
-        while not self._stop.wait(WAIT_LOOK_S):
-            pass
+        """Block the main thread until SIGTERM/SIGINT (or request_stop)."""
+        self._stop.wait()
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop accepting, close clients, join every thread with a deadline."""

@@ -138,13 +138,10 @@ class StopSignals:
     Use as a context manager in the main thread; the previous handlers come back after.
     The handlers take no lock: one that interrupted the main thread while it held the
     lock would wait for itself forever. So SIGHUP only counts, and ``wait`` (on the main
-    thread) calls ``hup`` for it, within ``HUP_POLL_S``. A signal the kernel hands to
-    another thread does not wake the main thread, and Python runs handlers on the main
-    thread only: ``wait`` looks again at least every ``LOOK_S``.
+    thread) calls ``hup`` for it, within ``HUP_POLL_S``.
     """
 
     HUP_POLL_S = 0.1
-    LOOK_S = 1.0
 
     def __init__(self, hup: Callable[[], None] | None = None) -> None:
         self.stop = StopFlag()    # set by the handlers: no lock (see pybroker.stopflag)
@@ -176,17 +173,19 @@ class StopSignals:
     def wait(self, timeout_s: float | None = None) -> bool:
         """Sleep until a stop signal (or ``stop.set()``); True if stopped. Runs the
         ``hup`` callback for SIGHUPs received meanwhile."""
-        step = self.LOOK_S if self._hup is None else self.HUP_POLL_S
+        if self._hup is None:
+            return self.stop.wait(timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             left = None if deadline is None else deadline - time.monotonic()
-            if self.stop.wait(step if left is None else max(0.0, min(left, step))):
+            if self.stop.wait(self.HUP_POLL_S if left is None
+                              else max(0.0, min(left, self.HUP_POLL_S))):
                 return True
             seen = self._hups
-            if self._hup is not None and seen != self._hups_done:
+            if seen != self._hups_done:
                 self._hups_done = seen
                 self._hup()
-            if left is not None and left <= step:
+            if left is not None and left <= self.HUP_POLL_S:
                 return self.stop.is_set()
 
 
