@@ -43,9 +43,6 @@ class Flight:
         self.delivery_ns = delivery_ns
         self.handle: Handle | None = None
 
-    def offsets(self) -> range:
-        return range(self.first, self.first + self.n)
-
 
 class Deferred:
     """A message waiting for its time: a REQ with a delay (``due_wall_ns`` kept so a
