@@ -46,10 +46,6 @@ class FlightLike(Protocol):
 F = TypeVar("F", bound=FlightLike)
 
 
-def _tag(client: object) -> int:
-    return 0 if client is None else id(client)
-
-
 class _PureTable:
     """The table as dicts (PYBROKER_PURE=1, or no compiled module)."""
 
@@ -312,14 +308,13 @@ class InFlight(Generic[F]):
         if len(many) <= SMALL:
             add1 = self._t.add1
             for f in many:
-                client = f.client
-                if add1(f.first, f.n, self._slot(f), 0 if client is None else id(client)):
+                if add1(f.first, f.n, self._slot(f), id(f.client)):
                     raise RuntimeError(f"offsets of {f.first}+{f.n} put in flight twice")
             return
         slots = [self._slot(f) for f in many]
         total = sum(f.n for f in many)
         again = self._t.add([f.first for f in many], [f.n for f in many], slots,
-                            [_tag(f.client) for f in many], total)
+                            [id(f.client) for f in many], total)
         if again:
             raise RuntimeError(f"{again} offsets put in flight twice")
 
@@ -348,7 +343,7 @@ class InFlight(Generic[F]):
         offs = array.array("q")
         tags = array.array("Q")
         for client, run in runs:
-            tag = 0 if client is None else id(client)
+            tag = id(client)     # a flight's client is its tag in the table
             if len(run) == 1:
                 offs.append(run[0])
                 tags.append(tag)
@@ -374,6 +369,7 @@ class InFlight(Generic[F]):
         gone: list[F] = []
         emptied: list[int] = []
         for client, run in runs:
+            tag = id(client)
             bad: list[tuple[int, bool]] = []
             i = 0
             for off in run:
@@ -387,7 +383,7 @@ class InFlight(Generic[F]):
                 elif fin1 is None:
                     bad.append((i, False))
                 else:
-                    v = fin1(0 if client is None else id(client), off)
+                    v = fin1(tag, off)
                     if v < 0:
                         bad.append((i, v == -2))
                     elif v & 2:
