@@ -84,7 +84,7 @@ class BatchIO:
             pos += k
         return starts, got
 
-    def send_many(self, socks: Sequence[socket.socket], fds: list[int], data: bytes,
+    def send_many(self, socks: Sequence[socket.socket], fds: list[int], data: bytes | bytearray,
                   lens: list[int]) -> list[int]:
         """Send socket i its ``lens[i]`` bytes of ``data`` (the sockets' bytes one after
         another, one send each); returns bytes each socket took, or -errno."""

@@ -284,20 +284,19 @@ class Channel(Lifecycle):
         if len(frames) != batch.end_of(count - 1) - base - 16 * count:
             return None
         first = batch.first
-        i = at = 0
+        i = 0
         last = ready[0][0]
-        flights: list[Flight] = []
+        sends: list[tuple[Consumer, int, int]] = []
         for c, room in ready:
             if i >= count:
                 break
             j = min(count, i + room)
-            end = pos[j] - base - 16 * j if j < count else len(frames)
-            # counted in flight before its frames: a client whose room is now taken
-            # flushes them at once (send_frames)
-            flights.append(self._slice(c, first + i, j - i, now_ns))
-            c.send_frames(out if end - at == len(out) else bytes(frames[at:end]), j - i)
-            i, at, last = j, end, c
-        self._fly_all(flights, now_ns)     # every flight of the pass at once
+            sends.append((c, j - i, pos[j] - base - 16 * j if j < count else len(frames)))
+            i, last = j, c
+        # counted in flight before their frames are handed over: a client whose room
+        # is now taken has them written at once
+        self._fly_pass(first, sends, now_ns)
+        self.owner.deliver(sends, out)
         self.cursor = first + i
         self._rr = (consumers.index(last) + 1) % n
         if i == count and total > i and released > self.cursor:

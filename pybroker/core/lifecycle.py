@@ -129,20 +129,29 @@ class Lifecycle:
         c.in_flight_count += n
         return f
 
-    def _slice(self, c: Consumer, first: int, n: int, now_ns: int) -> Flight:
-        """dispatch's common case (Channel._spread): messages [first, first + n) go to
-        c, a first delivery; in flight once ``_fly_all`` has the pass's flights."""
-        c.in_flight_count += n
-        return Flight(c, first, n, 1, now_ns)
-
-    def _fly_all(self, flights: list[Flight], now_ns: int) -> None:
-        """The flights of a dispatch pass in the table in one call and on the timeout
-        wheel under one taking of the lock."""
+    def _fly_pass(self, first: int, sends: list[tuple[Consumer, int, int]],
+                  now_ns: int) -> None:
+        """dispatch's common case (Channel._spread): a pass hands consecutive messages
+        from ``first`` on to consumers, (consumer, count, _) each in order, a first
+        delivery. Each slice becomes a flight, counted in flight to its consumer; all of
+        them go into the table in one call and onto the timeout wheel under one taking
+        of the lock (one bucket when the consumers share a msg_timeout)."""
+        flights = []
+        for c, n, _ in sends:
+            c.in_flight_count += n
+            flights.append(Flight(c, first, n, 1, now_ns))
+            first += n
         self.in_flight.add_flights(flights)
+        timeout = sends[0][0].msg_timeout_ns
         with self.lock:
+            if all(c.msg_timeout_ns == timeout for c, _, _ in sends):
+                for f, h in zip(flights, self.in_flight_wheel.add_all(now_ns + timeout,
+                                                                        flights)):
+                    f.handle = h
+                return
             add = self.in_flight_wheel.add
-            for f in flights:
-                f.handle = add(now_ns + f.client.msg_timeout_ns, f)  # type: ignore[union-attr]
+            for f, (c, _, _) in zip(flights, sends):
+                f.handle = add(now_ns + c.msg_timeout_ns, f)
 
     def _pass_skipped(self) -> None:
         """The cursor moves over held offsets a rewind left at it (delivered through

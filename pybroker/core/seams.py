@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, TypeVarTuple, Unpack
 
 if TYPE_CHECKING:
-    from pybroker.core.flight import Deferred, Flight
+    from pybroker.core.flight import Consumer, Deferred, Flight
 
 __all__ = ["Batch", "DeliverAt", "Log", "LogReader", "Owner", "Segment", "TopicView"]
 Ts = TypeVarTuple("Ts")
@@ -35,6 +35,9 @@ class Owner(Protocol[C]):
     def mark_dirty(self, ch: C) -> None: ...
     def mark_dirty_many(self, chans: list[C]) -> None: ...
     def on_expired(self, ch: C, timed_out: list[Flight], due: list[Deferred]) -> None: ...
+    def deliver(self, sends: list[tuple[Consumer, int, int]], out: bytes | bytearray) -> None:
+        """A dispatch pass's frames, already in flight: (consumer, messages, end of its
+        frames in ``out``) in order (``core.flight.deliver_each`` says the layout)."""
     def dead_letter(self, ch: C, target: str, offsets: list[int],
                     bodies: list[bytes]) -> None: ...
     def close_channel(self, ch: C) -> None: ...

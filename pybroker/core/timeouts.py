@@ -6,7 +6,7 @@ sortedcontainers.SortedList holds the bucket numbers that exist; each bucket is 
 ``seq -> item`` in insertion order. Adding or removing an item is a dict operation
 (O(1)); the SortedList only changes once per bucket, not per item, which keeps per-message
 cost flat at high rates. ``add`` returns the handle ``(bucket, seq)`` that ``remove``
-takes. Expiry pops every bucket up to now in one slice. Only ``add``, ``remove``,
+takes. Expiry pops every bucket up to now in one slice. Only ``add`` (and ``add_all``), ``remove``,
 ``pop_expired`` and ``next_deadline`` are needed by callers, so a switch to another
 structure stays local. Not thread-safe: the owner (a Channel under its lock, or an
 EventLoop) serialises calls.
@@ -45,6 +45,24 @@ class TimeoutWheel(Generic[T]):
         bucket[self._seq] = item
         self._len += 1
         return (b, self._seq)
+
+    def add_all(self, deadline_ns: int, items: list[T]) -> list[Handle]:
+        """``add`` for several items with one deadline (a dispatch pass's flights):
+        their handles, in order."""
+        b = -(-deadline_ns // self._res)
+        bucket = self._buckets.get(b)
+        if bucket is None:
+            bucket = self._buckets[b] = {}
+            self._keys.add(b)
+        seq = self._seq
+        handles: list[Handle] = []
+        for item in items:
+            seq += 1
+            bucket[seq] = item
+            handles.append((b, seq))
+        self._seq = seq
+        self._len += len(items)
+        return handles
 
     def remove(self, handle: Handle) -> bool:
         """Drop a scheduled entry; False if it already expired or was removed."""

@@ -433,6 +433,20 @@ class ClientConn:
         elif self.flush_timer is None:
             self.flush_timer = self.loop.call_later(timeout, self._on_flush_timer)
 
+    def takes_frames_now(self, nbytes: int) -> bool:
+        """Consumer protocol, the loop's batched delivery (``EventLoop.deliver``): may
+        ``nbytes`` of message frames (already counted in flight) be written to the
+        socket at once, in a batch with other connections', instead of queued? Yes for
+        a plain connection that owes and queues nothing, when ``send_frames`` would
+        flush them this turn anyway (nsqd: the buffer full or the client no longer
+        ready)."""
+        t = self.transport
+        return (self.io is OPEN and not (self.out or self.pending or self.writing
+                                         or self.unconfirmed or t.waiting or t.layered)
+                and (self.in_flight_count >= self.rdy or self.output_buffer_timeout_ns <= 0
+                     or nbytes >= self.output_buffer_size)
+                and nbytes <= BATCH_BYTES)
+
     def _on_flush_timer(self) -> None:
         self.flush_timer = None
         if self.io is not CLOSED and self.io is not MOVING:

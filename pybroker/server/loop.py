@@ -29,7 +29,7 @@ import logging
 import selectors
 import socket
 import time
-from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, cast, runtime_checkable
 
 from pybroker._native.batchio import BatchIO
 from pybroker.core.channel import Channel
@@ -43,7 +43,7 @@ from pybroker.server.ports import owner_loop
 from pybroker.server.publish import Publisher
 
 if TYPE_CHECKING:
-    from pybroker.core.flight import Deferred, Flight
+    from pybroker.core.flight import Consumer, Deferred, Flight
     from pybroker.core.seams import Owner
     from pybroker.server.ports import Conn, Loop, LoopServices
 
@@ -128,6 +128,45 @@ class EventLoop(SelectorLoop):
 
     def mark_dirty(self, ch: Channel) -> None:
         self.dirty[ch] = None
+
+    def deliver(self, sends: list[tuple[Consumer, int, int]], out: bytes | bytearray) -> None:
+        """A dispatch pass's message frames (``core.flight.deliver_each`` says the
+        layout). Those of connections that may take them now (``takes_frames_now``:
+        plain, nothing queued or owed, flushing anyway) are written at once, one C call
+        for all, straight from ``out`` when they lie back to back in it; the others are
+        queued as ``send_frames`` does."""
+        conns: list[Conn] = []
+        spans: list[int] = []      # the written ones' (start, end) in out, flat
+        joined = 0                 # out[0:joined] is the written ones' frames, in order
+        at = 0
+        for consumer, n, end in sends:
+            c = cast("Conn", consumer)     # this loop's consumers are its connections
+            if c.takes_frames_now(end - at):
+                c.message_count += n
+                conns.append(c)
+                spans += (at, end)
+                if joined == at:
+                    joined = end
+            else:
+                c.send_frames(out if end - at == len(out) else bytes(memoryview(out)[at:end]),
+                              n)
+            at = end
+        if not conns:
+            return
+        lens = [spans[k + 1] - spans[k] for k in range(0, len(spans), 2)]
+        if joined == spans[-1]:
+            data: bytes | bytearray = out
+        else:
+            view = memoryview(out)
+            data = b"".join([view[spans[k]:spans[k + 1]] for k in range(0, len(spans), 2)])
+        sent = self.batch_io.send_many([c.sock for c in conns], [c.fd for c in conns],
+                                       data, lens)
+        at = 0
+        for i, c in enumerate(conns):
+            ln = lens[i]
+            if sent[i] != ln or not c.reading:
+                c.wrote(bytes(memoryview(data)[at:at + ln]), sent[i])
+            at += ln
 
     def dead_letter(self, ch: Channel, target: str, offsets: list[int],
                     bodies: list[bytes]) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pybroker.core.channel import Channel
-from pybroker.core.flight import offset_of
+from pybroker.core.flight import Consumer, deliver_each, offset_of
 from pybroker.core.topic import Topic
 from pybroker.errors import NotInFlight, NotOwner, TooManyConsumers
 from pybroker.storage.topiclog import TopicLog
@@ -28,6 +28,9 @@ class Owner:
 
     def mark_dirty(self, ch: Channel) -> None:
         self.dirty.append(ch)
+
+    def deliver(self, sends: list[tuple[Consumer, int, int]], out: bytes | bytearray) -> None:
+        deliver_each(sends, out)
 
 
 class Client:

@@ -28,6 +28,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  rule)
 
 from pybroker.core.channel import Channel
+from pybroker.core.flight import Consumer, deliver_each
 from pybroker.core.topic import Topic
 from pybroker.errors import NotInFlight, NotOwner
 from pybroker.protocol.deadletter import parse_envelope
@@ -47,6 +48,9 @@ class Owner:
 
     def mark_dirty(self, ch: Channel) -> None:
         self.dirty = True
+
+    def deliver(self, sends: list[tuple[Consumer, int, int]], out: bytes | bytearray) -> None:
+        deliver_each(sends, out)
 
     def dead_letter(self, ch: Channel, target: str, offsets: list[int],
                     bodies: list[bytes]) -> None:

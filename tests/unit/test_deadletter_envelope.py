@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from pybroker.core.channel import Channel
+from pybroker.core.flight import Consumer, deliver_each
 from pybroker.protocol.deadletter import (
     EnvelopeError,
     check_dead_letter_topic,
@@ -95,6 +96,9 @@ class Owner:
 
     def mark_dirty(self, ch: Channel) -> None:
         self.dirty.append(ch)
+
+    def deliver(self, sends: list[tuple[Consumer, int, int]], out: bytes | bytearray) -> None:
+        deliver_each(sends, out)
 
     def dead_letter(self, ch: Channel, target: str, offsets: list[int],
                     bodies: list[bytes]) -> None:

@@ -1,0 +1,88 @@
+"""A dispatch pass's deliveries, written at once or queued (server/loop.py,
+``EventLoop.deliver``): consumers at RDY 1 (whose frames the loop writes straight from
+the pass's buffer, many sockets in one C call) beside consumers whose output buffering
+keeps their frames queued, in the same passes; and a consumer whose socket takes only
+part of a write. Every message must arrive whole, once. The first runs against pybroker
+and a real nsqd (when on PATH) with the same assertions."""
+from __future__ import annotations
+
+import select
+import time
+from collections.abc import Callable
+
+from tests.support.broker import BrokerProcess, unique_name
+from tests.support.wire import WireClient, publish, subscribe
+
+Connect = Callable[..., WireClient]
+
+
+def _take(c: WireClient, got: dict[bytes, int], wait: float) -> int:
+    """Read the messages that begin to come to c within ``wait`` seconds (then within
+    20 ms of the last), FIN them, count their bodies."""
+    n = 0
+    while c.pending or select.select([c.sock], [], [], wait)[0]:
+        m = c.read_message(10)   # a frame begun is read whole, however slowly it comes
+        got[m.body] = got.get(m.body, 0) + 1
+        c.fin(m.id)
+        n += 1
+        wait = 0.02              # more may follow at once
+    return n
+
+
+def test_rdy1_consumers_beside_buffered_ones_get_every_message_once(
+        any_broker: BrokerProcess, connect: Connect) -> None:
+    topic = unique_name()
+    bodies = [b"m%04d-" % i + b"x" * (i % 97) for i in range(600)]
+    # first the consumers, then the messages: passes that serve all of them at once
+    direct = [subscribe(connect(any_broker), topic, "ch", rdy=1) for _ in range(10)]
+    # these keep frames in their output buffer (1 s) until RDY 50 is used up: queued
+    buffered = [subscribe(connect(any_broker), topic, "ch", rdy=50,
+                          output_buffer_timeout=1000) for _ in range(6)]
+    consumers = [c for pair in zip(direct, buffered) for c in pair] + direct[6:]
+    assert any_broker.tcp_address is not None
+    publish(any_broker.tcp_address, topic, bodies[:300])
+    with WireClient.connect(any_broker.tcp_address) as p:
+        p.mpub(topic, bodies[300:])
+    got: dict[bytes, int] = {}
+    deadline = time.monotonic() + 30
+    while len(got) < len(bodies) and time.monotonic() < deadline:
+        for c in consumers:
+            _take(c, got, 0.005)
+    assert sorted(got) == sorted(bodies)
+    assert set(got.values()) == {1}
+    for c in consumers:
+        c.assert_alive()
+        c.expect_nothing(0.05)
+
+
+def test_a_socket_that_takes_part_of_a_write_gets_the_rest(
+        broker: BrokerProcess, connect: Connect) -> None:
+    """pybroker only: nsqd gives each write to a client's socket 1 s (a write deadline)
+    and stops sending to a consumer whose socket stays full longer, as this one's does
+    while the messages are published (here the frames stop mid-message)."""
+    any_broker = broker
+    topic = unique_name()
+    # 2,500 in flight to one socket (its RDY) of 2,000-byte frames, 5 MB: more than
+    # loopback's buffers take from a sender whose peer does not read (about 4.2 MB)
+    bodies = [b"b%04d:" % i + bytes([65 + i % 26]) * 1964 for i in range(3000)]
+    assert any_broker.tcp_address is not None
+    slow = connect(any_broker)
+    # no output buffering: each pass's frames (under 64 KiB: an MPUB of 30) are written at
+    # once, until the socket, not read meanwhile, takes only part of a write
+    subscribe(slow, topic, "ch", rdy=2500, output_buffer_timeout=-1)
+    # a second consumer: a channel's passes serve several at once
+    mate = subscribe(connect(any_broker), topic, "ch", rdy=1)
+    with WireClient.connect(any_broker.tcp_address) as p:
+        # published without reading the consumers meanwhile
+        for at in range(0, len(bodies), 30):
+            p.mpub(topic, bodies[at:at + 30])
+    got: dict[bytes, int] = {}
+    deadline = time.monotonic() + 60
+    # now read it all
+    while len(got) < len(bodies) and time.monotonic() < deadline:
+        _take(slow, got, 0.01)
+        _take(mate, got, 0.01)
+    assert sorted(got) == sorted(bodies)
+    assert set(got.values()) == {1}
+    slow.assert_alive()
+    slow.close()
