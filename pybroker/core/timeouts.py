@@ -49,6 +49,8 @@ class TimeoutWheel(Generic[T]):
     def add_all(self, deadline_ns: int, items: list[T]) -> list[Handle]:
         """``add`` for several items with one deadline (a dispatch pass's flights):
         their handles, in order."""
+        if not items:
+            return []
         b = -(-deadline_ns // self._res)
         bucket = self._buckets.get(b)
         if bucket is None:

@@ -27,6 +27,21 @@ def test_remove_by_handle() -> None:
     assert not w.remove(h2)
 
 
+def test_add_all_is_add_for_each_with_one_deadline() -> None:
+    w: TimeoutWheel[str] = TimeoutWheel(resolution_ns=10)
+    w.add(15, "before")
+    handles = w.add_all(15, ["x", "y", "z"])
+    w.add(15, "after")
+    w.add(5, "early")
+    assert len(w) == 6 and len(set(handles)) == 3
+    assert all(w.deadline_of(h) == 20 for h in handles)
+    assert w.remove(handles[1])
+    assert not w.remove(handles[1])
+    assert w.add_all(40, []) == [] and len(w) == 5 and w.next_deadline() == 10
+    assert w.pop_expired(20) == ["early", "before", "x", "z", "after"]
+    assert len(w) == 0
+
+
 def test_items_and_clear() -> None:
     w: TimeoutWheel[int] = TimeoutWheel(resolution_ns=1)
     for d in (3, 1, 2):
