@@ -377,7 +377,7 @@ def main() -> int:
     p.add_argument("--size", type=int, default=200)
     p.add_argument("--backlog", type=int, default=1_500_000,
                    help="messages published before rdy8 reads")
-    p.add_argument("--backlog-rdy1", type=int, default=500_000,
+    p.add_argument("--backlog-rdy1", type=int, default=1_000_000,
                    help="messages published before rdy1 reads")
     p.add_argument("--client-backlog", type=int, default=300_000,
                    help="messages published before each client1 run (more than it drains)")

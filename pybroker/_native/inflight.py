@@ -360,6 +360,24 @@ class InFlight(Generic[F]):
                 out[r].append((i - starts[r], bool(v & 1)))
         return out, self._release(emptied) if emptied else []
 
+    def finish_singles(self, clients: Sequence[object], offs: Sequence[int]
+                       ) -> tuple[list[F], list[int]]:
+        """FIN one offset for each client (a turn's FINs at RDY 1), where each is a
+        flight of one message: returns those flights, gone, and the indices of the
+        offsets that are not such a flight of their client's (left as they were: for
+        ``finish``, which says why or finishes them in a flight of several)."""
+        one = self._one
+        gone: list[F] = []
+        rest: list[int] = []
+        for i, off in enumerate(offs):
+            f = one.get(off)
+            if f is not None and f.client is clients[i]:
+                del one[off]
+                gone.append(f)
+            else:
+                rest.append(i)
+        return gone, rest
+
     def _finish_each(self, runs: Sequence[tuple[object, Sequence[int]]]
                      ) -> tuple[list[list[tuple[int, bool]]], list[F]]:
         """finish one offset at a time: the dict's, else the table's (one call each)."""

@@ -246,6 +246,24 @@ class Lifecycle:
             self._drop_flights(emptied)
         return out
 
+    def finish_singles(self, clients: Sequence[Consumer], offs: Sequence[int]
+                       ) -> list[tuple[int, BrokerError]]:
+        """finish_runs where each consumer FINs one offset (a turn's FINs at RDY 1):
+        the same outcome, without a run per consumer. Returns the failures as (index,
+        error)."""
+        if self.delivery_times or self.replay:
+            fails = self.finish_runs([(c, (off,)) for c, off in zip(clients, offs)])
+            return [(i, f[0][1]) for i, f in enumerate(fails) if f]
+        gone, rest = self.in_flight.finish_singles(clients, offs)
+        for f in gone:
+            f.client.in_flight_count -= 1    # type: ignore[union-attr]
+        if gone:
+            self._drop_flights(gone)
+        if not rest:
+            return []
+        fails = self.finish_runs([(clients[i], (offs[i],)) for i in rest])
+        return [(i, f[0][1]) for i, f in zip(rest, fails) if f]
+
     # -- REQ: in flight -> requeued (no delay) / deferred --------------------------------
     def requeue(self, client: Consumer, msg_id: bytes, delay_ns: int, now_ns: int,
                 wall_ns: int) -> None:

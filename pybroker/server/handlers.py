@@ -329,6 +329,25 @@ def fins_read(ch: "Channel", runs: list[tuple[Conn, Sequence[int], int]],
     runs[0][0].loop.mark_dirty(ch)
 
 
+def fins_read_singles(ch: "Channel", conns: list[Conn], offsets: Sequence[int],
+                      starts: Sequence[int], raw: memoryview) -> None:
+    """fins_read when each connection sent one FIN (a turn's consumers at RDY 1):
+    connection i's FIN is ``raw[starts[i]:]``, of offset ``offsets[i]``."""
+    failed = ch.finish_singles(conns, offsets)
+    for c in conns:
+        c.finish_count += 1
+    for i, e in failed:
+        c = conns[i]
+        c.finish_count -= 1
+        _fin_failed(c, bytes(raw[starts[i] + 4:starts[i] + 20]), e)
+    if conns[0].opts.e2e_processing_latency_percentiles:
+        bad = {i for i, _ in failed}
+        for i, c in enumerate(conns):
+            if i not in bad:
+                _record_e2e(c, ch, [offsets[i]])
+    conns[0].loop.mark_dirty(ch)
+
+
 def _fin_batch(c: Conn, cmd: Command, offsets: Sequence[int]) -> None:
     """Consecutive well-formed FINs: one pass over their offsets; E_FIN_FAILED for
     each failure, in order."""

@@ -37,7 +37,7 @@ from pybroker._native.batchio import EAGAIN, BatchIO
 from pybroker.errors import Exiting
 from pybroker.protocol.names import is_valid_name
 from pybroker.protocol.wire import MAX_LINE
-from pybroker.server.handlers import fins_read
+from pybroker.server.handlers import fins_read, fins_read_singles
 from pybroker.server.iostate import OPEN
 from pybroker.server.ports import LANE_FIN, LANE_PUB
 from pybroker.server.publish import LANE_MPUB
@@ -155,9 +155,18 @@ class Lane:
 
     def _finish(self, batch: list[Conn], starts: array.array[int],
                 lens: array.array[int]) -> None:
-        res, offs, _ = self.fin_scanner.scan(self.buf, starts, lens, len(batch))
+        n = len(batch)
+        res, offs, _ = self.fin_scanner.scan(self.buf, starts, lens, n)
         view = self.view
         now = monotonic_ns()
+        ch = batch[0].channel
+        if n > 1 and res[:n].count(1) == n and all(c.channel is ch for c in batch):
+            # the steady state at RDY 1: one FIN each, one channel
+            assert ch is not None     # LANE_FIN: subscribed
+            for conn in batch:
+                conn.last_read_ns = now
+            fins_read_singles(ch, batch, offs[:n], starts, view)
+            return
         at = 0
         # channel -> its connections' runs of FINs: finished together (one lock)
         runs: dict[Channel, list[tuple[Conn, Sequence[int], int]]] = {}

@@ -136,6 +136,45 @@ def test_many_consumers_finishing_at_once_each_get_the_next(any_broker: BrokerPr
         c.assert_alive()
 
 
+def test_one_fin_each_with_another_consumers_id_and_an_unknown_one_among_them(
+        any_broker: BrokerProcess, connect: Connect) -> None:
+    """Consumers at RDY 1 each sending one FIN at once (read together in one turn, the
+    steady state at RDY 1), one of them naming the message another consumer holds and
+    one an id never sent: those two get E_FIN_FAILED and keep their own message; the
+    other's message stays in flight to it; every other FIN frees its slot."""
+    topic = unique_name()
+    bodies = [b"s%d" % i for i in range(40)]
+    assert any_broker.tcp_address is not None
+    wire.publish(any_broker.tcp_address, topic, bodies)
+    consumers = [connect(any_broker) for _ in range(8)]
+    for c in consumers:
+        subscribe(c, topic, "ch", rdy=1)
+    msgs = [c.read_message(timeout=10) for c in consumers]
+    thief, stranger = consumers[0], consumers[1]
+    fins = [wire.fin(m.id) for m in msgs]
+    fins[0] = wire.fin(msgs[2].id)              # consumers[2]'s message
+    fins[1] = wire.fin(b"00000000000fffff")     # never sent
+    fins[2] = b""                               # (its owner waits)
+    for c, fin in zip(consumers, fins):
+        if fin:
+            c.send(fin)
+    thief.expect_error("E_FIN_FAILED", prefix=b"E_FIN_FAILED FIN " + msgs[2].id + b" failed")
+    stranger.expect_error("E_FIN_FAILED",
+                          prefix="E_FIN_FAILED FIN 00000000000fffff failed")
+    got = [m.body for m in msgs]
+    for c in consumers[3:]:                     # their slots are free: the next comes
+        m = c.read_message(timeout=10)
+        got.append(m.body)
+        c.send(wire.fin(m.id))
+    for c, m in zip(consumers[:3], msgs):       # still theirs: their own FINs work
+        c.send(wire.fin(m.id))
+    got += _drain_rdy1(consumers, len(bodies) - len(got))
+    assert sorted(got) == sorted(bodies)
+    for c in consumers:
+        c.assert_alive()
+        c.expect_nothing(0.05)
+
+
 def _drain_rdy1(consumers: list[WireClient], n: int, timeout: float = 30) -> list[bytes]:
     """Read and FIN n messages from whichever consumer has one (a broker may give the
     last ones to any of them)."""

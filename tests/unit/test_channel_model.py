@@ -318,6 +318,22 @@ class ChannelModel(RuleBasedStateMachine):
         assert [(i, type(e)) for i, e in failed] == \
             [(i, w) for i, w in enumerate(wants) if w is not None]
 
+    @rule(data=st.data())
+    def fin_singles(self, data: st.DataObject) -> None:
+        # a turn's FINs at RDY 1: several consumers (perhaps one twice), one FIN each
+        clients = sorted(self.clients.values(), key=lambda c: c.name)
+        who = data.draw(st.lists(st.sampled_from(clients), min_size=1, max_size=4))
+        offs = [self._pick(data, c) for c in who]
+        wants = []
+        for c, off in zip(who, offs):
+            want = self._expect_error(c, off)
+            wants.append(want)
+            if want is None:
+                self._finished(off)
+        failed = self.ch.finish_singles(who, offs)
+        assert [(i, type(e)) for i, e in failed] == \
+            [(i, w) for i, w in enumerate(wants) if w is not None]
+
     @rule(data=st.data(), delay_ms=st.sampled_from([0, 0, 500, 3000]))
     def req(self, data: st.DataObject, delay_ms: int) -> None:
         c = data.draw(st.sampled_from(sorted(self.clients.values(), key=lambda c: c.name)))

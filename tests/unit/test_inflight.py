@@ -103,6 +103,29 @@ class InFlightMachine(RuleBasedStateMachine):
         assert sorted(map(id, got_gone)) == sorted(map(id, want_gone))
 
     @rule(data=st.data())
+    def finish_singles(self, data: st.DataObject) -> None:
+        # one offset per client: the single flights of their own go, the rest stay
+        offs = sorted(self.model)
+        pick = st.sampled_from(offs) if offs else st.integers(0, 5)
+        pairs = data.draw(st.lists(st.tuples(st.sampled_from(CLIENTS),
+                                             st.one_of(pick, st.integers(-2, self.next + 3))),
+                                   min_size=1, max_size=10))
+        clients = [c for c, _ in pairs]
+        offsets = [o for _, o in pairs]
+        want_gone = []
+        want_rest = []
+        for i, (client, off) in enumerate(pairs):
+            f = self.model.get(off)
+            if f is not None and f.n == 1 and f.client is client:
+                del self.model[off]
+                want_gone.append(f)
+            else:
+                want_rest.append(i)
+        gone, rest = self.t.finish_singles(clients, offsets)
+        assert [id(f) for f in gone] == [id(f) for f in want_gone]
+        assert rest == want_rest
+
+    @rule(data=st.data())
     def pop(self, data: st.DataObject) -> None:
         off = data.draw(st.sampled_from(sorted(self.model)) if self.model
                         else st.integers(0, 5))
