@@ -296,11 +296,13 @@ class Channel(Lifecycle):
         # counted in flight before their frames are handed over: a client whose room
         # is now taken has them written at once
         self._fly_pass(first, sends, now_ns)
-        self.owner.deliver(sends, out)
         self.cursor = first + i
         self._rr = (consumers.index(last) + 1) % n
         if i == count and total > i and released > self.cursor:
             self.owner.mark_dirty(self)    # room and records left: on, next turn
+        # last: a write that fails closes its consumer, which leaves this channel (its
+        # messages requeued) while the owner delivers
+        self.owner.deliver(sends, out)
         return True
 
     def _send_from_cursor(self, c: Consumer, room: int, now_ns: int, wall_ns: int) -> int:

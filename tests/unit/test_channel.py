@@ -25,12 +25,24 @@ WALL = 1_700_000_000 * S
 class Owner:
     def __init__(self) -> None:
         self.dirty: list[Channel] = []
+        # consumers whose write fails in deliver: closed there, as the loop closes them
+        self.failing: dict[Consumer, Channel] = {}
 
     def mark_dirty(self, ch: Channel) -> None:
         self.dirty.append(ch)
 
     def deliver(self, sends: list[tuple[Consumer, int, int]], out: bytes | bytearray) -> None:
-        deliver_each(sends, out)
+        if not self.failing:
+            deliver_each(sends, out)
+            return
+        at = 0
+        for c, n, end in sends:
+            ch = self.failing.pop(c, None)
+            if ch is None:
+                c.send_frames(bytes(out[at:end]), n)
+            else:
+                ch.remove_consumer(c)
+            at = end
 
 
 class Client:
@@ -86,6 +98,33 @@ def test_rdy_caps_in_flight_and_fin_frees_a_slot() -> None:
     assert len(c.got) == 4 and ch.depth(WALL) == 6
     assert [int(m.id, 16) for m in c.got] == [0, 1, 2, 3]
     assert [m.body for m in c.got] == [b"body0", b"body1", b"body2", b"body3"]
+
+
+def test_a_consumer_closed_while_its_pass_is_delivered() -> None:
+    """The owner's deliver may close a consumer of the pass (its write failed): the
+    pass is settled before (no error), and that consumer's message is requeued and goes
+    to the others."""
+    t, ch = make()
+    cs = [Client(rdy=1) for _ in range(3)]
+    for c in cs:
+        ch.add_consumer(c, 0)
+    publish(t, 6)
+    owner = ch.owner
+    assert isinstance(owner, Owner)
+    owner.failing[cs[2]] = ch       # the last of the pass
+    ch.dispatch(0, WALL)
+    assert cs[2] not in ch.consumers and cs[2].got == []
+    assert len(cs[0].got) == 1 and len(cs[1].got) == 1
+    got = []
+    for _ in range(10):
+        for c in (cs[0], cs[1]):
+            for m in c.got:
+                ch.finish(c, m.id)
+                got.append(m.body)
+            c.got.clear()
+        ch.dispatch(0, WALL)
+    assert sorted(got) == sorted(b"body%d" % i for i in range(6))
+    assert ch.depth(WALL) == 0 and len(ch.in_flight) == 0
 
 
 def test_round_robin_between_ready_consumers() -> None:
