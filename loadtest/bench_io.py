@@ -445,6 +445,11 @@ def main() -> int:
                      BrokerProcess(prog, nsqd_path=a.nsqd, env=env)).start()
                 try:
                     got = SCENARIOS[name](b, a)
+                except RuntimeError as e:
+                    # say which broker it was, with the end of its log
+                    tail = b.log_text()[-3000:] if isinstance(b, BrokerProcess) else ""
+                    raise RuntimeError(f"{name} run {run + 1} {kind}: {e}\n"
+                                       f"--- its log ends:\n{tail}") from e
                 finally:
                     b.stop()
                 for k, v in got.items():
