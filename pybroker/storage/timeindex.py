@@ -85,10 +85,12 @@ class TimeIndex:
         return len(self.offs)
 
     def add(self, buf: bytes | bytearray | memoryview, starts: Sequence[int], first: int, buf_pos: int,
-            max_ts_before: int, max_payload: int) -> None:
+            max_ts_before: int, max_payload: int, uniform_ts: int | None = None) -> None:
         """Records ``first``.. were written to (or found in) the segment: record i
         starts at ``buf[starts[i]]``, file position ``buf_pos + starts[i]``.
-        ``max_ts_before``: the newest time of the segment's records before them."""
+        ``max_ts_before``: the newest time of the segment's records before them.
+        ``uniform_ts``: the time of every one of them, when they share one (then no
+        scan is needed to know the newest before an entry)."""
         n = len(starts)
         if n == 0 or buf_pos + starts[n - 1] < self.next_pos:
             return
@@ -97,10 +99,13 @@ class TimeIndex:
         prev = 0
         while i < n:
             if i > prev:
-                # the newest time among records [prev, i): one C scan, no CRC
-                view = memoryview(buf)[starts[prev]:starts[i]]
-                _, _, (_, _, newest) = _native.log_scan(view, first + prev, False,
-                                                        max_payload, i - prev)
+                # the newest time among records [prev, i): given, or one C scan (no CRC)
+                if uniform_ts is not None:
+                    newest = uniform_ts
+                else:
+                    view = memoryview(buf)[starts[prev]:starts[i]]
+                    _, _, (_, _, newest) = _native.log_scan(view, first + prev, False,
+                                                            max_payload, i - prev)
                 running = max(running, newest)
             at = buf_pos + starts[i]
             self.ts.append(running)

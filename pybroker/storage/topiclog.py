@@ -106,9 +106,10 @@ class TopicLog:
         self.tail_start = 0    # offsets below are counted as on disk
         self.dropped_count = 0
         # appended chunks, each with what its build (or check) already found: (record
-        # starts, newest time, deferred count); None: write_pending scans it
+        # starts, newest time, deferred count, whether every record has that time);
+        # None: write_pending scans it
         self._pending: list[tuple[bytes | bytearray,
-                                  tuple[Sequence[int], int, int] | None]] = []
+                                  tuple[Sequence[int], int, int, bool] | None]] = []
         self._pending_deferred = 0
         self._blocks: list[_Block] = []
         self._block_firsts: list[int] = []
@@ -273,7 +274,7 @@ class TopicLog:
                 offs[i] = at
                 at += n
         data, pos = _native.log_build(first, ts_ns, deliver_at_ns, src, offs, lens)
-        self._pending.append((data, (pos, ts_ns, len(bodies) if deliver_at_ns else 0)))
+        self._pending.append((data, (pos, ts_ns, len(bodies) if deliver_at_ns else 0, True)))
         if deliver_at_ns:
             self._pending_deferred += len(bodies)
         self.head = first + len(bodies)
@@ -285,7 +286,7 @@ class TopicLog:
         mpub_split found it): one C call, no object per part."""
         first = self.head
         data, pos = _native.log_build(first, ts_ns, 0, src, offs, lens)
-        self._pending.append((data, (pos, ts_ns, 0)))
+        self._pending.append((data, (pos, ts_ns, 0, True)))
         self.head = first + len(lens)
         return first
 
@@ -319,7 +320,7 @@ class TopicLog:
             raise ValueError(f"records from {first} are damaged or incomplete")
         if not starts:
             return starts, 0
-        self._pending.append((bytes(data), (starts, max_ts, deferred)))
+        self._pending.append((bytes(data), (starts, max_ts, deferred, False)))
         self._pending_deferred += deferred
         self.head = first + len(starts)
         return starts, deferred
@@ -429,14 +430,15 @@ class TopicLog:
             # one build this write (a turn's publishes to this topic, mostly): its
             # starts and times are known, no scan needed
             data = pending[0][0]
-            pos, max_ts, deferred = meta
+            pos, max_ts, deferred, uniform = meta
         else:
             data = b"".join(d for d, _ in pending)
             pos, _, (_, deferred, max_ts) = _native.log_scan(data, first, False,
                                                              self.max_payload, n)
+            uniform = False
         if self.directory is not None:
             try:
-                self._write_file(data, first, n, pos)
+                self._write_file(data, first, n, pos, max_ts if uniform else None)
             except StorageError as e:
                 e.epoch = epoch
                 raise
@@ -458,7 +460,9 @@ class TopicLog:
         return epoch
 
     def _write_file(self, data: bytes | bytearray, first: int, n: int,
-                    pos: Sequence[int]) -> None:
+                    pos: Sequence[int], uniform_ts: int | None) -> None:
+        """``uniform_ts``: the publish time of every record of ``data``, when they
+        share one (one build: a turn's publishes to the topic), else None."""
         ops = self.fileops
         seg = self._segs[-1] if self._segs else None
         if seg is not None and self._cut_back is not None:
@@ -494,7 +498,7 @@ class TopicLog:
         for k in range(INDEX_EVERY, n, INDEX_EVERY):
             seg.index.append((first + k, seg.size + pos[k]))
         # before write_pending updates seg.max_ts with this write's times
-        seg.times.add(data, pos, first, seg.size, seg.max_ts, self.max_payload)
+        seg.times.add(data, pos, first, seg.size, seg.max_ts, self.max_payload, uniform_ts)
         seg.size += len(data)
         seg.end = first + n
 

@@ -32,17 +32,21 @@ def open_log(directory: str | None, seg_bytes: int = 4000) -> TopicLog:
 
 
 writes = st.lists(st.tuples(st.integers(1, 40), st.integers(0, 300),
-                            st.integers(-50, 100)), min_size=1, max_size=25)
+                            st.integers(-50, 100), st.integers(-1, 30)),
+                  min_size=1, max_size=25)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(writes=writes, queries=st.lists(st.integers(-10, 3000), min_size=1, max_size=8),
        every=st.sampled_from([64, 300, 2048]), drop=st.booleans())
-def test_lookup_is_the_first_offset_at_or_after(writes: list[tuple[int, int, int]],
+def test_lookup_is_the_first_offset_at_or_after(writes: list[tuple[int, int, int, int]],
                                                 queries: list[int], every: int,
                                                 drop: bool) -> None:
     """Writes of n records of some body size; each write's time steps by dt ms from
-    the last (negative: the clock stepped back)."""
+    the last (negative: the clock stepped back). A write of one append has one time
+    for all its records (the index is told it, no scan); with ``split`` >= 0 a second
+    append of a few records, ``split - 15`` ms after the first (earlier, perhaps), joins
+    the same write (times differ within it: the index scans)."""
     old_every = timeindex.EVERY
     timeindex.EVERY = every
     d = tempfile.mkdtemp(prefix="tix-")
@@ -50,12 +54,16 @@ def test_lookup_is_the_first_offset_at_or_after(writes: list[tuple[int, int, int
         log = open_log(d)
         times: list[int] = []
         now = 1000 * MS
-        for n, size, dt in writes:
+        for n, size, dt, split in writes:
             now = max(0, now + dt * MS)
             with log.lock:
                 log.append([b"x" * size] * n, now)
+                times += [now] * n
+                if split >= 0:
+                    later = max(0, now + (split - 15) * MS)
+                    log.append([b"y" * size] * (split % 7 + 1), later)
+                    times += [later] * (split % 7 + 1)
                 log.write_pending()
-            times += [now] * n
         qs = [q * MS for q in queries] + [times[0], times[-1], max(times), min(times)]
         for t in qs:
             assert log.offset_for_time(t) == brute(log, times, t), t
