@@ -2,11 +2,14 @@
 ``EventLoop.deliver``): consumers at RDY 1 (whose frames the loop writes straight from
 the pass's buffer, many sockets in one C call) beside consumers whose output buffering
 keeps their frames queued, in the same passes; and a consumer whose socket takes only
-part of a write. Every message must arrive whole, once. The first runs against pybroker
-and a real nsqd (when on PATH) with the same assertions."""
+part of a write; consumers that reset. Every message must arrive whole (once, but for
+those in flight to a consumer that reset). All but the second run against pybroker and
+a real nsqd (when on PATH) with the same assertions."""
 from __future__ import annotations
 
 import select
+import socket
+import struct
 import time
 from collections.abc import Callable
 
@@ -86,3 +89,48 @@ def test_a_socket_that_takes_part_of_a_write_gets_the_rest(
     assert set(got.values()) == {1}
     slow.assert_alive()
     slow.close()
+
+
+def test_consumers_reset_while_passes_write_to_them(any_broker: BrokerProcess,
+                                                   connect: Connect) -> None:
+    """Consumers at RDY 1 that go away with a reset (SO_LINGER 0), some right after a
+    FIN (the next message may already be on its way to them), while the others hold
+    theirs: the broker goes on, and the others then receive every message (at least
+    once: those in flight to a reset consumer are delivered again). (A write that fails
+    within a dispatch pass, closing its consumer there, is tested deterministically in
+    tests/unit/test_channel.py.)"""
+    topic = unique_name()
+    bodies = [b"r%05d" % i for i in range(3000)]
+    assert any_broker.tcp_address is not None
+    with WireClient.connect(any_broker.tcp_address) as p:
+        for at in range(0, len(bodies), 500):
+            p.mpub(topic, bodies[at:at + 500])
+    stay = [subscribe(connect(any_broker), topic, "ch", rdy=1) for _ in range(8)]
+    got: set[bytes] = set()
+    deadline = time.monotonic() + 60
+    for k in range(60):
+        # one that takes a message, and resets: at once (nsqd delivers that message
+        # again when its msg_timeout passes, pybroker at once), or right after its FIN,
+        # when the next message's write to it may fail
+        gone = subscribe(connect(any_broker), topic, "ch", rdy=1, msg_timeout=1000)
+        m = gone.read_message(timeout=10)
+        got.add(m.body)
+        gone.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        if k % 2:
+            gone.fin(m.id)
+        gone.close()
+    # (meanwhile the others held their first message: the resets were served alone)
+    while len(got) < len(bodies) and time.monotonic() < deadline:
+        for c in stay:
+            _take_set(c, got, 0.002)
+    assert got == set(bodies)
+    for c in stay:
+        c.assert_alive()
+    with WireClient.connect(any_broker.tcp_address) as p:
+        p.pub(topic, b"still here")
+
+
+def _take_set(c: WireClient, got: set[bytes], wait: float) -> None:
+    counts: dict[bytes, int] = {}
+    _take(c, counts, wait)
+    got.update(counts)
