@@ -107,13 +107,8 @@ def test_many_consumers_finishing_at_once_each_get_the_next(any_broker: BrokerPr
     """Consumers at RDY 1 whose input is nothing but FINs (read together at the end of a
     turn): each FIN frees the slot for the next message; a FIN of an id not in flight
     gets E_FIN_FAILED naming that id, and the connection stays."""
-    topic = unique_name()
     bodies = [b"m%d" % i for i in range(60)]
-    assert any_broker.tcp_address is not None
-    wire.publish(any_broker.tcp_address, topic, bodies)
-    consumers = [connect(any_broker) for _ in range(6)]
-    for c in consumers:
-        subscribe(c, topic, "ch", rdy=1)
+    consumers = _rdy1_consumers(any_broker, connect, bodies, 6)
     got: list[bytes] = []
     for _ in range(9):
         msgs = [c.read_message(timeout=10) for c in consumers]
@@ -142,13 +137,8 @@ def test_one_fin_each_with_another_consumers_id_and_an_unknown_one_among_them(
     steady state at RDY 1), one of them naming the message another consumer holds and
     one an id never sent: those two get E_FIN_FAILED and keep their own message; the
     other's message stays in flight to it; every other FIN frees its slot."""
-    topic = unique_name()
     bodies = [b"s%d" % i for i in range(40)]
-    assert any_broker.tcp_address is not None
-    wire.publish(any_broker.tcp_address, topic, bodies)
-    consumers = [connect(any_broker) for _ in range(8)]
-    for c in consumers:
-        subscribe(c, topic, "ch", rdy=1)
+    consumers = _rdy1_consumers(any_broker, connect, bodies, 8)
     msgs = [c.read_message(timeout=10) for c in consumers]
     thief, stranger = consumers[0], consumers[1]
     fins = [wire.fin(m.id) for m in msgs]
@@ -173,6 +163,18 @@ def test_one_fin_each_with_another_consumers_id_and_an_unknown_one_among_them(
     for c in consumers:
         c.assert_alive()
         c.expect_nothing(0.05)
+
+
+def _rdy1_consumers(b: BrokerProcess, connect: Connect, bodies: list[bytes],
+                    n: int) -> list[WireClient]:
+    """bodies published to a new topic, then n consumers of its channel "ch" at RDY 1."""
+    topic = unique_name()
+    assert b.tcp_address is not None
+    wire.publish(b.tcp_address, topic, bodies)
+    consumers = [connect(b) for _ in range(n)]
+    for c in consumers:
+        subscribe(c, topic, "ch", rdy=1)
+    return consumers
 
 
 def _drain_rdy1(consumers: list[WireClient], n: int, timeout: float = 30) -> list[bytes]:

@@ -308,13 +308,18 @@ class ChannelModel(RuleBasedStateMachine):
     def fin_batch(self, data: st.DataObject) -> None:
         c = data.draw(st.sampled_from(sorted(self.clients.values(), key=lambda c: c.name)))
         offs = [self._pick(data, c) for _ in range(data.draw(st.integers(1, 4)))]
+        self._check_fins([c] * len(offs), offs, self.ch.finish_offsets(c, offs))
+
+    def _check_fins(self, who: list[Client], offs: list[int],
+                    failed: list[tuple[int, Exception]]) -> None:
+        """The model's outcome of FINs (who[i] FINs offs[i], in order) against the
+        failures the channel reported for them."""
         wants = []
-        for off in offs:
+        for c, off in zip(who, offs):
             want = self._expect_error(c, off)
             wants.append(want)
             if want is None:
                 self._finished(off)
-        failed = self.ch.finish_offsets(c, offs)
         assert [(i, type(e)) for i, e in failed] == \
             [(i, w) for i, w in enumerate(wants) if w is not None]
 
@@ -324,15 +329,7 @@ class ChannelModel(RuleBasedStateMachine):
         clients = sorted(self.clients.values(), key=lambda c: c.name)
         who = data.draw(st.lists(st.sampled_from(clients), min_size=1, max_size=4))
         offs = [self._pick(data, c) for c in who]
-        wants = []
-        for c, off in zip(who, offs):
-            want = self._expect_error(c, off)
-            wants.append(want)
-            if want is None:
-                self._finished(off)
-        failed = self.ch.finish_singles(who, offs)
-        assert [(i, type(e)) for i, e in failed] == \
-            [(i, w) for i, w in enumerate(wants) if w is not None]
+        self._check_fins(who, offs, self.ch.finish_singles(who, offs))
 
     @rule(data=st.data(), delay_ms=st.sampled_from([0, 0, 500, 3000]))
     def req(self, data: st.DataObject, delay_ms: int) -> None:
