@@ -495,7 +495,7 @@ class ClientConn:
         self.out = []
         return out[0] if len(out) == 1 else b"".join(out)
 
-    def wrote(self, data: bytes | bytearray, sent: int) -> None:
+    def wrote(self, data: bytes | bytearray | memoryview, sent: int) -> None:
         """flush's second half: a batched write took ``sent`` bytes of ``data`` (-errno:
         it failed; -EAGAIN: the socket took none now)."""
         if sent == len(data) and self.out_bytes <= HIGH_WATER:

@@ -130,13 +130,14 @@ class EventLoop(SelectorLoop):
         self.dirty[ch] = None
 
     def deliver(self, sends: list[tuple[Consumer, int, int]], out: bytes | bytearray) -> None:
-        """A dispatch pass's message frames (``core.flight.deliver_each`` says the
-        layout). Those of connections that may take them now (``takes_frames_now``:
-        plain, nothing queued or owed, flushing anyway) are written at once, one C call
-        for all, straight from ``out`` when they lie back to back in it; the others are
-        queued as ``send_frames`` does."""
+        """A dispatch pass's message frames (the layout: ``Owner.deliver``). Those of
+        connections that may take them now (``takes_frames_now``: plain, nothing queued
+        or owed, flushing anyway) are written at once (``_write_batch``), straight from
+        ``out`` when they lie back to back in it; the others are queued as
+        ``send_frames`` does."""
         conns: list[Conn] = []
-        spans: list[int] = []      # the written ones' (start, end) in out, flat
+        starts: list[int] = []
+        lens: list[int] = []
         joined = 0                 # out[0:joined] is the written ones' frames, in order
         at = 0
         for consumer, n, end in sends:
@@ -144,7 +145,8 @@ class EventLoop(SelectorLoop):
             if c.takes_frames_now(end - at):
                 c.message_count += n
                 conns.append(c)
-                spans += (at, end)
+                starts.append(at)
+                lens.append(end - at)
                 if joined == at:
                     joined = end
             else:
@@ -153,20 +155,12 @@ class EventLoop(SelectorLoop):
             at = end
         if not conns:
             return
-        lens = [spans[k + 1] - spans[k] for k in range(0, len(spans), 2)]
-        if joined == spans[-1]:
+        if joined == starts[-1] + lens[-1]:
             data: bytes | bytearray = out
         else:
             view = memoryview(out)
-            data = b"".join([view[spans[k]:spans[k + 1]] for k in range(0, len(spans), 2)])
-        sent = self.batch_io.send_many([c.sock for c in conns], [c.fd for c in conns],
-                                       data, lens)
-        at = 0
-        for i, c in enumerate(conns):
-            ln = lens[i]
-            if sent[i] != ln or not c.reading:
-                c.wrote(bytes(memoryview(data)[at:at + ln]), sent[i])
-            at += ln
+            data = b"".join([view[s:s + ln] for s, ln in zip(starts, lens)])
+        self._write_batch(conns, data, lens)
 
     def dead_letter(self, ch: Channel, target: str, offsets: list[int],
                     bodies: list[bytes]) -> None:
@@ -242,10 +236,21 @@ class EventLoop(SelectorLoop):
             self._send_batch(batch, datas)
 
     def _send_batch(self, batch: list[Conn], datas: list[bytes | bytearray]) -> None:
-        sent = self.batch_io.send_many([c.sock for c in batch], [c.fd for c in batch],
-                                       b"".join(datas), [len(d) for d in datas])
-        for i, conn in enumerate(batch):
-            conn.wrote(datas[i], sent[i])
+        self._write_batch(batch, b"".join(datas), [len(d) for d in datas])
+
+    def _write_batch(self, conns: list[Conn], data: bytes | bytearray,
+                     lens: list[int]) -> None:
+        """One send each, one C call for all (``BatchIO.send_many``): connection i its
+        ``lens[i]`` bytes of ``data``, back to back; each then settled as its own write
+        would be (``Conn.wrote``)."""
+        sent = self.batch_io.send_many([c.sock for c in conns], [c.fd for c in conns],
+                                       data, lens)
+        view = memoryview(data)
+        at = 0
+        for i, c in enumerate(conns):
+            ln = lens[i]
+            c.wrote(view[at:at + ln], sent[i])
+            at += ln
 
     def _hand_over_all(self) -> None:
         """End of turn: this turn's publishes are answered (their OKs are in conn.out,

@@ -240,7 +240,7 @@ class Transport:
         return got
 
     # -- writing ------------------------------------------------------------------------
-    def owe(self, data: bytes | bytearray, sent: int) -> int:
+    def owe(self, data: bytes | bytearray | memoryview, sent: int) -> int:
         """A write made for this transport elsewhere (a batch; nothing was owed and it
         is plain) took ``sent`` bytes of ``data``: keep the rest. Returns bytes owed."""
         if sent < len(data):
