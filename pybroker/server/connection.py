@@ -425,13 +425,18 @@ class ClientConn:
         self.pending.append(frames)
         self.message_count += n
         self.pending_bytes += len(frames)
-        timeout = self.output_buffer_timeout_ns
-        if (timeout <= 0 or self.pending_bytes >= self.output_buffer_size
-                or self.in_flight_count >= self.rdy):
-            # matches nsqd: flush when the buffer is full or the client is no longer ready
+        if self._flushes_now(self.pending_bytes):
             self.loop.to_flush[self] = None
         elif self.flush_timer is None:
-            self.flush_timer = self.loop.call_later(timeout, self._on_flush_timer)
+            self.flush_timer = self.loop.call_later(self.output_buffer_timeout_ns,
+                                                    self._on_flush_timer)
+
+    def _flushes_now(self, nbytes: int) -> bool:
+        """Are ``nbytes`` of message frames waiting to be written this turn? Matches
+        nsqd: flush when output buffering is off, the buffer is full, or the client is
+        no longer ready; otherwise they wait for output_buffer_timeout."""
+        return (self.output_buffer_timeout_ns <= 0 or nbytes >= self.output_buffer_size
+                or self.in_flight_count >= self.rdy)
 
     def takes_frames_now(self, nbytes: int) -> bool:
         """Consumer protocol, the loop's batched delivery (``EventLoop.deliver``): may
@@ -443,9 +448,7 @@ class ClientConn:
         t = self.transport
         return (self.io is OPEN and not (self.out or self.pending or self.writing
                                          or self.unconfirmed or t.waiting or t.layered)
-                and (self.in_flight_count >= self.rdy or self.output_buffer_timeout_ns <= 0
-                     or nbytes >= self.output_buffer_size)
-                and nbytes <= BATCH_BYTES)
+                and nbytes <= BATCH_BYTES and self._flushes_now(nbytes))
 
     def _on_flush_timer(self) -> None:
         self.flush_timer = None
