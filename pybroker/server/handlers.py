@@ -334,17 +334,15 @@ def fins_read_singles(ch: "Channel", conns: list[Conn], offsets: Sequence[int],
     """fins_read when each connection sent one FIN (a turn's consumers at RDY 1):
     connection i's FIN is ``raw[starts[i]:]``, of offset ``offsets[i]``."""
     failed = ch.finish_singles(conns, offsets)
-    for c in conns:
-        c.finish_count += 1
-    for i, e in failed:
-        c = conns[i]
-        c.finish_count -= 1
-        _fin_failed(c, bytes(raw[starts[i] + 4:starts[i] + 20]), e)
-    if conns[0].opts.e2e_processing_latency_percentiles:
-        bad = {i for i, _ in failed}
-        for i, c in enumerate(conns):
-            if i not in bad:
+    bad = {i for i, _ in failed}
+    e2e = conns[0].opts.e2e_processing_latency_percentiles
+    for i, c in enumerate(conns):
+        if i not in bad:
+            c.finish_count += 1
+            if e2e:
                 _record_e2e(c, ch, [offsets[i]])
+    for i, e in failed:
+        _fin_failed(conns[i], bytes(raw[starts[i] + 4:starts[i] + 20]), e)
     conns[0].loop.mark_dirty(ch)
 
 
