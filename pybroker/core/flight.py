@@ -57,20 +57,6 @@ class Deferred:
         self.handle: Handle | None = None
 
 
-def deliver_each(sends: list[tuple[Consumer, int, int]], out: bytes | bytearray) -> None:
-    """A dispatch pass's message frames, one ``send_frames`` per consumer: ``sends`` is
-    (consumer, messages, end) in order, consumer k's frames ``out[end(k-1):end(k)]``
-    (the first's from 0). What an Owner's ``deliver`` does when it knows no shorter way."""
-    if len(sends) == 1 and sends[0][2] == len(out):
-        sends[0][0].send_frames(out, sends[0][1])
-        return
-    view = memoryview(out)
-    at = 0
-    for c, n, end in sends:
-        c.send_frames(bytes(view[at:end]), n)
-        at = end
-
-
 def offset_of(msg_id: bytes) -> int:
     """The log offset a message id names (16 lowercase hex digits); -1 otherwise."""
     if len(msg_id) != 16 or not _HEX_LOWER.issuperset(msg_id):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pybroker.core.channel import Channel
-from pybroker.core.flight import Consumer, deliver_each, offset_of
+from pybroker.core.flight import Consumer, offset_of
 from pybroker.core.topic import Topic
 from pybroker.errors import NotInFlight, NotOwner, TooManyConsumers
 from pybroker.storage.topiclog import TopicLog
@@ -20,6 +20,15 @@ from tests.support.wire import Message, parse_message
 
 S = 1_000_000_000
 WALL = 1_700_000_000 * S
+
+
+def deliver_each(sends: list[tuple[Consumer, int, int]], out: bytes | bytearray) -> None:
+    """A fake owner's Owner.deliver: one send_frames per consumer (the layout:
+    core/seams.py)."""
+    at = 0
+    for c, n, end in sends:
+        c.send_frames(bytes(out[at:end]), n)
+        at = end
 
 
 class Owner:

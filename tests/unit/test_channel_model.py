@@ -28,12 +28,13 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  rule)
 
 from pybroker.core.channel import Channel
-from pybroker.core.flight import Consumer, deliver_each
+from pybroker.core.flight import Consumer
 from pybroker.core.topic import Topic
 from pybroker.errors import NotInFlight, NotOwner
 from pybroker.protocol.deadletter import parse_envelope
 from pybroker.storage.topiclog import TopicLog
 from tests.support.wire import parse_message
+from tests.unit.test_channel import deliver_each
 
 MS = 1_000_000
 WALL0 = 1_700_000_000_000 * MS

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pybroker.core.channel import Channel
-from pybroker.core.flight import Consumer, deliver_each
+from pybroker.core.flight import Consumer
 from pybroker.protocol.deadletter import (
     EnvelopeError,
     check_dead_letter_topic,
@@ -23,7 +23,7 @@ from pybroker.protocol.deadletter import (
 )
 from pybroker.core.topic import Topic
 from pybroker.storage.topiclog import TopicLog
-from tests.unit.test_channel import WALL, Client, publish
+from tests.unit.test_channel import WALL, Client, deliver_each, publish
 
 S = 1_000_000_000
 MS = 1_000_000
