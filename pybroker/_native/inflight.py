@@ -362,21 +362,20 @@ class InFlight(Generic[F]):
 
     def finish_singles(self, clients: Sequence[object], offs: Sequence[int]
                        ) -> tuple[list[F], list[int]]:
-        """FIN one offset for each client (a turn's FINs at RDY 1), where each is a
-        flight of one message: returns those flights, gone, and the indices of the
-        offsets that are not such a flight of their client's (left as they were: for
-        ``finish``, which says why or finishes them in a flight of several)."""
+        """FIN one offset for each client, in order (a turn's FINs at RDY 1), while
+        each is a flight of one message of that client's: returns those flights, gone,
+        and the indices from the first offset that is not (left as they were, for
+        ``finish`` to take on in order: it says why, or finishes them in a flight of
+        several)."""
         one = self._one
         gone: list[F] = []
-        rest: list[int] = []
         for i, off in enumerate(offs):
             f = one.get(off)
-            if f is not None and f.client is clients[i]:
-                del one[off]
-                gone.append(f)
-            else:
-                rest.append(i)
-        return gone, rest
+            if f is None or f.client is not clients[i]:
+                return gone, list(range(i, len(offs)))
+            del one[off]
+            gone.append(f)
+        return gone, []
 
     def _finish_each(self, runs: Sequence[tuple[object, Sequence[int]]]
                      ) -> tuple[list[list[tuple[int, bool]]], list[F]]:

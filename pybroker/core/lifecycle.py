@@ -249,8 +249,9 @@ class Lifecycle:
     def finish_singles(self, clients: Sequence[Consumer], offs: Sequence[int]
                        ) -> list[tuple[int, BrokerError]]:
         """finish_runs where each consumer FINs one offset (a turn's FINs at RDY 1):
-        the same outcome, without a run per consumer. Returns the failures as (index,
-        error)."""
+        the same outcome, in the same order (the same offset named twice fails the
+        second time as it would there), without a run per consumer. Returns the
+        failures as (index, error)."""
         if self.delivery_times or self.replay:
             fails = self.finish_runs([(c, (off,)) for c, off in zip(clients, offs)])
             return [(i, f[0][1]) for i, f in enumerate(fails) if f]

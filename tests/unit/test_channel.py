@@ -136,6 +136,22 @@ def test_a_consumer_closed_while_its_pass_is_delivered() -> None:
     assert ch.depth(WALL) == 0 and len(ch.in_flight) == 0
 
 
+def test_one_fin_each_in_order_when_two_name_the_same_message() -> None:
+    """finish_singles (a turn's FINs at RDY 1) in the order read: another consumer's
+    FIN of a message before its owner's fails NotOwner and leaves it; the owner's then
+    finishes it; a second FIN of it after that fails NotInFlight."""
+    t, ch = make()
+    a, b = Client(rdy=1), Client(rdy=1)
+    ch.add_consumer(a, 0)
+    ch.add_consumer(b, 0)
+    publish(t, 2)
+    ch.dispatch(0, WALL)
+    off = int(b.got[0].id, 16)
+    failed = ch.finish_singles([a, b, a], [off, off, off])
+    assert [(i, type(e)) for i, e in failed] == [(0, NotOwner), (2, NotInFlight)]
+    assert b.in_flight_count == 0 and a.in_flight_count == 1 and len(ch.in_flight) == 1
+
+
 def test_round_robin_between_ready_consumers() -> None:
     t, ch = make()
     a, b = Client(rdy=1), Client(rdy=1)
