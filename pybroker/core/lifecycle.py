@@ -253,13 +253,13 @@ class Lifecycle:
         second time as it would there), without a run per consumer. Returns the
         failures as (index, error)."""
         if self.delivery_times or self.replay:
-            fails = self.finish_runs([(c, (off,)) for c, off in zip(clients, offs)])
-            return [(i, f[0][1]) for i, f in enumerate(fails) if f]
-        gone, rest = self.in_flight.finish_singles(clients, offs)
-        for f in gone:
-            f.client.in_flight_count -= 1    # type: ignore[union-attr]
-        if gone:
-            self._drop_flights(gone)
+            rest = list(range(len(offs)))   # their bookkeeping is finish_runs'
+        else:
+            gone, rest = self.in_flight.finish_singles(clients, offs)
+            for f in gone:
+                f.client.in_flight_count -= 1    # type: ignore[union-attr]
+            if gone:
+                self._drop_flights(gone)
         if not rest:
             return []
         fails = self.finish_runs([(clients[i], (offs[i],)) for i in rest])
