@@ -147,9 +147,10 @@ class _CTable:
         self._slots: CData = None
         self._live: CData = None
         self._tags: CData = None
-        self._scratch = 0
-        self._failed: CData = None
-        self._emptied: CData = None
+        # the outputs of nsqf_if_fin: made now (a call with no offset needs them too)
+        self._scratch = 64
+        self._failed: CData = _ffi.new("int32_t[]", self._scratch)
+        self._emptied: CData = _ffi.new("int32_t[]", self._scratch)
         self._nfailed: CData = _ffi.new("int *")
         self._resize(MIN_CAP)
         self.fin1 = functools.partial(_lib.nsqf_if_fin1, self.t)

@@ -231,3 +231,11 @@ def test_an_offset_put_in_flight_twice_is_refused_loudly() -> None:
     t.add_flights([F(CLIENTS[0], 10, 4)])
     with pytest.raises(RuntimeError, match="twice"):
         t.add_flights([F(CLIENTS[1], 12, 4)])
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_fins_of_many_clients_with_no_offset_on_a_new_table(pure: bool) -> None:
+    # more runs than the one-call path takes, none naming an offset (found by the
+    # machine above: the C table's output arrays did not exist yet)
+    t: InFlight[F] = InFlight(pure=pure)
+    assert t.finish([(CLIENTS[0], [])] * 9) == ([[]] * 9, [])
