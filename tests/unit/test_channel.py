@@ -93,6 +93,17 @@ def make(mem: int = 100) -> tuple[Topic, Channel]:
     return t, ch
 
 
+def two_at_rdy1(n: int) -> tuple[Topic, Channel, Client, Client]:
+    """A channel with two consumers at RDY 1, n messages published, one dispatch."""
+    t, ch = make()
+    a, b = Client(rdy=1), Client(rdy=1)
+    ch.add_consumer(a, 0)
+    ch.add_consumer(b, 0)
+    publish(t, n)
+    ch.dispatch(0, WALL)
+    return t, ch, a, b
+
+
 def test_rdy_caps_in_flight_and_fin_frees_a_slot() -> None:
     t, ch = make()
     c = Client(rdy=3)
@@ -140,12 +151,7 @@ def test_one_fin_each_in_order_when_two_name_the_same_message() -> None:
     """finish_singles (a turn's FINs at RDY 1) in the order read: another consumer's
     FIN of a message before its owner's fails NotOwner and leaves it; the owner's then
     finishes it; a second FIN of it after that fails NotInFlight."""
-    t, ch = make()
-    a, b = Client(rdy=1), Client(rdy=1)
-    ch.add_consumer(a, 0)
-    ch.add_consumer(b, 0)
-    publish(t, 2)
-    ch.dispatch(0, WALL)
+    t, ch, a, b = two_at_rdy1(2)
     off = int(b.got[0].id, 16)
     failed = ch.finish_singles([a, b, a], [off, off, off])
     assert [(i, type(e)) for i, e in failed] == [(0, NotOwner), (2, NotInFlight)]
@@ -153,22 +159,12 @@ def test_one_fin_each_in_order_when_two_name_the_same_message() -> None:
 
 
 def test_round_robin_between_ready_consumers() -> None:
-    t, ch = make()
-    a, b = Client(rdy=1), Client(rdy=1)
-    ch.add_consumer(a, 0)
-    ch.add_consumer(b, 0)
-    publish(t, 4)
-    ch.dispatch(0, WALL)
+    t, ch, a, b = two_at_rdy1(4)
     assert len(a.got) == 1 and len(b.got) == 1
 
 
 def test_fin_errors() -> None:
-    t, ch = make()
-    a, b = Client(rdy=1), Client(rdy=1)
-    ch.add_consumer(a, 0)
-    ch.add_consumer(b, 0)
-    publish(t, 1)
-    ch.dispatch(0, WALL)
+    t, ch, a, b = two_at_rdy1(1)
     owner, other = (a, b) if a.got else (b, a)
     mid = owner.got[0].id
     with pytest.raises(NotOwner):
