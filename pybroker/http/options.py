@@ -39,6 +39,9 @@ class ConfigEndpoint:
         self.server = server
         self.setters: dict[str, Callable[[bytes], bool]] = {
             "nsqlookupd_tcp_addresses": self._set_lookupd, "log_level": self._set_log_level}
+        # nsqd keeps a PUT of JSON null as a nil list, which it answers as null (the
+        # broker itself keeps an empty list)
+        self._lookupd_null = False
 
     def value(self, key: str) -> tuple[bool, OptionValue | None]:
         """(known, value) of an option by nsqd's config name, in nsqd's JSON types."""
@@ -47,6 +50,8 @@ class ConfigEndpoint:
         value = getattr(self.opts, key)
         if key == "log_level":
             return True, LOG_LEVELS.get(str(value).lower(), 2)
+        if key == "nsqlookupd_tcp_addresses" and self._lookupd_null:
+            return True, None
         if key == "tls_min_version":
             return True, _TLS_VERSIONS.get(str(value).lower(), 0x0301)
         if key == "statsd_prefix":
@@ -86,6 +91,7 @@ class ConfigEndpoint:
                                   or not all(isinstance(v, str) for v in value)):
             return False
         self.opts.nsqlookupd_tcp_addresses = list(value or [])
+        self._lookupd_null = value is None
         return True
 
     def _set_log_level(self, body: bytes) -> bool:

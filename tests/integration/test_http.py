@@ -627,6 +627,10 @@ def test_config_put(any_broker: BrokerProcess) -> None:
         assert (r.status, r.body) == (200, b"3")
     finally:
         assert call(any_broker, "PUT", "/config/log_level", b"info").body == b"2"
+    # JSON null: nsqd keeps a nil list and answers null, until a list comes again
+    r = call(any_broker, "PUT", "/config/nsqlookupd_tcp_addresses", b"null")
+    assert (r.status, r.body) == (200, b"null")
+    assert call(any_broker, "GET", "/config/nsqlookupd_tcp_addresses").body == b"null"
     r = call(any_broker, "PUT", "/config/nsqlookupd_tcp_addresses", b"[]")
     assert (r.status, r.body) == (200, b"[]")
 
