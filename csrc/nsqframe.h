@@ -262,6 +262,30 @@ void nsqf_send_many(const int32_t *fds, int n, const uint8_t *buf,
                     const uint32_t *lens, int32_t *sent);
 
 /*
+ * A sender: one thread of its own that runs nsqf_send_many for its event loop, so a
+ * turn's writes (their system calls, loopback's receive path within them) take
+ * another core while the loop goes on. One job at a time; the caller keeps fds, buf,
+ * lens and sent alive and unchanged, and writes or closes none of those sockets,
+ * until nsqf_sender_wait has returned. The only C in the codec that allocates (the
+ * sender) or starts a thread. Linux only (futex); elsewhere nsqf_sender_new is NULL.
+ *
+ * nsqf_sender_new: a sender with its thread started; NULL when either fails. After a
+ * job the thread looks for the next for spin_ns (yielding its core between looks)
+ * before it sleeps; a post to a sleeping thread costs a futex wake-up.
+ * nsqf_sender_post: hands the thread a job (the one before must have been waited
+ * for); returns at once.
+ * nsqf_sender_wait: returns once the posted job is done (sent[] filled); at once
+ * when none is posted. Returns 1 when it had to sleep, else 0.
+ * nsqf_sender_free: stops the thread (after any posted job) and frees the sender.
+ */
+typedef struct nsqf_sender nsqf_sender;
+nsqf_sender *nsqf_sender_new(uint64_t spin_ns);
+void nsqf_sender_post(nsqf_sender *s, const int32_t *fds, int n, const uint8_t *buf,
+                      const uint32_t *lens, int32_t *sent);
+int nsqf_sender_wait(nsqf_sender *s);
+void nsqf_sender_free(nsqf_sender *s);
+
+/*
  * The in-flight table (csrc/inflight.c): which of a channel's offsets are in flight,
  * and in which flight (a slot number the caller gives each flight; the caller keeps
  * the flight objects). Open addressing with linear probing; a removal shifts the

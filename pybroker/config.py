@@ -233,7 +233,8 @@ SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("loop_spin", "duration", 50_000,
                "after a turn that had work, an event loop looks for more for this long "
                "before it sleeps in epoll (a client answering at once is read without a "
-               "wake-up); 0: sleep at once", 0, 10 * MS),
+               "wake-up), and its sender thread waits 200us for the next pass's writes; "
+               "0: both sleep at once", 0, 10 * MS),
     OptionSpec("max_connections", "int", 0,
                "most TCP clients at once; more are answered E_INVALID and closed (redis's "
                "maxclients; 0: no limit). A reserve of file descriptors is always kept",

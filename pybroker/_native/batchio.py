@@ -109,4 +109,73 @@ class BatchIO:
         return sent
 
 
-__all__ = ["EAGAIN", "BatchIO"]
+_SENDER = _C and hasattr(_lib, "nsqf_sender_new")
+# after a job the sender's thread looks for the next this long before it sleeps: longer
+# than a loop turn at RDY 1 (about 150 us with 32 consumers), so that the next post
+# finds it awake (waking a sleeping thread here cost the poster about 14 us, a futex
+# wake-up of an idle core under KVM; docs/io.md)
+SENDER_SPIN_NS = 200_000
+
+
+class Sender:
+    """``send_many`` on a thread of its own (``nsqf_sender_*``, csrc/nsqio.c), so a
+    turn's writes take another core while the loop goes on: ``post`` hands the job over
+    and returns, ``wait`` returns the bytes each socket took once it is done. Between
+    the two the caller must write to none of those sockets and close none (their
+    descriptors must stay theirs); the data is kept here until then. One job at a time,
+    owned by one event loop. ``available()`` is False with the pure-Python codec (or
+    when the thread could not be started): the caller writes the job itself."""
+
+    __slots__ = ("_s", "_spin_ns", "_cap", "_fds", "_lens", "_out", "_data", "_n")
+
+    def __init__(self, spin_ns: int = SENDER_SPIN_NS) -> None:
+        self._s: CData = None
+        self._spin_ns = spin_ns
+        self._cap = 0
+        self._fds: CData = None
+        self._lens: CData = None
+        self._out: CData = None
+        self._data: CData = None     # the posted job's buffer, kept alive until wait
+        self._n = 0
+
+    def available(self) -> bool:
+        if self._s is None and _SENDER:
+            s = _lib.nsqf_sender_new(self._spin_ns)
+            if s != _ffi.NULL:
+                self._s = s      # freed by close (the loop's, at its exit)
+        return self._s is not None
+
+    def post(self, fds: list[int], data: bytes | bytearray, lens: list[int]) -> None:
+        """Send socket i its ``lens[i]`` bytes of ``data`` (one after another), on the
+        sender's thread; ``available()`` must have said yes and no job be posted."""
+        assert self._data is None, "a job is posted"
+        n = len(fds)
+        if n > self._cap:
+            self._cap = max(n, 2 * self._cap, 64)
+            self._fds = _ffi.new("int32_t[]", self._cap)
+            self._lens = _ffi.new("uint32_t[]", self._cap)
+            self._out = _ffi.new("int32_t[]", self._cap)
+        self._fds[0:n] = fds
+        self._lens[0:n] = lens
+        self._data = _ffi.from_buffer("uint8_t[]", data)
+        self._n = n
+        _lib.nsqf_sender_post(self._s, self._fds, n, self._data, self._lens, self._out)
+
+    def wait(self) -> list[int]:
+        """The posted job's result, as ``BatchIO.send_many``'s (bytes each socket took,
+        or -errno), once it is done."""
+        assert self._data is not None, "no job is posted"
+        _lib.nsqf_sender_wait(self._s)
+        self._data = None
+        out: list[int] = _ffi.unpack(self._out, self._n)
+        return out
+
+    def close(self) -> None:
+        """Stop the thread (after a posted job; its result is dropped)."""
+        if self._s is not None:
+            s, self._s = self._s, None
+            _lib.nsqf_sender_free(s)
+        self._data = None
+
+
+__all__ = ["EAGAIN", "BatchIO", "Sender"]

@@ -60,6 +60,7 @@ ffibuilder.set_source(
     '#include "nsqframe.h"\n',
     sources=[_relative(_SOURCE), _relative(_IO_SOURCE), _relative(_IF_SOURCE)],
     include_dirs=[_CSRC],
+    extra_link_args=["-pthread"],     # the sender's thread (csrc/nsqio.c)
     # -Werror only where asked (CI sets PYBROKER_STRICT_CFLAGS=1): a newer compiler's
     # new warning must not break a user's install
     extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra"]

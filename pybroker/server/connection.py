@@ -110,6 +110,7 @@ class ClientConn:
         self.pending: list[bytes | bytearray] = []     # message frames, not yet in out
         self.pending_bytes = 0
         self.writing = False
+        self.sending = False      # in the loop's sender job (EventLoop.deliver)
         # back-pressure: False while its unread replies are over OUT_CAP (or while HELD)
         self.reading = True
         self._log_window_ns = 0
@@ -463,6 +464,8 @@ class ClientConn:
 
     def flush(self) -> None:
         """Encode waiting message frames and write as much as the socket takes."""
+        if self.sending:
+            self.loop.settle_sends()    # its frames on the sender's thread go first
         if self.io is CLOSED or self.unconfirmed:
             return   # an OK may not go before its topic is written (end of this turn)
         if self.pending:
@@ -482,6 +485,8 @@ class ClientConn:
         end of turn, one C call): the bytes to send now, when this is a plain
         connection owing nothing else and with at most BATCH_BYTES to send (``wrote``
         must follow); otherwise it flushes itself here and returns None."""
+        if self.sending:
+            self.loop.settle_sends()
         if self.io is CLOSED or self.unconfirmed:
             return None
         t = self.transport
@@ -498,10 +503,10 @@ class ClientConn:
         self.out = []
         return out[0] if len(out) == 1 else b"".join(out)
 
-    def wrote(self, data: bytes | bytearray | memoryview, sent: int) -> None:
-        """flush's second half: a batched write took ``sent`` bytes of ``data`` (-errno:
-        it failed; -EAGAIN: the socket took none now)."""
-        if sent == len(data) and self.out_bytes <= HIGH_WATER:
+    def wrote(self, data: memoryview, at: int, n: int, sent: int) -> None:
+        """flush's second half: a batched write of ``data[at:at + n]`` took ``sent``
+        bytes (-errno: it failed; -EAGAIN: the socket took none now)."""
+        if sent == n and self.out_bytes <= HIGH_WATER:
             self.out_bytes = 0      # all taken (the common case): nothing owed
             if self.reading and not self.writing and self.io is not DRAINING:
                 return
@@ -509,7 +514,7 @@ class ClientConn:
         elif sent < 0 and sent != -EAGAIN:
             self._wrote(None)
         else:
-            self._wrote(self.transport.owe(data, max(sent, 0)))
+            self._wrote(self.transport.owe(data[at:at + n], max(sent, 0)))
 
     def _wrote(self, rest: int | None) -> None:
         """After a write: ``rest`` bytes still owed (None: the connection broke)."""
@@ -579,6 +584,8 @@ class ClientConn:
         self.loop.to_flush[self] = None
 
     def close(self, reason: str, flush: bool = False) -> None:
+        if self.sending:
+            self.loop.settle_sends()    # (which may close it: a failed write)
         if self.io is CLOSED:
             return
         if flush and (self.out or self.pending or self.transport.waiting):

@@ -31,7 +31,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Callable, Protocol, cast, runtime_checkable
 
-from pybroker._native.batchio import BatchIO
+from pybroker._native.batchio import C_FROM, SENDER_SPIN_NS, BatchIO, Sender
 from pybroker.core.channel import Channel
 from pybroker.core.timeouts import TimeoutWheel
 from pybroker.evloop import Call, SelectorLoop
@@ -85,6 +85,11 @@ class EventLoop(SelectorLoop):
         # plain publishers read and published together at the end of the turn
         self.lane = Lane(self)
         self.batch_io = BatchIO()   # the turn's batched writes (_write_all)
+        # a dispatch pass's writes on a thread of their own (deliver); the job posted:
+        # (its connections, their bytes, their lengths), until settle_sends. It spins
+        # between jobs only when the loop does (loop_spin)
+        self.sender = Sender(SENDER_SPIN_NS if self.options.loop_spin else 0)
+        self._job: tuple[list[Conn], bytes | bytearray, list[int]] | None = None
         self.lane_on = False    # set each turn (Lane.enabled)
         # connections that SUBscribed to another loop's channel: handed over at the end
         # of this turn
@@ -134,7 +139,11 @@ class EventLoop(SelectorLoop):
         connections that may take them now (``takes_frames_now``: plain, nothing queued
         or owed, flushing anyway) are written at once (``_write_batch``), straight from
         ``out`` when they lie back to back in it; the others are queued as
-        ``send_frames`` does."""
+        ``send_frames`` does. From C_FROM connections on, the write runs on the
+        sender's thread while this loop goes on (``settle_sends`` takes its result
+        before anything else is written to those connections, or they close)."""
+        if self._job is not None:
+            self.settle_sends()     # one job at a time
         conns: list[Conn] = []
         starts: list[int] = []
         lens: list[int] = []
@@ -160,7 +169,28 @@ class EventLoop(SelectorLoop):
         else:
             view = memoryview(out)
             data = b"".join([view[s:s + ln] for s, ln in zip(starts, lens)])
+        if len(conns) >= C_FROM and self.sender.available():
+            for c in conns:
+                c.sending = True
+            self.sender.post([c.fd for c in conns], data, lens)
+            self._job = (conns, data, lens)
+            return
         self._write_batch(conns, data, lens)
+
+    def settle_sends(self) -> None:
+        """Wait for the sender's job, if one is posted, and settle its connections as a
+        write of their own would have been (what a socket did not take is owed; a failed
+        write closes it). Called before anything else is written to one of them, before
+        one closes or moves to another loop, and at the loop's exit."""
+        job = self._job
+        if job is None:
+            return
+        self._job = None
+        sent = self.sender.wait()
+        conns, data, lens = job
+        for c in conns:
+            c.sending = False
+        self._settle(conns, data, lens, sent)
 
     def dead_letter(self, ch: Channel, target: str, offsets: list[int],
                     bodies: list[bytes]) -> None:
@@ -209,6 +239,8 @@ class EventLoop(SelectorLoop):
         before what a connection has queued since."""
         out: list[tuple[Conn, bytes | bytearray]] = []
         for conn, cmds, _ in direct or ():
+            if conn.sending:
+                self.settle_sends()
             if conn.io is CLOSED:
                 continue
             if conn.out or conn.pending or conn.writing or conn.transport.waiting \
@@ -243,13 +275,19 @@ class EventLoop(SelectorLoop):
         """One send each, one C call for all (``BatchIO.send_many``): connection i its
         ``lens[i]`` bytes of ``data``, back to back; each then settled as its own write
         would be (``Conn.wrote``)."""
-        sent = self.batch_io.send_many([c.sock for c in conns], [c.fd for c in conns],
-                                       data, lens)
+        self._settle(conns, data, lens, self.batch_io.send_many(
+            [c.sock for c in conns], [c.fd for c in conns], data, lens))
+
+    @staticmethod
+    def _settle(conns: list[Conn], data: bytes | bytearray, lens: list[int],
+                sent: list[int]) -> None:
+        """After a batched write: connection i took ``sent[i]`` of its ``lens[i]``
+        bytes of ``data`` (``Conn.wrote``); one closed meanwhile is past settling."""
         view = memoryview(data)
         at = 0
-        for i, c in enumerate(conns):
-            ln = lens[i]
-            c.wrote(view[at:at + ln], sent[i])
+        for c, ln, took in zip(conns, lens, sent):
+            if c.io is not CLOSED:
+                c.wrote(view, at, ln, took)
             at += ln
 
     def _hand_over_all(self) -> None:
@@ -258,6 +296,7 @@ class EventLoop(SelectorLoop):
         its new owner. From here until ``adopt`` runs there, no loop touches it; its
         unrun bytes stay in its decoder and its unsent bytes in its output, in order."""
         handover, self._handover = self._handover, []
+        self.settle_sends()     # none of them may close or move mid-write
         for conn, target, ch in handover:
             if conn.io is CLOSED or conn.io is DRAINING:
                 continue   # a failed publish before the SUB: it closes here
@@ -286,6 +325,8 @@ class EventLoop(SelectorLoop):
 
     def release(self, conn: Conn) -> None:
         """Forget a connection that moves to another loop (owner thread)."""
+        if conn.sending:
+            self.settle_sends()
         self.connections.discard(conn)
         self.to_flush.pop(conn, None)
         try:
@@ -346,6 +387,12 @@ class EventLoop(SelectorLoop):
 
     def on_exit(self) -> None:
         self._flush_all()
+        self.settle_sends()
+        self.sender.close()
+
+    def close(self) -> None:
+        self.sender.close()     # (after a crash: on_exit did not run)
+        super().close()
 
     def on_crash(self) -> None:
         self.runtime.request_stop()

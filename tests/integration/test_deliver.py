@@ -13,6 +13,7 @@ import struct
 import time
 from collections.abc import Callable
 
+from pybroker._native.batchio import C_FROM
 from tests.support.broker import BrokerProcess, unique_name
 from tests.support.wire import WireClient, publish, subscribe
 
@@ -89,6 +90,51 @@ def test_a_socket_that_takes_part_of_a_write_gets_the_rest(
     assert set(got.values()) == {1}
     slow.assert_alive()
     slow.close()
+
+
+def test_consumers_reset_among_many_served_in_one_pass(any_broker: BrokerProcess,
+                                                       connect: Connect) -> None:
+    """More than C_FROM consumers at RDY 1, all served by each pass (pybroker then
+    writes a pass on its loop's sender thread and settles it at the next pass, or
+    before anything else touches those connections), and some of them reset (SO_LINGER
+    0) mid-stream, a message of theirs in flight: the writes to them fail or vanish,
+    the broker goes on, and the others receive every message (at least once)."""
+    topic = unique_name()
+    bodies = [b"k%05d" % i for i in range(4000)]
+    many = [subscribe(connect(any_broker), topic, "ch", rdy=1, msg_timeout=1000)
+            for _ in range(2 * C_FROM)]
+    assert any_broker.tcp_address is not None
+    with WireClient.connect(any_broker.tcp_address) as p:
+        for at in range(0, len(bodies), 500):
+            p.mpub(topic, bodies[at:at + 500])
+    got: set[bytes] = set()
+    deadline = time.monotonic() + 60
+    rounds = 0
+    while len(got) < len(bodies) and time.monotonic() < deadline:
+        rounds += 1
+        # each holds one message; then all FIN at once, so that one turn reads every
+        # FIN and one pass serves them all
+        held = []
+        for c in many:
+            if c.pending or select.select([c.sock], [], [], 0.05)[0]:
+                m = c.read_message(10)
+                got.add(m.body)
+                held.append((c, m.id))
+        if rounds % 7 == 0 and len(many) > C_FROM:
+            # one goes away right after its FIN: its next message is on its way, in the
+            # pass this burst of FINs brings (or written after the reset)
+            gone = many.pop(rounds % len(many))
+            gone.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                 struct.pack("ii", 1, 0))
+        else:
+            gone = None
+        for c, mid in held:
+            c.fin(mid)
+        if gone is not None:
+            gone.close()
+    assert got == set(bodies)
+    for c in many:
+        c.assert_alive()
 
 
 def test_consumers_reset_while_passes_write_to_them(any_broker: BrokerProcess,

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import errno
 import socket
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from pybroker._native import batchio
-from pybroker._native.batchio import BatchIO
+from pybroker._native.batchio import BatchIO, Sender
 
 MODES = ["c", "pure"] if batchio._C else ["pure"]
 
@@ -107,3 +108,65 @@ def test_many_sockets_grow_the_arrays(bio: BatchIO) -> None:
         for a, b in made:
             a.close()
             b.close()
+
+
+# -- the sender: send_many on a thread of its own ------------------------------------------
+needs_sender = pytest.mark.skipif(not batchio._SENDER,
+                                  reason="the sender thread needs the compiled codec")
+
+
+@pytest.fixture(params=[0, batchio.SENDER_SPIN_NS], ids=["sleeps", "spins"])
+def sender(request: pytest.FixtureRequest) -> Iterator[Sender]:
+    """A thread that sleeps between jobs at once, or looks for the next one first."""
+    s = Sender(request.param)
+    yield s
+    s.close()
+
+
+@needs_sender
+def test_sender_reports_each_socket_as_send_many_does(
+        sender: Sender, pairs: list[tuple[socket.socket, socket.socket]]) -> None:
+    mine = [a for a, _ in pairs]
+    pairs[1][1].close()
+    big = b"y" * (8 << 20)
+    datas = [b"one", b"two", big, b""]
+    assert sender.available()
+    sender.post(fds(mine), bytearray(b"".join(datas)), [len(d) for d in datas])
+    sent = sender.wait()
+    assert sent[0] == 3 and pairs[0][1].recv(10) == b"one"
+    assert sent[1] in (-errno.EPIPE, -errno.ECONNRESET)
+    assert 0 < sent[2] < len(big)
+    assert sent[3] == 0
+    # jobs one after another, the arrays grown for more sockets than before
+    made = [socket.socketpair() for _ in range(100)]
+    try:
+        for a, _ in made:
+            a.setblocking(False)
+        for k in range(3):
+            data = bytes([65 + k]) * 200
+            sender.post(fds([a for a, _ in made]), data, [2] * 100)
+            assert sender.wait() == [2] * 100
+            time.sleep(0.3 * k)   # the next job finds the thread asleep (past any spin)
+        assert all(b.recv(16) == b"AABBCC" for _, b in made)
+    finally:
+        for a, b in made:
+            a.close()
+            b.close()
+
+
+@needs_sender
+def test_a_sender_closed_with_a_job_posted_finishes_it(
+        sender: Sender, pairs: list[tuple[socket.socket, socket.socket]]) -> None:
+    mine = [a for a, _ in pairs]
+    assert sender.available()
+    sender.post(fds(mine), b"abcd" * 4, [4, 4, 4, 4])
+    sender.close()          # joins the thread after the job
+    assert [b.recv(8) for _, b in pairs] == [b"abcd"] * 4
+    sender.close()          # twice: nothing more
+
+
+def test_no_sender_without_the_compiled_codec(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batchio, "_SENDER", False)
+    s = Sender()
+    assert not s.available()   # the loop then writes its jobs itself
+    s.close()
