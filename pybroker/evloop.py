@@ -200,6 +200,9 @@ class SelectorLoop:
         self._active = False      # the last turn had events (a spin may follow it)
         self._misses = 0          # spins in a row that found nothing
         self._sleeps = 0          # sleeps since spinning stopped (for the probe)
+        # the longest a turn may sleep in poll now (seconds; None: no cap), for work a
+        # subclass must come back to soon though no event or timer may call it
+        self.nap_cap: float | None = None
         self.selector: Poller[Pollable | None] = Poller()
         self._calls = CallQueue(self.selector)
         self.timers: Timers = timers if timers is not None else HeapTimers()
@@ -268,6 +271,9 @@ class SelectorLoop:
         else:
             nxt = self.timers.next_deadline()
             timeout = None if nxt is None else max(0.0, (nxt - monotonic_ns()) / 1e9)
+            cap = self.nap_cap
+            if cap is not None and (timeout is None or timeout > cap):
+                timeout = cap
         if timeout != 0 and self._active and self.spin_ns and self._may_spin():
             events = self._spin(timeout)
         else:

@@ -52,6 +52,9 @@ monotonic_ns = time.monotonic_ns
 # bytes joined for one batched write at the end of a turn (EventLoop._write_all): the
 # copy made for the C call stays bounded however many connections a turn flushes
 WRITE_BATCH = 1024 * 1024
+# a turn that posted a job to the sender sleeps in poll at most this long after it: the
+# next settles the job if no pass has
+JOB_NAP_S = 0.001
 
 
 @runtime_checkable
@@ -90,6 +93,8 @@ class EventLoop(SelectorLoop):
         # between jobs only when the loop does (loop_spin)
         self.sender = Sender(SENDER_SPIN_NS if self.options.loop_spin else 0)
         self._job: tuple[list[Conn], bytes | bytearray, list[int]] | None = None
+        self._turn = 0           # _flush_all's count: a job lives into one turn at most
+        self._job_turn = 0       # the turn the job was posted in
         self.lane_on = False    # set each turn (Lane.enabled)
         # connections that SUBscribed to another loop's channel: handed over at the end
         # of this turn
@@ -174,6 +179,9 @@ class EventLoop(SelectorLoop):
                 c.sending = True
             self.sender.post([c.fd for c in conns], data, lens)
             self._job = (conns, data, lens)
+            self._job_turn = self._turn
+            # the next turn comes soon even with nothing to do, and settles it
+            self.nap_cap = JOB_NAP_S
             return
         self._write_batch(conns, data, lens)
 
@@ -186,6 +194,7 @@ class EventLoop(SelectorLoop):
         if job is None:
             return
         self._job = None
+        self.nap_cap = None
         sent = self.sender.wait()
         conns, data, lens = job
         for c in conns:
@@ -405,6 +414,7 @@ class EventLoop(SelectorLoop):
         """Write topics published to (then answer their publishes, hand publishes and
         answers to other loops), dispatch dirty channels, wake other loops' channels,
         flush connections."""
+        self._turn += 1
         if self.lane.taken:
             self.lane.run()
         self.lane_on = self.lane.enabled()
@@ -453,3 +463,7 @@ class EventLoop(SelectorLoop):
                 self._write_all(conns, direct)
         if self._handover:
             self._hand_over_all()
+        if self._job is not None and self._job_turn != self._turn:
+            # posted last turn and no pass since: settled now, so that what a socket did
+            # not take is owed (and watched for), and a failed write closes its consumer
+            self.settle_sends()

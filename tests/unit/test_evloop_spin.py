@@ -184,3 +184,29 @@ def test_spinning_stops_for_a_peer_slower_than_the_spin() -> None:
                        pass_fds=[b.fileno()], check=True, timeout=30)
         assert echo.reads == n
         assert spins[0] <= SPIN_MISSES + n // SPIN_PROBE + 2, spins[0]
+
+
+class Turns(SelectorLoop):
+    """Counts its turns; nothing else to do."""
+
+    def __init__(self) -> None:
+        super().__init__("test-nap")
+        self.turns = 0
+
+    def end_of_turn(self) -> None:
+        self.turns += 1
+
+
+def test_a_nap_cap_wakes_a_loop_that_has_nothing_to_do() -> None:
+    """``nap_cap``: no event, no timer, and yet the loop turns again within the cap
+    (the event loop's way back to a sender's job that no pass settled)."""
+    loop = Turns()
+    loop.nap_cap = 0.005
+    loop.start()
+    try:
+        wait_until(lambda: loop.turns >= 20, timeout_s=5, what="20 idle turns")
+        loop.nap_cap = None
+    finally:
+        loop.stop()
+        assert loop.stopped.wait(5)
+        loop.close()

@@ -1,0 +1,130 @@
+"""A dispatch pass's writes on the loop's sender thread (server/loop.py,
+``EventLoop.deliver`` / ``settle_sends``), in process: a real Runtime with one event
+loop, not started; the test thread runs its turns. C_FROM consumers at RDY 1 on
+socket pairs whose send buffers are small, so each pass's frames are more than a
+socket takes at once: the job's writes are partial, and what a socket did not take must
+be owed and sent once the client reads, even when nothing else happens after the pass
+(no FIN, no other pass: the job is settled by the loop's next turn)."""
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pybroker._native import batchio
+from pybroker._native.batchio import C_FROM
+from pybroker.config import resolve
+from pybroker.server.runtime import Runtime
+from pybroker.testing import wait_until
+
+pytestmark = pytest.mark.skipif(not batchio._SENDER,
+                                reason="the sender thread needs the compiled codec")
+
+BODY = 30_000           # a frame of about 30 KB: more than a small socket buffer
+
+
+class Loop:
+    """One loop of a real Runtime; clients on socket pairs, the loop's turns run here."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.rt = Runtime(resolve({}, {"data_path": str(tmp), "loop_threads": "1"}))
+        self.rt.storage.prepare()
+        self.loop = self.rt.loops[0]
+        self.clients: list[socket.socket] = []
+
+    def connect(self, sndbuf: int = 0) -> socket.socket:
+        client, server = socket.socketpair()
+        if sndbuf:
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+        client.settimeout(5)
+        self.loop.add_connection(server, f"test:{len(self.clients)}")
+        self.clients.append(client)
+        client.sendall(b"  V2")
+        return client
+
+    def turns(self, n: int) -> None:
+        for _ in range(n):
+            self.loop.call_soon_threadsafe(lambda: None)   # a turn that does not sleep
+            self.loop.run_once()
+            self.rt.storage.run_pending()
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+        self.loop.settle_sends()
+        self.loop.sender.close()
+        for t in self.rt.broker.all_topics():
+            t.log.close()
+        self.rt.storage.lock.release()
+        for loop in self.rt.loops:
+            loop.close()
+
+
+@pytest.fixture
+def wire(tmp_path: Path) -> Iterator[Loop]:
+    w = Loop(tmp_path)
+    yield w
+    w.close()
+
+
+def read_frame(sock: socket.socket, got: bytearray,
+               on_idle: Callable[[], None]) -> tuple[int, bytes]:
+    """The next frame sock receives; the loop runs turns (``on_idle``) meanwhile."""
+    def whole() -> bool:
+        sock.setblocking(False)
+        try:
+            got.extend(sock.recv(1 << 20))
+        except BlockingIOError:
+            pass
+        finally:
+            sock.setblocking(True)
+        if len(got) < 4 or len(got) < 4 + int.from_bytes(got[:4], "big"):
+            on_idle()
+            return False
+        return True
+    wait_until(whole, timeout_s=5, what="a whole frame")
+    size = int.from_bytes(got[:4], "big")
+    ftype, data = int.from_bytes(got[4:8], "big"), bytes(got[8:4 + size])
+    del got[:4 + size]
+    return ftype, data
+
+
+def test_partial_writes_of_a_job_are_sent_with_nothing_after_the_pass(wire: Loop) -> None:
+    consumers = [wire.connect(sndbuf=4096) for _ in range(C_FROM)]
+    for c in consumers:
+        c.sendall(b"SUB t ch\n")
+    wire.turns(2)
+    bufs = [bytearray() for _ in consumers]
+    for c, buf in zip(consumers, bufs):
+        assert read_frame(c, buf, lambda: wire.turns(1)) == (0, b"OK")
+    for c in consumers:
+        c.sendall(b"RDY 1\n")
+    wire.turns(2)
+    producer = wire.connect()
+    bodies = [bytes([65 + i]) * BODY for i in range(C_FROM)]
+    mpub = (b"MPUB t\n" + struct.pack(">II", 4 + (4 + BODY) * len(bodies),
+                                      len(bodies))
+            + b"".join(struct.pack(">I", BODY) + b for b in bodies))
+    # more than the socket pair holds: sent from a thread while the loop reads it
+    sending = threading.Thread(target=producer.sendall, args=(mpub,))
+    sending.start()
+    wait_until(lambda: wire.turns(1) or not sending.is_alive(), timeout_s=5,
+               what="the MPUB read")
+    sending.join()
+    # the publish, then one pass for all of them: its frames go to the sender, and each
+    # socket takes only part of its frame; the producer's OK ends the pass's turn
+    assert read_frame(producer, bytearray(), lambda: wire.turns(1)) == (0, b"OK")
+    wire.turns(2)
+    assert wire.loop._job is None    # settled by a turn after the pass
+    # nothing else happens: no FIN, no publish. Each consumer reads its whole message
+    # while the loop runs idle turns (the rest of its frame owed, sent as it drains)
+    got = set()
+    for c, buf in zip(consumers, bufs):
+        ftype, data = read_frame(c, buf, lambda: wire.turns(1))
+        assert ftype == 2
+        got.add(data[26:])
+    assert got == set(bodies)
