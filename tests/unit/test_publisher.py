@@ -16,21 +16,18 @@ from typing import Any
 
 import pytest
 
-from pybroker.config import resolve
 from pybroker.errors import Exiting
 from pybroker.server.loop import EventLoop
 from pybroker.server.publish import SLICE, publish_now
-from pybroker.server.runtime import Runtime
 from pybroker.storage import DiskFullError, StorageError
 from pybroker.storage.fileops import Fault, FaultyFileOps
+from tests.support.inproc import close_runtime, runtime
 
 
 class Harness:
     def __init__(self, tmp: Path, durability: str) -> None:
-        opts = resolve({}, {"data_path": str(tmp), "durability": durability,
-                            "loop_threads": "2", "mem_queue_size": "100"})
-        self.rt = Runtime(opts)
-        self.rt.storage.prepare()
+        self.rt = runtime(tmp, durability=durability, loop_threads="2",
+                          mem_queue_size="100")
         self.ops = FaultyFileOps()
         self.rt.storage.fileops = self.ops
         self.a, self.b = self.rt.loops
@@ -77,11 +74,7 @@ class Harness:
         return out
 
     def close(self) -> None:
-        for t in self.rt.broker.all_topics():
-            t.log.close()
-        self.rt.storage.lock.release()
-        for loop in self.rt.loops:
-            loop.close()
+        close_runtime(self.rt)
 
 
 @pytest.fixture

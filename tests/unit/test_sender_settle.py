@@ -17,9 +17,8 @@ import pytest
 
 from pybroker._native import batchio
 from pybroker._native.batchio import C_FROM
-from pybroker.config import resolve
-from pybroker.server.runtime import Runtime
 from pybroker.testing import wait_until
+from tests.support.inproc import close_runtime, runtime
 
 pytestmark = pytest.mark.skipif(not batchio._SENDER,
                                 reason="the sender thread needs the compiled codec")
@@ -31,8 +30,7 @@ class Loop:
     """One loop of a real Runtime; clients on socket pairs, the loop's turns run here."""
 
     def __init__(self, tmp: Path) -> None:
-        self.rt = Runtime(resolve({}, {"data_path": str(tmp), "loop_threads": "1"}))
-        self.rt.storage.prepare()
+        self.rt = runtime(tmp, loop_threads="1")
         self.loop = self.rt.loops[0]
         self.clients: list[socket.socket] = []
 
@@ -56,12 +54,7 @@ class Loop:
         for c in self.clients:
             c.close()
         self.loop.settle_sends()
-        self.loop.sender.close()
-        for t in self.rt.broker.all_topics():
-            t.log.close()
-        self.rt.storage.lock.release()
-        for loop in self.rt.loops:
-            loop.close()
+        close_runtime(self.rt)
 
 
 @pytest.fixture

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pybroker.config import resolve
 from pybroker.protocol.session import COMMANDS
 from pybroker.server import verbs
-from pybroker.server.runtime import Runtime
 from pybroker.testing import wait_until
+from tests.support.inproc import close_runtime, runtime
 
 
 def test_every_verb_of_the_state_table_has_a_row() -> None:
@@ -38,8 +37,7 @@ class Wire:
     """One loop of a real Runtime and a client socket to a ClientConn on it."""
 
     def __init__(self, tmp: Path) -> None:
-        self.rt = Runtime(resolve({}, {"data_path": str(tmp), "loop_threads": "1"}))
-        self.rt.storage.prepare()
+        self.rt = runtime(tmp, loop_threads="1")
         self.loop = self.rt.loops[0]
         self.client, server = socket.socketpair()
         self.client.settimeout(5)
@@ -73,11 +71,7 @@ class Wire:
 
     def close(self) -> None:
         self.client.close()
-        for t in self.rt.broker.all_topics():
-            t.log.close()
-        self.rt.storage.lock.release()
-        for loop in self.rt.loops:
-            loop.close()
+        close_runtime(self.rt)
 
 
 @pytest.fixture
