@@ -170,6 +170,10 @@ class Sender:
         out: list[int] = _ffi.unpack(self._out, self._n)
         return out
 
+    def busy(self) -> bool:
+        """Is the posted job still running (``wait`` would wait)?"""
+        return self._data is not None and bool(_lib.nsqf_sender_busy(self._s))
+
     def close(self) -> None:
         """Stop the thread (after a posted job; its result is dropped)."""
         if self._s is not None:

@@ -52,9 +52,14 @@ monotonic_ns = time.monotonic_ns
 # bytes joined for one batched write at the end of a turn (EventLoop._write_all): the
 # copy made for the C call stays bounded however many connections a turn flushes
 WRITE_BATCH = 1024 * 1024
-# a turn that posted a job to the sender sleeps in poll at most this long after it: the
-# next settles the job if no pass has
+# while a job is posted to the sender the loop sleeps in poll at most this long: the
+# first turn after its own that finds it done settles it if no pass has
 JOB_NAP_S = 0.001
+# the sender takes a pass's writes only when they carry fewer messages than this per
+# connection on average (consumers at RDY 1 or 2): a send per message is what it moves
+# off the loop; with several messages per send the hand-over and its spin cost more
+# than they save (RDY 8: 277-287k msg/s with the sender against 299k and more without)
+SENDER_MSGS = 2
 
 
 @runtime_checkable
@@ -144,8 +149,9 @@ class EventLoop(SelectorLoop):
         connections that may take them now (``takes_frames_now``: plain, nothing queued
         or owed, flushing anyway) are written at once (``_write_batch``), straight from
         ``out`` when they lie back to back in it; the others are queued as
-        ``send_frames`` does. From C_FROM connections on, the write runs on the
-        sender's thread while this loop goes on (``settle_sends`` takes its result
+        ``send_frames`` does. From C_FROM connections on, when they take under
+        SENDER_MSGS messages each on average, the write runs on the sender's thread
+        while this loop goes on (``settle_sends`` takes its result
         before anything else is written to those connections, or they close)."""
         if self._job is not None:
             self.settle_sends()     # one job at a time
@@ -154,10 +160,12 @@ class EventLoop(SelectorLoop):
         lens: list[int] = []
         joined = 0                 # out[0:joined] is the written ones' frames, in order
         at = 0
+        msgs = 0                   # the written ones' messages
         for consumer, n, end in sends:
             c = cast("Conn", consumer)     # this loop's consumers are its connections
             if c.takes_frames_now(end - at):
                 c.message_count += n
+                msgs += n
                 conns.append(c)
                 starts.append(at)
                 lens.append(end - at)
@@ -174,7 +182,8 @@ class EventLoop(SelectorLoop):
         else:
             view = memoryview(out)
             data = b"".join([view[s:s + ln] for s, ln in zip(starts, lens)])
-        if len(conns) >= C_FROM and self.sender.available():
+        if (len(conns) >= C_FROM and msgs < SENDER_MSGS * len(conns)
+                and self.sender.available()):
             for c in conns:
                 c.sending = True
             self.sender.post([c.fd for c in conns], data, lens)
@@ -463,7 +472,10 @@ class EventLoop(SelectorLoop):
                 self._write_all(conns, direct)
         if self._handover:
             self._hand_over_all()
-        if self._job is not None and self._job_turn != self._turn:
-            # posted last turn and no pass since: settled now, so that what a socket did
-            # not take is owed (and watched for), and a failed write closes its consumer
+        if (self._job is not None and self._job_turn != self._turn
+                and not self.sender.busy()):
+            # posted turns ago, no pass since, and done: settled now (never waited for
+            # here), so that what a socket did not take is owed (and watched for), and
+            # a failed write closes its consumer; until then the loop naps at most
+            # JOB_NAP_S
             self.settle_sends()

@@ -13,6 +13,7 @@ import pytest
 
 from pybroker._native import batchio
 from pybroker._native.batchio import BatchIO, Sender
+from pybroker.testing import wait_until
 
 MODES = ["c", "pure"] if batchio._C else ["pure"]
 
@@ -131,8 +132,10 @@ def test_sender_reports_each_socket_as_send_many_does(
     big = b"y" * (8 << 20)
     datas = [b"one", b"two", big, b""]
     assert sender.available()
+    assert not sender.busy()              # nothing posted
     sender.post(fds(mine), bytearray(b"".join(datas)), [len(d) for d in datas])
-    sent = sender.wait()
+    wait_until(lambda: not sender.busy(), timeout_s=5, what="the job done")
+    sent = sender.wait()                  # done: at once
     assert sent[0] == 3 and pairs[0][1].recv(10) == b"one"
     assert sent[1] in (-errno.EPIPE, -errno.ECONNRESET)
     assert 0 < sent[2] < len(big)
