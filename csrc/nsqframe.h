@@ -275,7 +275,7 @@ void nsqf_send_many(const int32_t *fds, int n, const uint8_t *buf,
  * nsqf_sender_post: hands the thread a job (the one before must have been waited
  * for); returns at once.
  * nsqf_sender_wait: returns once the posted job is done (sent[] filled); at once
- * when none is posted. Returns 1 when it had to sleep, else 0.
+ * when none is posted.
  * nsqf_sender_busy: 1 while the posted job runs (wait would sleep), else 0.
  * nsqf_sender_free: stops the thread (after any posted job) and frees the sender.
  */
@@ -283,7 +283,7 @@ typedef struct nsqf_sender nsqf_sender;
 nsqf_sender *nsqf_sender_new(uint64_t spin_ns);
 void nsqf_sender_post(nsqf_sender *s, const int32_t *fds, int n, const uint8_t *buf,
                       const uint32_t *lens, int32_t *sent);
-int nsqf_sender_wait(nsqf_sender *s);
+void nsqf_sender_wait(nsqf_sender *s);
 int nsqf_sender_busy(nsqf_sender *s);
 void nsqf_sender_free(nsqf_sender *s);
 

@@ -170,21 +170,16 @@ void nsqf_sender_post(nsqf_sender *s, const int32_t *fds, int n, const uint8_t *
         futex_wake(&s->state);
 }
 
-int nsqf_sender_wait(nsqf_sender *s)
+void nsqf_sender_wait(nsqf_sender *s)
 {
-    int slept = 0;
-    if (LOAD(&s->state) != POSTED)
-        goto done;
-    STORE(&s->waiting, 1);
-    while (LOAD(&s->state) == POSTED) {
-        slept = 1;
-        futex_wait(&s->state, POSTED);
+    if (LOAD(&s->state) == POSTED) {
+        STORE(&s->waiting, 1);
+        while (LOAD(&s->state) == POSTED)
+            futex_wait(&s->state, POSTED);
+        STORE(&s->waiting, 0);
     }
-    STORE(&s->waiting, 0);
-done:
     if (LOAD(&s->state) == DONE)
         STORE(&s->state, IDLE);
-    return slept;
 }
 
 int nsqf_sender_busy(nsqf_sender *s)
@@ -219,10 +214,9 @@ void nsqf_sender_post(nsqf_sender *s, const int32_t *fds, int n, const uint8_t *
     (void)s; (void)fds; (void)n; (void)buf; (void)lens; (void)sent;
 }
 
-int nsqf_sender_wait(nsqf_sender *s)
+void nsqf_sender_wait(nsqf_sender *s)
 {
     (void)s;
-    return 0;
 }
 
 int nsqf_sender_busy(nsqf_sender *s)

@@ -126,15 +126,12 @@ class Sender:
     owned by one event loop. ``available()`` is False with the pure-Python codec (or
     when the thread could not be started): the caller writes the job itself."""
 
-    __slots__ = ("_s", "_spin_ns", "_cap", "_fds", "_lens", "_out", "_data", "_n")
+    __slots__ = ("_s", "_spin_ns", "_arrays", "_data", "_n")
 
     def __init__(self, spin_ns: int = SENDER_SPIN_NS) -> None:
         self._s: CData = None
         self._spin_ns = spin_ns
-        self._cap = 0
-        self._fds: CData = None
-        self._lens: CData = None
-        self._out: CData = None
+        self._arrays = BatchIO()     # its C arrays (BatchIO._room) carry the job
         self._data: CData = None     # the posted job's buffer, kept alive until wait
         self._n = 0
 
@@ -150,16 +147,13 @@ class Sender:
         sender's thread; ``available()`` must have said yes and no job be posted."""
         assert self._data is None, "a job is posted"
         n = len(fds)
-        if n > self._cap:
-            self._cap = max(n, 2 * self._cap, 64)
-            self._fds = _ffi.new("int32_t[]", self._cap)
-            self._lens = _ffi.new("uint32_t[]", self._cap)
-            self._out = _ffi.new("int32_t[]", self._cap)
-        self._fds[0:n] = fds
-        self._lens[0:n] = lens
+        a = self._arrays
+        a._room(n)
+        a._fds[0:n] = fds
+        a._lens[0:n] = lens
         self._data = _ffi.from_buffer("uint8_t[]", data)
         self._n = n
-        _lib.nsqf_sender_post(self._s, self._fds, n, self._data, self._lens, self._out)
+        _lib.nsqf_sender_post(self._s, a._fds, n, self._data, a._lens, a._out)
 
     def wait(self) -> list[int]:
         """The posted job's result, as ``BatchIO.send_many``'s (bytes each socket took,
@@ -167,7 +161,7 @@ class Sender:
         assert self._data is not None, "no job is posted"
         _lib.nsqf_sender_wait(self._s)
         self._data = None
-        out: list[int] = _ffi.unpack(self._out, self._n)
+        out: list[int] = _ffi.unpack(self._arrays._out, self._n)
         return out
 
     def busy(self) -> bool:

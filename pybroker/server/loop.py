@@ -314,7 +314,6 @@ class EventLoop(SelectorLoop):
         its new owner. From here until ``adopt`` runs there, no loop touches it; its
         unrun bytes stay in its decoder and its unsent bytes in its output, in order."""
         handover, self._handover = self._handover, []
-        self.settle_sends()     # none of them may close or move mid-write
         for conn, target, ch in handover:
             if conn.io is CLOSED or conn.io is DRAINING:
                 continue   # a failed publish before the SUB: it closes here
