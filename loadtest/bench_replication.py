@@ -10,9 +10,13 @@ min-insync 2 (a real etcd, ``$ETCD`` or ``etcd`` on PATH), and nsqd as a referen
 
 Throughput: every run publishes to a fresh topic with one channel and no consumer, over
 ``--connections`` raw sockets (``--depth`` commands in flight each), PUB then MPUB
-(``--batch`` messages), to the topic's leader (the cluster) or the node. Settings are
-interleaved run by run; the table shows the median of ``--runs`` runs (min-max), the
-ratio to the single node, and CPU ms per 1000 messages from /proc/PID/stat: of the
+(``--batch`` messages), to the topic's leader (the cluster) or the node, and deletes the
+topic afterwards (waiting until no node lists it). Every run so starts from the same page
+cache: on this machine a write that grows the page cache past about 3 GB costs the
+kernel about ten times as much (a plain ``pwrite`` loop of 256 KiB writes: 3.3 GB/s for
+its first GB, 0.3 GB/s after), and runs that inherited earlier runs' gigabytes measured
+that, not the broker. Settings are interleaved run by run; the table shows the median of
+``--runs`` runs (min-max), the ratio to the single node, and CPU ms per 1000 messages from /proc/PID/stat: of the
 node, of the leader, and of the whole cluster (the three nodes together), and of the
 load generator (this process's threads, ``client``). ``cpu cap`` is the rate this
 machine's cores allow at that CPU per message (brokers and load generator, all on the
@@ -69,6 +73,22 @@ def _post(b: BrokerProcess, path: str) -> None:
     req = urllib.request.Request(f"http://{b.http_address}{path}", data=b"", method="POST")
     with urllib.request.urlopen(req, timeout=15) as r:
         r.read()
+
+
+def drop(b: BrokerProcess, nodes: list[BrokerProcess], topic: str) -> None:
+    """Delete a run's topic through ``b`` and wait until none of ``nodes`` lists it."""
+    _post(b, "/topic/delete?" + urllib.parse.urlencode({"topic": topic}))
+
+    def gone() -> bool:
+        for n in nodes:
+            if n.proc is None:
+                continue
+            doc = _get(f"http://{n.http_address}/stats?format=json&topic="
+                       + urllib.parse.quote(topic), 5)
+            if any(t.get("topic_name") == topic for t in doc.get("topics") or []):
+                return False
+        return True
+    wait(gone, 30, f"topic {topic} deleted")
 
 
 def wait(pred: Any, timeout_s: float, what: str) -> Any:
@@ -205,6 +225,8 @@ def throughput(args: argparse.Namespace, settings: dict[str, Any]) -> None:
                 results.setdefault((scenario, name), []).append(
                     (n / elapsed, 1e6 * cpu / max(n, 1), 1e6 * allc / max(n, 1),
                      1e6 * client / max(n, 1)))
+                drop(b, list(s.nodes.values()) if isinstance(s, ClusterSetting) else [b],
+                     topic)
                 print(f"  run {run + 1} {scenario:4} {name:22} {n / elapsed:10.0f} msg/s",
                       flush=True)
     print(f"\nthroughput ({args.connections} connections, depth {args.depth}, "
