@@ -1,0 +1,73 @@
+"""loadtest/bench_replication.py: a run deletes its topic before the next one (so a run
+does not inherit the page cache of the runs before it), and a short run of the whole
+bench against a real etcd, a single node and a three-node cluster prints its table. No
+timing assertions: the figures depend on the machine."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from pybroker.bench.brokers import BrokerProcess
+from pybroker.config import split_hostport
+from tests.support.broker import project_root
+from tests.support.programs import require_program
+
+pytestmark = pytest.mark.timeout(150)
+
+BENCH = project_root() / "loadtest" / "bench_replication.py"
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_replication", BENCH)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _topic_bytes(data_path: str) -> int:
+    root = Path(data_path) / "topics"
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) \
+        if root.exists() else 0
+
+
+def test_a_runs_topic_is_deleted_and_its_files_go() -> None:
+    bench = _bench()
+    b = BrokerProcess("pybroker", []).start()
+    try:
+        bench._post(b, "/topic/create?topic=run1")
+        cmd, per = bench.build_command("MPUB", "run1", 200, 100)
+        n, _ = bench.publish_for(split_hostport(b.tcp_address), cmd, per, 2, 2, 0.3)
+        assert n > 0 and _topic_bytes(b.data_path) > n * 200
+        bench.drop(b, [b], "run1")
+        doc = bench._get(f"http://{b.http_address}/stats?format=json")
+        assert [t["topic_name"] for t in doc.get("topics") or []] == []
+        deadline = time.monotonic() + 20
+        while _topic_bytes(b.data_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _topic_bytes(b.data_path) == 0, os.listdir(Path(b.data_path) / "topics")
+    finally:
+        b.stop()
+
+
+def test_a_short_run_prints_the_table() -> None:
+    etcd = require_program("etcd", "to coordinate the bench's cluster (apt install "
+                           "etcd-server)")
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--runs", "1", "--seconds", "0.3", "--warmup", "0.1",
+         "--failovers", "0", "--no-nsqd", "--etcd", etcd],
+        capture_output=True, text=True, timeout=140, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = {(m.group(1), m.group(2)): float(m.group(3)) for m in re.finditer(
+        r"^(PUB|MPUB)\s+pybroker (single node|RF3 insync2)\s+(\d+)", proc.stdout, re.M)}
+    assert set(rows) == {(s, n) for s in ("PUB", "MPUB")
+                         for n in ("single node", "RF3 insync2")}, proc.stdout
+    assert all(v > 0 for v in rows.values()), rows
