@@ -367,17 +367,24 @@ def test_huge_mpubs_do_not_stall_other_clients(make_broker: MakeBroker) -> None:
     wait_until(lambda: len(rtts) > 50, what="probe round trips")
     before = len(rtts)
     pubs = [threading.Thread(target=big) for _ in range(4)]
+    t0 = time.perf_counter()
     for p in pubs:
         p.start()
     for p in pubs:
         p.join(120)
+    phase = time.perf_counter() - t0
     stop.set()
     th.join(5)
     during = rtts[before:]
+    blocked = sum(r for r in during if r > 0.1)
     print(f"probe round trips during 4 huge MPUBs: n={len(during)}, "
-          f"max {max(during) * 1e3:.1f} ms")
-    # one round trip may meet a descheduled thread on a loaded machine (the suite runs on
-    # parallel workers); a loop stalled by whole MPUBs delays round trips after each
-    worst = sorted(during)[-2:]
-    assert worst[0] < 0.2 and worst[-1] < 1.0, f"probe round trips of {worst} s"
+          f"max {max(during) * 1e3:.1f} ms, over 100 ms {blocked:.2f} s of {phase:.2f} s")
+    # A loop that appends each MPUB whole holds the probe for almost all of the phase
+    # (96-97% measured with SLICE above an MPUB's count: round trips of 0.14-0.96 s);
+    # appended a slice a turn, the round trips over 100 ms add up to little of it (none
+    # on this 2-core machine idle or beside three busy processes; 0.55 s under the
+    # suite's parallel workers, where single round trips met a descheduled thread), so
+    # the share of the phase is the measure, not one round trip
+    assert blocked < 0.5 * phase, \
+        f"the probe waited {blocked:.2f} s of {phase:.2f} s: {sorted(during)[-4:]}"
     assert (topic_stats(b, "huge") or {}).get("depth") == 4 * n
