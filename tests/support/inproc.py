@@ -1,11 +1,16 @@
 """A real Runtime in the test's own process, its loops not started: the test thread runs
-their turns (``loop.run_once``). For tests that watch a loop's state between turns."""
+their turns (``turn``) and reads what they wrote to its sockets (``read_frame``). For
+tests that watch a loop's state between turns."""
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable
 from pathlib import Path
 
 from pybroker.config import resolve
+from pybroker.evloop import SelectorLoop
 from pybroker.server.runtime import Runtime
+from pybroker.testing import wait_until
 
 
 def runtime(tmp: Path, **options: str) -> Runtime:
@@ -24,3 +29,34 @@ def close_runtime(rt: Runtime) -> None:
     rt.storage.lock.release()
     for loop in rt.loops:
         loop.close()
+
+
+def turn(loop: SelectorLoop) -> None:
+    """One turn of a loop that is not started, one that does not sleep in poll."""
+    loop.call_soon_threadsafe(lambda: None)
+    loop.run_once()
+
+
+def read_frame(sock: socket.socket, got: bytearray,
+               on_idle: Callable[[], None] | None = None) -> tuple[int, bytes]:
+    """The next frame sock receives: its bytes so far are kept in ``got`` (what follows
+    the frame stays there); between looks ``on_idle`` runs (the loop's turns, when they
+    must run for the frame to come)."""
+    def whole() -> bool:
+        sock.setblocking(False)
+        try:
+            got.extend(sock.recv(1 << 20))
+        except BlockingIOError:
+            pass
+        finally:
+            sock.setblocking(True)
+        if len(got) >= 4 and len(got) >= 4 + int.from_bytes(got[:4], "big"):
+            return True
+        if on_idle is not None:
+            on_idle()
+        return False
+    wait_until(whole, timeout_s=5, what="a frame from the broker")
+    size = int.from_bytes(got[:4], "big")
+    ftype, data = int.from_bytes(got[4:8], "big"), bytes(got[8:4 + size])
+    del got[:4 + size]
+    return ftype, data

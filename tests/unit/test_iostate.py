@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 import socket
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,12 +21,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from pybroker.config import resolve
 from pybroker.server import connection
 from pybroker.server.iostate import (AWAIT_MAGIC, CLOSED, DRAINING, HELD, MOVES, MOVING, OPEN,
                                      Io, IoStateError, move)
-from pybroker.server.runtime import Runtime
 from pybroker.testing import wait_until
+from tests.support.inproc import close_runtime, read_frame, runtime, turn
 
 
 def test_every_move_outside_the_table_raises() -> None:
@@ -61,9 +61,7 @@ class ConnectionLife(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.tmp = tempfile.mkdtemp(prefix="iostate-")
-        self.rt = Runtime(resolve({}, {"data_path": self.tmp, "loop_threads": "2",
-                                       "client_timeout": "300ms"}))
-        self.rt.storage.prepare()
+        self.rt = runtime(Path(self.tmp), loop_threads="2", client_timeout="300ms")
         self.channels = 0
         self.clients: list[socket.socket] = []
         self.moves: list[tuple[Io, Io]] = []
@@ -83,7 +81,7 @@ class ConnectionLife(RuleBasedStateMachine):
         self.conn = conn
         self.model = AWAIT_MAGIC
         self.subscribed = False
-        self.got = b""
+        self.got = bytearray()
 
     def _spy(self, src: Io, dst: Io) -> Io:
         out = self._real_move(src, dst)   # the real table decides; a bad move raises
@@ -96,18 +94,13 @@ class ConnectionLife(RuleBasedStateMachine):
             c.close()
         if not self.conn.closed:
             self.conn.close("test over")
-        for t in self.rt.broker.all_topics():
-            t.log.close()
-        self.rt.storage.lock.release()
-        for loop in self.rt.loops:
-            loop.close()
+        close_runtime(self.rt)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     # -- driving -------------------------------------------------------------------------
     def _turn(self, *loops: Any) -> None:
         for loop in loops or self.rt.loops:
-            loop.call_soon_threadsafe(lambda: None)   # a turn that does not sleep
-            loop.run_once()
+            turn(loop)
         self.rt.storage.run_pending()
 
     def _send(self, data: bytes, *loops: Any) -> None:
@@ -116,21 +109,7 @@ class ConnectionLife(RuleBasedStateMachine):
         self._turn(*loops)
 
     def _frame(self) -> bytes:
-        def have() -> bool:
-            self.client.setblocking(False)
-            try:
-                self.got += self.client.recv(65536)
-            except BlockingIOError:
-                pass
-            finally:
-                self.client.setblocking(True)
-            return len(self.got) >= 4 and len(self.got) >= 4 + int.from_bytes(self.got[:4],
-                                                                              "big")
-        wait_until(have, timeout_s=5, what="a frame from the broker")
-        size = int.from_bytes(self.got[:4], "big")
-        data = self.got[8:4 + size]
-        self.got = self.got[4 + size:]
-        return data
+        return read_frame(self.client, self.got)[1]
 
     def _expect(self, *moves: tuple[Io, Io]) -> None:
         assert self.moves == list(moves), (self.moves, moves)

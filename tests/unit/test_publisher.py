@@ -21,7 +21,7 @@ from pybroker.server.loop import EventLoop
 from pybroker.server.publish import SLICE, publish_now
 from pybroker.storage import DiskFullError, StorageError
 from pybroker.storage.fileops import Fault, FaultyFileOps
-from tests.support.inproc import close_runtime, runtime
+from tests.support.inproc import close_runtime, runtime, turn
 
 
 class Harness:
@@ -53,8 +53,7 @@ class Harness:
     def turn(self, *loops: EventLoop) -> None:
         for loop in loops or (self.a, self.b):
             self.current = loop
-            loop.call_soon_threadsafe(lambda: None)   # a turn that does not sleep
-            loop.run_once()
+            turn(loop)
         self.current = None
 
     def settle(self, rounds: int = 4) -> None:
@@ -360,8 +359,7 @@ def test_the_lanes_answers_go_out_with_the_turn_and_before_what_follows(
     # the defensive order: an answer for conn, with a frame queued for it since
     conn.send_frame(b"\x00\x00\x00\x05\x00\x00\x00\x00X")
     loop.answer_direct([(conn, 3, 3)])
-    loop.call_soon_threadsafe(lambda: None)
-    loop.run_once()
+    turn(loop)
     assert _read(client, 39) == OK_FRAME * 3 + b"\x00\x00\x00\x05\x00\x00\x00\x00X"
     client.close()
 

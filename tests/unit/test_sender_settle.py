@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ import pytest
 from pybroker._native import batchio
 from pybroker._native.batchio import C_FROM
 from pybroker.testing import wait_until
-from tests.support.inproc import close_runtime, runtime
+from tests.support.inproc import close_runtime, read_frame, runtime, turn
 
 pytestmark = pytest.mark.skipif(not batchio._SENDER,
                                 reason="the sender thread needs the compiled codec")
@@ -46,8 +46,7 @@ class Loop:
 
     def turns(self, n: int) -> None:
         for _ in range(n):
-            self.loop.call_soon_threadsafe(lambda: None)   # a turn that does not sleep
-            self.loop.run_once()
+            turn(self.loop)
             self.rt.storage.run_pending()
 
     def close(self) -> None:
@@ -62,28 +61,6 @@ def wire(tmp_path: Path) -> Iterator[Loop]:
     w = Loop(tmp_path)
     yield w
     w.close()
-
-
-def read_frame(sock: socket.socket, got: bytearray,
-               on_idle: Callable[[], None]) -> tuple[int, bytes]:
-    """The next frame sock receives; the loop runs turns (``on_idle``) meanwhile."""
-    def whole() -> bool:
-        sock.setblocking(False)
-        try:
-            got.extend(sock.recv(1 << 20))
-        except BlockingIOError:
-            pass
-        finally:
-            sock.setblocking(True)
-        if len(got) < 4 or len(got) < 4 + int.from_bytes(got[:4], "big"):
-            on_idle()
-            return False
-        return True
-    wait_until(whole, timeout_s=5, what="a whole frame")
-    size = int.from_bytes(got[:4], "big")
-    ftype, data = int.from_bytes(got[4:8], "big"), bytes(got[8:4 + size])
-    del got[:4 + size]
-    return ftype, data
 
 
 def test_partial_writes_of_a_job_are_sent_with_nothing_after_the_pass(wire: Loop) -> None:

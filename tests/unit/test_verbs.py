@@ -14,8 +14,7 @@ import pytest
 
 from pybroker.protocol.session import COMMANDS
 from pybroker.server import verbs
-from pybroker.testing import wait_until
-from tests.support.inproc import close_runtime, runtime
+from tests.support.inproc import close_runtime, read_frame, runtime, turn
 
 
 def test_every_verb_of_the_state_table_has_a_row() -> None:
@@ -42,32 +41,16 @@ class Wire:
         self.client, server = socket.socketpair()
         self.client.settimeout(5)
         self.loop.add_connection(server, "test:1")
-        self.got = b""
+        self.got = bytearray()
 
     def send(self, data: bytes) -> None:
         self.client.sendall(data)
-        self.loop.call_soon_threadsafe(lambda: None)   # a turn that does not sleep
-        self.loop.run_once()
+        turn(self.loop)
         self.rt.storage.run_pending()
-        self.loop.call_soon_threadsafe(lambda: None)
-        self.loop.run_once()
+        turn(self.loop)
 
     def frame(self) -> tuple[int, bytes]:
-        def have() -> bool:
-            self.client.setblocking(False)
-            try:
-                self.got += self.client.recv(65536)
-            except BlockingIOError:
-                pass
-            finally:
-                self.client.setblocking(True)
-            return len(self.got) >= 4 and len(self.got) >= 4 + int.from_bytes(self.got[:4],
-                                                                              "big")
-        wait_until(have, timeout_s=5, what="a frame from the broker")
-        size = int.from_bytes(self.got[:4], "big")
-        ftype, data = int.from_bytes(self.got[4:8], "big"), self.got[8:4 + size]
-        self.got = self.got[4 + size:]
-        return ftype, data
+        return read_frame(self.client, self.got)
 
     def close(self) -> None:
         self.client.close()
