@@ -4,33 +4,23 @@ bench against a real etcd, a single node and a three-node cluster prints its tab
 timing assertions: the figures depend on the machine."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from pybroker.bench.brokers import BrokerProcess
 from pybroker.config import split_hostport
-from tests.support.broker import project_root
+from tests.support.broker import loadtest_module, project_root
 from tests.support.programs import require_program
 
 pytestmark = pytest.mark.timeout(150)
 
 BENCH = project_root() / "loadtest" / "bench_replication.py"
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_replication", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _topic_bytes(data_path: str) -> int:
@@ -40,7 +30,7 @@ def _topic_bytes(data_path: str) -> int:
 
 
 def test_a_runs_topic_is_deleted_and_its_files_go() -> None:
-    bench = _bench()
+    bench = loadtest_module("bench_replication")
     b = BrokerProcess("pybroker", []).start()
     try:
         bench._post(b, "/topic/create?topic=run1")

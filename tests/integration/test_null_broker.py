@@ -3,32 +3,24 @@ speak enough of the V2 protocol for nsq's bench programs and rdy_reader, or its 
 mean nothing. Real sockets against the compiled program; no timing assertions."""
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import socket
 import struct
 import subprocess
-import sys
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.support.broker import project_root
+from tests.support.broker import loadtest_module
 
 pytestmark = [pytest.mark.timeout(60),
               pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc)")]
 
 
 def bench_io() -> ModuleType:
-    path = project_root() / "loadtest" / "bench_io.py"
-    spec = importlib.util.spec_from_file_location("bench_io_under_test", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return loadtest_module("bench_io")
 
 
 def read_frame(sock: socket.socket) -> tuple[int, bytes]:

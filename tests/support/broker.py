@@ -6,9 +6,12 @@ reports the addresses it bound in a log line, as nsqd does ("TCP: listening on
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 from pybroker.testing import LISTEN_RE, find_nsqd, split_addr, wait_until
 from pybroker.testing import BrokerProcess as _PluginBrokerProcess
@@ -49,3 +52,15 @@ def unique_name(prefix: str = "t") -> str:
 
 def project_root() -> Path:
     return Path(__file__).resolve().parents[2]
+
+
+def loadtest_module(name: str) -> ModuleType:
+    """loadtest/<name>.py imported (the folder is not a package), as module
+    ``<name>_under_test``."""
+    path = project_root() / "loadtest" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
