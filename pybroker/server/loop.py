@@ -96,7 +96,7 @@ class EventLoop(SelectorLoop):
         # a dispatch pass's writes on a thread of their own (deliver); the job posted:
         # (its connections, their bytes, their lengths), until settle_sends. It spins
         # between jobs only when the loop does (loop_spin)
-        self.sender = Sender(SENDER_SPIN_NS if self.options.loop_spin else 0)
+        self.sender = Sender(SENDER_SPIN_NS if self.spin_ns else 0)
         self._job: tuple[list[Conn], bytes | bytearray, list[int]] | None = None
         self._turn = 0           # _flush_all's count: a job lives into one turn at most
         self._job_turn = 0       # the turn the job was posted in
