@@ -22,10 +22,13 @@ from pybroker.cluster.forward import ForwardError, Forwarders
 from pybroker.cluster.ports import Done, IsrAsker, Registration, ReplicaStats
 from pybroker.cluster.replica import LEADER, NotLeader, Replica
 from pybroker.cluster.rules import LeaseClock
+from pybroker.cluster.syncs import FollowerSyncs
 from pybroker.protocol.names import is_ephemeral
 from pybroker.server.services import owner_loop
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pybroker.cluster.coordinator import Coordinator
     from pybroker.cluster.fetcher import Fetchers
     from pybroker.cluster.nodeport import NodeSummary
@@ -56,6 +59,7 @@ class ClusterNode:
         self.lag_ns = ttl_ns
         self.ship_ns = 200_000_000
         self.durable = o.durability == "fsync"
+        self.syncs = FollowerSyncs()     # where a follower's fsyncs run (fsync mode)
         self.replicas: dict[str, Replica] = {}
         # the topics read from the data path (built after they are, before clients come)
         self.restored: dict[str, Topic] = {t.name: t for t in runtime.broker.all_topics()}
@@ -238,6 +242,30 @@ class ClusterNode:
         if self.server is not None:
             self.server.notify(name)
 
+    def sync_follower(self, topic: Topic, done: Callable[[], None]) -> bool:
+        """On topic's owner loop, in fsync mode: a follower appended records to topic.
+        fsync them here and say True when this loop serves nobody but replication and
+        the node's fsyncs are fast (pybroker.cluster.syncs); else hand the fsync to the
+        storage thread, which calls done() (False)."""
+        storage = self.runtime.storage
+        syncs = self.syncs
+        clock = syncs.clock
+        loop = owner_loop(topic.owner)
+        if syncs.inline_on() and not loop.connections \
+                and not (self.server is not None and self.server.serves(loop)):
+            t0 = clock()
+            storage.sync_now(topic)
+            syncs.took_inline(clock() - t0)
+            return True
+        t0 = clock()
+
+        def synced(_topics: list[Topic]) -> None:       # (the storage thread)
+            syncs.took_handed(clock() - t0)
+            done()
+
+        storage.sync_topics([topic], synced)
+        return False
+
     def assign_fetchers(self, by_leader: dict[int, list[Replica]],
                         addresses: dict[int, str]) -> None:
         if self.fetchers is not None:
@@ -251,7 +279,8 @@ class ClusterNode:
     def summary(self) -> NodeSummary:
         return {"node_id": self.id, "lease_valid": self.lease.valid(time.monotonic_ns()),
                 "live_nodes": sorted(self.live),
-                "replication_address": self.server.address if self.server else ""}
+                "replication_address": self.server.address if self.server else "",
+                "follower_syncs": self.syncs.counts()}
 
 
 __all__ = ["ClusterNode"]

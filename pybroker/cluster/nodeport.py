@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from pybroker.cluster.ports import Registration, ReplicaHost, ReplicaStats
+from pybroker.cluster.syncs import SyncCounts
 
 if TYPE_CHECKING:
     from pybroker.cluster.replica import Replica
@@ -24,6 +25,7 @@ class NodeSummary(TypedDict):
     lease_valid: bool
     live_nodes: list[int]
     replication_address: str
+    follower_syncs: SyncCounts        # where its follower fsyncs ran (fsync mode)
 
 
 class NodePort(ReplicaHost, Protocol):

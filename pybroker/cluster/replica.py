@@ -322,7 +322,6 @@ class Replica:
         paused flag and its released offset when paused): the leader's newest channel
         states, when newer than the ones held."""
         topic = self.topic
-        rt = self.node.runtime
         try:
             if chans is not None:
                 # the leader's snapshots (ChannelState documents), checked where read
@@ -349,9 +348,8 @@ class Replica:
                 if self.history.entries != before:
                     self.node.save_history(self.name, self.inc, self.history.to_list())
             self.hw = max(self.hw, min(hw, end))
-            if blob and self.node.durable:
-                rt.storage.sync_topics([topic], lambda _t: done())
-                return
+            if blob and self.node.durable and not self.node.sync_follower(topic, done):
+                return       # done() once the storage thread has synced
         except Exception as e:
             log.error("CLUSTER: %s: records from the leader not appended: %s", self.name, e)
             self.truncated_for = 0

@@ -121,6 +121,11 @@ class ReplicationServer(SelectorLoop):
         self.lsock.close()
         self.close()
 
+    def serves(self, loop: EventLoop) -> bool:
+        """Does a follower's connection live on loop now (any thread)?"""
+        with self.lock:
+            return any(c.loop is loop for c in self.conns)
+
     def adopt(self, c: FollowerConn) -> None:
         """On c's loop: serve it there."""
         c.loop.selector.register(c.sock, selectors.EVENT_READ, c)

@@ -4,7 +4,8 @@ Layout (docs/storage.md): ``nsqd.dat`` (nsqd's metadata schema: topics, channels
 flags), ``topics/<topic>/`` (one TopicLog per topic), ``state/<topic>.json`` (the saved
 cursors and pending offsets of the topic's channels).
 
-Ownership: the ``storage`` thread owns every fsync, metadata save, channel-state save and
+Ownership: the ``storage`` thread owns every fsync (but a replicated topic's follower
+may sync on its loop: ``sync_now``, pybroker.cluster.syncs), metadata save, channel-state save and
 segment deletion. The topics' owner loops append and write (their Publishers: ``write()``
 hands records to the kernel) and post the rest here: ``sync_topics`` (group commit for
 fsync durability: one fsync per topic per pass, the completion posted back to the
@@ -225,6 +226,11 @@ class StorageManager:
         durable, ``durable_epoch``, and which a failed fsync lost, ``lost_by``). Requests
         that queue up meanwhile share the next round of fsyncs (group commit)."""
         self._requests.put(_Sync(topics, done))
+
+    def sync_now(self, t: Topic) -> bool:
+        """fsync t's log on the calling thread, as the storage thread would (a
+        follower's loop, when pybroker.cluster.syncs allows it); False if it failed."""
+        return self._sync_log(t)
 
     def save_metadata(self) -> None:
         """Ask for nsqd.dat to be written (coalesced; any thread)."""

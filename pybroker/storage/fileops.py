@@ -9,7 +9,9 @@ every failure path of the publish path without filling a disk:
 - ``ENOSPC``, ``EDQUOT``, ``EFBIG``, ``EIO``, ``EROFS``: the call raises that OSError;
 - ``short`` (pwrite only): half the bytes (at least one) are written and the count is
   returned, as a write that ran into a full disk does;
-- ``zero`` (pwrite only): nothing is written and 0 is returned.
+- ``zero`` (pwrite only): nothing is written and 0 is returned;
+- ``slow`` (fsync only): the call waits ``ms=N`` milliseconds (at most MAX_SLOW_MS),
+  then syncs, as a disk that turns slow does; nothing fails.
 
 A rule matches calls of one operation, optionally only on files whose path contains a
 string, optionally only while a file exists; of the calls it matches, it fails the
@@ -23,6 +25,7 @@ variable ``PYBROKER_FAULTS`` holds rules separated by ``;``, each a list of
 
     PYBROKER_FAULTS="op=pwrite kind=ENOSPC while=/tmp/t/full path=/topics/orders"
     PYBROKER_FAULTS="op=fsync kind=EIO nth=3 count=2; op=pwrite kind=short nth=1"
+    PYBROKER_FAULTS="op=fsync kind=slow ms=50 count=0 while=/tmp/t/slow"
 
 This is a test facility: a broker with a plan armed says so in its log at start-up.
 Budgets: a plan holds at most ``MAX_RULES`` rules; ``while=`` costs one ``stat`` per
@@ -33,13 +36,15 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 ENV = "PYBROKER_FAULTS"
 OPS = ("open", "pwrite", "fsync", "ftruncate")
 KINDS = {"ENOSPC": errno.ENOSPC, "EDQUOT": errno.EDQUOT, "EFBIG": errno.EFBIG,
-         "EIO": errno.EIO, "EROFS": errno.EROFS, "short": 0, "zero": 0}
+         "EIO": errno.EIO, "EROFS": errno.EROFS, "short": 0, "zero": 0, "slow": 0}
 MAX_RULES = 32
+MAX_SLOW_MS = 10_000
 
 
 class FileOps:
@@ -81,6 +86,7 @@ class Fault:
     count: int = 1
     path: str = ""
     while_exists: str = ""
+    ms: int = 0                                     # kind slow: the wait
     seen: int = field(default=0, compare=False)     # matching calls so far
     fired: int = field(default=0, compare=False)    # calls failed so far
 
@@ -91,8 +97,12 @@ class Fault:
             raise FaultPlanError(f"kind {self.kind!r}: not one of {', '.join(KINDS)}")
         if self.kind in ("short", "zero") and self.op != "pwrite":
             raise FaultPlanError(f"kind {self.kind!r} applies to pwrite only")
+        if self.kind == "slow" and self.op != "fsync":
+            raise FaultPlanError("kind 'slow' applies to fsync only")
         if self.nth < 1 or self.count < 0:
             raise FaultPlanError("nth must be >= 1 and count >= 0")
+        if not 0 <= self.ms <= MAX_SLOW_MS:
+            raise FaultPlanError(f"ms must be between 0 and {MAX_SLOW_MS}")
 
     def hit(self, path: str) -> bool:
         """Whether this call (on path) fails; counts it when it matches."""
@@ -108,24 +118,26 @@ class Fault:
 
 
 def parse_plan(text: str) -> list[Fault]:
-    """Rules from ``op=... kind=... [nth=N] [count=M] [path=S] [while=FILE]; ...``."""
+    """Rules from ``op=... kind=... [nth=N] [count=M] [path=S] [while=FILE] [ms=N];
+    ...``."""
     faults = []
     for rule in filter(None, (r.strip() for r in text.split(";"))):
         words: dict[str, str] = {}
         for word in rule.split():
             key, eq, value = word.partition("=")
-            if not eq or key not in ("op", "kind", "nth", "count", "path", "while"):
-                raise FaultPlanError(f"{word!r}: expected op=, kind=, nth=, count=, path= "
-                                     f"or while=")
+            if not eq or key not in ("op", "kind", "nth", "count", "path", "while", "ms"):
+                raise FaultPlanError(f"{word!r}: expected op=, kind=, nth=, count=, path=, "
+                                     f"while= or ms=")
             words[key] = value
         if "op" not in words or "kind" not in words:
             raise FaultPlanError(f"{rule!r}: op= and kind= are required")
         try:
             nth, count = int(words.get("nth", "1")), int(words.get("count", "1"))
+            ms = int(words.get("ms", "0"))
         except ValueError:
-            raise FaultPlanError(f"{rule!r}: nth and count are integers") from None
+            raise FaultPlanError(f"{rule!r}: nth, count and ms are integers") from None
         faults.append(Fault(words["op"], words["kind"], nth, count, words.get("path", ""),
-                            words.get("while", "")))
+                            words.get("while", ""), ms))
         if len(faults) > MAX_RULES:
             raise FaultPlanError(f"more than {MAX_RULES} rules")
     return faults
@@ -149,19 +161,24 @@ class FaultyFileOps(FileOps):
         return "; ".join(f"{f.op} {f.kind} nth={f.nth} count={f.count}"
                          + (f" path={f.path}" if f.path else "")
                          + (f" while={f.while_exists}" if f.while_exists else "")
+                         + (f" ms={f.ms}" if f.kind == "slow" else "")
                          for f in self.faults)
 
     def _check(self, op: str, fd: int | None = None, path: str | None = None) -> str | None:
-        """The fault kind this call gets, or None."""
+        """The fault kind this call gets, or None (a ``slow`` rule's wait is served
+        here, outside the lock, and the call then goes on as if unmatched)."""
         with self._lock:
             where = path if path is not None else self._paths.get(fd or -1, "")
             if self.record:
                 self.calls.append((op, where))
-            kind = None
+            rule = None
             for f in self.faults:       # every rule counts the calls it matches
-                if f.op == op and f.hit(where) and kind is None:
-                    kind = f.kind
-        return kind
+                if f.op == op and f.hit(where) and rule is None:
+                    rule = f
+        if rule is not None and rule.kind == "slow":
+            time.sleep(rule.ms / 1000)
+            return None
+        return rule.kind if rule is not None else None
 
     @staticmethod
     def _raise(kind: str, op: str) -> None:

@@ -12,16 +12,18 @@ import subprocess
 import sys
 import time
 import urllib.request
-from typing import Callable, Iterator
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import pytest
 
+from pybroker.cluster.syncs import RESUME_AFTER, SLOW_NS
 from pybroker.cluster.wire import encode
 from pybroker.testing import wait_until
 from tests.support.http import http_json
 from tests.support.nsqtools import start_nsqlookupd
 from tests.support.cluster import Cluster, Consumers, Publishers, _Conn
-from tests.support.wire import FRAME_ERROR, FRAME_RESPONSE, dpub, mpub, pub, sub
+from tests.support.wire import FRAME_ERROR, FRAME_RESPONSE, dpub, identify, mpub, pub, sub
 
 pytestmark = pytest.mark.timeout(120)
 TOPIC = "orders"
@@ -761,3 +763,89 @@ def test_a_publish_right_after_a_delete_goes_to_the_new_topic(cluster: Cluster) 
     wait_until(lambda: all((c.replication(i, TOPIC) or {}).get("log_end") == 1
                            for i in c.nodes), 10, 0.05, what="every node to hold it")
     _consumes_only(c, b"fresh")
+
+
+def test_followers_sync_on_their_loops_only_while_that_holds_nobody(tmp_path: Path) -> None:
+    """fsync mode (pybroker.cluster.syncs): a follower whose loop serves only
+    replication fsyncs there; a client on that loop sends its fsyncs to the storage
+    thread; a disk that turns slow (the fault plan's ``slow`` fsyncs, over SLOW_NS)
+    holds a loop once, then the storage thread syncs until RESUME_AFTER fsyncs in a row
+    were fast. Every acknowledged message is on every node throughout. (A real fsync
+    over SLOW_NS on a busy machine turns inline syncing off too: the phases that need
+    it on publish until it is.)"""
+    flag = tmp_path / "slow"
+    ms = 3 * SLOW_NS // 1_000_000
+    c = Cluster(3, extra=["--durability=fsync"], env={
+        "PYBROKER_FAULTS": f"op=fsync kind=slow ms={ms} count=0 while={flag}"})
+    try:
+        lead = _create(c)
+        followers = [i for i in c.nodes if i != lead]
+        sent = 1
+
+        def publish(n: int) -> None:
+            nonlocal sent
+            for _ in range(n):
+                assert c.http_pub(lead, TOPIC, f"m{sent}".encode()) == (200, b"OK")
+                sent += 1
+
+        def syncs(i: int) -> dict[str, Any]:
+            return dict(c.summary(i)["follower_syncs"])
+
+        def all_have_them() -> bool:
+            return all((c.replication(i, TOPIC) or {}).get("log_end") == sent
+                       for i in c.nodes)
+
+        def publish_until_inline(most: int) -> None:
+            for _ in range(most):
+                if all(syncs(i)["inline_on"] for i in followers):
+                    return
+                publish(1)
+            raise AssertionError(f"inline syncing still off after {most} publishes: "
+                                 f"{[syncs(i) for i in followers]}")
+
+        publish(20)
+        wait_until(all_have_them, 15, 0.05, what="every node to hold every message")
+        for i in followers:
+            s = syncs(i)
+            assert s["inline"] >= 1 and s["inline"] + s["handed"] >= 21, s
+
+        # a client on a follower's loop: that follower hands its fsyncs over
+        f = followers[0]
+        client = _Conn(c.nodes[f].tcp_address)     # type: ignore[arg-type]
+        try:
+            client.sock.sendall(identify())       # answered: the loop holds it now
+            assert client.frames(5) == [(FRAME_RESPONSE, b"OK")]
+            before = syncs(f)
+            publish(10)
+            wait_until(all_have_them, 15, 0.05, what="every node to hold every message")
+            after = syncs(f)
+            assert after["inline"] == before["inline"], (before, after)
+            assert after["handed"] >= before["handed"] + 10, (before, after)
+        finally:
+            client.close()
+
+        # the disk turns slow: one inline fsync is slow, then the storage thread syncs
+        publish_until_inline(4 * RESUME_AFTER)
+        wait_until(all_have_them, 15, 0.05, what="every node to hold every message")
+        held = {i: syncs(i) for i in followers}
+        flag.touch()
+        publish(8)
+        wait_until(all_have_them, 30, 0.05, what="every node to hold every message")
+        for i in followers:
+            s = syncs(i)
+            assert s["slow"] == held[i]["slow"] + 1 and not s["inline_on"], (held[i], s)
+            assert s["inline"] == held[i]["inline"] + 1, (held[i], s)
+            assert s["handed"] >= held[i]["handed"] + 7, (held[i], s)
+
+        # fast again: RESUME_AFTER fast handed fsyncs in a row turn inline syncing on
+        flag.unlink()
+        publish(RESUME_AFTER)
+        publish_until_inline(4 * RESUME_AFTER)
+        publish(5)
+        wait_until(all_have_them, 30, 0.05, what="every node to hold every message")
+        for i in followers:
+            s = syncs(i)
+            assert s["inline"] > held[i]["inline"] + 1, (held[i], s)
+    finally:
+        problems = c.close()
+    assert not problems, "\n".join(problems)

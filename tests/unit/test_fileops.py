@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,10 @@ def test_parse_plan() -> None:
     ("op=pwrite kind=EIO nth=0", "nth must be >= 1"),
     ("op=pwrite kind=EIO when=/x", "'when=/x'"),
     ("op=pwrite kind=EIO junk", "'junk'"),
+    ("op=pwrite kind=slow ms=5", "fsync only"),
+    ("op=fsync kind=slow ms=-1", "ms must be between"),
+    ("op=fsync kind=slow ms=10001", "ms must be between"),
+    ("op=fsync kind=slow ms=x", "integers"),
     (";".join(["op=fsync kind=EIO"] * 33), "more than 32"),
 ])
 def test_bad_plans_say_why(text: str, why: str) -> None:
@@ -120,3 +125,27 @@ def test_fsync_ftruncate_open(tmp_path: Path) -> None:
     assert (e1.value.errno, e2.value.errno, e3.value.errno) == (errno.EIO, errno.EIO,
                                                                 errno.EROFS)
     assert not (tmp_path / "nope").exists()
+
+
+def test_a_slow_fsync_waits_then_syncs(tmp_path: Path) -> None:
+    """kind=slow: the matched fsync calls take ms longer and work; the others do not
+    wait; nothing raises."""
+    flag = tmp_path / "slow"
+    ops = FaultyFileOps(parse_plan(f"op=fsync kind=slow ms=40 count=0 while={flag}"),
+                        record=True)
+    assert ops.describe() == f"fsync slow nth=1 count=0 while={flag} ms=40"
+    fd = ops.open(str(tmp_path / "f"), os.O_WRONLY | os.O_CREAT)
+    try:
+        def timed() -> float:
+            t0 = time.monotonic()
+            ops.fsync(fd)
+            return time.monotonic() - t0
+
+        assert timed() < 0.03          # no flag: not matched
+        flag.touch()
+        assert [timed() >= 0.04 for _ in range(2)] == [True, True]
+        flag.unlink()
+        assert timed() < 0.03
+    finally:
+        ops.close(fd)
+    assert [op for op, _ in ops.calls] == ["open"] + ["fsync"] * 4
