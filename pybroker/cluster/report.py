@@ -3,8 +3,9 @@
 /stats: each replicated topic gets a ``replication`` object (role, leader, epoch,
 in-sync set ``isr``, ``high_watermark``, and on the leader ``lag`` per follower in
 messages and bytes); the document gets ``cluster`` (this node's id, whether its lease
-is valid, the live nodes). /metrics: ``nsq_cluster_*`` families. Read on the HTTP
-thread from the replicas' fields (each written by one owner; a racy but safe read).
+is valid, the live nodes, where its follower fsyncs ran). /metrics: ``nsq_cluster_*``
+families. Read on the HTTP thread from the replicas' fields (each written by one
+owner; a racy but safe read).
 """
 from __future__ import annotations
 
@@ -58,9 +59,23 @@ def metrics_text(node: NodePort) -> bytes:
             for follower, lag in sorted(s.get("lag", {}).items()):
                 lines.append(f'nsq_cluster_replica_lag_{unit}{{topic="{name}",'
                              f'follower="{follower}"}} {lag[unit]}')
+    summary = node.summary()
     lines += ["# HELP nsq_cluster_lease_valid 1 while this node's etcd lease is valid "
               "by its own clock.", "# TYPE nsq_cluster_lease_valid gauge",
-              f"nsq_cluster_lease_valid {int(node.summary()['lease_valid'])}"]
+              f"nsq_cluster_lease_valid {int(summary['lease_valid'])}"]
+    syncs = summary["follower_syncs"]
+    lines += ["# HELP nsq_cluster_follower_syncs_total A follower's fsyncs (fsync mode), "
+              "by where they ran: its loop (inline) or the storage thread (handed).",
+              "# TYPE nsq_cluster_follower_syncs_total counter",
+              f'nsq_cluster_follower_syncs_total{{where="inline"}} {syncs["inline"]}',
+              f'nsq_cluster_follower_syncs_total{{where="handed"}} {syncs["handed"]}',
+              "# HELP nsq_cluster_follower_slow_syncs_total Inline fsyncs over 20 ms (each "
+              "sent the next ones to the storage thread).",
+              "# TYPE nsq_cluster_follower_slow_syncs_total counter",
+              f"nsq_cluster_follower_slow_syncs_total {syncs['slow']}",
+              "# HELP nsq_cluster_follower_inline_syncs 1 while a follower's next fsync may "
+              "run on its loop.", "# TYPE nsq_cluster_follower_inline_syncs gauge",
+              f"nsq_cluster_follower_inline_syncs {int(syncs['inline_on'])}"]
     return ("\n".join(lines) + "\n").encode()
 
 

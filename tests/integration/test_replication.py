@@ -846,6 +846,12 @@ def test_followers_sync_on_their_loops_only_while_that_holds_nobody(tmp_path: Pa
         for i in followers:
             s = syncs(i)
             assert s["inline"] > held[i]["inline"] + 1, (held[i], s)
+            with urllib.request.urlopen(f"{c.nodes[i].http_url}/metrics", timeout=5) as r:
+                text = r.read().decode()
+            assert "nsq_cluster_follower_slow_syncs_total 1\n" in text, text
+            for where in ("inline", "handed"):
+                line = f'nsq_cluster_follower_syncs_total{{where="{where}"}} '
+                assert int(text.split(line, 1)[1].split()[0]) >= s[where], text
     finally:
         problems = c.close()
     assert not problems, "\n".join(problems)
