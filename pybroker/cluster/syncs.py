@@ -17,9 +17,9 @@ So a follower's loop syncs itself only while that wait harms nobody and stays sh
   inline syncing off, and the storage thread syncs until RESUME_AFTER of its fsyncs in
   a row took SLOW_NS or less (measured from the hand-over to the completion).
 
-Budget: a loop is held by one slow fsync at most (a disk that turns slow without
-warning), then not again until the disk has been fast for RESUME_AFTER syncs; a disk
-that stays slow never holds a loop again. Thread-safe (the loops record inline syncs,
+Budget: each loop is held by one slow fsync at most (a disk that turns slow without
+warning: loops syncing at that moment each meet one), then not again until the disk
+has been fast for RESUME_AFTER syncs; a disk that stays slow never holds a loop again. Thread-safe (the loops record inline syncs,
 the storage thread handed ones): one lock, held for a few comparisons.
 """
 from __future__ import annotations
