@@ -22,6 +22,7 @@ from pybroker.cluster.rules import EpochHistory, LeaderState, Waiter
 from pybroker.errors import ChannelNotFound, TopicNotFound
 from pybroker.protocol.deadletter import dead_letter_settings
 from pybroker.server.services import owner_loop
+from pybroker.storage import StorageError
 from pybroker.storage.topiclog import RecordBatch
 
 if TYPE_CHECKING:
@@ -63,6 +64,9 @@ class Replica:
         self.local_end = 0             # leader: offsets below are written (and synced)
         self.hw = 0                    # the high watermark (a follower: as last heard)
         self.truncated_for = 0         # follower: the epoch whose divergence was cut
+        # follower: its records from here on were appended but their fsync failed and
+        # the cut after it too: not fetched (nor acknowledged) until cut (``_synced``)
+        self.unsynced_from: int | None = None
         self.isr: list[int] = []
         self.isr_asked = False         # an ISR change is with the coordinator
         # channel states: a leader's newest snapshots (name -> state, taken on each
@@ -254,6 +258,12 @@ class Replica:
     def tick(self) -> None:
         """Every tick (the node's timer on this loop): lease expiry, lagging followers,
         channel snapshots to ship."""
+        if self.unsynced_from is not None:
+            try:
+                self._cut(self.unsynced_from)     # (a cut that failed at its fsync)
+            except (StorageError, ValueError) as e:
+                log.error("CLUSTER: %s: cutting the unsynced records from %d failed "
+                          "again: %s", self.name, self.unsynced_from, e)
         if self.role != LEADER:
             return
         now = time.monotonic_ns()
@@ -293,26 +303,38 @@ class Replica:
             owner_loop(topic.owner).call_later(1_000_000, self.truncate, offset, done)
             return
         try:
-            with topic.lock:
-                if topic.deleted:
-                    # this incarnation was deleted meanwhile (its files are going):
-                    # nothing to cut; the fetcher is told at its next assignment
-                    return
-                before = topic.log.written
-                end = topic.log.truncate(offset)
-                topic.released = min(topic.released, end)
-                for off in list(topic.dpubs.irange(end, None)):
-                    del topic.dpubs[off]
+            before = topic.log.written
+            end = self._cut(offset)
             if end < before:
                 log.warning("CLUSTER: %s: log cut from %d back to %d (records the new "
                             "leader does not have)", self.name, before, end)
-            self.history.truncate(end)
-            self.hw = min(self.hw, end)
             self.truncated_for = self.epoch
         except Exception:
             log.exception("CLUSTER: %s: truncating to %d failed", self.name, offset)
         finally:
             done()
+
+    def _cut(self, offset: int) -> int:
+        """Cut the log back so that ``offset`` is the next offset written (this
+        replica's loop); the new end. Raises StorageError on a file error, ValueError
+        while records are pending (a refused publish's, written at the turn's end)."""
+        topic = self.topic
+        if getattr(topic.log, "head", topic.log.written) != topic.log.written:
+            raise ValueError("records are pending")
+        with topic.lock:
+            if topic.deleted:
+                # this incarnation was deleted meanwhile (its files are going): nothing
+                # to cut; the fetcher is told at its next assignment
+                return topic.log.written
+            end = topic.log.truncate(offset)
+            topic.released = min(topic.released, end)
+            for off in list(topic.dpubs.irange(end, None)):
+                del topic.dpubs[off]
+        self.history.truncate(end)
+        self.hw = min(self.hw, end)
+        if self.unsynced_from is not None and end <= self.unsynced_from:
+            self.unsynced_from = None
+        return end
 
     def apply(self, first: int, blob: bytes, hw: int, history: list[list[int]] | None,
               chans: JsonObj | None, version: int, done: Callable[[], None],
@@ -322,6 +344,7 @@ class Replica:
         paused flag and its released offset when paused): the leader's newest channel
         states, when newer than the ones held."""
         topic = self.topic
+        epoch = 0
         try:
             if chans is not None:
                 # the leader's snapshots (ChannelState documents), checked where read
@@ -340,7 +363,7 @@ class Replica:
                         self._note_dpubs(first, blob, starts, deferred)
                     topic.message_count += len(starts)
                     topic.message_bytes += len(blob)
-                topic.write()
+                epoch = topic.write()[0]
             end = topic.log.written
             if history is not None:     # sent when it changed (or this node's differs)
                 before = list(self.history.entries)
@@ -348,12 +371,42 @@ class Replica:
                 if self.history.entries != before:
                     self.node.save_history(self.name, self.inc, self.history.to_list())
             self.hw = max(self.hw, min(hw, end))
-            if blob and self.node.durable and not self.node.sync_follower(topic, done):
-                return       # done() once the storage thread has synced
+            if blob and self.node.durable:
+                owner = owner_loop(topic.owner)
+
+                def handed() -> None:           # (the storage thread) back to the loop
+                    owner.call_soon_threadsafe(self._synced, first, epoch, done)
+
+                if self.node.sync_follower(topic, handed):
+                    self._synced(first, epoch, done)      # synced here, now
+                return
         except Exception as e:
             log.error("CLUSTER: %s: records from the leader not appended: %s", self.name, e)
             self.truncated_for = 0
         done()
+
+    def _synced(self, first: int, epoch: int, done: Callable[[], None]) -> None:
+        """The fsync of the records appended from ``first`` on (the write of ``epoch``)
+        is over (this replica's loop). If it failed they are not held here: a follower
+        acknowledges only what it synced (its next fetch names its log's end), so they
+        are cut, to be fetched again. Should the cut fail too, nothing of this topic is
+        fetched (so nothing more acknowledged: its leader drops it from the in-sync set)
+        until a tick cuts them (``unsynced_from``)."""
+        try:
+            err = self.topic.log.lost_by(epoch)
+            if err is not None:
+                log.error("CLUSTER: %s: records from %d not synced (%s): cut, to be "
+                          "fetched again", self.name, first, err)
+                self.unsynced_from = first
+                self._cut(first)
+        except (StorageError, ValueError) as e:
+            log.error("CLUSTER: %s: cutting the unsynced records from %d failed (not "
+                      "fetched until a tick cuts them): %s", self.name, first, e)
+        except Exception:
+            log.exception("CLUSTER: %s: cutting the unsynced records from %d failed "
+                          "(not fetched until a tick cuts them)", self.name, first)
+        finally:
+            done()
 
     def _follow_floor(self, chans: dict[str, ChannelState]) -> None:
         """Retention on a follower (which has no channels of its own) follows the

@@ -855,3 +855,47 @@ def test_followers_sync_on_their_loops_only_while_that_holds_nobody(tmp_path: Pa
     finally:
         problems = c.close()
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("cut_fails", [False, True])
+def test_a_follower_whose_fsync_fails_does_not_acknowledge(tmp_path: Path,
+                                                           cut_fails: bool) -> None:
+    """fsync mode: a follower's fsync fails (EIO from the fault plan, while its flag
+    exists). It must not count as holding what it could not sync: it cuts those records
+    and asks for them again (``cut_fails``: the cut fails too, and it fetches nothing of
+    the topic until a tick's cut works), so the leader sees it behind, drops it from
+    the in-sync set, and acknowledges with the others; once its disk works it catches
+    up and rejoins. Every acknowledged message is on every node at the end."""
+    flags = {i: tmp_path / f"eio{i}" for i in (1, 2, 3)}
+    plans = {i: f"op=fsync kind=EIO count=0 while={flag}" for i, flag in flags.items()}
+    if cut_fails:
+        plans = {i: f"{p}; op=ftruncate kind=EIO count=0 while={flags[i]}"
+                 for i, p in plans.items()}
+    c = Cluster(3, extra=["--durability=fsync"], node_env={
+        i: {"PYBROKER_FAULTS": plan} for i, plan in plans.items()})
+    try:
+        lead = _create(c)
+        f, other = [i for i in c.nodes if i != lead]
+        flags[f].touch()
+        acked = 1
+        for k in range(5):
+            assert c.http_pub(lead, TOPIC, f"m{k}".encode()) == (200, b"OK")
+            acked += 1
+        # f holds none of them synced: never counted as holding them, so it left the
+        # in-sync set (the publishes waited for that), while the other follower has all
+        r = c.replication(lead, TOPIC)
+        assert r is not None and f not in r["isr"] and other in r["isr"], r
+        assert r["lag"][str(f)]["messages"] >= 5, r
+        assert (c.replication(other, TOPIC) or {}).get("log_end") == acked
+        said = c.nodes[f].stderr_text()
+        assert "not synced" in said and (
+            "cutting the unsynced records" in said) == cut_fails, said[-3000:]
+        flags[f].unlink()
+        wait_until(lambda: c.settled(TOPIC, 3) == lead, 20, 0.05,
+                   what="the follower to catch up and rejoin once its fsyncs work")
+        wait_until(lambda: all((c.replication(i, TOPIC) or {}).get("log_end") == acked
+                               for i in c.nodes), 10, 0.05,
+                   what="every node to hold every acknowledged message")
+    finally:
+        problems = c.close()
+    assert not problems, "\n".join(problems)

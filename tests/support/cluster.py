@@ -28,7 +28,9 @@ LEASE = "3s"
 
 class Cluster:
     def __init__(self, n: int = 3, factor: int = 3, min_insync: int = 2,
-                 extra: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+                 extra: list[str] | None = None, env: dict[str, str] | None = None,
+                 node_env: dict[int, dict[str, str]] | None = None) -> None:
+        """``env``: for every node; ``node_env``: more for node i (its own fault plan)."""
         self.etcd = EtcdProcess().start()
         self.nodes: dict[int, BrokerProcess] = {}
         for i in range(1, n + 1):
@@ -36,7 +38,7 @@ class Cluster:
                 f"--node-id={i}", f"--cluster-etcd={self.etcd.url}",
                 "--cluster-address=127.0.0.1:0", f"--replication-factor={factor}",
                 f"--min-insync-replicas={min_insync}", f"--cluster-lease-ttl={LEASE}",
-                *(extra or [])], env=env)
+                *(extra or [])], env={**(env or {}), **(node_env or {}).get(i, {})} or None)
         try:
             for b in self.nodes.values():
                 b.start()

@@ -50,6 +50,7 @@ class _Replica:
         self.leader = LEADER
         self.epoch = 1
         self.truncated_for = 1
+        self.unsynced_from: int | None = None     # (set: the fetcher skips it)
         self.chan_from_leader = 0
         self.hw = 0
         self.history = EpochHistory([(1, 0)])
@@ -285,6 +286,34 @@ def test_a_round_names_at_most_max_topics_and_every_topic_in_turn(
                  for r in leader.requests[:6]]
         assert all(len(a) == 2 for a in asked)
         assert {n for a in asked for n in a} == {"a", "b", "c"}
+    finally:
+        _stop(loop, f)
+        leader.close()
+
+
+def test_a_topic_whose_unsynced_records_could_not_be_cut_is_not_fetched(
+        loop: SelectorLoop) -> None:
+    """A follower whose fsync failed and whose cut after it failed too holds records it
+    may not acknowledge (``Replica.unsynced_from``): no fetch names that topic (so no
+    fetch acknowledges them) until they are cut; the others go on."""
+    def answer(conn: socket.socket, head: dict[str, object], i: int) -> None:
+        names = [t["name"] for t in head["topics"]]  # type: ignore[attr-defined]
+        conn.sendall(b"".join(encode({"topics": [{"name": n, "hw": 0} for n in names]})))
+
+    leader = _Leader(answer)
+    a, b = _Replica("a"), _Replica("b")
+    b.unsynced_from = 0
+    f = Fetcher(_Node(), loop, LEADER)  # type: ignore[arg-type]
+    loop.call_soon_threadsafe(f.assign, [a, b], leader.address)  # type: ignore[arg-type]
+    try:
+        wait_until(lambda: len(leader.requests) >= 3, 5, what="three fetches")
+        assert all([t["name"] for t in r["topics"]] == ["a"]  # type: ignore[attr-defined]
+                   for r in leader.requests[:3])
+        n = len(leader.requests)
+        b.unsynced_from = None            # (as a tick's cut does)
+        wait_until(lambda: any(len(r["topics"]) == 2  # type: ignore[arg-type]
+                               for r in leader.requests[n:]), 5,
+                   what="a fetch naming both topics")
     finally:
         _stop(loop, f)
         leader.close()
