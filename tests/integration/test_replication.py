@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -887,6 +888,9 @@ def test_a_follower_whose_fsync_fails_does_not_acknowledge(tmp_path: Path,
         assert r is not None and f not in r["isr"] and other in r["isr"], r
         assert r["lag"][str(f)]["messages"] >= 5, r
         assert (c.replication(other, TOPIC) or {}).get("log_end") == acked
+        with pytest.raises(urllib.error.HTTPError) as ping:
+            urllib.request.urlopen(f"{c.nodes[f].http_url}/ping", timeout=5)
+        assert ping.value.code == 500 and ping.value.read().startswith(b"NOK")
         said = c.nodes[f].stderr_text()
         assert "not synced" in said and (
             "cutting the unsynced records" in said) == cut_fails, said[-3000:]
