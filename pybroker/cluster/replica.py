@@ -258,7 +258,7 @@ class Replica:
     def tick(self) -> None:
         """Every tick (the node's timer on this loop): lease expiry, lagging followers,
         channel snapshots to ship."""
-        if self.unsynced_from is not None:
+        if self.unsynced_from is not None and self.role == FOLLOWER:
             try:
                 self._cut(self.unsynced_from)     # (a cut that failed at its fsync)
             except (StorageError, ValueError) as e:
@@ -394,7 +394,13 @@ class Replica:
         until a tick cuts them (``unsynced_from``)."""
         try:
             err = self.topic.log.lost_by(epoch)
-            if err is not None:
+            if err is not None and self.role != FOLLOWER:
+                # elected meanwhile: its history starts its epoch at its log's end, so
+                # nothing is cut (no publish waits for these records, and no fetch of
+                # this node acknowledged them)
+                log.error("CLUSTER: %s: records from %d not synced (%s), kept: this "
+                          "node leads now", self.name, first, err)
+            elif err is not None:
                 log.error("CLUSTER: %s: records from %d not synced (%s): cut, to be "
                           "fetched again", self.name, first, err)
                 self.unsynced_from = first
