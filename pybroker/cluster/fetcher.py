@@ -105,8 +105,9 @@ class Fetcher:
     def _following(self) -> list[Replica]:
         """The topics this round asks for: at most MAX_TOPICS, a window that moves on
         each round when there are more."""
+        now = time.monotonic_ns()
         topics = [r for r in self.topics if r.role == FOLLOWER and r.leader == self.leader
-                  and r.unsynced_from is None]
+                  and r.unsynced_from is None and r.append_retry_ns <= now]
         if len(topics) > MAX_TOPICS:
             self.rounds += 1
             at = (self.rounds * MAX_TOPICS) % len(topics)

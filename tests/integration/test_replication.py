@@ -903,3 +903,38 @@ def test_a_follower_whose_fsync_fails_does_not_acknowledge(tmp_path: Path,
     finally:
         problems = c.close()
     assert not problems, "\n".join(problems)
+
+
+def test_a_follower_with_a_full_disk_backs_off_and_rejoins(tmp_path: Path) -> None:
+    """A follower whose appends fail (ENOSPC from the fault plan, while its flag exists)
+    asks for that topic again only after a back-off that doubles (APPEND_RETRY_NS up to
+    APPEND_RETRY_MAX_NS): it neither spins nor floods its log (before: about 6,000 error
+    lines a second). Its leader drops it from the in-sync set and acknowledges with the
+    other follower; once the disk has room it catches up and rejoins."""
+    flags = {i: tmp_path / f"full{i}" for i in (1, 2, 3)}
+    c = Cluster(3, node_env={
+        i: {"PYBROKER_FAULTS": f"op=pwrite kind=ENOSPC count=0 while={flag}"}
+        for i, flag in flags.items()})
+    try:
+        lead = _create(c)
+        f, other = [i for i in c.nodes if i != lead]
+        flags[f].touch()
+        before = c.nodes[f].stderr_text().count("not appended")
+        t0 = time.monotonic()
+        for k in range(5):
+            assert c.http_pub(lead, TOPIC, f"m{k}".encode()) == (200, b"OK")
+        wait_until(lambda: time.monotonic() - t0 >= 4, 6, 0.1, what="four seconds")
+        failures = c.nodes[f].stderr_text().count("not appended") - before
+        # 100 ms doubling: at most about 7 tries in 4-6 s
+        assert 1 <= failures <= 8, failures
+        r = c.replication(lead, TOPIC)
+        assert r is not None and f not in r["isr"] and other in r["isr"], r
+        flags[f].unlink()
+        wait_until(lambda: c.settled(TOPIC, 3) == lead, 20, 0.05,
+                   what="the follower to catch up and rejoin once its disk has room")
+        wait_until(lambda: all((c.replication(i, TOPIC) or {}).get("log_end") == 6
+                               for i in c.nodes), 10, 0.05,
+                   what="every node to hold every acknowledged message")
+    finally:
+        problems = c.close()
+    assert not problems, "\n".join(problems)
