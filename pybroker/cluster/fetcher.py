@@ -107,7 +107,7 @@ class Fetcher:
         each round when there are more."""
         now = time.monotonic_ns()
         topics = [r for r in self.topics if r.role == FOLLOWER and r.leader == self.leader
-                  and r.unsynced_from is None and r.append_retry_ns <= now]
+                  and r.unsynced_from is None and r.retry_ns <= now]
         if len(topics) > MAX_TOPICS:
             self.rounds += 1
             at = (self.rounds * MAX_TOPICS) % len(topics)

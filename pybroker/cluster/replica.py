@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from pybroker.core.topic import Topic
 
 log = logging.getLogger("pybroker")
-APPEND_RETRY_NS = 100_000_000         # a failed append: the topic is asked again after
-APPEND_RETRY_MAX_NS = 5_000_000_000   # this, doubling while it fails, up to this
+RETRY_NS = 100_000_000         # a failed append or cut: the topic is asked again after
+RETRY_MAX_NS = 5_000_000_000   # this, doubling while it fails, up to this
 LEADER, FOLLOWER, NONE = "leader", "follower", "none"
 # versions of a leader's channel states (a follower asks for newer than it holds)
 _versions = itertools.count(1)
@@ -69,9 +69,10 @@ class Replica:
         # follower: its records from here on were appended but their fsync failed and
         # the cut after it too: not fetched (nor acknowledged) until cut (``_synced``)
         self.unsynced_from: int | None = None
-        # follower: appends that failed in a row, and when the fetcher may ask again
-        self.append_failures = 0
-        self.append_retry_ns = 0
+        # follower: appends or cuts that failed in a row, and when the fetcher may ask
+        # for this topic again (``_back_off``)
+        self.failures = 0
+        self.retry_ns = 0
         self.isr: list[int] = []
         self.isr_asked = False         # an ISR change is with the coordinator
         # channel states: a leader's newest snapshots (name -> state, taken on each
@@ -313,9 +314,9 @@ class Replica:
             if end < before:
                 log.warning("CLUSTER: %s: log cut from %d back to %d (records the new "
                             "leader does not have)", self.name, before, end)
-            self.truncated_for = self.epoch
-        except Exception:
-            log.exception("CLUSTER: %s: truncating to %d failed", self.name, offset)
+            self.truncated_for = self.epoch      # (``failures`` ends with an append)
+        except Exception as e:
+            self._back_off(f"cutting the log to {offset} failed", e)
         finally:
             done()
 
@@ -369,7 +370,7 @@ class Replica:
                     topic.message_count += len(starts)
                     topic.message_bytes += len(blob)
                 epoch = topic.write()[0]
-                self.append_failures = 0
+                self.failures = 0
             end = topic.log.written
             if history is not None:     # sent when it changed (or this node's differs)
                 before = list(self.history.entries)
@@ -387,18 +388,21 @@ class Replica:
                     self._synced(first, epoch, done)      # synced here, now
                 return
         except Exception as e:
-            # (a full disk, a cut the leader's answer does not fit): asked again after a
-            # back-off that doubles while it fails, so a follower that cannot append
-            # neither spins nor floods its log; its leader drops it from the in-sync set
-            self.append_failures += 1
-            wait_ns = min(APPEND_RETRY_NS << min(self.append_failures - 1, 16),
-                          APPEND_RETRY_MAX_NS)
-            self.append_retry_ns = time.monotonic_ns() + wait_ns
-            log.error("CLUSTER: %s: records from the leader not appended (failure %d, "
-                      "asked again in %d ms): %s", self.name, self.append_failures,
-                      wait_ns // 1_000_000, e)
-            self.truncated_for = 0
+            self._back_off("records from the leader not appended", e)
         done()
+
+    def _back_off(self, what: str, e: Exception) -> None:
+        """An append or a cut failed (a full disk, a write error, an answer that does
+        not fit the log): the fetcher asks for this topic again after a back-off that
+        doubles while it fails (RETRY_NS up to RETRY_MAX_NS), so a follower that cannot
+        write neither spins nor floods its log; its leader drops it from the in-sync
+        set meanwhile. It begins again with where its log diverges."""
+        self.failures += 1
+        wait_ns = min(RETRY_NS << min(self.failures - 1, 16), RETRY_MAX_NS)
+        self.retry_ns = time.monotonic_ns() + wait_ns
+        self.truncated_for = 0
+        log.error("CLUSTER: %s: %s (failure %d, asked again in %d ms): %s", self.name,
+                  what, self.failures, wait_ns // 1_000_000, e)
 
     def _synced(self, first: int, epoch: int, done: Callable[[], None]) -> None:
         """The fsync of the records appended from ``first`` on (the write of ``epoch``)

@@ -907,8 +907,8 @@ def test_a_follower_whose_fsync_fails_does_not_acknowledge(tmp_path: Path,
 
 def test_a_follower_with_a_full_disk_backs_off_and_rejoins(tmp_path: Path) -> None:
     """A follower whose appends fail (ENOSPC from the fault plan, while its flag exists)
-    asks for that topic again only after a back-off that doubles (APPEND_RETRY_NS up to
-    APPEND_RETRY_MAX_NS): it neither spins nor floods its log (before: about 6,000 error
+    asks for that topic again only after a back-off that doubles (replica.RETRY_NS up to
+    RETRY_MAX_NS): it neither spins nor floods its log (before: about 6,000 error
     lines a second). Its leader drops it from the in-sync set and acknowledges with the
     other follower; once the disk has room it catches up and rejoins."""
     flags = {i: tmp_path / f"full{i}" for i in (1, 2, 3)}

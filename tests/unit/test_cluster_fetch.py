@@ -51,7 +51,7 @@ class _Replica:
         self.epoch = 1
         self.truncated_for = 1
         self.unsynced_from: int | None = None     # (set: the fetcher skips it)
-        self.append_retry_ns = 0                  # (later than now: skipped too)
+        self.retry_ns = 0                         # (later than now: skipped too)
         self.chan_from_leader = 0
         self.hw = 0
         self.history = EpochHistory([(1, 0)])
