@@ -235,11 +235,18 @@ class Fetcher:
             self.compact_ok = True
         mine = {r.name: r for r in topics}
         jobs = []
+        restarts: list[tuple[Replica, int]] = []
         for t in need_objs(head.get("topics")):
             r = mine.get(str(t.get("name")))
             if r is None:
                 continue
             err = t.get("error")
+            oldest = need_int(t.get("oldest", 0))
+            if err == "out_of_range" and oldest > r.topic.log.written:
+                # it lacks records the leader no longer has (its retention dropped
+                # them while this node was away): begin again at the leader's oldest
+                restarts.append((r, oldest))
+                continue
             if err in ("offset", "out_of_range"):
                 r.truncated_for = 0
                 continue
@@ -256,7 +263,9 @@ class Fetcher:
                 if isinstance(flag, bool) else None
             jobs.append((r, need_int(t.get("first", r.topic.log.written)), data, hw,
                          history, chans, need_int(t.get("version", 0)), paused))
-        self.pending += len(jobs)
+        self.pending += len(jobs) + len(restarts)
+        for r, oldest in restarts:
+            r.restart_at(oldest, self._done_one)
         for r, first, data, hw, history, chans, version, paused in jobs:
             r.apply(first, data, hw, history, chans, version, self._done_one, paused)
 

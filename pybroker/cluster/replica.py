@@ -320,6 +320,32 @@ class Replica:
         finally:
             done()
 
+    def restart_at(self, offset: int, done: Callable[[], None]) -> None:
+        """The leader no longer has the records after this log's end (its retention
+        dropped them while this node was away): drop this log and begin again at the
+        leader's oldest record, ``offset`` (posted by the fetcher). None of the records
+        dropped here can be acknowledged by this node again, and the leader holds every
+        acknowledged one from ``offset`` on."""
+        topic = self.topic
+        try:
+            if getattr(topic.log, "head", topic.log.written) != topic.log.written:
+                raise ValueError("records are pending")
+            with topic.lock:
+                before = topic.log.written
+                if topic.deleted or offset <= before or self.role != FOLLOWER:
+                    return
+                topic.log.restart_at(offset)
+                topic.released = offset
+                topic.orphan_start = max(topic.orphan_start, offset)
+                topic.dpubs.clear()
+            log.warning("CLUSTER: %s: the log here ends at %d, below the leader's oldest "
+                        "record %d: dropped, following from %d", self.name, before, offset,
+                        offset)
+        except Exception as e:
+            self._back_off(f"beginning the log again at {offset} failed", e)
+        finally:
+            done()
+
     def _cut(self, offset: int) -> int:
         """Cut the log back so that ``offset`` is the next offset written (this
         replica's loop); the new end. Raises StorageError on a file error, ValueError

@@ -347,6 +347,7 @@ class ReplicationServer(SelectorLoop):
                 read = self.reads.read(r, offset, written, budget)
                 if read is None:
                     entry["error"] = "out_of_range"
+                    entry["oldest"] = lg.oldest      # where it may fetch from (restart_at)
                     out.append(entry)
                     any_data = True
                     compact = None

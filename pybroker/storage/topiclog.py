@@ -356,6 +356,45 @@ class TopicLog:
         self.recovered_dpubs = sorted({d for d in self.recovered_dpubs if d[0] < offset})
         return offset
 
+    def restart_at(self, offset: int) -> None:
+        """Drop every record and begin again at ``offset`` (past ``written``): a
+        replica whose log lies wholly below its leader's oldest record
+        (pybroker.cluster), which fetches from there on. The segment files are removed,
+        oldest first; the next write starts a new one at ``offset``. Nothing may be
+        pending. Raises StorageError when a file cannot be removed (the ones removed
+        before it are gone: ``oldest`` says where the log begins). Caller holds the
+        lock."""
+        assert not self._pending, "restart with records pending"
+        assert offset > self.written, "restart below the log's end"
+        ops = self.fileops
+        for fd in self._to_sync + ([self._fd] if self._fd is not None else []):
+            try:
+                ops.close(fd)
+            except OSError:
+                pass
+        self._to_sync = []
+        self._fd = None
+        self._must_roll = False
+        self._cut_back = None
+        while self._segs:
+            seg = self._segs[0]
+            try:
+                os.unlink(seg.path)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                self.oldest = seg.base
+                raise from_oserror("restart", seg.path, e) from None
+            self._segs.pop(0)
+            self._dir_dirty = True
+        self._blocks.clear()
+        self._block_firsts.clear()
+        self._tail_records = self._tail_bytes = 0
+        self.head = self.written = self.oldest = self.tail_start = offset
+        self._durable_offset = offset
+        self.durable_epoch = max(self.durable_epoch, self.last_written_epoch)
+        self.recovered_dpubs = []
+
     def _truncate_files(self, offset: int) -> None:
         ops = self.fileops
         while len(self._segs) > 1 and self._segs[-1].base >= offset:

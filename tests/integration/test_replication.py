@@ -938,3 +938,47 @@ def test_a_follower_with_a_full_disk_backs_off_and_rejoins(tmp_path: Path) -> No
     finally:
         problems = c.close()
     assert not problems, "\n".join(problems)
+
+
+def test_a_follower_behind_the_leaders_oldest_record_begins_again_there(
+        make_cluster: Callable[..., Cluster]) -> None:
+    """A follower killed while the leader's channels consumed (and its retention
+    dropped) records the follower never had: on its return the leader answers
+    ``out_of_range`` with its oldest offset, and the follower drops its log and
+    follows from there (before, it asked again at once, forever, at half a core, and
+    never rejoined the in-sync set)."""
+    c = make_cluster("--max-bytes-per-file=4096", "--sync-timeout=200ms")
+    lead = _create(c)
+    f = next(i for i in c.nodes if i != lead)
+    c.nodes[f].kill9()
+    cons = Consumers(c, TOPIC, "ch", 1)
+    try:
+        wait_until(lambda: cons.subscribed, 10, what="a consumer on the leader")
+        bodies = [f"r-{k}-".encode() + b"x" * 200 for k in range(300)]
+        for k in range(0, 300, 50):
+            conn = _Conn(c.nodes[lead].tcp_address)     # type: ignore[arg-type]
+            try:
+                conn.sock.sendall(mpub(TOPIC, bodies[k:k + 50]))
+                got = wait_until(lambda conn=conn: conn.frames(0.5), 20, what="an answer")
+            finally:
+                conn.close()
+            assert got == [(FRAME_RESPONSE, b"OK")], got
+        wait_until(lambda: set(bodies) <= cons.received(), 20, what="everything consumed")
+    finally:
+        cons.stop()
+
+    def oldest(i: int) -> int:
+        status, doc = http_json("GET", f"{c.nodes[i].http_url}/topic/offsets?topic={TOPIC}")
+        assert status == 200, doc
+        return int(doc["oldest_offset"])     # type: ignore[index]
+
+    wait_until(lambda: oldest(lead) > 200, 20, 0.1, what="the leader to drop segments")
+    c.nodes[f].start()
+    wait_until(lambda: c.settled(TOPIC, 3) == lead, 20, 0.05,
+               what="the returning follower to rejoin the in-sync set")
+    assert (c.replication(f, TOPIC) or {}).get("log_end") == 301
+    assert oldest(f) >= oldest(lead) - 50      # it holds from about the leader's oldest on
+    assert "below the leader's oldest record" in c.nodes[f].stderr_text()
+    # its copy ends where the leader's does
+    status, doc = http_json("GET", f"{c.nodes[f].http_url}/topic/offsets?topic={TOPIC}")
+    assert status == 200 and int(doc["end_offset"]) == 301, doc  # type: ignore[index]

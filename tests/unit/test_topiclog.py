@@ -230,3 +230,34 @@ def test_a_write_knows_its_records_as_a_scan_would(tmp_path: Path, on_disk: bool
         assert log._segs[-1].max_ts == max(newest, TS - 5)
     assert [b for _, b in read_all(log, first)] == (
         bodies[:1] if kind == "dpub" else bodies + ([b"late"] if kind == "two" else []))
+
+
+@pytest.mark.parametrize("on_disk", [True, False])
+def test_restart_at_drops_everything_and_begins_there(tmp_path: Path, on_disk: bool) -> None:
+    """A replica behind its leader's oldest record begins again there: every record
+    and segment file goes, the next write starts a segment at that offset, reads and a
+    reopen see the log from there on."""
+    path = tmp_path / "t" if on_disk else None
+    log = open_log(path, mem=10, seg=1024)
+    for k in range(6):
+        put(log, bodies(10, b"%d" % k))
+    if on_disk:
+        assert len(log.segments()) > 1
+        log.sync()
+    with log.lock:
+        log.restart_at(500)
+    assert (log.oldest, log.written, log.head) == (500, 500, 500)
+    assert log.segments() == [] and read_all(log) == []
+    if on_disk:
+        assert [p for p in os.listdir(path) if p.endswith(".log")] == []
+    with pytest.raises(OffsetOutOfRange):
+        log.read(10, 1, 1 << 20)
+    assert put(log, bodies(5, b"n")) == 500
+    assert read_all(log) == list(zip(range(500, 505), bodies(5, b"n")))
+    if on_disk:
+        assert [s.base for s in log.segments()] == [500]
+        log.close()
+        again = open_log(path)
+        assert (again.oldest, again.written) == (500, 505)
+        assert read_all(again) == list(zip(range(500, 505), bodies(5, b"n")))
+        again.close()
