@@ -303,7 +303,7 @@ class Replica:
     def truncate(self, offset: int, done: Callable[[], None]) -> None:
         """Cut the log where it diverges from the leader's (posted by the fetcher)."""
         topic = self.topic
-        if getattr(topic.log, "head", topic.log.written) != topic.log.written:
+        if self._pending():
             # a publish appended this turn (refused at its answer: this node does not
             # lead) is written at the turn's end: cut after that
             owner_loop(topic.owner).call_later(1_000_000, self.truncate, offset, done)
@@ -328,7 +328,7 @@ class Replica:
         acknowledged one from ``offset`` on."""
         topic = self.topic
         try:
-            if getattr(topic.log, "head", topic.log.written) != topic.log.written:
+            if self._pending():
                 raise ValueError("records are pending")
             with topic.lock:
                 before = topic.log.written
@@ -346,12 +346,18 @@ class Replica:
         finally:
             done()
 
+    def _pending(self) -> bool:
+        """Records appended here are not yet written (a publish this node refused at
+        its answer, written at the turn's end): no cut or restart until they are."""
+        log_ = self.topic.log
+        return getattr(log_, "head", log_.written) != log_.written
+
     def _cut(self, offset: int) -> int:
         """Cut the log back so that ``offset`` is the next offset written (this
         replica's loop); the new end. Raises StorageError on a file error, ValueError
         while records are pending (a refused publish's, written at the turn's end)."""
         topic = self.topic
-        if getattr(topic.log, "head", topic.log.written) != topic.log.written:
+        if self._pending():
             raise ValueError("records are pending")
         with topic.lock:
             if topic.deleted:

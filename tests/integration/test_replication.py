@@ -291,12 +291,9 @@ def test_only_the_leader_is_registered_with_nsqlookupd(
         assert lookupd.stop() == 0, lookupd.text()
 
 
-def test_follower_retention_follows_the_leaders_channels(
-        make_cluster: Callable[..., Cluster]) -> None:
-    """Followers have no channels of their own: their segments go once the leader's
-    channels have consumed them (they would otherwise keep the whole log forever)."""
-    c = make_cluster("--max-bytes-per-file=4096", "--sync-timeout=200ms")
-    lead = _create(c)
+def _publish_and_consume(c: Cluster, lead: int) -> None:
+    """300 messages of about 200 bytes MPUBed to the leader in six, every one consumed
+    there by one consumer on channel ``ch`` (its segments may then go)."""
     cons = Consumers(c, TOPIC, "ch", 1)
     try:
         wait_until(lambda: cons.subscribed, 10, what="a consumer on the leader")
@@ -313,13 +310,24 @@ def test_follower_retention_follows_the_leaders_channels(
     finally:
         cons.stop()
 
-    def oldest(i: int) -> int:
-        status, doc = http_json("GET", f"{c.nodes[i].http_url}/topic/offsets?topic={TOPIC}")
-        assert status == 200, doc
-        return int(doc["oldest_offset"])     # type: ignore[index]
+
+def _oldest(c: Cluster, i: int) -> int:
+    """Node i's oldest offset of TOPIC (/topic/offsets)."""
+    status, doc = http_json("GET", f"{c.nodes[i].http_url}/topic/offsets?topic={TOPIC}")
+    assert status == 200, doc
+    return int(doc["oldest_offset"])
+
+
+def test_follower_retention_follows_the_leaders_channels(
+        make_cluster: Callable[..., Cluster]) -> None:
+    """Followers have no channels of their own: their segments go once the leader's
+    channels have consumed them (they would otherwise keep the whole log forever)."""
+    c = make_cluster("--max-bytes-per-file=4096", "--sync-timeout=200ms")
+    lead = _create(c)
+    _publish_and_consume(c, lead)
 
     for i in c.nodes:
-        wait_until(lambda i=i: oldest(i) > 200, 20, 0.1,
+        wait_until(lambda i=i: _oldest(c, i) > 200, 20, 0.1,
                    what=f"node {i} to delete consumed segments")
 
 
@@ -951,34 +959,15 @@ def test_a_follower_behind_the_leaders_oldest_record_begins_again_there(
     lead = _create(c)
     f = next(i for i in c.nodes if i != lead)
     c.nodes[f].kill9()
-    cons = Consumers(c, TOPIC, "ch", 1)
-    try:
-        wait_until(lambda: cons.subscribed, 10, what="a consumer on the leader")
-        bodies = [f"r-{k}-".encode() + b"x" * 200 for k in range(300)]
-        for k in range(0, 300, 50):
-            conn = _Conn(c.nodes[lead].tcp_address)     # type: ignore[arg-type]
-            try:
-                conn.sock.sendall(mpub(TOPIC, bodies[k:k + 50]))
-                got = wait_until(lambda conn=conn: conn.frames(0.5), 20, what="an answer")
-            finally:
-                conn.close()
-            assert got == [(FRAME_RESPONSE, b"OK")], got
-        wait_until(lambda: set(bodies) <= cons.received(), 20, what="everything consumed")
-    finally:
-        cons.stop()
+    _publish_and_consume(c, lead)
 
-    def oldest(i: int) -> int:
-        status, doc = http_json("GET", f"{c.nodes[i].http_url}/topic/offsets?topic={TOPIC}")
-        assert status == 200, doc
-        return int(doc["oldest_offset"])     # type: ignore[index]
-
-    wait_until(lambda: oldest(lead) > 200, 20, 0.1, what="the leader to drop segments")
+    wait_until(lambda: _oldest(c, lead) > 200, 20, 0.1, what="the leader to drop segments")
     c.nodes[f].start()
     wait_until(lambda: c.settled(TOPIC, 3) == lead, 20, 0.05,
                what="the returning follower to rejoin the in-sync set")
     assert (c.replication(f, TOPIC) or {}).get("log_end") == 301
-    assert oldest(f) >= oldest(lead) - 50      # it holds from about the leader's oldest on
+    assert _oldest(c, f) >= _oldest(c, lead) - 50      # it holds from about the leader's oldest on
     assert "below the leader's oldest record" in c.nodes[f].stderr_text()
     # its copy ends where the leader's does
     status, doc = http_json("GET", f"{c.nodes[f].http_url}/topic/offsets?topic={TOPIC}")
-    assert status == 200 and int(doc["end_offset"]) == 301, doc  # type: ignore[index]
+    assert status == 200 and int(doc["end_offset"]) == 301, doc
