@@ -402,7 +402,8 @@ class Replica:
                     topic.message_count += len(starts)
                     topic.message_bytes += len(blob)
                 epoch = topic.write()[0]
-                self.failures = 0
+                if not self.node.durable:
+                    self.failures = 0     # (fsync mode: once synced, ``_synced``)
             end = topic.log.written
             if history is not None:     # sent when it changed (or this node's differs)
                 before = list(self.history.entries)
@@ -440,27 +441,33 @@ class Replica:
         """The fsync of the records appended from ``first`` on (the write of ``epoch``)
         is over (this replica's loop). If it failed they are not held here: a follower
         acknowledges only what it synced (its next fetch names its log's end), so they
-        are cut, to be fetched again. Should the cut fail too, nothing of this topic is
+        are cut, to be fetched again after a back-off (``_back_off``; an fsync that
+        works ends the failures). Should the cut fail too, nothing of this topic is
         fetched (so nothing more acknowledged: its leader drops it from the in-sync set)
         until a tick cuts them (``unsynced_from``)."""
         try:
             err = self.topic.log.lost_by(epoch)
-            if err is not None and self.role != FOLLOWER:
+            if err is None:
+                self.failures = 0
+            elif self.role != FOLLOWER:
                 # elected meanwhile: its history starts its epoch at its log's end, so
                 # nothing is cut (no publish waits for these records, and no fetch of
                 # this node acknowledged them)
                 log.error("CLUSTER: %s: records from %d not synced (%s), kept: this "
                           "node leads now", self.name, first, err)
-            elif err is not None:
-                log.error("CLUSTER: %s: records from %d not synced (%s): cut, to be "
-                          "fetched again", self.name, first, err)
+            else:
                 self.unsynced_from = first
                 self._cut(first)
+                # fetched again after a back-off, as a failed append is: a disk whose
+                # fsyncs keep failing would otherwise have them fetched, appended, cut
+                # and logged about a thousand times a second
+                self._back_off(f"records from {first} not synced: cut, to be fetched "
+                               "again", err)
         except (StorageError, ValueError) as e:
-            log.error("CLUSTER: %s: cutting the unsynced records from %d failed (not "
-                      "fetched until a tick cuts them): %s", self.name, first, e)
+            log.error("CLUSTER: %s: records from %d not synced; cutting them failed "
+                      "(not fetched until a tick cuts them): %s", self.name, first, e)
         except Exception:
-            log.exception("CLUSTER: %s: cutting the unsynced records from %d failed "
+            log.exception("CLUSTER: %s: records from %d not synced; cutting them failed "
                           "(not fetched until a tick cuts them)", self.name, first)
         finally:
             done()
