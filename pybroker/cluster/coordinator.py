@@ -99,6 +99,9 @@ class Coordinator(SelectorLoop):
     def change_isr(self, r: IsrAsker, epoch: int, isr: list[int]) -> None:
         self.call_soon_threadsafe(self._change_isr, r, epoch, isr)
 
+    def resign(self, r: IsrAsker, epoch: int, others: list[int]) -> None:
+        self.call_soon_threadsafe(self._resign, r, epoch, others)
+
     def save_history(self, name: str, inc: int, entries: list[list[int]]) -> None:
         self.call_soon_threadsafe(self._save_history, name, inc, entries)
 
@@ -457,6 +460,42 @@ class Coordinator(SelectorLoop):
             if posted is not None:
                 self._posted[name] = (posted[0], posted[1], posted[2], tuple(isr))
         owner_loop(r.topic.owner).call_soon_threadsafe(r.isr_changed, epoch, isr if ok else None)
+
+    def _resign(self, r: IsrAsker, epoch: int, others: list[int]) -> None:
+        """Give up the leadership of ``r``'s topic at ``epoch`` (its log cannot be
+        written here; it acknowledges nothing meanwhile): in one transaction, while the
+        key is still this session's, delete the leadership key and write the in-sync set
+        without this node: the members both etcd and the leader count in sync
+        (``others``: they hold every acknowledged record), so one of them is elected at
+        the next epoch and this node cannot campaign until it has caught up again.
+        Refused when none is left, or when etcd fails (it then leads on)."""
+        node = self.node
+        name = r.name
+        state, _ = self._state.get(name, (topic_state(None), 0))
+        heirs = sorted((set(state["isr"]) & set(others)) - {node.id})
+        ok = False
+        if heirs and state["epoch"] == epoch:
+            value = self._leader_values.get(name) or json.dumps(
+                {"node": node.id, "epoch": epoch})
+            lkey, skey = f"{ROOT}leader/{name}", f"{ROOT}state/{name}"
+            new_state = TopicState(epoch=epoch, leader=-1, isr=heirs)
+            try:
+                ok = self.etcd.txn(
+                    [Compare(lkey, "VALUE", value), Compare(lkey, "LEASE", self.lease_id)],
+                    [delete_op(lkey), put_op(skey, json.dumps(new_state))])
+            except EtcdError as e:
+                log.error("CLUSTER: %s: handing the leadership over failed: %s", name, e)
+            if ok:
+                self._leader_kv.pop(name, None)
+                self._leader_values.pop(name, None)
+                node.leaders.pop(name, None)
+                self._state[name] = (new_state, 0)
+                self._posted[name] = (NONE, epoch, -1, tuple(heirs))
+                log.info("CLUSTER: %s: gave up the leadership at epoch %d; in sync: %s",
+                         name, epoch, heirs)
+        owner_loop(r.topic.owner).call_soon_threadsafe(r.resigned, epoch, ok)
+        if ok:
+            self.poll_soon()
 
     def _assign_fetchers(self) -> None:
         node = self.node

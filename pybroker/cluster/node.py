@@ -85,6 +85,7 @@ class ClusterNode:
                                        self.server.address)
         self.coordinator.start()
         self.runtime.broker.on_delete_topic.append(self._topic_deleted)
+        self.runtime.storage.on_topic_failure.append(self._storage_failed)
         for loop in self.runtime.loops:
             loop.call_soon_threadsafe(self._tick, loop)
 
@@ -101,6 +102,13 @@ class ClusterNode:
         replicated one is deleted in the whole cluster (docs/replication.md)."""
         if self.coordinator is not None and self.replicated(topic.name):
             self.coordinator.topic_deleted(topic.name)
+
+    def _storage_failed(self, topic: Topic, kind: str) -> None:
+        """A write or fsync of ``topic``'s log failed here (any thread): a replicated
+        topic this node leads is handed over (``Replica.storage_failed``, on its loop)."""
+        r = self.replicas.get(topic.name)
+        if r is not None and r.topic is topic and r.role == LEADER and not topic.deleted:
+            owner_loop(topic.owner).call_soon_threadsafe(r.storage_failed, kind)
 
     def _tick(self, loop: EventLoop) -> None:
         for r in list(self.replicas.values()):
@@ -233,6 +241,12 @@ class ClusterNode:
     def change_isr(self, asker: IsrAsker, epoch: int, isr: list[int]) -> None:
         assert self.coordinator is not None
         self.coordinator.change_isr(asker, epoch, isr)
+
+    def resign(self, asker: IsrAsker, epoch: int, others: list[int]) -> None:
+        if self.coordinator is not None:
+            self.coordinator.resign(asker, epoch, others)
+        else:
+            owner_loop(asker.topic.owner).call_soon_threadsafe(asker.resigned, epoch, False)
 
     def save_history(self, name: str, inc: int, entries: list[list[int]]) -> None:
         if self.coordinator is not None:

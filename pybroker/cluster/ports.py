@@ -135,12 +135,14 @@ class ReplicaStats(TypedDict):
 
 
 class IsrAsker(Protocol):
-    """A leader's replica asking for an in-sync change (answered on its topic's loop)."""
+    """A leader's replica asking for an in-sync change, or handing its leadership over
+    (answered on its topic's loop)."""
 
     name: str
     topic: Topic
 
     def isr_changed(self, epoch: int, isr: list[int] | None) -> None: ...
+    def resigned(self, epoch: int, ok: bool) -> None: ...
 
 
 class ReplicaHost(Protocol):
@@ -162,6 +164,7 @@ class ReplicaHost(Protocol):
     def wake_fetches(self, name: str) -> None: ...
     def sync_follower(self, topic: Topic, done: Callable[[], None]) -> bool: ...
     def change_isr(self, asker: IsrAsker, epoch: int, isr: list[int]) -> None: ...
+    def resign(self, asker: IsrAsker, epoch: int, others: list[int]) -> None: ...
 
 
 __all__ = ["Done", "IsrAsker", "Json", "JsonObj", "LeaderKey", "Registration",

@@ -46,6 +46,9 @@ def bytes_between(topic: Topic, lo: int, hi: int) -> int:
     return n * (topic.message_bytes // max(1, topic.message_count) + 50)
 
 
+_HANDING_OVER = "its log cannot be written on this node: leadership handed over"
+
+
 class NotLeader(Exception):
     """This node may not acknowledge publishes to the topic now."""
 
@@ -87,6 +90,9 @@ class Replica:
         self.released_shipped = 0
         self.last_snap_ns = 0
         self.lead_lease = 0            # leader: the etcd lease its leadership is held on
+        # leader: the epoch whose leadership it is handing over (its log's write or
+        # fsync failed: ``storage_failed``); 0: none. Meanwhile it acknowledges nothing
+        self.resigning = 0
 
     def __repr__(self) -> str:
         return f"Replica({self.name} {self.role} e{self.epoch})"
@@ -98,6 +104,8 @@ class Replica:
         topic = self.topic
         was = self.role
         self.isr = sorted(isr)
+        if self.resigning and (role != LEADER or epoch != self.resigning):
+            self.resigning = 0        # the leadership went elsewhere meanwhile
         if role == LEADER:
             self.lead_lease = lease
         if role == LEADER and (was != LEADER or epoch != self.epoch):
@@ -125,7 +133,9 @@ class Replica:
     def _step_down(self, role: str, epoch: int, leader: int) -> None:
         if self.role == LEADER:
             self._fail_all(NotLeader(f"leadership of {self.name} lost"))
-            self.kick_consumers(f"topic {self.name} is now led by node {leader}")
+            self.kick_consumers(f"topic {self.name} is now led by node {leader}"
+                                if leader >= 0 else
+                                f"topic {self.name} is being handed to another node")
             with self.topic.lock:
                 self.topic.release_cap = None   # a follower's log is all replicated
         self.role, self.epoch, self.leader = role, epoch, leader
@@ -156,6 +166,9 @@ class Replica:
         if self.role != LEADER:
             done(NotLeader(f"not the leader of {self.name}"))
             return
+        if self.resigning:
+            done(NotLeader(_HANDING_OVER))
+            return
         if end > self.local_end:
             self.local_end = end
         self.waiters.add(end, done)
@@ -166,6 +179,8 @@ class Replica:
         """Why a publish here would fail now (None: it may be appended)."""
         if self.role != LEADER or self.lead is None:
             return f"not the leader of {self.name}"
+        if self.resigning:
+            return _HANDING_OVER
         if not self.lease_ok():
             return "cluster lease expired (not acknowledging)"
         if not self.lead.enough():
@@ -203,7 +218,7 @@ class Replica:
     def advance(self) -> None:
         """Move the high watermark; answer the publishes it passed; release to channels."""
         lead = self.lead
-        if lead is None:
+        if lead is None or self.resigning:
             return
         if not self.lease_ok():
             if len(self.waiters):
@@ -220,6 +235,45 @@ class Replica:
         for done in self.waiters.ready(hw):
             done(None)
         self._release(hw)
+
+    # -- a leader that cannot store the topic --------------------------------------------
+    def storage_failed(self, kind: str) -> None:
+        """A write or fsync (``kind``) of this topic's log failed here. A leader hands its
+        leadership to the other in-sync replicas, which hold every acknowledged record:
+        it stops acknowledging now (the publishes waiting fail), then the coordinator
+        deletes its leadership key and writes the in-sync set without it (``resign``), so
+        that another member is elected and this node follows it, and rejoins the set
+        only once its log takes appends again and it has caught up. With no other
+        in-sync replica it keeps leading (its publishes fail until its disk works)."""
+        lead = self.lead
+        if self.role != LEADER or lead is None or self.resigning:
+            return
+        others = sorted(lead.isr - {self.node.id})
+        if not others:
+            log.error("CLUSTER: %s: the %s of its log failed here, and no other replica "
+                      "is in sync to take over: still leading", self.name, kind)
+            return
+        log.error("CLUSTER: %s: the %s of its log failed here; handing the leadership "
+                  "(epoch %d) to the in-sync replicas %s", self.name, kind, self.epoch,
+                  others)
+        self.resigning = self.epoch
+        self._fail_all(NotLeader(_HANDING_OVER))
+        self.node.resign(self, self.epoch, others)
+
+    def resigned(self, epoch: int, ok: bool) -> None:
+        """The coordinator's answer to ``resign``: the leadership key is gone (``ok``:
+        this node leads no more), or it was refused (no other member in sync in etcd's
+        view either, or etcd failed): it leads on, and tries again at the next failure."""
+        if epoch != self.resigning:
+            return
+        self.resigning = 0
+        if ok and self.role == LEADER and self.epoch == epoch:
+            self._step_down(NONE, epoch, -1)
+            self.node.roles_changed()
+        elif not ok:
+            log.warning("CLUSTER: %s: the leadership was not handed over; leading on",
+                        self.name)
+            self.advance()
 
     def _release(self, hw: int) -> None:
         topic = self.topic

@@ -114,6 +114,9 @@ class StorageManager:
         # shared by the loops (and HTTP) that report writes: the set of failing topics and
         # runtime.health change together under it (write_ok, failed)
         self._lock = threading.Lock()
+        # told (on the failing thread) when a topic's write or fsync failed: a cluster
+        # node hands over the leadership of a topic it cannot store (docs/replication.md)
+        self.on_topic_failure: list[Callable[[Topic, str], None]] = []
         self.fileops: FileOps = REAL
         self._thread = threading.Thread(target=self._run, name="storage", daemon=True)
         self.lock = DataPathLock(self.data_path)
@@ -296,6 +299,13 @@ class StorageManager:
         with self._lock:
             self._failed_topics.add((topic.name if topic is not None else "", kind))
             self.runtime.health = f"failed to write to disk - {err}"
+        if topic is not None and kind in ("write", "sync"):
+            for tell in self.on_topic_failure:
+                try:
+                    tell(topic, kind)
+                except Exception:    # a bug: never into the write or fsync that failed
+                    log.exception("NSQ: storage: telling of %s's failure failed",
+                                  topic.name)
 
     # -- the storage thread -----------------------------------------------------------------
     def _run(self) -> None:

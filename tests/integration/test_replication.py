@@ -59,6 +59,31 @@ def _create(c: Cluster, topic: str = TOPIC, members: int = 3) -> int:
     return lead
 
 
+def _traffic(c: Cluster, what: str) -> tuple[Consumers, Publishers]:
+    """4 consumers and 8 publishers running, once both are under way."""
+    cons = Consumers(c, TOPIC, "ch", 4)
+    pubs = Publishers(c, TOPIC, 8)
+    try:
+        wait_until(lambda: len(cons.received()) >= 50 and pubs.count() >= 100, 30,
+                   what=f"traffic {what}")
+    except BaseException:
+        pubs.stop()
+        cons.stop()
+        raise
+    return cons, pubs
+
+
+def _every_acknowledged_delivered(cons: Consumers, acked: set[bytes]) -> None:
+    """Wait until the consumers received every acknowledged body; stop them."""
+    try:
+        wait_until(lambda: acked <= cons.received(), 30, 0.1,
+                   what="every acknowledged message delivered")
+    finally:
+        cons.stop()
+    missing = acked - cons.received()
+    assert not missing, f"{len(missing)} acknowledged messages lost: {sorted(missing)[:10]}"
+
+
 def _pub_answer(c: Cluster, i: int, body: bytes, timeout_s: float = 20) -> tuple[int, bytes]:
     conn = _Conn(c.nodes[i].tcp_address)     # type: ignore[arg-type]
     try:
@@ -163,11 +188,8 @@ def test_leader_killed_under_load_loses_no_acknowledged_message(
         make_cluster: Callable[..., Cluster], durability: str) -> None:
     c = make_cluster(f"--durability={durability}")
     old = _create(c)
-    cons = Consumers(c, TOPIC, "ch", 4)
-    pubs = Publishers(c, TOPIC, 8)
+    cons, pubs = _traffic(c, "before the kill")
     try:
-        wait_until(lambda: len(cons.received()) >= 50 and pubs.count() >= 100, 30,
-                   what="traffic before the kill")
         killed_at = time.monotonic()
         c.nodes[old].kill9()
         acked_before = pubs.count()
@@ -181,13 +203,7 @@ def test_leader_killed_under_load_loses_no_acknowledged_message(
         assert first - killed_at < 10, f"consumers waited {first - killed_at:.1f}s"
     finally:
         acked = pubs.stop()
-    try:
-        wait_until(lambda: acked <= cons.received(), 30, 0.1,
-                   what="every acknowledged message delivered")
-    finally:
-        cons.stop()
-    missing = acked - cons.received()
-    assert not missing, f"{len(missing)} acknowledged messages lost: {sorted(missing)[:10]}"
+    _every_acknowledged_delivered(cons, acked)
     assert new != old
     # at least once: what is delivered again is what was in flight or finished after
     # the last channel snapshot the new leader had (shipped every 200 ms)
@@ -980,3 +996,61 @@ def test_a_follower_behind_the_leaders_oldest_record_begins_again_there(
     # its copy ends where the leader's does
     status, doc = http_json("GET", f"{c.nodes[f].http_url}/topic/offsets?topic={TOPIC}")
     assert status == 200 and int(doc["end_offset"]) == 301, doc
+
+
+@pytest.mark.parametrize("fault", ["write_enospc", "fsync_eio"])
+def test_a_leader_whose_disk_fails_hands_its_leadership_over(tmp_path: Path,
+                                                             fault: str) -> None:
+    """The leader's log stops taking writes (ENOSPC on pwrite, memory mode) or fsyncs
+    (EIO, fsync mode) from the fault plan, under 8 publishers and 4 consumers. Before,
+    it kept leading and failed every publish while two in-sync followers stood by. Now
+    it stops acknowledging, gives its leadership key up and leaves the in-sync set in
+    one etcd transaction (``Replica.storage_failed``, ``Coordinator._resign``); an
+    in-sync follower is elected, publishes (also those sent to the old leader, which
+    forwards them) are acknowledged again, and no acknowledged message is lost. Once
+    its disk works the old leader catches up and rejoins the in-sync set."""
+    flags = {i: tmp_path / f"fail{i}" for i in (1, 2, 3)}
+    if fault == "write_enospc":
+        plans = {i: f"op=pwrite kind=ENOSPC count=0 while={f}" for i, f in flags.items()}
+        extra: list[str] = []
+    else:
+        plans = {i: f"op=fsync kind=EIO count=0 while={f}" for i, f in flags.items()}
+        extra = ["--durability=fsync"]
+    c = Cluster(3, extra=extra, node_env={
+        i: {"PYBROKER_FAULTS": plan} for i, plan in plans.items()})
+    try:
+        old = _create(c)
+        cons, pubs = _traffic(c, "before the disk fails")
+        try:
+            failed_at = time.monotonic()
+            flags[old].touch()
+            new = wait_until(lambda: c.leader(TOPIC, exclude=(old,)), 15, 0.05,
+                             what="a new leader")
+            assert isinstance(new, int)
+            handed_in = time.monotonic() - failed_at
+            acked_then = pubs.count()
+            wait_until(lambda: pubs.count() >= acked_then + 100, 30,
+                       what="publishes acknowledged after the handover")
+            # the old leader follows (its appends fail: it is out of the in-sync set)
+            r = c.replication(new, TOPIC)
+            assert r is not None and old not in r["isr"] and len(r["isr"]) == 2, r
+            assert (c.replication(old, TOPIC) or {}).get("role") in ("follower", "none")
+            said = c.nodes[old].stderr_text()
+            assert "handing the leadership" in said, said[-3000:]
+            # a publish sent to the old leader is forwarded and acknowledged
+            assert c.http_pub(old, TOPIC, b"via-the-old-leader") == (200, b"OK")
+        finally:
+            acked = pubs.stop() | {b"via-the-old-leader"}
+        _every_acknowledged_delivered(cons, acked)
+        assert pubs.failed >= 1     # the write that failed failed its publishes
+        print(f"{fault}: handed over in {handed_in:.2f}s, {len(acked)} acknowledged, "
+              f"{pubs.failed} refused")
+        flags[old].unlink()
+        wait_until(lambda: c.settled(TOPIC, 3) == new, 30, 0.05,
+                   what="the old leader to catch up and rejoin once its disk works")
+        wait_until(lambda: len({(c.replication(i, TOPIC) or {}).get("log_end")
+                                for i in c.nodes}) == 1, 15, 0.05,
+                   what="every node to hold the same log")
+    finally:
+        problems = c.close()
+    assert not problems, "\n".join(problems)

@@ -3,7 +3,8 @@ standing for etcd (leader epoch, leader key, in-sync set), leaders that append a
 acknowledge by the high watermark, followers that cut their logs where they diverge
 (epoch histories, KIP-101/279) and fetch, leases that expire (a leader paused or cut
 off keeps its state but may no longer acknowledge), nodes killed and restarted, time
-passing (lagging followers leave the in-sync set, caught-up ones rejoin).
+passing (lagging followers leave the in-sync set, caught-up ones rejoin), a leader
+whose log cannot be written handing its leadership over.
 
 What must hold at every step: no offset is ever acknowledged with two different records
 (no two leaders acknowledge the same offset), every acknowledged record is in the log
@@ -152,6 +153,22 @@ class ReplicationRules(RuleBasedStateMachine):
             return
         self.nodes[self.leader].lease_valid = False
         self.leader = None
+
+    @rule()
+    def resign(self) -> None:
+        """The leader's log cannot be written (Replica.storage_failed): it stops
+        acknowledging, then gives its key up and writes the in-sync set without itself
+        (Coordinator._resign), when a member both etcd and it count in sync is left."""
+        n = self.valid_leader()
+        if n is None or n.lead is None:
+            return
+        heirs = (self.isr & set(n.lead.isr)) - {n.id}
+        if not heirs:
+            return                       # refused: it leads on
+        n.lease_valid = False            # (its ``resigning`` flag: no OK from here on)
+        n.lead = None
+        self.leader = None
+        self.isr = heirs
 
     @precondition(lambda self: self.leader is None)
     @rule(c=st.sampled_from(NODES))
@@ -304,3 +321,32 @@ def test_dead_followers_leave_the_in_sync_set_and_stay_out() -> None:
         assert m.isr == {1}
     lead = m.nodes[1].lead
     assert lead is not None and not lead.enough()
+
+
+def test_a_leader_that_resigns_hands_over_only_to_replicas_in_sync() -> None:
+    """The state machine's ``resign`` along one path a random search rarely takes:
+    node 3 lags out of the in-sync set, records are acknowledged by nodes 1 and 2, and
+    node 1's log fails. Only node 2 may inherit; node 3 may not campaign (with node 3
+    among the heirs, its election loses the acknowledged records, and the invariant
+    says so)."""
+    m = ReplicationRules()
+    m.poll(2)
+    m.poll(3)
+    m.tick(600)
+    m.fetch(2, 0)
+    m.tick(600)              # node 3 never fetched: out of the in-sync set
+    assert m.isr == {1, 2}
+    m.publish(2)
+    m.fetch(2, 5)
+    m.fetch(2, 5)
+    m.advance()
+    assert len(m.acked) == 2
+    m.resign()
+    assert m.leader is None and m.isr == {2}
+    m.campaign(3)
+    assert m.leader is None        # not in sync: it may not campaign
+    m.campaign(2)
+    m.poll(3)
+    m.fetch(3, 5)
+    assert m.leader == 2
+    m.acknowledged_records_are_kept()
