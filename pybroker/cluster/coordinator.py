@@ -491,6 +491,7 @@ class Coordinator(SelectorLoop):
                 node.leaders.pop(name, None)
                 self._state[name] = (new_state, 0)
                 self._posted[name] = (NONE, epoch, -1, tuple(heirs))
+                node.handovers += 1
                 log.info("CLUSTER: %s: gave up the leadership at epoch %d; in sync: %s",
                          name, epoch, heirs)
         owner_loop(r.topic.owner).call_soon_threadsafe(r.resigned, epoch, ok)

@@ -60,6 +60,7 @@ class ClusterNode:
         self.ship_ns = 200_000_000
         self.durable = o.durability == "fsync"
         self.syncs = FollowerSyncs()     # where a follower's fsyncs run (fsync mode)
+        self.handovers = 0     # leaderships given up because the log failed here
         self.replicas: dict[str, Replica] = {}
         # the topics read from the data path (built after they are, before clients come)
         self.restored: dict[str, Topic] = {t.name: t for t in runtime.broker.all_topics()}
@@ -294,7 +295,8 @@ class ClusterNode:
         return {"node_id": self.id, "lease_valid": self.lease.valid(time.monotonic_ns()),
                 "live_nodes": sorted(self.live),
                 "replication_address": self.server.address if self.server else "",
-                "follower_syncs": self.syncs.counts()}
+                "follower_syncs": self.syncs.counts(),
+                "leaderships_handed_over": self.handovers}
 
 
 __all__ = ["ClusterNode"]

@@ -26,6 +26,7 @@ class NodeSummary(TypedDict):
     live_nodes: list[int]
     replication_address: str
     follower_syncs: SyncCounts        # where its follower fsyncs ran (fsync mode)
+    leaderships_handed_over: int      # topics it gave up leading: its log failed here
 
 
 class NodePort(ReplicaHost, Protocol):
@@ -34,6 +35,7 @@ class NodePort(ReplicaHost, Protocol):
     nodes: dict[int, Registration]        # live nodes (the coordinator's thread)
     leaders: dict[str, int]               # topic -> leader id (etcd's view; coordinator)
     replicas: dict[str, Replica]          # this node's replicas (the coordinator adds)
+    handovers: int                        # leaderships given up (the coordinator counts)
     restored: dict[str, Topic]            # the topics read from the data path at start-up
 
     def assign_fetchers(self, by_leader: dict[int, list[Replica]],

@@ -3,7 +3,8 @@
 /stats: each replicated topic gets a ``replication`` object (role, leader, epoch,
 in-sync set ``isr``, ``high_watermark``, and on the leader ``lag`` per follower in
 messages and bytes); the document gets ``cluster`` (this node's id, whether its lease
-is valid, the live nodes, where its follower fsyncs ran). /metrics: ``nsq_cluster_*``
+is valid, the live nodes, where its follower fsyncs ran, how many leaderships it
+handed over because its log failed). /metrics: ``nsq_cluster_*``
 families. Read on the HTTP thread from the replicas' fields (each written by one
 owner; a racy but safe read).
 """
@@ -75,7 +76,12 @@ def metrics_text(node: NodePort) -> bytes:
               f"nsq_cluster_follower_slow_syncs_total {syncs['slow']}",
               "# HELP nsq_cluster_follower_inline_syncs 1 while a follower's next fsync may "
               "run on its loop.", "# TYPE nsq_cluster_follower_inline_syncs gauge",
-              f"nsq_cluster_follower_inline_syncs {int(syncs['inline_on'])}"]
+              f"nsq_cluster_follower_inline_syncs {int(syncs['inline_on'])}",
+              "# HELP nsq_cluster_leaderships_handed_over_total Topics this node stopped "
+              "leading because a write or fsync of their log failed here.",
+              "# TYPE nsq_cluster_leaderships_handed_over_total counter",
+              "nsq_cluster_leaderships_handed_over_total "
+              f"{summary['leaderships_handed_over']}"]
     return ("\n".join(lines) + "\n").encode()
 
 

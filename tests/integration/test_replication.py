@@ -1037,6 +1037,10 @@ def test_a_leader_whose_disk_fails_hands_its_leadership_over(tmp_path: Path,
             assert (c.replication(old, TOPIC) or {}).get("role") in ("follower", "none")
             said = c.nodes[old].stderr_text()
             assert "handing the leadership" in said, said[-3000:]
+            assert c.summary(old)["leaderships_handed_over"] == 1
+            assert c.summary(new)["leaderships_handed_over"] == 0
+            with urllib.request.urlopen(f"{c.nodes[old].http_url}/metrics", timeout=5) as m:
+                assert b"\nnsq_cluster_leaderships_handed_over_total 1\n" in m.read()
             # a publish sent to the old leader is forwarded and acknowledged
             assert c.http_pub(old, TOPIC, b"via-the-old-leader") == (200, b"OK")
         finally:
