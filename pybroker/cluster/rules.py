@@ -175,6 +175,9 @@ class LeaderState:
         self.epoch_start = epoch_start
         self.followers: dict[int, Follower] = {}
         self.now_ns = now_ns
+        # members an in-sync change asked for adds (written to etcd first): counted by
+        # the high watermark until the answer comes (``asking``)
+        self.adding: frozenset[int] = frozenset()
 
     def fetched(self, node: int, acked: int, leader_end: int, now_ns: int) -> bool:
         """A fetch from ``node`` holding ``acked``; the leader's log ends at leader_end
@@ -201,11 +204,26 @@ class LeaderState:
     def enough(self) -> bool:
         return len(self.isr) >= self.min_insync
 
+    def asking(self, new: set[int]) -> None:
+        """A change of the in-sync set to ``new`` was asked for. etcd is written
+        first, so a member it adds may be elected before this leader hears the answer:
+        from now on the high watermark waits for it too, so that what it passes that
+        member holds (Kafka's "maximal ISR", KIP-497). A member it drops keeps counting
+        until the answer: the set only shrinks once etcd says so."""
+        self.adding = frozenset(new) - self.isr
+
+    def isr_written(self, isr: set[int] | None) -> None:
+        """The answer: the set etcd now holds, or None (refused)."""
+        if isr is not None:
+            self.isr = frozenset(isr) | {self.me}
+        self.adding = frozenset()
+
     def high_watermark(self, own: int) -> int:
         """The lowest offset every ISR member holds (``own``: the leader's, synced in
-        fsync mode); it never goes back."""
+        fsync mode), and every member an in-sync change is adding (``asking``); it
+        never goes back."""
         low = own
-        for node in self.isr:
+        for node in self.isr | self.adding if self.adding else self.isr:
             if node == self.me:
                 continue
             f = self.followers.get(node)

@@ -3,7 +3,8 @@ standing for etcd (leader epoch, leader key, in-sync set), leaders that append a
 acknowledge by the high watermark, followers that cut their logs where they diverge
 (epoch histories, KIP-101/279) and fetch, leases that expire (a leader paused or cut
 off keeps its state but may no longer acknowledge), nodes killed and restarted, time
-passing (lagging followers leave the in-sync set, caught-up ones rejoin), a leader
+passing (lagging followers leave the in-sync set, caught-up ones rejoin; etcd holds a
+change before its leader hears of it), a leader
 whose log cannot be written handing its leadership over.
 
 What must hold at every step: no offset is ever acknowledged with two different records
@@ -48,6 +49,9 @@ class ReplicationRules(RuleBasedStateMachine):
         self.leader: int | None = None          # the leader key (on its lease)
         self.isr: set[int] = set(NODES)
         self.acked: dict[int, Record] = {}
+        # an in-sync change written to etcd, not yet heard by its leader: (leader, epoch,
+        # the new set)
+        self.asked: tuple[int, int, set[int]] | None = None
         self.elect_on(1)
 
     # -- the controller (etcd) -----------------------------------------------------------
@@ -121,17 +125,31 @@ class ReplicationRules(RuleBasedStateMachine):
 
     @rule(dt=st.integers(0, 1500))
     def tick(self, dt: int) -> None:
-        """Time passes; the leader writes in-sync changes (etcd first, then counts)."""
+        """Time passes; the leader asks for in-sync changes (Replica.check_isr): etcd
+        is written first, and the leader hears of it later (``isr_written``)."""
         self.now += dt
         n = self.valid_leader()
-        if n is None or n.lead is None:
+        if n is None or n.lead is None or self.asked is not None:
             return
         live = {i for i in NODES if self.nodes[i].alive}
         drop = n.lead.lagging(self.now, live)
         add = n.lead.caught_up(list(NODES), self.now, live)
         if drop or add:
-            self.isr = (set(n.lead.isr) - drop) | add
-            n.lead.isr = frozenset(self.isr) | {n.id}
+            new = (set(n.lead.isr) - drop) | add
+            n.lead.asking(new)
+            self.isr = new
+            self.asked = (n.id, n.lead.epoch, new)
+
+    @rule()
+    def isr_written(self) -> None:
+        """The coordinator's answer reaches the leader (Replica.isr_changed)."""
+        if self.asked is None:
+            return
+        nid, epoch, new = self.asked
+        self.asked = None
+        n = self.nodes[nid]
+        if n.alive and n.lead is not None and n.lead.epoch == epoch:
+            n.lead.isr_written(new)
 
     @rule(f=st.sampled_from(NODES))
     def poll(self, f: int) -> None:
@@ -260,6 +278,12 @@ def test_divergence_before_the_epoch_the_leader_names() -> None:
     assert divergence(EpochHistory([(2, 0)]), 1, leader, 1) == 1   # the same record
 
 
+def _tick(m: ReplicationRules, dt: int) -> None:
+    """Time passes, and the leader hears at once of the in-sync change it asked for."""
+    m.tick(dt)
+    m.isr_written()
+
+
 def test_a_follower_rejoins_only_once_it_holds_the_epoch_start() -> None:
     """A new leader's high watermark can lag what the old one acknowledged; a follower
     that holds up to it but not up to the new epoch's start must stay out of the
@@ -273,9 +297,9 @@ def test_a_follower_rejoins_only_once_it_holds_the_epoch_start() -> None:
         m.fetch(f, 0)
     m.advance()
     assert sorted(m.acked) == [0, 1, 2]
-    m.tick(600)
+    _tick(m, 600)
     m.fetch(2, 0)
-    m.tick(600)                      # node 3 has not caught up for LAG_NS: it leaves
+    _tick(m, 600)                      # node 3 has not caught up for LAG_NS: it leaves
     assert m.isr == {1, 2}
     m.publish(2)
     m.fetch(2, 5)
@@ -287,12 +311,12 @@ def test_a_follower_rejoins_only_once_it_holds_the_epoch_start() -> None:
     assert m.nodes[2].lead is not None and m.nodes[2].lead.hw == 3
     m.poll(3)
     m.fetch(3, 0)                    # holds 3: the new leader's high watermark
-    m.tick(0)
+    _tick(m, 0)
     assert 3 not in m.isr
     m.acknowledged_records_are_kept()
     m.fetch(3, 5)
     m.fetch(3, 0)
-    m.tick(0)
+    _tick(m, 0)
     assert 3 in m.isr
     m.acknowledged_records_are_kept()
 
@@ -312,12 +336,12 @@ def test_dead_followers_leave_the_in_sync_set_and_stay_out() -> None:
     m.kill(2)
     m.kill(3)
     for _ in range(3):
-        m.tick(700)
+        _tick(m, 700)
         if m.isr == {1}:
             break
     assert m.isr == {1}
     for _ in range(4):
-        m.tick(700)
+        _tick(m, 700)
         assert m.isr == {1}
     lead = m.nodes[1].lead
     assert lead is not None and not lead.enough()
@@ -332,9 +356,9 @@ def test_a_leader_that_resigns_hands_over_only_to_replicas_in_sync() -> None:
     m = ReplicationRules()
     m.poll(2)
     m.poll(3)
-    m.tick(600)
+    _tick(m, 600)
     m.fetch(2, 0)
-    m.tick(600)              # node 3 never fetched: out of the in-sync set
+    _tick(m, 600)              # node 3 never fetched: out of the in-sync set
     assert m.isr == {1, 2}
     m.publish(2)
     m.fetch(2, 5)
@@ -349,4 +373,32 @@ def test_a_leader_that_resigns_hands_over_only_to_replicas_in_sync() -> None:
     m.poll(3)
     m.fetch(3, 5)
     assert m.leader == 2
+    m.acknowledged_records_are_kept()
+
+
+def test_a_member_being_added_counts_for_the_high_watermark() -> None:
+    """An in-sync change is written to etcd before its leader hears of it. Node 3,
+    back in sync, is added; before the answer comes, node 2 acknowledges new records
+    and the leader dies. Node 3 is in etcd's set and may be elected: the records the
+    leader acknowledged meanwhile must be on it, so the high watermark waited for it
+    (``LeaderState.asking``) instead of counting only the set it knew."""
+    m = ReplicationRules()
+    m.poll(2)
+    m.poll(3)
+    m.tick(600)
+    m.fetch(2, 0)
+    m.tick(600)              # node 3 never fetched: out of the in-sync set
+    m.isr_written()
+    assert m.isr == {1, 2} and m.nodes[1].lead is not None
+    assert m.nodes[1].lead.isr == {1, 2}
+    m.fetch(3, 0)            # node 3 holds everything (nothing yet): caught up
+    m.publish(2)
+    m.fetch(2, 5)
+    m.fetch(2, 5)            # node 2 holds the two records
+    m.tick(0)                # node 3 is added: etcd first
+    assert m.isr == {1, 2, 3} and m.asked is not None
+    m.advance()              # before the answer: node 3 holds neither record
+    m.kill(1)
+    m.campaign(3)
+    assert m.leader == 3
     m.acknowledged_records_are_kept()
