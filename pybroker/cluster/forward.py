@@ -9,8 +9,10 @@ waiting publishes are a FIFO. An error frame from the leader (``E_PUB_FAILED ...
 fatal in NSQ) fails the publish it answers and the leader closes the connection, which
 fails the ones behind it (their producers see ``E_PUB_FAILED`` with the reason and may
 retry, as after any failed publish). A leader that cannot be reached or goes away
-before answering fails its publishes with ``lost`` set: ClusterNode.divert sends them
-again to the next leader (within its deadline), as a producer retrying would.
+before answering fails its publishes with ``lost`` set, and so does one whose error
+says it leads the topic no more (``ports.leadership_moved``: not the leader, its lease
+expired, its leadership lost or handed over): ClusterNode.divert sends them again to
+the next leader (within its deadline), as a producer retrying would.
 Heartbeats are answered with NOP.
 
 Budgets: a publish waits at most ``ANSWER_NS`` for its answer (then the connection is
@@ -27,7 +29,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from pybroker.cluster.ports import Done
+from pybroker.cluster.ports import Done, leadership_moved
 from pybroker.config import split_hostport
 from pybroker.protocol.wire import HEARTBEAT
 
@@ -150,8 +152,11 @@ class _Link:
             if ftype == 0 and body == b"OK":
                 done(None)
             else:
-                done(ForwardError(f"leader node {self.leader}: "
-                                  f"{body.decode('utf-8', 'replace')}"))
+                text = body.decode("utf-8", "replace")
+                # a leader that leads no more (a stale view here, or a leader paused
+                # past its lease, or handing over): the next leader takes it
+                done(ForwardError(f"leader node {self.leader}: {text}",
+                                  lost=leadership_moved(text)))
 
     def _check(self) -> None:
         self.timer = None

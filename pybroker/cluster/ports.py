@@ -167,7 +167,24 @@ class ReplicaHost(Protocol):
     def resign(self, asker: IsrAsker, epoch: int, others: list[int]) -> None: ...
 
 
-__all__ = ["Done", "IsrAsker", "Json", "JsonObj", "LeaderKey", "Registration",
+# How a leader's refusals and failures say that it does not lead the topic (any more):
+# not the leader, its lease expired, its leadership lost or handed over. A node that
+# forwarded the publish (pybroker.cluster.forward) sends it again to the next leader,
+# as it does when the leader goes away, instead of failing its producer.
+NOT_LEADER = "not the leader of"
+LEASE_EXPIRED = "cluster lease expired"
+LEADERSHIP_LOST = "leadership lost"
+HANDED_OVER = "leadership handed over"
+
+
+def leadership_moved(text: str) -> bool:
+    """Does a leader's error text say it does not lead the topic (any more)?"""
+    return any(m in text for m in (NOT_LEADER, LEASE_EXPIRED, LEADERSHIP_LOST,
+                                   HANDED_OVER))
+
+
+__all__ = ["Done", "HANDED_OVER", "IsrAsker", "LEADERSHIP_LOST", "LEASE_EXPIRED",
+           "NOT_LEADER", "leadership_moved", "Json", "JsonObj", "LeaderKey", "Registration",
            "ReplicaHost", "ReplicaStats", "TopicState", "as_int", "as_ints", "as_list", "as_obj", "as_str",
            "leader_key", "need_int", "need_obj", "need_objs", "need_str", "registration",
            "topic_state"]

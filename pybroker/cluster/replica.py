@@ -17,7 +17,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, cast
 
-from pybroker.cluster.ports import Done, JsonObj, ReplicaHost, ReplicaStats
+from pybroker.cluster.ports import (HANDED_OVER, LEADERSHIP_LOST, LEASE_EXPIRED, NOT_LEADER,
+                                    Done, JsonObj, ReplicaHost, ReplicaStats)
 from pybroker.cluster.rules import EpochHistory, LeaderState, Waiter
 from pybroker.errors import ChannelNotFound, TopicNotFound
 from pybroker.protocol.deadletter import dead_letter_settings
@@ -46,7 +47,7 @@ def bytes_between(topic: Topic, lo: int, hi: int) -> int:
     return n * (topic.message_bytes // max(1, topic.message_count) + 50)
 
 
-_HANDING_OVER = "its log cannot be written on this node: leadership handed over"
+_HANDING_OVER = f"its log cannot be written on this node: {HANDED_OVER}"
 
 
 class NotLeader(Exception):
@@ -132,7 +133,7 @@ class Replica:
 
     def _step_down(self, role: str, epoch: int, leader: int) -> None:
         if self.role == LEADER:
-            self._fail_all(NotLeader(f"leadership of {self.name} lost"))
+            self._fail_all(NotLeader(f"{self.name}: {LEADERSHIP_LOST}"))
             self.kick_consumers(f"topic {self.name} is now led by node {leader}"
                                 if leader >= 0 else
                                 f"topic {self.name} is being handed to another node")
@@ -164,7 +165,7 @@ class Replica:
         """Records below ``end`` are written here (synced, in fsync mode): done(None)
         once the in-sync replicas hold them, done(error) if that cannot be."""
         if self.role != LEADER:
-            done(NotLeader(f"not the leader of {self.name}"))
+            done(NotLeader(f"{NOT_LEADER} {self.name}"))
             return
         if self.resigning:
             done(NotLeader(_HANDING_OVER))
@@ -178,11 +179,11 @@ class Replica:
     def refusal(self) -> str | None:
         """Why a publish here would fail now (None: it may be appended)."""
         if self.role != LEADER or self.lead is None:
-            return f"not the leader of {self.name}"
+            return f"{NOT_LEADER} {self.name}"
         if self.resigning:
             return _HANDING_OVER
         if not self.lease_ok():
-            return "cluster lease expired (not acknowledging)"
+            return f"{LEASE_EXPIRED} (not acknowledging)"
         if not self.lead.enough():
             return (f"not enough in-sync replicas ({len(self.lead.isr)} of "
                     f"{self.lead.min_insync} required)")
@@ -222,7 +223,7 @@ class Replica:
             return
         if not self.lease_ok():
             if len(self.waiters):
-                self._fail_all(NotLeader("cluster lease expired before the replicas "
+                self._fail_all(NotLeader(f"{LEASE_EXPIRED} before the replicas "
                                          "acknowledged"))
             return
         if not lead.enough():

@@ -281,6 +281,37 @@ def test_paused_leader_stops_acknowledging_and_rejoins_as_follower(cluster: Clus
     assert len(logs) == 1 and len(logs.pop()) > 0
 
 
+def test_a_publish_forwarded_to_a_paused_leader_goes_to_the_next_one(cluster: Cluster) -> None:
+    """A producer connected to a follower publishes while the leader is paused (SIGSTOP)
+    past its lease: the follower forwards to the old leader, whose socket holds the
+    publishes. Resumed, the old leader either refuses them (its lease expired: the
+    follower sends them again to the next leader, ``ports.leadership_moved``; the unit
+    test of that is tests/unit/test_cluster_forward.py) or, once it knows it follows,
+    forwards them itself. Either way the producer sees a delay and OKs."""
+    c = cluster
+    old = _create(c)
+    via = next(i for i in c.nodes if i != old)
+    conn = _Conn(c.nodes[via].tcp_address)     # type: ignore[arg-type]
+    bodies = [f"via-{k}".encode() for k in range(5)]
+    try:
+        c.nodes[old].proc.send_signal(signal.SIGSTOP)     # type: ignore[union-attr]
+        try:
+            for body in bodies:
+                conn.sock.sendall(pub(TOPIC, body))
+            wait_until(lambda: c.leader(TOPIC, exclude=(old,)), 20, 0.05,
+                       what="a new leader while the old one is paused")
+        finally:
+            c.nodes[old].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+        answers: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and len(answers) < len(bodies):
+            answers += conn.frames(0.5)
+        assert answers == [(FRAME_RESPONSE, b"OK")] * len(bodies), answers
+    finally:
+        conn.close()
+    _every_acknowledged_delivered(Consumers(c, TOPIC, "ch", 1), set(bodies))
+
+
 def test_only_the_leader_is_registered_with_nsqlookupd(
         make_cluster: Callable[..., Cluster]) -> None:
     lookupd = start_nsqlookupd()
