@@ -6,6 +6,7 @@ min-insync 2 (a real etcd, ``$ETCD`` or ``etcd`` on PATH), and nsqd as a referen
     python loadtest/bench_replication.py [--seconds 3] [--runs 3] [--connections 4]
                                          [--depth 1] [--size 200] [--batch 100]
                                          [--durability memory|fsync] [--failovers 3]
+                                         [--handovers 0]
                                          [--lease-ttl 3s] [--nsqd PATH | --no-nsqd]
 
 Throughput: every run publishes to a fresh topic with one channel and no consumer, over
@@ -27,6 +28,14 @@ Failover: a publisher (one PUB at a time, to any node that answers) and a consum
 (SUB'd to whichever node accepts) run; the leader is killed with SIGKILL; the time from
 the kill to the first message the consumer gets from another node is the failover time.
 The killed node is started again (empty) and allowed to rejoin before the next round.
+
+Handover (``--handovers``): the same publisher and consumer, but the leader's disk
+fills instead (every node runs with a test fault plan, ``PYBROKER_FAULTS``, that fails
+its log writes with ENOSPC while a flag file exists; the flag is made for the leader):
+it hands the topic to an in-sync follower (docs/replication.md, "A leader that cannot
+write its log"); the time from the flag to the first message the consumer gets from
+another node is the handover time. The flag is removed and the old leader allowed to
+rejoin the in-sync set before the next round.
 Every process is started here on ephemeral loopback ports and stopped by its PID.
 """
 from __future__ import annotations
@@ -140,12 +149,13 @@ class Etcd:
 class ClusterSetting:
     """Three nodes, RF 3, min-insync 2."""
 
-    def __init__(self, etcd: Etcd, args: argparse.Namespace) -> None:
+    def __init__(self, etcd: Etcd, args: argparse.Namespace,
+                 env: dict[int, dict[str, str]] | None = None) -> None:
         self.nodes = {i: BrokerProcess("pybroker", [
             f"--node-id={i}", f"--cluster-etcd={etcd.url}", "--cluster-address=127.0.0.1:0",
             "--replication-factor=3", "--min-insync-replicas=2",
             f"--cluster-lease-ttl={args.lease_ttl}", f"--durability={args.durability}",
-            ]) for i in (1, 2, 3)}
+            ], env=(env or {}).get(i)) for i in (1, 2, 3)}
         for b in self.nodes.values():
             b.start()
         for i in self.nodes:
@@ -250,9 +260,15 @@ def throughput(args: argparse.Namespace, settings: dict[str, Any]) -> None:
                   f"{allc:9.3f} {client:7.3f} {cap:9.0f} {cap / base:8.2f}x")
 
 
-def failover(args: argparse.Namespace, etcd: Etcd) -> None:
-    c = ClusterSetting(etcd, args)
+def failover(args: argparse.Namespace, etcd: Etcd, disk: bool = False) -> None:
+    """Rounds of the leader killed (or, ``disk``, its log's writes failing) under a
+    publisher and a consumer; prints the time to the first delivery by another node."""
+    flags = Path(tempfile.mkdtemp(prefix="bench-handover-"))
+    env = {i: {"PYBROKER_FAULTS": f"op=pwrite kind=ENOSPC count=0 while={flags}/full{i}"}
+           for i in (1, 2, 3)} if disk else None
+    c = ClusterSetting(etcd, args, env)
     times: list[float] = []
+    rounds = args.handovers if disk else args.failovers
     try:
         topic = "failover"
         c.new_topic(topic)
@@ -321,30 +337,44 @@ def failover(args: argparse.Namespace, etcd: Etcd) -> None:
                    threading.Thread(target=publish, daemon=True)]
         for t in threads:
             t.start()
-        for k in range(args.failovers):
+        for k in range(rounds):
             lead = wait(lambda: c.leader(topic), 60, "a leader with 3 in sync")
             wait(lambda: len(got) > 10, 30, "traffic")
             b = c.nodes[lead]
             assert b.proc is not None
-            killed = time.monotonic()
-            b.proc.kill()
-            b.proc.wait(10)
-            def delivered(killed: float = killed, lead: int = lead) -> float | None:
-                return next((t for t, n in list(got) if t > killed and n != lead), None)
+            hit = time.monotonic()
+            if disk:
+                (flags / f"full{lead}").touch()
+            else:
+                b.proc.kill()
+                b.proc.wait(10)
+
+            def delivered(hit: float = hit, lead: int = lead) -> float | None:
+                return next((t for t, n in list(got) if t > hit and n != lead), None)
 
             first = wait(delivered, 60, "delivery by a new leader")
-            times.append(first - killed)
-            print(f"  failover {k + 1}: {first - killed:.2f} s", flush=True)
-            b.stop()
-            b.start()
-            c.wait_joined(lead)
+            times.append(first - hit)
+            print(f"  {'handover' if disk else 'failover'} {k + 1}: {first - hit:.2f} s",
+                  flush=True)
+            if disk:
+                (flags / f"full{lead}").unlink()
+                # the old leader catches up and rejoins: 3 in sync again
+                wait(lambda: c.leader(topic), 60, "the old leader to rejoin")
+            else:
+                b.stop()
+                b.start()
+                c.wait_joined(lead)
         stop.set()
         for t in threads:
             t.join(10)
     finally:
         c.stop()
-    print(f"\nfailover (leader killed -> first message delivered by the new leader; "
-          f"lease ttl {args.lease_ttl}): median {statistics.median(times):.2f} s, "
+        shutil.rmtree(flags, ignore_errors=True)
+    what = ("handover (leader's log writes fail -> first message delivered by the new "
+            "leader)" if disk else
+            f"failover (leader killed -> first message delivered by the new leader; "
+            f"lease ttl {args.lease_ttl})")
+    print(f"\n{what}: median {statistics.median(times):.2f} s, "
           f"min {min(times):.2f}, max {max(times):.2f} over {len(times)}")
 
 
@@ -359,6 +389,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=100)
     p.add_argument("--durability", choices=("memory", "fsync"), default="memory")
     p.add_argument("--failovers", type=int, default=3)
+    p.add_argument("--handovers", type=int, default=0,
+                   help="rounds of the leader's log writes failing (a test fault plan)")
     p.add_argument("--lease-ttl", default="3s")
     p.add_argument("--nsqd", default=os.environ.get("NSQD") or shutil.which("nsqd"))
     p.add_argument("--no-nsqd", action="store_true")
@@ -382,6 +414,8 @@ def main() -> None:
     try:
         if args.failovers > 0:
             failover(args, etcd)
+        if args.handovers > 0:
+            failover(args, etcd, disk=True)
     finally:
         etcd.stop()
 

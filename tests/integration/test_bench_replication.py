@@ -1,7 +1,8 @@
 """loadtest/bench_replication.py: a run deletes its topic before the next one (so a run
 does not inherit the page cache of the runs before it), and a short run of the whole
-bench against a real etcd, a single node and a three-node cluster prints its table. No
-timing assertions: the figures depend on the machine."""
+bench against a real etcd, a single node and a three-node cluster prints its table and
+one handover's time (the leader's disk filling). No timing assertions: the figures
+depend on the machine."""
 from __future__ import annotations
 
 import os
@@ -53,7 +54,7 @@ def test_a_short_run_prints_the_table() -> None:
                            "etcd-server)")
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--runs", "1", "--seconds", "0.3", "--warmup", "0.1",
-         "--failovers", "0", "--no-nsqd", "--etcd", etcd],
+         "--failovers", "0", "--handovers", "1", "--no-nsqd", "--etcd", etcd],
         capture_output=True, text=True, timeout=140, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = {(m.group(1), m.group(2)): float(m.group(3)) for m in re.finditer(
@@ -61,3 +62,7 @@ def test_a_short_run_prints_the_table() -> None:
     assert set(rows) == {(s, n) for s in ("PUB", "MPUB")
                          for n in ("single node", "RF3 insync2")}, proc.stdout
     assert all(v > 0 for v in rows.values()), rows
+    # one round of the leader's disk filling: handed over, its time printed
+    assert re.search(r"^  handover 1: \d+\.\d\d s$", proc.stdout, re.M), proc.stdout[-2000:]
+    assert re.search(r"^handover \(leader's log writes fail .*: median \d+\.\d\d s",
+                     proc.stdout, re.M), proc.stdout[-2000:]
