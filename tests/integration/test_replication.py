@@ -1089,3 +1089,36 @@ def test_a_leader_whose_disk_fails_hands_its_leadership_over(tmp_path: Path,
     finally:
         problems = c.close()
     assert not problems, "\n".join(problems)
+
+
+def test_a_leader_alone_in_sync_keeps_the_topic_when_its_disk_fails(tmp_path: Path) -> None:
+    """With ``min-insync-replicas`` 1 and both followers gone (the in-sync set is the
+    leader alone), nobody holds every acknowledged record but the leader: its disk
+    failing must not hand the topic to a follower that lacks them. It refuses the
+    publishes its disk cannot take, keeps leading, and acknowledges again once the
+    disk works."""
+    flags = {i: tmp_path / f"full{i}" for i in (1, 2, 3)}
+    c = Cluster(3, min_insync=1, node_env={
+        i: {"PYBROKER_FAULTS": f"op=pwrite kind=ENOSPC count=0 while={flag}"}
+        for i, flag in flags.items()})
+    try:
+        lead = _create(c)
+        epoch = c.replication(lead, TOPIC)["epoch"]   # type: ignore[index]
+        for i in c.nodes:
+            if i != lead:
+                c.nodes[i].kill9()
+        wait_until(lambda: (c.replication(lead, TOPIC) or {}).get("isr") == [lead], 20,
+                   0.05, what="the leader alone in sync")
+        flags[lead].touch()
+        status, _ = c.http_pub(lead, TOPIC, b"not-stored")
+        assert status == 500
+        wait_until(lambda: "no other replica is in sync" in c.nodes[lead].stderr_text(),
+                   10, 0.05, what="the leader to say why it keeps the topic")
+        r = c.replication(lead, TOPIC)
+        assert r is not None and r["role"] == "leader" and r["epoch"] == epoch, r
+        assert c.summary(lead)["leaderships_handed_over"] == 0
+        flags[lead].unlink()
+        assert c.http_pub(lead, TOPIC, b"stored") == (200, b"OK")
+    finally:
+        problems = c.close()
+    assert not problems, "\n".join(problems)
