@@ -439,18 +439,22 @@ class Coordinator(SelectorLoop):
         return doc, self.lease_id
 
     # -- requests from the loops -----------------------------------------------------
+    def _still_leading(self, name: str, epoch: int) -> list[Compare]:
+        """The comparisons that hold a transaction to this node's leadership of
+        ``name`` at ``epoch``: its key, on this session's lease."""
+        value = self._leader_values.get(name) or json.dumps(
+            {"node": self.node.id, "epoch": epoch})
+        lkey = f"{ROOT}leader/{name}"
+        return [Compare(lkey, "VALUE", value), Compare(lkey, "LEASE", self.lease_id)]
+
     def _change_isr(self, r: IsrAsker, epoch: int, isr: list[int]) -> None:
         node = self.node
         name = r.name
-        value = self._leader_values.get(name)
-        if value is None:
-            value = json.dumps({"node": node.id, "epoch": epoch})
         isr = sorted(set(isr) | {node.id})
-        lkey = f"{ROOT}leader/{name}"
         ok = False
         try:
             ok = self.etcd.txn(
-                [Compare(lkey, "VALUE", value), Compare(lkey, "LEASE", self.lease_id)],
+                self._still_leading(name, epoch),
                 [put_op(f"{ROOT}state/{name}",
                         json.dumps({"epoch": epoch, "leader": node.id, "isr": isr}))])
         except EtcdError as e:
@@ -475,21 +479,18 @@ class Coordinator(SelectorLoop):
         heirs = sorted((set(state["isr"]) & set(others)) - {node.id})
         ok = False
         if heirs and state["epoch"] == epoch:
-            value = self._leader_values.get(name) or json.dumps(
-                {"node": node.id, "epoch": epoch})
-            lkey, skey = f"{ROOT}leader/{name}", f"{ROOT}state/{name}"
             new_state = TopicState(epoch=epoch, leader=-1, isr=heirs)
             try:
                 ok = self.etcd.txn(
-                    [Compare(lkey, "VALUE", value), Compare(lkey, "LEASE", self.lease_id)],
-                    [delete_op(lkey), put_op(skey, json.dumps(new_state))])
+                    self._still_leading(name, epoch),
+                    [delete_op(f"{ROOT}leader/{name}"),
+                     put_op(f"{ROOT}state/{name}", json.dumps(new_state))])
             except EtcdError as e:
                 log.error("CLUSTER: %s: handing the leadership over failed: %s", name, e)
             if ok:
-                self._leader_kv.pop(name, None)
+                # what etcd holds now is read by the poll below; until then this
+                # leadership is neither compared against nor posted again
                 self._leader_values.pop(name, None)
-                node.leaders.pop(name, None)
-                self._state[name] = (new_state, 0)
                 self._posted[name] = (NONE, epoch, -1, tuple(heirs))
                 node.handovers += 1
                 log.info("CLUSTER: %s: gave up the leadership at epoch %d; in sync: %s",

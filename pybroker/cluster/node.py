@@ -244,10 +244,8 @@ class ClusterNode:
         self.coordinator.change_isr(asker, epoch, isr)
 
     def resign(self, asker: IsrAsker, epoch: int, others: list[int]) -> None:
-        if self.coordinator is not None:
-            self.coordinator.resign(asker, epoch, others)
-        else:
-            owner_loop(asker.topic.owner).call_soon_threadsafe(asker.resigned, epoch, False)
+        assert self.coordinator is not None
+        self.coordinator.resign(asker, epoch, others)
 
     def save_history(self, name: str, inc: int, entries: list[list[int]]) -> None:
         if self.coordinator is not None:

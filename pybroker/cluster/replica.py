@@ -306,14 +306,14 @@ class Replica:
             self.isr_asked = True
             log.info("CLUSTER: %s: in-sync replicas %s -> %s", self.name,
                      sorted(lead.isr), new)
-            lead.asking(set(new))     # from now on what it adds counts (maximal ISR)
+            lead.asking(new)     # from now on what it adds counts (maximal ISR)
             self.node.change_isr(self, self.epoch, new)
 
     def isr_changed(self, epoch: int, isr: list[int] | None) -> None:
         """The coordinator's answer (None: refused; the state in etcd moved on)."""
         self.isr_asked = False
         if self.lead is not None and epoch == self.epoch:
-            self.lead.isr_written(set(isr) if isr is not None else None)
+            self.lead.isr_written(isr)
             if isr is not None:
                 self.isr = sorted(isr)
             self.advance()

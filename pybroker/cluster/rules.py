@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Iterable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -204,7 +205,7 @@ class LeaderState:
     def enough(self) -> bool:
         return len(self.isr) >= self.min_insync
 
-    def asking(self, new: set[int]) -> None:
+    def asking(self, new: Iterable[int]) -> None:
         """A change of the in-sync set to ``new`` was asked for. etcd is written
         first, so a member it adds may be elected before this leader hears the answer:
         from now on the high watermark waits for it too, so that what it passes that
@@ -212,7 +213,7 @@ class LeaderState:
         until the answer: the set only shrinks once etcd says so."""
         self.adding = frozenset(new) - self.isr
 
-    def isr_written(self, isr: set[int] | None) -> None:
+    def isr_written(self, isr: Iterable[int] | None) -> None:
         """The answer: the set etcd now holds, or None (refused)."""
         if isr is not None:
             self.isr = frozenset(isr) | {self.me}
