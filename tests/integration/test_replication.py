@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
@@ -57,6 +57,17 @@ def _create(c: Cluster, topic: str = TOPIC, members: int = 3) -> int:
                       what=f"{topic} to have a leader and {members} in sync")
     assert isinstance(lead, int)
     return lead
+
+
+def _faulty_cluster(tmp_path: Path, *rules: str, extra: Sequence[str] = (),
+                    min_insync: int = 2) -> tuple[Cluster, dict[int, Path]]:
+    """Three nodes, each with a fault plan of ``rules`` (storage/fileops.py) that
+    holds on node i while its flag file (the second value, by node id) exists."""
+    flags = {i: tmp_path / f"fault{i}" for i in (1, 2, 3)}
+    c = Cluster(3, min_insync=min_insync, extra=list(extra), node_env={
+        i: {"PYBROKER_FAULTS": "; ".join(f"{r} count=0 while={flag}" for r in rules)}
+        for i, flag in flags.items()})
+    return c, flags
 
 
 def _traffic(c: Cluster, what: str) -> tuple[Consumers, Publishers]:
@@ -923,13 +934,9 @@ def test_a_follower_whose_fsync_fails_does_not_acknowledge(tmp_path: Path,
     the topic until a tick's cut works), so the leader sees it behind, drops it from
     the in-sync set, and acknowledges with the others; once its disk works it catches
     up and rejoins. Every acknowledged message is on every node at the end."""
-    flags = {i: tmp_path / f"eio{i}" for i in (1, 2, 3)}
-    plans = {i: f"op=fsync kind=EIO count=0 while={flag}" for i, flag in flags.items()}
-    if cut_fails:
-        plans = {i: f"{p}; op=ftruncate kind=EIO count=0 while={flags[i]}"
-                 for i, p in plans.items()}
-    c = Cluster(3, extra=["--durability=fsync"], node_env={
-        i: {"PYBROKER_FAULTS": plan} for i, plan in plans.items()})
+    c, flags = _faulty_cluster(tmp_path, "op=fsync kind=EIO",
+                               *(["op=ftruncate kind=EIO"] if cut_fails else []),
+                               extra=["--durability=fsync"])
     try:
         lead = _create(c)
         f, other = [i for i in c.nodes if i != lead]
@@ -975,10 +982,7 @@ def test_a_follower_with_a_full_disk_backs_off_and_rejoins(tmp_path: Path) -> No
     RETRY_MAX_NS): it neither spins nor floods its log (before: about 6,000 error
     lines a second). Its leader drops it from the in-sync set and acknowledges with the
     other follower; once the disk has room it catches up and rejoins."""
-    flags = {i: tmp_path / f"full{i}" for i in (1, 2, 3)}
-    c = Cluster(3, node_env={
-        i: {"PYBROKER_FAULTS": f"op=pwrite kind=ENOSPC count=0 while={flag}"}
-        for i, flag in flags.items()})
+    c, flags = _faulty_cluster(tmp_path, "op=pwrite kind=ENOSPC")
     try:
         lead = _create(c)
         f, other = [i for i in c.nodes if i != lead]
@@ -1040,15 +1044,11 @@ def test_a_leader_whose_disk_fails_hands_its_leadership_over(tmp_path: Path,
     in-sync follower is elected, publishes (also those sent to the old leader, which
     forwards them) are acknowledged again, and no acknowledged message is lost. Once
     its disk works the old leader catches up and rejoins the in-sync set."""
-    flags = {i: tmp_path / f"fail{i}" for i in (1, 2, 3)}
     if fault == "write_enospc":
-        plans = {i: f"op=pwrite kind=ENOSPC count=0 while={f}" for i, f in flags.items()}
-        extra: list[str] = []
+        c, flags = _faulty_cluster(tmp_path, "op=pwrite kind=ENOSPC")
     else:
-        plans = {i: f"op=fsync kind=EIO count=0 while={f}" for i, f in flags.items()}
-        extra = ["--durability=fsync"]
-    c = Cluster(3, extra=extra, node_env={
-        i: {"PYBROKER_FAULTS": plan} for i, plan in plans.items()})
+        c, flags = _faulty_cluster(tmp_path, "op=fsync kind=EIO",
+                                   extra=["--durability=fsync"])
     try:
         old = _create(c)
         cons, pubs = _traffic(c, "before the disk fails")
@@ -1097,10 +1097,7 @@ def test_a_leader_alone_in_sync_keeps_the_topic_when_its_disk_fails(tmp_path: Pa
     failing must not hand the topic to a follower that lacks them. It refuses the
     publishes its disk cannot take, keeps leading, and acknowledges again once the
     disk works."""
-    flags = {i: tmp_path / f"full{i}" for i in (1, 2, 3)}
-    c = Cluster(3, min_insync=1, node_env={
-        i: {"PYBROKER_FAULTS": f"op=pwrite kind=ENOSPC count=0 while={flag}"}
-        for i, flag in flags.items()})
+    c, flags = _faulty_cluster(tmp_path, "op=pwrite kind=ENOSPC", min_insync=1)
     try:
         lead = _create(c)
         epoch = c.replication(lead, TOPIC)["epoch"]   # type: ignore[index]
