@@ -235,6 +235,11 @@ SPECS: tuple[OptionSpec, ...] = (
                "before it sleeps in epoll (a client answering at once is read without a "
                "wake-up), and its sender thread waits 200us for the next pass's writes; "
                "0: both sleep at once", 0, 10 * MS),
+    OptionSpec("loop_sender", "str", "auto",
+               "who writes a dispatch pass's messages to 8 or more consumers at RDY 1 or "
+               "2: \"on\" the loop's sender thread (the sends' kernel time on another "
+               "core), \"off\" the loop itself, \"auto\" both measured and the faster "
+               "kept (which wins depends on the machine)"),
     OptionSpec("max_connections", "int", 0,
                "most TCP clients at once; more are answered E_INVALID and closed (redis's "
                "maxclients; 0: no limit). A reserve of file descriptors is always kept",
@@ -384,6 +389,8 @@ def resolve(file_values: Mapping[str, object], flag_values: Mapping[str, object]
 def _check(v: Options) -> None:
     """Cross-field checks (nsqd's, in nsqd.New, plus pybroker's own)."""
     _check_tls(v)
+    if v.loop_sender not in ("auto", "on", "off"):
+        raise ConfigError(f"loop_sender: {v.loop_sender!r} is not \"auto\", \"on\" or \"off\"")
     if v.durability not in ("memory", "fsync"):
         raise ConfigError(f"durability: {v.durability!r} is not \"memory\" or \"fsync\"")
     dlt = v.dead_letter_topic

@@ -80,6 +80,7 @@ class OptionFields:
     dead_letter_topic: str
     loop_threads: int
     loop_spin: int  # ns
+    loop_sender: str  # auto, on, off
     max_connections: int
     cluster_etcd: str
     cluster_address: str

@@ -41,6 +41,7 @@ from pybroker.server.iostate import CLOSED, DRAINING
 from pybroker.server.lane import Lane
 from pybroker.server.ports import owner_loop
 from pybroker.server.publish import Publisher
+from pybroker.server.sendchoice import SendChoice
 
 if TYPE_CHECKING:
     from pybroker.core.flight import Consumer, Deferred, Flight
@@ -97,6 +98,9 @@ class EventLoop(SelectorLoop):
         # (its connections, their bytes, their lengths), until settle_sends. It spins
         # between jobs only when the loop does (loop_spin)
         self.sender = Sender(SENDER_SPIN_NS if self.spin_ns else 0)
+        # whether the sender or this loop writes such a pass (loop_sender; measured
+        # both ways on "auto")
+        self.send_choice = SendChoice(runtime.options.loop_sender)
         self._job: tuple[list[Conn], bytes | bytearray, list[int]] | None = None
         self._turn = 0           # _flush_all's count: a job lives into one turn at most
         self._job_turn = 0       # the turn the job was posted in
@@ -182,8 +186,12 @@ class EventLoop(SelectorLoop):
         else:
             view = memoryview(out)
             data = b"".join([view[s:s + ln] for s, ln in zip(starts, lens)])
-        if (len(conns) >= C_FROM and msgs < SENDER_MSGS * len(conns)
-                and self.sender.available()):
+        if len(conns) >= C_FROM and msgs < SENDER_MSGS * len(conns):
+            choice = self.send_choice
+            choice.passed(msgs)
+            if not (choice.use_sender and self.sender.available()):
+                self._write_batch(conns, data, lens)
+                return
             for c in conns:
                 c.sending = True
             self.sender.post([c.fd for c in conns], data, lens)
@@ -204,7 +212,9 @@ class EventLoop(SelectorLoop):
             return
         self._job = None
         self.nap_cap = None
+        t0 = monotonic_ns()
         sent = self.sender.wait()
+        self.send_choice.waited(monotonic_ns() - t0)
         conns, data, lens = job
         for c in conns:
             c.sending = False

@@ -89,6 +89,7 @@ def test_tls_min_version_spellings(raw: str) -> None:
     ({"tls_client_auth_policy": "maybe"}, {}, "tls_client_auth_policy: 'maybe' is not"),
     ({"auth_http_request_method": "put"}, {}, "auth_http_request_method: must be post or get"),
     ({"snappy": "maybe"}, {}, "snappy: expected true or false"),
+    ({}, {"loop_sender": "sometimes"}, "loop_sender: 'sometimes' is not \"auto\""),
 ])
 def test_bad_values_name_the_key(file: dict, flags: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as e:

@@ -29,8 +29,8 @@ BODY = 30_000           # a frame of about 30 KB: more than a small socket buffe
 class Loop:
     """One loop of a real Runtime; clients on socket pairs, the loop's turns run here."""
 
-    def __init__(self, tmp: Path) -> None:
-        self.rt = runtime(tmp, loop_threads="1")
+    def __init__(self, tmp: Path, sender: str = "on") -> None:
+        self.rt = runtime(tmp, loop_threads="1", loop_sender=sender)
         self.loop = self.rt.loops[0]
         self.clients: list[socket.socket] = []
 
@@ -56,9 +56,12 @@ class Loop:
         close_runtime(self.rt)
 
 
-@pytest.fixture
-def wire(tmp_path: Path) -> Iterator[Loop]:
-    w = Loop(tmp_path)
+@pytest.fixture(params=["on", "off"])
+def wire(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Loop]:
+    """The loop with its sender thread writing such passes (``loop_sender = "on"``),
+    and without (``"off"``: the loop writes them itself, the same way as the end of a
+    turn's batched writes)."""
+    w = Loop(tmp_path, request.param)
     yield w
     w.close()
 
@@ -99,3 +102,5 @@ def test_partial_writes_of_a_job_are_sent_with_nothing_after_the_pass(wire: Loop
         assert ftype == 2
         got.add(data[26:])
     assert got == set(bodies)
+    # the sender's thread starts at its first job: only "on" had one
+    assert (wire.loop.sender._s is not None) == (wire.loop.send_choice.use_sender)
