@@ -135,6 +135,11 @@ class Sender:
         self._data: CData = None     # the posted job's buffer, kept alive until wait
         self._n = 0
 
+    @staticmethod
+    def possible() -> bool:
+        """Can a sender run here at all (the compiled codec, futex)? Starts nothing."""
+        return bool(_SENDER)
+
     def available(self) -> bool:
         if self._s is None and _SENDER:
             s = _lib.nsqf_sender_new(self._spin_ns)

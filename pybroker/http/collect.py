@@ -27,15 +27,20 @@ if TYPE_CHECKING:
 class LoopSnapshot:
     """What one loop reported: its channels' stats, its producers, its connections."""
 
-    __slots__ = ("channels", "connections", "name", "owned", "producers")
+    __slots__ = ("channels", "connections", "name", "owned", "producers", "sender",
+                 "sender_rounds")
 
     def __init__(self, name: str, channels: dict[int, ChannelSnapshot],
-                 producers: list[ClientStats], connections: int) -> None:
+                 producers: list[ClientStats], connections: int, sender: bool,
+                 sender_rounds: int) -> None:
         self.name = name
         self.channels = channels
         self.producers = producers
         self.connections = connections
         self.owned = 0
+        # who writes its passes to consumers at RDY 1-2 now (server/sendchoice.py)
+        self.sender = sender
+        self.sender_rounds = sender_rounds
 
 
 def loop_snapshot(loop: EventLoop, chans: list[Channel], include_clients: bool, topic_filter: str,
@@ -45,7 +50,9 @@ def loop_snapshot(loop: EventLoop, chans: list[Channel], include_clients: bool, 
     out = {id(ch): channel_snapshot(ch, include_clients, topic_filter, now, time.time_ns())
            for ch in chans if not ch.deleted}
     producers = producer_stats(loop.connections, topic_filter) if want_producers else []
-    return LoopSnapshot(loop.name, out, producers, len(loop.connections))
+    choice = loop.send_choice
+    return LoopSnapshot(loop.name, out, producers, len(loop.connections),
+                        choice.use_sender and loop.sender.possible(), choice.rounds)
 
 
 class Collected:

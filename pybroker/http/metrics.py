@@ -120,6 +120,13 @@ def render(stats: Collected, health: str, start_time: int, http: HttpFigures) ->
              [((("loop", s.name),), s.connections) for s in loops])
     o.family("nsq_loop_channels", "gauge", "Channels owned by each loop thread.",
              [((("loop", s.name),), s.owned) for s in loops])
+    o.family("nsq_loop_sender", "gauge",
+             "1 while the loop's sender thread writes its passes to 8+ consumers at RDY 1-2, "
+             "0 while the loop writes them itself (loop_sender).",
+             [((("loop", s.name),), int(s.sender)) for s in loops])
+    o.family("nsq_loop_sender_rounds_total", "counter",
+             "Rounds of measuring both ways of writing such passes (loop_sender auto).",
+             [((("loop", s.name),), s.sender_rounds) for s in loops])
     o.family("nsq_producers", "gauge", "Connected clients that have published.",
              [((), len(stats.producers or ()))])
     o.family("nsq_http_connections", "gauge", "Open HTTP connections.",

@@ -5,7 +5,9 @@ which pybroker sends as nsqd does (both brokers, received on a UDP socket here).
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -15,7 +17,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.broker import BrokerProcess, unique_name, wait_until
+from pybroker._native.batchio import Sender
+from tests.support.broker import BrokerProcess, loadtest_module, unique_name, wait_until
 from tests.support.wire import WireClient
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -192,3 +195,58 @@ def test_statsd_push(make_any_broker: Callable[..., BrokerProcess]) -> None:
         assert mem_seen(), lines
     finally:
         udp.close()
+
+
+def _per_loop(samples: Samples, name: str) -> dict[str, float]:
+    return {dict(k[1])["loop"]: v for k, v in samples.items() if k[0] == name}
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_metrics_say_who_writes_a_loops_passes(make_broker: Callable[..., BrokerProcess],
+                                               mode: str) -> None:
+    """``loop_sender`` fixed: every loop reports that way (the sender only where the
+    compiled codec can run one), and no rounds of measuring."""
+    b = make_broker("--loop-threads=2", f"--loop-sender={mode}")
+    samples, types = scrape(b)
+    sender = _per_loop(samples, "nsq_loop_sender")
+    rounds = _per_loop(samples, "nsq_loop_sender_rounds_total")
+    assert set(sender) == set(rounds) == set(_per_loop(samples, "nsq_loop_connections"))
+    assert len(sender) == 2
+    want = int(mode == "on" and Sender.possible())
+    assert set(sender.values()) == {want}
+    assert set(rounds.values()) == {0}
+    assert types["nsq_loop_sender"] == "gauge"
+    assert types["nsq_loop_sender_rounds"] == "counter"
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) for rdy_reader")
+@pytest.mark.timeout(120)
+def test_auto_measures_both_ways_while_consumers_at_rdy_1_read(
+        make_broker: Callable[..., BrokerProcess]) -> None:
+    """``loop_sender = "auto"`` (the default): while 16 consumers at RDY 1 read a
+    backlog (``loadtest/rdy_reader.c``, each FIN sent at once, so a turn's FINs bring a
+    pass of many consumers), the loop measures a round of both ways: its counter moves,
+    and the gauge says which way won. Every message is still read once the flow stops."""
+    b = make_broker()
+    topic = unique_name("snd")
+    assert b.tcp_address
+    http(b, "POST", f"/topic/create?topic={topic}").close()
+    http(b, "POST", f"/channel/create?topic={topic}&channel=ch").close()
+    body = b"\n".join(b"m%07d" % i for i in range(500))
+    for _ in range(400):                 # 200,000 messages
+        http(b, "POST", f"/mpub?topic={topic}", body).close()
+    before, _ = scrape(b)
+    assert sum(_per_loop(before, "nsq_loop_sender_rounds_total").values()) == 0
+    reader = loadtest_module("bench_io").rdy_reader_binary()
+
+    def rounds() -> float:
+        return sum(_per_loop(scrape(b)[0], "nsq_loop_sender_rounds_total").values())
+
+    deadline = time.monotonic() + 60
+    while rounds() < 1 and stats(b, topic)["channels"][0]["depth"] > 0:
+        assert time.monotonic() < deadline, "no round of measuring in 60 s"
+        subprocess.run([reader, b.tcp_hostport, topic, "ch", "16", "1", "2"],
+                       capture_output=True, text=True, timeout=60, check=True)
+    assert rounds() >= 1
+    samples, _ = scrape(b)
+    assert set(_per_loop(samples, "nsq_loop_sender").values()) <= {0, 1}
