@@ -254,11 +254,11 @@ class Channel(Lifecycle):
             return None if self.cursor < topic.log.oldest else False
         consumers = self.consumers
         n = len(consumers)
-        start = self._rr
+        start = self._rr % n
         ready: list[tuple[Consumer, int]] = []
         total = 0
-        for k in range(start, start + n):
-            c = consumers[k % n]
+        # round-robin from _rr (the rotated list is built in C)
+        for c in (consumers[start:] + consumers[:start] if start else consumers):
             room = c.ready_room()
             if room > 0:
                 if c.sample_rate:

@@ -137,14 +137,17 @@ class Lifecycle:
         them go into the table in one call and onto the timeout wheel under one taking
         of the lock (one bucket when the consumers share a msg_timeout)."""
         flights = []
+        timeout = sends[0][0].msg_timeout_ns
+        shared = True
         for c, n, _ in sends:
             c.in_flight_count += n
             flights.append(Flight(c, first, n, 1, now_ns))
             first += n
+            if c.msg_timeout_ns != timeout:
+                shared = False
         self.in_flight.add_flights(flights)
-        timeout = sends[0][0].msg_timeout_ns
         with self.lock:
-            if all(c.msg_timeout_ns == timeout for c, _, _ in sends):
+            if shared:
                 for f, h in zip(flights, self.in_flight_wheel.add_all(now_ns + timeout,
                                                                         flights)):
                     f.handle = h

@@ -165,8 +165,8 @@ class EventLoop(SelectorLoop):
         joined = 0                 # out[0:joined] is the written ones' frames, in order
         at = 0
         msgs = 0                   # the written ones' messages
-        for consumer, n, end in sends:
-            c = cast("Conn", consumer)     # this loop's consumers are its connections
+        # this loop's consumers are its connections
+        for c, n, end in cast("list[tuple[Conn, int, int]]", sends):
             if c.takes_frames_now(end - at):
                 c.message_count += n
                 msgs += n
