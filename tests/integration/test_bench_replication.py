@@ -25,9 +25,17 @@ BENCH = project_root() / "loadtest" / "bench_replication.py"
 
 
 def _topic_bytes(data_path: str) -> int:
-    root = Path(data_path) / "topics"
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) \
-        if root.exists() else 0
+    """Bytes of the files under topics/; a file the storage thread removes while this
+    walks the tree counts as gone."""
+    total = 0
+    # os.walk passes over a directory that vanishes under it (rglob would raise)
+    for top, _, files in os.walk(Path(data_path) / "topics"):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(top, name)).st_size
+            except FileNotFoundError:
+                pass
+    return total
 
 
 def test_a_runs_topic_is_deleted_and_its_files_go() -> None:
