@@ -110,6 +110,9 @@ def _default_node_id() -> int:
     return zlib.crc32(md5(socket.gethostname().encode()).digest()) % 1024
 
 
+# loop_sender's values (server/sendchoice.py): measured both ways, the sender, the loop
+LOOP_SENDER_MODES = ("auto", "on", "off")
+
 SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("id", "int", None, "unique part of message ids, 0..1023 (default: from hostname)",
                0, 1023, flag="node-id"),
@@ -389,7 +392,7 @@ def resolve(file_values: Mapping[str, object], flag_values: Mapping[str, object]
 def _check(v: Options) -> None:
     """Cross-field checks (nsqd's, in nsqd.New, plus pybroker's own)."""
     _check_tls(v)
-    if v.loop_sender not in ("auto", "on", "off"):
+    if v.loop_sender not in LOOP_SENDER_MODES:
         raise ConfigError(f"loop_sender: {v.loop_sender!r} is not \"auto\", \"on\" or \"off\"")
     if v.durability not in ("memory", "fsync"):
         raise ConfigError(f"durability: {v.durability!r} is not \"memory\" or \"fsync\"")

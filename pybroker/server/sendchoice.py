@@ -27,13 +27,13 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from pybroker.config import LOOP_SENDER_MODES
+
 TRIAL_NS = 250_000_000      # each way measured this long
 HOLD_NS = 5_000_000_000     # the faster way kept this long, then both measured again
 GAP_NS = 50_000_000         # passes further apart than this: the trial starts again
 MARGIN = 1.05               # rates closer than this are a tie: the cheaper way wins
 MIN_MSGS = 1_000            # a trial with fewer messages is extended (too few to judge)
-
-MODES = ("auto", "on", "off")
 
 
 class SendChoice:
@@ -47,8 +47,9 @@ class SendChoice:
     def __init__(self, mode: str = "auto",
                  clock: Callable[[], int] = time.monotonic_ns,
                  cpu: Callable[[], int] = time.thread_time_ns) -> None:
-        if mode not in MODES:
-            raise ValueError(f"loop_sender: {mode!r} is not one of {', '.join(MODES)}")
+        if mode not in LOOP_SENDER_MODES:
+            raise ValueError(f"loop_sender: {mode!r} is not one of "
+                             f"{', '.join(LOOP_SENDER_MODES)}")
         self.fixed = mode != "auto"
         self.use_sender = mode != "off"
         self._clock = clock
