@@ -50,6 +50,11 @@ def stats(b: BrokerProcess, topic: str) -> dict[str, Any]:
         return t
 
 
+def _per_loop(samples: Samples, name: str) -> dict[str, float]:
+    """A per-loop family's samples: loop name -> value."""
+    return {dict(k[1])["loop"]: v for k, v in samples.items() if k[0] == name}
+
+
 def test_metrics_parse_and_agree_with_stats(broker: BrokerProcess) -> None:
     topic = unique_name("prom")
     assert broker.tcp_address
@@ -80,9 +85,9 @@ def test_metrics_parse_and_agree_with_stats(broker: BrokerProcess) -> None:
     assert samples[("nsq_channel_timed_out_total", cl)] == ch["timeout_count"] == 0
     assert samples[("nsq_channel_clients", cl)] == ch["client_count"] == 1
     assert types["nsq_topic_messages"] == "counter" and types["nsq_channel_depth"] == "gauge"
-    loops = {dict(k[1])["loop"]: v for k, v in samples.items() if k[0] == "nsq_loop_connections"}
+    loops = _per_loop(samples, "nsq_loop_connections")
     assert loops and all(name.startswith("loop-") for name in loops)
-    owned = {dict(k[1])["loop"]: v for k, v in samples.items() if k[0] == "nsq_loop_channels"}
+    owned = _per_loop(samples, "nsq_loop_channels")
     assert set(owned) == set(loops) and sum(owned.values()) >= 1
     assert samples[("nsq_healthy", ())] == 1
     assert samples[("process_resident_memory_bytes", ())] > 1_000_000
@@ -96,7 +101,7 @@ def test_metrics_parse_and_agree_with_stats(broker: BrokerProcess) -> None:
 def test_metrics_loop_connections_count_clients(broker: BrokerProcess) -> None:
     def total() -> float:
         samples, _ = scrape(broker)
-        return sum(v for k, v in samples.items() if k[0] == "nsq_loop_connections")
+        return sum(_per_loop(samples, "nsq_loop_connections").values())
 
     before = total()
     assert broker.tcp_address
@@ -195,10 +200,6 @@ def test_statsd_push(make_any_broker: Callable[..., BrokerProcess]) -> None:
         assert mem_seen(), lines
     finally:
         udp.close()
-
-
-def _per_loop(samples: Samples, name: str) -> dict[str, float]:
-    return {dict(k[1])["loop"]: v for k, v in samples.items() if k[0] == name}
 
 
 @pytest.mark.parametrize("mode", ["on", "off"])
