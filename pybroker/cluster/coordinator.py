@@ -34,6 +34,7 @@ import time
 from typing import TYPE_CHECKING
 
 from pybroker.cluster.etcd import Compare, Etcd, EtcdError, delete_op, put_op
+from pybroker.cluster.outage import Outage
 from pybroker.cluster.ports import (IsrAsker, LeaderKey, Registration, TopicState,
                                     as_int, as_ints, as_obj, leader_key, registration,
                                     topic_state)
@@ -59,6 +60,8 @@ class Coordinator(SelectorLoop):
         self.node = node
         o = node.options
         self.etcd = Etcd(o.cluster_etcd, timeout_s=max(0.5, o.cluster_lease_ttl / 3e9))
+        # etcd's failures, logged without a flood while it is away (pybroker.cluster.outage)
+        self.outage = Outage("etcd", log)
         self.ttl_s = max(1, int(o.cluster_lease_ttl // 1_000_000_000))
         self.me = {"id": node.id, "tcp": tcp, "http": http, "repl": repl}
         self.dir = os.path.join(os.path.abspath(o.data_path or "."), "cluster")
@@ -120,9 +123,10 @@ class Coordinator(SelectorLoop):
         try:
             self._new_session()
         except EtcdError as e:
-            log.error("CLUSTER: etcd: %s (retrying)", e)
+            self.outage.failed(e)
             self.call_later(500_000_000, self._begin)
             return
+        self.outage.ok()
         self.call_later(self.ttl_s * 1_000_000_000 // 3, self._keepalive)
         self._poll()
 
@@ -149,10 +153,9 @@ class Coordinator(SelectorLoop):
         if not ok:
             found = self.etcd.get(key)
             if found is not None and found.lease != self.lease_id:
-                log.error("CLUSTER: node id %d is registered by another process (%s); "
-                          "waiting for it to go", self.node.id, found.value)
                 self.etcd.revoke(self.lease_id)
-                raise EtcdError(f"node id {self.node.id} in use")
+                raise EtcdError(f"node id {self.node.id} is registered by another "
+                                f"process ({found.value}); waiting for it to go")
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
             f.write(str(self.lease_id))
@@ -166,9 +169,10 @@ class Coordinator(SelectorLoop):
         try:
             ttl = self.etcd.keepalive(self.lease_id)
         except EtcdError as e:
-            log.error("CLUSTER: lease renewal failed: %s", e)
+            self.outage.failed(f"lease renewal failed: {e}")
             self.call_later(every // 2, self._keepalive)
             return
+        self.outage.ok()
         if ttl > 0:
             self.node.lease.renewed(sent)
             self.call_later(every, self._keepalive)
@@ -179,7 +183,7 @@ class Coordinator(SelectorLoop):
         try:
             self._new_session()
         except EtcdError as e:
-            log.error("CLUSTER: etcd: %s", e)
+            self.outage.failed(e)
         self.call_later(every // 2, self._keepalive)
         self._poll()
 
@@ -203,8 +207,9 @@ class Coordinator(SelectorLoop):
         try:
             _, kvs = self.etcd.get_prefix(ROOT)
         except EtcdError as e:
-            log.error("CLUSTER: %s", e)
+            self.outage.failed(e)
             return
+        self.outage.ok()
         nodes: dict[int, Registration] = {}
         topics: dict[str, list[int]] = {}
         self._state = {}
@@ -237,7 +242,7 @@ class Coordinator(SelectorLoop):
         try:
             self._reconcile(topics)
         except EtcdError as e:
-            log.error("CLUSTER: %s", e)
+            self.outage.failed(e)
 
     def _reconcile(self, topics: dict[str, list[int]]) -> None:
         node = self.node
@@ -374,7 +379,7 @@ class Coordinator(SelectorLoop):
                                 delete_op(f"{ROOT}leader/{name}"),
                                 put_op(f"{ROOT}deleted/{name}", json.dumps({"inc": inc}))])
         except EtcdError as e:
-            log.error("CLUSTER: %s: deleting it in the cluster failed: %s", name, e)
+            self.outage.failed(f"{name}: deleting it in the cluster failed: {e}")
             self.call_later(500_000_000, self._delete_cluster_topic, name)
             return
         if ok:
@@ -458,7 +463,7 @@ class Coordinator(SelectorLoop):
                 [put_op(f"{ROOT}state/{name}",
                         json.dumps({"epoch": epoch, "leader": node.id, "isr": isr}))])
         except EtcdError as e:
-            log.error("CLUSTER: %s: in-sync change not written: %s", name, e)
+            self.outage.failed(f"{name}: in-sync change not written: {e}")
         if ok:
             posted = self._posted.get(name)
             if posted is not None:
@@ -486,7 +491,7 @@ class Coordinator(SelectorLoop):
                     [delete_op(f"{ROOT}leader/{name}"),
                      put_op(f"{ROOT}state/{name}", json.dumps(new_state))])
             except EtcdError as e:
-                log.error("CLUSTER: %s: handing the leadership over failed: %s", name, e)
+                self.outage.failed(f"{name}: handing the leadership over failed: {e}")
             if ok:
                 # what etcd holds now is read by the poll below; until then this
                 # leadership is neither compared against nor posted again

@@ -290,11 +290,18 @@ class ClusterNode:
         return r.stats() if r is not None else None
 
     def summary(self) -> NodeSummary:
+        # the coordinator's count of etcd failures, read from another thread (a racy
+        # but safe read of two numbers)
+        o = self.coordinator.outage if self.coordinator is not None else None
+        since = o.since_ns if o is not None else 0
         return {"node_id": self.id, "lease_valid": self.lease.valid(time.monotonic_ns()),
                 "live_nodes": sorted(self.live),
                 "replication_address": self.server.address if self.server else "",
                 "follower_syncs": self.syncs.counts(),
-                "leaderships_handed_over": self.handovers}
+                "leaderships_handed_over": self.handovers,
+                "etcd_errors": o.total if o is not None else 0,
+                "etcd_failing_s": round((time.monotonic_ns() - since) / 1e9, 1)
+                if since else 0.0}
 
 
 __all__ = ["ClusterNode"]

@@ -27,6 +27,8 @@ class NodeSummary(TypedDict):
     replication_address: str
     follower_syncs: SyncCounts        # where its follower fsyncs ran (fsync mode)
     leaderships_handed_over: int      # topics it gave up leading: its log failed here
+    etcd_errors: int                  # failed etcd calls since start-up
+    etcd_failing_s: float             # how long etcd has been failing (0: it works)
 
 
 class NodePort(ReplicaHost, Protocol):

@@ -81,7 +81,14 @@ def metrics_text(node: NodePort) -> bytes:
               "leading because a write or fsync of their log failed here.",
               "# TYPE nsq_cluster_leaderships_handed_over_total counter",
               "nsq_cluster_leaderships_handed_over_total "
-              f"{summary['leaderships_handed_over']}"]
+              f"{summary['leaderships_handed_over']}",
+              "# HELP nsq_cluster_etcd_errors_total etcd calls that failed (unreachable, "
+              "an error or no answer in time).",
+              "# TYPE nsq_cluster_etcd_errors_total counter",
+              f"nsq_cluster_etcd_errors_total {summary['etcd_errors']}",
+              "# HELP nsq_cluster_etcd_failing_seconds How long etcd has been failing "
+              "(0 while it works).", "# TYPE nsq_cluster_etcd_failing_seconds gauge",
+              f"nsq_cluster_etcd_failing_seconds {summary['etcd_failing_s']}"]
     return ("\n".join(lines) + "\n").encode()
 
 

@@ -1119,3 +1119,45 @@ def test_a_leader_alone_in_sync_keeps_the_topic_when_its_disk_fails(tmp_path: Pa
     finally:
         problems = c.close()
     assert not problems, "\n".join(problems)
+
+
+def test_an_etcd_outage_is_logged_in_a_few_lines_and_the_cluster_resumes(
+        cluster: Cluster) -> None:
+    """etcd crashes (SIGKILL) under traffic and comes back on its data: while it is
+    away each node logs the outage once (not each failed call: the coordinator
+    retries about seven times a second), /stats and /metrics count it, the leader
+    stops acknowledging at its lease deadline, and once etcd is back every node says
+    so, publishes are acknowledged again and no acknowledged message is lost."""
+    c = cluster
+    _create(c)
+    cons, pubs = _traffic(c, "before etcd went away")
+    try:
+        before = {i: len(b.stderr_text().splitlines()) for i, b in c.nodes.items()}
+        c.etcd.kill()
+        # past the lease (3 s): the leader has stopped acknowledging by then
+        wait_until(lambda: all(c.summary(i)["etcd_failing_s"] >= 4 for i in c.nodes),
+                   20, 0.1, what="every node to count 4 s of etcd failing")
+        stalled = pubs.count()
+        for i, b in c.nodes.items():
+            s = c.summary(i)
+            assert s["etcd_errors"] >= 10 and not s["lease_valid"], (i, s)
+            new = b.stderr_text().splitlines()[before[i]:]
+            etcd_lines = [ln for ln in new if "CLUSTER: etcd" in ln]
+            assert len(etcd_lines) == 1, (i, etcd_lines)
+            assert "retrying; further failures are summarised every 30 s" in etcd_lines[0]
+            with urllib.request.urlopen(f"{b.http_url}/metrics", timeout=5) as m:
+                metrics = dict(ln.split(" ", 1) for ln in m.read().decode().splitlines()
+                               if ln.startswith("nsq_cluster_etcd_"))
+            assert int(metrics["nsq_cluster_etcd_errors_total"]) >= s["etcd_errors"]
+            assert float(metrics["nsq_cluster_etcd_failing_seconds"]) >= 4
+        c.etcd.restart()
+        wait_until(lambda: pubs.count() >= stalled + 100, 30,
+                   what="publishes acknowledged again once etcd is back")
+        for i, b in c.nodes.items():
+            wait_until(lambda: c.summary(i)["etcd_failing_s"] == 0, 15, 0.1,
+                       what=f"node {i} to see etcd working")
+            assert any("CLUSTER: etcd: working again after" in ln
+                       for ln in b.stderr_text().splitlines()[before[i]:]), i
+    finally:
+        acked = pubs.stop()
+    _every_acknowledged_delivered(cons, acked)

@@ -35,28 +35,49 @@ class EtcdProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.log_path = os.path.join(self.dir, "etcd.log")
+        self.args: list[str] = []
 
     def start(self, timeout_s: float = 20.0) -> EtcdProcess:
         for _ in range(5):
             client, peer = _free_port(), _free_port()
             self.url = f"http://127.0.0.1:{client}"
             purl = f"http://127.0.0.1:{peer}"
-            with open(self.log_path, "ab") as logf:
-                self.proc = subprocess.Popen(
-                    [self.path, "--name", "test", "--data-dir", os.path.join(self.dir, "data"),
-                     "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-                     "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
-                     "--initial-cluster", f"test={purl}", "--log-level", "warn"],
-                    stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                if self._healthy():
-                    return self
-                time.sleep(0.05)
+            self.args = [self.path, "--name", "test", "--data-dir",
+                         os.path.join(self.dir, "data"),
+                         "--listen-client-urls", self.url, "--advertise-client-urls",
+                         self.url, "--listen-peer-urls", purl,
+                         "--initial-advertise-peer-urls", purl,
+                         "--initial-cluster", f"test={purl}", "--log-level", "warn"]
+            if self._run(timeout_s):
+                return self
             self.stop()
         text = self.log_text()
         self.cleanup()
         raise AssertionError("etcd did not start:\n" + text)
+
+    def _run(self, timeout_s: float) -> bool:
+        """Start etcd with ``self.args``; True once it answers."""
+        with open(self.log_path, "ab") as logf:
+            self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=logf,
+                                         stderr=logf)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if self._healthy():
+                return True
+            time.sleep(0.05)
+        return False
+
+    def kill(self) -> None:
+        """SIGKILL (a crash): its data directory stays, for ``restart``."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def restart(self, timeout_s: float = 20.0) -> None:
+        """Start it again on the same addresses and data (after ``kill``)."""
+        assert self.proc is None or self.proc.poll() is not None, "etcd is running"
+        if not self._run(timeout_s):
+            raise AssertionError("etcd did not start again:\n" + self.log_text())
 
     def _healthy(self) -> bool:
         try:
