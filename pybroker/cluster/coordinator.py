@@ -79,6 +79,12 @@ class Coordinator(SelectorLoop):
         # the incarnation each local topic belongs to, by topic object: a topic made
         # after a delete is a new object, so it never inherits its name's old incarnation
         self._incs: dict[Topic, int] = {}
+        # replicas created here without a copy of their records it can vouch for: never
+        # elected, and out of the in-sync set until caught up (``_leave_isr``)
+        self._unvouched: set[str] = set()
+        self._joined_rev = 0        # etcd's revision when this process first joined
+        self._created: dict[str, int] = {}    # name -> its topic record's revision
+        self._warned: set[tuple[str, int]] = set()
 
     # -- any thread ---------------------------------------------------------------------
     def start(self) -> None:
@@ -156,6 +162,9 @@ class Coordinator(SelectorLoop):
                 self.etcd.revoke(self.lease_id)
                 raise EtcdError(f"node id {self.node.id} is registered by another "
                                 f"process ({found.value}); waiting for it to go")
+        if not self._joined_rev:
+            mine = self.etcd.get(key)
+            self._joined_rev = mine.create_revision if mine is not None else 0
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
             f.write(str(self.lease_id))
@@ -215,6 +224,7 @@ class Coordinator(SelectorLoop):
         self._state = {}
         self._leader_kv = {}
         self._records = {}
+        self._created = {}
         self._tombs = {}
         for kv in kvs:
             kind, _, name = kv.key[len(ROOT):].partition("/")
@@ -227,6 +237,7 @@ class Coordinator(SelectorLoop):
                     nodes[int(name)] = reg
             elif kind == "topics":
                 topics[name] = as_ints(doc.get("replicas"))
+                self._created[name] = kv.create_revision
                 self._records[name] = (as_int(doc.get("inc")), kv.value)
             elif kind == "deleted":
                 self._tombs[name] = as_int(doc.get("inc"))
@@ -286,6 +297,7 @@ class Coordinator(SelectorLoop):
             if me not in replicas:
                 continue
             r = node.replicas.get(name)
+            state, mod = self._state.get(name, (topic_state(None), 0))
             if r is None or r.topic.deleted:
                 try:
                     topic = broker.get_topic(name)
@@ -294,10 +306,22 @@ class Coordinator(SelectorLoop):
                 r = Replica(node, topic, self._load_history(name), inc)
                 node.replicas[name] = r
                 self._adopt(topic, inc)
-            state, mod = self._state.get(name, (topic_state(None), 0))
+                # its copy is vouched for when it was on this node's disk, when no
+                # leader was ever elected (nothing acknowledged yet), or when the topic
+                # was made after this process joined (every acknowledgement it counted
+                # for was this copy's)
+                if (local is not None and local == inc
+                        and node.restored.get(name) is topic) or state["epoch"] == 0 \
+                        or self._created.get(name, self._joined_rev + 1) > self._joined_rev:
+                    self._unvouched.discard(name)
+                else:
+                    self._unvouched.add(name)
             isr = state["isr"]
+            if name in self._unvouched:
+                state, mod = self._leave_isr(name, state, mod)
+                isr = state["isr"]
             lead = self._leader_kv.get(name)
-            if lead is None and mod and me in isr:
+            if lead is None and mod and me in isr and name not in self._unvouched:
                 lead = self._campaign(name, state, mod, isr)
                 state, _ = self._state.get(name, (state, mod))
                 isr = state["isr"]
@@ -317,6 +341,45 @@ class Coordinator(SelectorLoop):
                 changed = True
         if changed:
             self._assign_fetchers()
+
+    def _leave_isr(self, name: str, state: TopicState, mod: int) -> tuple[TopicState, int]:
+        """This node has no copy of ``name``'s records it can vouch for (its data
+        path was lost or replaced: no copy of this incarnation was on its disk, and a
+        leader was elected before, so publishes may have been acknowledged), yet etcd may
+        still count it in sync: a node killed and back with an empty disk before its
+        leader dropped it, or a leader back before an in-sync follower was elected.
+        Elected, it would lead with an empty log and its followers would cut theirs to
+        match: every acknowledged record gone. So it never campaigns while unvouched,
+        and takes itself out of the in-sync set (a transaction that holds only on the
+        state read) unless it is its last member; once out (or not in it), it is
+        vouched for as any follower is: a leader adds it back only once it has caught
+        up. As the last member it stays, and the topic waits (the guarantees: a replica
+        that may lack acknowledged records is never elected)."""
+        me = self.node.id
+        isr = state["isr"]
+        if me not in isr:
+            self._unvouched.discard(name)
+            return state, mod
+        if len(isr) == 1 or not mod:
+            if (name, mod) not in self._warned:
+                self._warned.add((name, mod))
+                log.error("CLUSTER: %s: this node is its only in-sync replica but has no "
+                          "copy of its records on disk: not electing it (the topic waits "
+                          "for a replica that holds them)", name)
+            return state, mod
+        skey = f"{ROOT}state/{name}"
+        new_state = TopicState(epoch=state["epoch"], leader=state["leader"],
+                               isr=sorted(set(isr) - {me}))
+        if not self.etcd.txn([Compare(skey, "MOD", mod)],
+                             [put_op(skey, json.dumps(new_state))]):
+            return state, mod           # the state moved on: read again at the next poll
+        st = self.etcd.get(skey)
+        mod = st.mod_revision if st is not None else mod
+        self._state[name] = (new_state, mod)
+        self._unvouched.discard(name)
+        log.warning("CLUSTER: %s: no copy of its records on this node's disk (a new or "
+                    "lost data path): left the in-sync set %s to catch up first", name, isr)
+        return new_state, mod
 
     def _register(self, name: str) -> list[int]:
         """A topic new here becomes a topic of the cluster: a new incarnation (its
@@ -452,16 +515,30 @@ class Coordinator(SelectorLoop):
         lkey = f"{ROOT}leader/{name}"
         return [Compare(lkey, "VALUE", value), Compare(lkey, "LEASE", self.lease_id)]
 
+    def _state_read(self, name: str) -> list[Compare]:
+        """The comparison that holds a transaction to the state this node last read of
+        ``name`` (none before it read one)."""
+        mod = self._state.get(name, (None, 0))[1]
+        return [Compare(f"{ROOT}state/{name}", "MOD", mod)] if mod else []
+
     def _change_isr(self, r: IsrAsker, epoch: int, isr: list[int]) -> None:
         node = self.node
         name = r.name
         isr = sorted(set(isr) | {node.id})
         ok = False
+        skey = f"{ROOT}state/{name}"
         try:
+            # and on the state this node read: a member that left meanwhile (it lost
+            # its copy: ``_leave_isr``) is not written back by a leader that had not
+            # heard yet
             ok = self.etcd.txn(
-                self._still_leading(name, epoch),
-                [put_op(f"{ROOT}state/{name}",
-                        json.dumps({"epoch": epoch, "leader": node.id, "isr": isr}))])
+                [*self._still_leading(name, epoch), *self._state_read(name)],
+                [put_op(skey, json.dumps({"epoch": epoch, "leader": node.id, "isr": isr}))])
+            if ok:
+                st = self.etcd.get(skey)
+                if st is not None:
+                    self._state[name] = (TopicState(epoch=epoch, leader=node.id, isr=isr),
+                                         st.mod_revision)
         except EtcdError as e:
             self.outage.failed(f"{name}: in-sync change not written: {e}")
         if ok:
@@ -487,7 +564,7 @@ class Coordinator(SelectorLoop):
             new_state = TopicState(epoch=epoch, leader=-1, isr=heirs)
             try:
                 ok = self.etcd.txn(
-                    self._still_leading(name, epoch),
+                    [*self._still_leading(name, epoch), *self._state_read(name)],
                     [delete_op(f"{ROOT}leader/{name}"),
                      put_op(f"{ROOT}state/{name}", json.dumps(new_state))])
             except EtcdError as e:

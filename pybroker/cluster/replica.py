@@ -208,6 +208,11 @@ class Replica:
                 # dropped by the tick)
                 self.check_isr(time.monotonic_ns())
 
+    def follower_gone(self, node: int) -> None:
+        """``node``'s replication connection closed (posted by the replication server)."""
+        if self.lead is not None:
+            self.lead.disconnected(node)
+
     def acked(self, node: int, acked: int) -> None:
         """A follower's acknowledgement: it holds everything below ``acked`` (the
         high watermark moves only when that changed)."""

@@ -124,13 +124,16 @@ def _epoch_at(h: EpochHistory, offset: int) -> int:
 class Follower:
     """What the leader knows of one follower."""
 
-    __slots__ = ("acked", "caught_up_ns", "last_end", "fetched_ns")
+    __slots__ = ("acked", "caught_up_ns", "last_end", "fetched_ns", "connected")
 
     def __init__(self, now_ns: int) -> None:
         self.acked = 0            # offsets below are on the follower
         self.caught_up_ns = now_ns   # the last time it held all the leader had sent
         self.last_end = 0         # the leader's end when it last answered this follower
         self.fetched_ns = now_ns
+        # what it holds was told on a connection still open: after a close (the node
+        # may have restarted with less, an empty disk even) only a new fetch tells
+        self.connected = True
 
 
 class Waiter(Generic[T]):
@@ -192,6 +195,7 @@ class LeaderState:
             was = f.acked
         f.acked = min(acked, leader_end)
         f.fetched_ns = now_ns
+        f.connected = True
         if f.acked >= f.last_end:
             f.caught_up_ns = now_ns
         return f.acked != was
@@ -201,6 +205,14 @@ class LeaderState:
         f = self.followers.get(node)
         if f is not None:
             f.last_end = leader_end
+
+    def disconnected(self, node: int) -> None:
+        """``node``'s replication connection closed: what it said it holds is not
+        believed for an in-sync add (``caught_up``) until it fetches again (a node back
+        with an empty disk would otherwise be added on its old word)."""
+        f = self.followers.get(node)
+        if f is not None:
+            f.connected = False
 
     def enough(self) -> bool:
         return len(self.isr) >= self.min_insync
@@ -252,7 +264,7 @@ class LeaderState:
         everything up to the high watermark and the start of this epoch."""
         need = max(self.hw, self.epoch_start)
         return {n for n, f in self.followers.items()
-                if n not in self.isr and n in replicas and f.acked >= need
+                if n not in self.isr and n in replicas and f.connected and f.acked >= need
                 and now_ns - f.caught_up_ns <= self.lag_ns
                 and (live is None or n in live)}
 

@@ -185,6 +185,18 @@ class ReplicationServer(SelectorLoop):
         with self.lock:
             self.conns.discard(c)
         c.loop.cancel(c.timer)
+        if c.plan is None or c.node < 0:
+            return
+        # what it said it holds is not believed for an in-sync add until it fetches
+        # again (LeaderState.disconnected)
+        for t in c.plan.wants:
+            r = self.node.replicas.get(t.name)
+            if r is not None:
+                owner = owner_loop(r.topic.owner)
+                if owner is c.loop:
+                    r.follower_gone(c.node)
+                else:
+                    owner.call_soon_threadsafe(r.follower_gone, c.node)
 
     # -- requests ----------------------------------------------------------------------
     def handle_raw(self, c: FollowerConn, head: bytes) -> None:

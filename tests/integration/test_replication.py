@@ -4,8 +4,10 @@ killed with -9 under load, a leader paused past its lease, a follower killed and
 restarted. Every wait has a deadline; each test is bounded (pytest-timeout)."""
 from __future__ import annotations
 
+import base64
 import json
 import math
+import shutil
 import signal
 import socket
 import struct
@@ -1161,3 +1163,51 @@ def test_an_etcd_outage_is_logged_in_a_few_lines_and_the_cluster_resumes(
     finally:
         acked = pubs.stop()
     _every_acknowledged_delivered(cons, acked)
+
+
+def _etcd_isr(c: Cluster, topic: str) -> list[int]:
+    """The in-sync set etcd holds for topic."""
+    key = base64.b64encode(f"/pybroker/state/{topic}".encode()).decode()
+    kvs = c.etcd.call("/kv/range", {"key": key}).get("kvs") or []
+    return list(json.loads(base64.b64decode(kvs[0]["value"]))["isr"]) if kvs else []
+
+
+def test_a_leader_back_at_once_with_an_empty_disk_is_not_elected(cluster: Cluster) -> None:
+    """The leader's machine dies and comes back at once with an empty data path (a
+    replaced disk, a container's fresh volume) while etcd still counts it in sync.
+    Elected, it would lead with an empty log and its followers would cut theirs to
+    match: every acknowledged message gone (1 run in 6 before the fix, when it won the
+    race against the followers). Here the followers are paused so that it is the only
+    candidate: it must leave the in-sync set instead of campaigning, and once the
+    followers resume one of them leads, with every acknowledged message, and the
+    returned node catches up."""
+    c = cluster
+    old = _create(c)
+    for k in range(100):
+        assert _pub_answer(c, old, f"kept-{k}".encode()) == (FRAME_RESPONSE, b"OK")
+    others = [i for i in c.nodes if i != old]
+    for i in others:
+        c.nodes[i].proc.send_signal(signal.SIGSTOP)     # type: ignore[union-attr]
+    try:
+        c.nodes[old].kill9()
+        data = Path(c.nodes[old].data_path)
+        shutil.rmtree(data)
+        data.mkdir()
+        c.nodes[old].start()
+        # it joins once its old lease has expired, reads etcd, and leaves the set
+        wait_until(lambda: old not in _etcd_isr(c, TOPIC)
+                   or (c.replication(old, TOPIC) or {}).get("role") == "leader", 30, 0.1,
+                   what="the returned node to leave the in-sync set (or be elected)")
+        r = c.replication(old, TOPIC)
+        assert r is None or r["role"] != "leader", r
+        assert sorted(_etcd_isr(c, TOPIC)) == others
+        assert "left the in-sync set" in c.nodes[old].stderr_text()
+    finally:
+        for i in others:
+            c.nodes[i].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+    new = wait_until(lambda: c.settled(TOPIC, 3), 30, 0.1,
+                     what="a follower elected and the returned node back in sync")
+    assert new != old
+    for i in c.nodes:
+        r = c.replication(i, TOPIC)
+        assert r is not None and r["log_end"] == 101, (i, r)

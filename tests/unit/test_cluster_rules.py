@@ -5,11 +5,15 @@ acknowledge by the high watermark, followers that cut their logs where they dive
 off keeps its state but may no longer acknowledge), nodes killed and restarted, time
 passing (lagging followers leave the in-sync set, caught-up ones rejoin; etcd holds a
 change before its leader hears of it), a leader
-whose log cannot be written handing its leadership over.
+whose log cannot be written handing its leadership over, and a node that comes back
+with an empty disk while etcd still counts it in sync (Coordinator._leave_isr: it
+never campaigns, and leaves the set unless it is its last member; a leader's in-sync
+change holds only on the state it read, so it cannot write such a node back).
 
 What must hold at every step: no offset is ever acknowledged with two different records
 (no two leaders acknowledge the same offset), every acknowledged record is in the log
-of the leader that holds the lease and of every live in-sync replica, and a follower's
+of the leader that holds the lease and of every live in-sync replica whose disk was not
+lost since it was counted, and a follower's
 log, once cut, is a prefix of its leader's."""
 from __future__ import annotations
 
@@ -37,6 +41,8 @@ class Node:
         self.following: tuple[int, int] | None = None     # (leader, epoch)
         self.truncated_for = 0
         self.hw = 0
+        self.unvouched = False     # back with an empty disk, not yet out of the set
+        self.read_ver = 0          # the version of etcd's state it last read (a leader)
 
 
 class ReplicationRules(RuleBasedStateMachine):
@@ -52,6 +58,7 @@ class ReplicationRules(RuleBasedStateMachine):
         # an in-sync change written to etcd, not yet heard by its leader: (leader, epoch,
         # the new set)
         self.asked: tuple[int, int, set[int]] | None = None
+        self.state_ver = 0         # etcd's state key's mod revision, as a count
         self.elect_on(1)
 
     # -- the controller (etcd) -----------------------------------------------------------
@@ -61,6 +68,8 @@ class ReplicationRules(RuleBasedStateMachine):
         live = {i for i in NODES if self.nodes[i].alive}
         self.isr = (self.isr & live) | {c}
         self.leader = c
+        self.state_ver += 1
+        n.read_ver = self.state_ver
         n.history.begin(self.epoch, len(n.log))
         n.lead = LeaderState(c, self.epoch, set(self.isr), MIN_INSYNC, LAG_NS, n.hw,
                              len(n.log), self.now)
@@ -137,7 +146,13 @@ class ReplicationRules(RuleBasedStateMachine):
         if drop or add:
             new = (set(n.lead.isr) - drop) | add
             n.lead.asking(new)
+            if n.read_ver != self.state_ver:
+                # the state moved on since it read it: refused (Coordinator._state_read)
+                self.asked = (n.id, n.lead.epoch, set())
+                return
             self.isr = new
+            self.state_ver += 1
+            n.read_ver = self.state_ver
             self.asked = (n.id, n.lead.epoch, new)
 
     @rule()
@@ -149,7 +164,16 @@ class ReplicationRules(RuleBasedStateMachine):
         self.asked = None
         n = self.nodes[nid]
         if n.alive and n.lead is not None and n.lead.epoch == epoch:
-            n.lead.isr_written(new)
+            n.lead.isr_written(new or None)
+
+    @rule()
+    def leader_polls(self) -> None:
+        """The leader reads etcd's state: its in-sync set is etcd's (set_role)."""
+        n = self.valid_leader()
+        if n is None or n.lead is None or self.asked is not None:
+            return
+        n.lead.isr = frozenset(self.isr) | {n.id}
+        n.read_ver = self.state_ver
 
     @rule(f=st.sampled_from(NODES))
     def poll(self, f: int) -> None:
@@ -181,24 +205,28 @@ class ReplicationRules(RuleBasedStateMachine):
         if n is None or n.lead is None:
             return
         heirs = (self.isr & set(n.lead.isr)) - {n.id}
-        if not heirs:
+        if not heirs or n.read_ver != self.state_ver:
             return                       # refused: it leads on
         n.lease_valid = False            # (its ``resigning`` flag: no OK from here on)
         n.lead = None
         self.leader = None
         self.isr = heirs
+        self.state_ver += 1
 
     @precondition(lambda self: self.leader is None)
     @rule(c=st.sampled_from(NODES))
     def campaign(self, c: int) -> None:
         n = self.nodes[c]
-        if n.alive and c in self.isr:
+        if n.alive and c in self.isr and not n.unvouched:
             self.elect_on(c)
 
     @rule(x=st.sampled_from(NODES))
     def kill(self, x: int) -> None:
         n = self.nodes[x]
         n.alive = False
+        for m in self.nodes.values():     # its connections close
+            if m.lead is not None:
+                m.lead.disconnected(x)
         n.lease_valid = False
         n.lead = None
         if self.leader == x:
@@ -212,13 +240,42 @@ class ReplicationRules(RuleBasedStateMachine):
             n.following = None
             n.truncated_for = 0
 
+    @rule(x=st.sampled_from(NODES))
+    def restart_with_an_empty_disk(self, x: int) -> None:
+        """A dead node comes back with its data path lost (Coordinator: no copy of an
+        incarnation that had a leader: unvouched)."""
+        n = self.nodes[x]
+        if not n.alive:
+            n.alive = True
+            n.log = []
+            n.history = EpochHistory()
+            n.hw = 0
+            n.following = None
+            n.truncated_for = 0
+            n.unvouched = True
+
+    @rule(x=st.sampled_from(NODES))
+    def leave_isr(self, x: int) -> None:
+        """An unvouched node's poll (Coordinator._leave_isr): out of the set unless it
+        is its last member; vouched for once it is out."""
+        n = self.nodes[x]
+        if not n.alive or not n.unvouched:
+            return
+        if x not in self.isr:
+            n.unvouched = False
+        elif len(self.isr) > 1:
+            self.isr = self.isr - {x}
+            self.state_ver += 1
+            n.unvouched = False
+
     # -- what must hold ------------------------------------------------------------------
     @invariant()
     def acknowledged_records_are_kept(self) -> None:
         n = self.valid_leader()
         holders = [n] if n is not None else []
         holders += [self.nodes[i] for i in self.isr
-                    if self.nodes[i].alive and self.leader is not None]
+                    if self.nodes[i].alive and not self.nodes[i].unvouched
+                    and self.leader is not None]
         for h in holders:
             for off, rec in self.acked.items():
                 assert off < len(h.log) and h.log[off] == rec, \
@@ -402,3 +459,56 @@ def test_a_member_being_added_counts_for_the_high_watermark() -> None:
     m.campaign(3)
     assert m.leader == 3
     m.acknowledged_records_are_kept()
+
+
+def _acknowledge_three(m: ReplicationRules) -> None:
+    m.poll(2)
+    m.poll(3)
+    m.publish(3)
+    for f in (2, 3):
+        m.fetch(f, 5)
+        m.fetch(f, 0)
+    m.advance()
+    assert sorted(m.acked) == [0, 1, 2]
+
+
+def test_a_leader_back_with_an_empty_disk_is_not_elected() -> None:
+    """The leader dies and is back with an empty disk before a follower campaigned;
+    etcd still counts it in sync. It must not campaign: elected, it would lead an empty
+    log. It leaves the set instead, and a follower leads with every record."""
+    m = ReplicationRules()
+    _acknowledge_three(m)
+    m.kill(1)
+    m.restart_with_an_empty_disk(1)
+    m.campaign(1)
+    assert m.leader is None              # not a candidate while unvouched
+    m.leave_isr(1)
+    assert m.isr == {2, 3} and not m.nodes[1].unvouched
+    m.campaign(1)
+    assert m.leader is None              # out of the set: not a candidate either
+    m.campaign(2)
+    assert m.leader == 2
+    m.acknowledged_records_are_kept()
+
+
+def test_a_leader_that_had_not_heard_does_not_write_a_lost_member_back() -> None:
+    """A follower back with an empty disk leaves the set while the leader still counts
+    it in (it has not read etcd since). The leader's next in-sync change (dropping the
+    other follower, dead) would write the set it knows, with the empty one back in, and
+    a failover could then elect it: it is refused, as it held on a state that moved on;
+    the leader reads etcd and asks again."""
+    m = ReplicationRules()
+    _acknowledge_three(m)
+    m.kill(3)
+    m.restart_with_an_empty_disk(3)
+    m.leave_isr(3)
+    assert m.isr == {1, 2}
+    m.kill(2)
+    _tick(m, 0)                 # drop 2 from the set the leader knows, {1, 2, 3}
+    m.leader_polls()
+    _tick(m, 0)                 # drop 2 from the set etcd holds
+    assert m.isr == {1}
+    m.lease_expires()
+    m.campaign(3)
+    m.acknowledged_records_are_kept()
+    assert m.leader is None
