@@ -13,8 +13,9 @@ Keys under ``/pybroker/``:
   leadership: when it expires the key goes and an in-sync replica may take the next
   epoch, in one transaction that also checks the state it read).
 
-The thread renews the lease every ttl/3 (``LeaseClock`` counts from when the renewal was
-sent), reads the whole prefix every ``POLL_NS`` (and at once when a topic appears
+The lease is renewed every ttl/3 on a thread of its own (pybroker.cluster.lease:
+``LeaseClock`` counts from when the renewal was sent; nothing this thread does can delay
+it). This thread reads the whole prefix every ``POLL_NS`` (and at once when a topic appears
 here), and then: deletes local copies of deleted or replaced incarnations, registers
 topics new here, creates the local topics etcd lists with this node as a replica,
 campaigns where there is no leader and this node is in sync, and posts each replica's
@@ -34,6 +35,7 @@ import time
 from typing import TYPE_CHECKING
 
 from pybroker.cluster.etcd import Compare, Etcd, EtcdError, delete_op, put_op
+from pybroker.cluster.lease import LeaseKeeper
 from pybroker.cluster.outage import Outage
 from pybroker.cluster.ports import (IsrAsker, LeaderKey, Registration, TopicState,
                                     as_int, as_ints, as_obj, leader_key, registration,
@@ -63,6 +65,11 @@ class Coordinator(SelectorLoop):
         # etcd's failures, logged without a flood while it is away (pybroker.cluster.outage)
         self.outage = Outage("etcd", log)
         self.ttl_s = max(1, int(o.cluster_lease_ttl // 1_000_000_000))
+        # the lease, renewed on a thread of its own (pybroker.cluster.lease)
+        self.keeper = LeaseKeeper(Etcd(o.cluster_etcd, timeout_s=self.etcd.timeout_s),
+                                  self.ttl_s * 1_000_000_000 // 3, node.lease,
+                                  self.call_soon_threadsafe, self.outage.failed,
+                                  self.outage.ok, self._lease_lost)
         self.me = {"id": node.id, "tcp": tcp, "http": http, "repl": repl}
         self.dir = os.path.join(os.path.abspath(o.data_path or "."), "cluster")
         self.lease_id = 0
@@ -90,10 +97,12 @@ class Coordinator(SelectorLoop):
     def start(self) -> None:
         os.makedirs(self.dir, exist_ok=True)
         super().start()
+        self.keeper.start()
         self.call_soon_threadsafe(self._begin)
         self.node.runtime.broker.on_change.append(self.poll_soon)
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        self.keeper.stop(timeout_s)      # no renewal after the revoke below
         self.call_soon_threadsafe(self._end)
         SelectorLoop.stop(self)
         if self.thread is not None:
@@ -133,7 +142,6 @@ class Coordinator(SelectorLoop):
             self.call_later(500_000_000, self._begin)
             return
         self.outage.ok()
-        self.call_later(self.ttl_s * 1_000_000_000 // 3, self._keepalive)
         self._poll()
 
     def _new_session(self) -> None:
@@ -152,7 +160,6 @@ class Coordinator(SelectorLoop):
         # leaderships held on an earlier lease end here, whatever the clock says: a
         # replica acknowledges only under the lease its leadership was taken with
         self.node.lease_id = self.lease_id
-        self.node.lease.renewed(sent)
         key = f"{ROOT}nodes/{self.node.id}"
         ok = self.etcd.txn([Compare(key, "CREATE", 0)],
                            [put_op(key, json.dumps(self.me), self.lease_id)])
@@ -169,23 +176,16 @@ class Coordinator(SelectorLoop):
         with open(tmp, "w") as f:
             f.write(str(self.lease_id))
         os.replace(tmp, path)
+        self.keeper.begin(self.lease_id, sent)    # renewed from now on, on its thread
         log.info("CLUSTER: node %d joined (lease %x, ttl %ds)", self.node.id,
                  self.lease_id, self.ttl_s)
 
-    def _keepalive(self) -> None:
-        sent = time.monotonic_ns()
-        every = self.ttl_s * 1_000_000_000 // 3
-        try:
-            ttl = self.etcd.keepalive(self.lease_id)
-        except EtcdError as e:
-            self.outage.failed(f"lease renewal failed: {e}")
-            self.call_later(every // 2, self._keepalive)
-            return
-        self.outage.ok()
-        if ttl > 0:
-            self.node.lease.renewed(sent)
-            self.call_later(every, self._keepalive)
-            return
+    def _lease_lost(self, lease: int) -> None:
+        """The keeper found ``lease`` expired (posted from its thread): every leadership
+        on it is gone; join again on a new one (the keeper reports it again while that
+        fails)."""
+        if lease != self.lease_id:
+            return                    # a session begun since
         log.error("CLUSTER: the lease expired: leaderships lost; joining again")
         self.node.lease.lost()
         self._posted.clear()
@@ -193,7 +193,6 @@ class Coordinator(SelectorLoop):
             self._new_session()
         except EtcdError as e:
             self.outage.failed(e)
-        self.call_later(every // 2, self._keepalive)
         self._poll()
 
     def _end(self) -> None:
