@@ -103,6 +103,8 @@ class StorageManager:
         self.data_path = os.path.abspath(o.data_path or ".")
         self.log_root = os.path.join(self.data_path, "topics")
         self.state_root = os.path.join(self.data_path, "state")
+        # each topic's channel states as this thread last wrote them (storage thread)
+        self._saved_states: dict[Topic, bytes] = {}
         self.meta_path = os.path.join(self.data_path, "nsqd.dat")
         self.durable = o.durability == "fsync"
         self._requests: queue.Queue[_Request] = queue.Queue()
@@ -429,18 +431,28 @@ class StorageManager:
                 return
         o = self.options
         wall = time.time_ns()
+        saved = self._saved_states
+        for t in [t for t in saved if t.deleted]:
+            del saved[t]
         for t, snap in snapshots.items():
             if t.deleted or t.ephemeral:
                 continue
             if not self._sync_log(t):
                 continue
-            try:
-                atomic_write(self._state_path(t.name), json.dumps(snap).encode())
-            except OSError as e:
-                self.failed(e, t, "state")
-                continue
-            if self.runtime.health is not None:
-                self.write_ok(t, "state")
+            doc = json.dumps(snap).encode()
+            if saved.get(t) != doc:
+                # unchanged since this thread last wrote it: not written again (an idle
+                # topic cost an fsynced write, a rename and a directory fsync at every
+                # checkpoint, every sync_timeout)
+                try:
+                    atomic_write(self._state_path(t.name), doc)
+                except OSError as e:
+                    saved.pop(t, None)
+                    self.failed(e, t, "state")
+                    continue
+                saved[t] = doc
+                if self.runtime.health is not None:
+                    self.write_ok(t, "state")
             floor = snap["floor"]
             t.prune_dpubs(snap["min_cursor"])
             t.prune_gaps(snap["min_cursor"])

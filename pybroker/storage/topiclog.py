@@ -725,6 +725,11 @@ class TopicLog:
             if self._must_roll:
                 return self._durable_offset     # nothing new can be made durable
             upto, upto_epoch = self.written, self.last_written_epoch
+            if upto <= self._durable_offset and upto_epoch <= self.durable_epoch \
+                    and not self._to_sync and not self._dir_dirty:
+                # nothing written, rolled, cut or created since the last fsync (an idle
+                # topic at every checkpoint: no dup, fsync and close of its segment)
+                return self._durable_offset
             fds = self._to_sync
             self._to_sync = []
             try:

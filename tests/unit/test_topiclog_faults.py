@@ -259,3 +259,42 @@ def test_lost_epochs_stay_lost_after_later_fsyncs(tmp_path: Path) -> None:
     assert log.lost_by(log.durable_epoch) is None and log.lost_by(log.epoch - 2)
     log.close()
     assert reopened(tmp_path / "t")[:4] == [b"1", b"2", b"3", b"4"]
+
+
+class CountingOps(FileOps):
+    """The real file operations, counting fsyncs."""
+
+    def __init__(self) -> None:
+        self.fsyncs = 0
+
+    def fsync(self, fd: int) -> None:
+        self.fsyncs += 1
+        super().fsync(fd)
+
+
+def test_a_sync_with_nothing_new_does_no_fsync(tmp_path: Path) -> None:
+    """An idle topic is synced at every checkpoint: with nothing written, rolled, cut
+    or created since its last fsync, a sync costs no system call; anything new is
+    fsynced as before."""
+    ops = CountingOps()
+    log = open_log(tmp_path / "t", ops, seg=4096)
+    epoch = put(log, [b"a" * 100])
+    log.sync()
+    assert ops.fsyncs >= 1 and log.durable_epoch == epoch
+    before = ops.fsyncs
+    for _ in range(3):
+        assert log.sync() == log.written
+    assert ops.fsyncs == before                  # idle: nothing to do
+    put(log, [b"b" * 100])
+    log.sync()
+    assert ops.fsyncs > before
+    before = ops.fsyncs
+    with log.lock:
+        log.truncate(1)                          # a cut: its file and directory
+    log.sync()
+    assert ops.fsyncs > before
+    before = ops.fsyncs
+    put(log, [b"c" * 3000, b"d" * 3000])          # rolls a segment
+    log.sync()
+    assert ops.fsyncs >= before + 2
+    assert reopened(tmp_path / "t") == [b"a" * 100, b"c" * 3000, b"d" * 3000]
