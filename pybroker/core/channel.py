@@ -188,10 +188,10 @@ class Channel(Lifecycle):
             low = min(low, min(self.dying))
         return low
 
-    def snapshot(self, wall_ns: int, now_ns: int) -> ChannelState:
-        state = super().snapshot(wall_ns, now_ns)
+    def snapshot_parts(self, wall_ns: int, now_ns: int) -> tuple[ChannelState, list[Deferred]]:
+        state, deferred = super().snapshot_parts(wall_ns, now_ns)
         state["paused"] = self.paused
-        return state
+        return state, deferred
 
     # -- delivery (owner thread) ----------------------------------------------------
     def dispatch(self, now_ns: int, wall_ns: int) -> bool:
@@ -355,7 +355,7 @@ class Channel(Lifecycle):
                 sent += self._send_slice(c, batch, start, k, now_ns)
             due = batch.deliver_at(k)
             if due > wall_ns:
-                self._defer(Deferred(first + k, 0, 0), now_ns + (due - wall_ns))
+                self._defer(Deferred(first + k, 0, due), now_ns + (due - wall_ns))
             else:
                 sent += self._send_slice(c, batch, k, k + 1, now_ns)
             start = k + 1

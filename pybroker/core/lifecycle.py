@@ -31,8 +31,10 @@ scanners). ``lock`` guards the two timeout wheels only.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, TypedDict
 
 from pybroker._native.inflight import InFlight
@@ -42,6 +44,19 @@ from pybroker.errors import BrokerError, NotInFlight, NotOwner
 
 if TYPE_CHECKING:
     from pybroker.core.seams import TopicView
+
+_STATE = attrgetter("state")
+_SLICE = 8192      # deferred states added to a snapshot per hold of the GIL
+
+
+def deferred_states(state: ChannelState, deferred: list[Deferred]) -> None:
+    """Add ``snapshot_parts``' deferred messages to its state's ``pending``, off the
+    owner loop (the storage thread), offering the GIL to the loops every _SLICE."""
+    pending = state["pending"]
+    for i in range(0, len(deferred), _SLICE):
+        if i:
+            time.sleep(0)
+        pending += map(_STATE, deferred[i:i + _SLICE])
 
 
 class ChannelState(TypedDict, total=False):
@@ -455,16 +470,17 @@ class Lifecycle:
         """The channel's saved state: everything below ``cursor`` not listed in
         ``pending`` is finished, and so is everything in ``skip`` not pending.
         pending: [offset, deliveries, due_wall_ns (0 = ready)]."""
+        state, deferred = self.snapshot_parts(wall_ns, now_ns)
+        state["pending"] += map(_STATE, deferred)
+        return state
+
+    def snapshot_parts(self, wall_ns: int, now_ns: int) -> tuple[ChannelState, list[Deferred]]:
+        """``snapshot`` without its deferred messages, and those (their ``state``
+        entries go in ``pending``; ``deferred_states`` adds them on another thread):
+        the owner loop copies one reference each, nothing more."""
         pending: list[list[int]] = [[off, f.attempts, 0] for off, f in self.in_flight.items()]
         pending += [[off, a, 0] for off, a, _ in self.requeued]
         pending += [[off, a, 0] for off, a in self.dying.items()]    # dead-lettered again if need be
-        with self.lock:
-            wheel = self.deferred_wheel
-            for d in self.deferred.values():
-                due = d.due_wall_ns
-                if not due and d.handle is not None:
-                    due = wall_ns + max(0, wheel.deadline_of(d.handle) - now_ns)
-                pending.append([d.offset, d.attempts, due])
         state: ChannelState = {"cursor": self.cursor, "pending": pending}
         if self.skip:
             state["skip"] = list(self.skip)
@@ -473,7 +489,7 @@ class Lifecycle:
             state["deliveries"] = [
                 [off, (wall_ns - (now_ns - a)) // 1_000_000, (wall_ns - (now_ns - b)) // 1_000_000]
                 for off, (a, b) in self.delivery_times.items()]
-        return state
+        return state, list(self.deferred.values())
 
     def restore(self, state: ChannelState, now_ns: int, wall_ns: int) -> None:
         """Start-up, before clients: take a saved state (in flight and dying become

@@ -28,10 +28,12 @@ import os
 import queue
 import threading
 import time
+from operator import itemgetter
 from typing import TYPE_CHECKING, Callable, NamedTuple, TypedDict, Union, Unpack
 
 from pybroker.protocol.deadletter import dead_letter_settings
-from pybroker.core.lifecycle import ChannelState
+from pybroker.core.flight import Deferred
+from pybroker.core.lifecycle import ChannelState, deferred_states
 from pybroker.core.topic import Topic
 from pybroker.storage import MetadataError, StorageError
 from pybroker.storage._fsutil import atomic_write, safe_name
@@ -41,10 +43,10 @@ from pybroker.storage.metadata import (BrokerMetadata, ChannelMeta, TopicMeta, l
                                        save_metadata)
 from pybroker.storage.topiclog import TopicLog
 from pybroker.evloop import Ts
+from pybroker.jsonvalue import dumps_yielding
 
 if TYPE_CHECKING:
     from pybroker.core.broker import Broker
-    from pybroker.core.channel import Channel
     from pybroker.server.ports import Loop, StorageHost
 
 
@@ -439,7 +441,7 @@ class StorageManager:
                 continue
             if not self._sync_log(t):
                 continue
-            doc = json.dumps(snap).encode()
+            doc = dumps_yielding(snap).encode()     # (not one long hold of the GIL)
             if saved.get(t) != doc:
                 # unchanged since this thread last wrote it: not written again (an idle
                 # topic cost an fsynced write, a rename and a directory fsync at every
@@ -481,10 +483,10 @@ class StorageManager:
         """Ask every loop for the states of the channels it owns; None if a loop did
         not answer in time (the next checkpoint tries again)."""
         loops = self.runtime.loops
-        answers: queue.Queue[list[tuple[Topic, str, ChannelState]]] = queue.Queue()
+        answers: queue.Queue[list[Snap]] = queue.Queue()
         for lp in loops:
             lp.call_soon_threadsafe(_snapshot_on_loop, lp, self.runtime.broker, answers)
-        got: list[tuple[Topic, str, ChannelState]] = []
+        got: list[Snap] = []
         for _ in loops:
             try:
                 got += answers.get(timeout=SNAPSHOT_WAIT_S)
@@ -492,15 +494,20 @@ class StorageManager:
                 return None
         return self._topic_states(got)
 
-    def _topic_states(self, got: list[tuple[Topic, str, ChannelState]]
-                      ) -> dict[Topic, TopicState]:
+    def _topic_states(self, got: list[Snap]) -> dict[Topic, TopicState]:
+        """(this thread) The loops' snapshots, completed: their deferred messages
+        added and their floors worked out here, not on the loops."""
         by_topic: dict[Topic, TopicState] = {}
         for t in self.runtime.broker.all_topics():
             by_topic[t] = {"topic": t.name, "orphan_start": t.orphan_start,
                            "released": t.released, "channels": {}}
-        for t, name, snap in got:
+        for t, name, snap, deferred in got:
             st = by_topic.get(t)
             if st is not None and name in t.channels:
+                deferred_states(snap, deferred)
+                cursor = snap["cursor"]
+                snap["floor"] = min(min(map(_FIRST, snap["pending"]), default=cursor),
+                                    cursor)
                 st["channels"][name] = snap
         for t, st in by_topic.items():
             floors = [s["floor"] for s in st["channels"].values()]
@@ -543,27 +550,26 @@ class StorageManager:
             except StorageError as e:
                 self.failed(e, t)
             for name, ch in list(t.channels.items()):
-                got.append((t, name, _channel_state(ch, wall, now)))
+                got.append((t, name, *ch.snapshot_parts(wall, now)))
         self.checkpoint(self._topic_states(got))
         self._write_metadata()
         return len(got)
 
 
-def _channel_state(ch: Channel, wall_ns: int, now_ns: int) -> ChannelState:
-    snap = ch.snapshot(wall_ns, now_ns)
-    pend = [p[0] for p in snap["pending"]]
-    snap["floor"] = min(pend + [snap["cursor"]])
-    return snap
+_FIRST = itemgetter(0)
+# a channel's snapshot as its loop took it: (topic, channel, state without its deferred
+# messages, those; Lifecycle.snapshot_parts)
+Snap = tuple[Topic, str, ChannelState, list[Deferred]]
 
 
-def _snapshot_on_loop(lp: Loop, broker: Broker,
-                      answers: "queue.Queue[list[tuple[Topic, str, ChannelState]]]") -> None:
-    """On loop lp: the states of the channels it owns."""
+def _snapshot_on_loop(lp: Loop, broker: Broker, answers: "queue.Queue[list[Snap]]") -> None:
+    """On loop lp: the states of the channels it owns (a reference per deferred
+    message: the storage thread completes them, ``_topic_states``)."""
     now, wall = time.monotonic_ns(), time.time_ns()
-    out = []
+    out: list[Snap] = []
     for t in broker.all_topics():
         for name, ch in list(t.channels.items()):
             if ch.owner is lp:
-                out.append((t, name, _channel_state(ch, wall, now)))
+                out.append((t, name, *ch.snapshot_parts(wall, now)))
     answers.put(out)
 
