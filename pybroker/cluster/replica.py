@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("pybroker")
 RETRY_NS = 100_000_000         # a failed append or cut: the topic is asked again after
 RETRY_MAX_NS = 5_000_000_000   # this, doubling while it fails, up to this
+# a channel state unchanged since it was shipped is shipped again only this often (a
+# leader snapshots every ship_ns, 200 ms; an idle channel then costs its followers one
+# answer of JSON each 2 s, not five a second)
+RESHIP_NS = 2_000_000_000
 LEADER, FOLLOWER, NONE = "leader", "follower", "none"
 # versions of a leader's channel states (a follower asks for newer than it holds)
 _versions = itertools.count(1)
@@ -82,6 +86,7 @@ class Replica:
         # channel states: a leader's newest snapshots (name -> state, taken on each
         # channel's owner loop); a follower's copy of its leader's
         self.channels: dict[str, ChannelState] = {}
+        self.chan_at: dict[str, int] = {}      # when each channel's state last changed
         self.chan_version = 0
         self.chan_from_leader = 0      # follower: the version it holds
         # the topic's paused flag and, when paused, how far its channels may read
@@ -358,6 +363,11 @@ class Replica:
         st = ch.snapshot(time.time_ns(), time.monotonic_ns())
         if ch.dl_settings:
             st["settings"] = dict(ch.dl_settings)    # max_attempts, dead_letter_topic
+        now = time.monotonic_ns()
+        if self.channels.get(ch.name) == st \
+                and now - self.chan_at.get(ch.name, 0) < RESHIP_NS:
+            return        # unchanged: shipped again only every RESHIP_NS
+        self.chan_at[ch.name] = now
         self.channels[ch.name] = st
         self.chan_version = next(_versions)
 

@@ -724,7 +724,8 @@ def test_a_node_down_during_a_delete_drops_its_copy_on_return(cluster: Cluster) 
 
 def _states_shipped(c: Cluster, frm: int, to: list[int]) -> None:
     """Until nodes ``to`` hold channel states node ``frm`` (the leader) took after now:
-    it snapshots every 200 ms (a new version each time), so a version newer than the
+    it snapshots every 200 ms (a new version when a state changed, and at least every
+    2 s: RESHIP_NS), so a version newer than the
     one read now includes every change made before."""
     v = (c.replication(frm, TOPIC) or {}).get("channel_states", 0)
     newer = wait_until(lambda: ((c.replication(frm, TOPIC) or {}).get("channel_states", 0)
@@ -1245,3 +1246,31 @@ def test_three_hundred_topics_made_at_once_keep_every_lease(cluster: Cluster) ->
         # a follower still making its copies when its leader checks may be dropped and
         # added back once: never the churn of failing changes
         assert text.count("in-sync replicas [") <= n, i
+
+
+def test_an_idle_channels_state_is_shipped_again_only_every_two_seconds(
+        cluster: Cluster) -> None:
+    """A leader snapshots its channels every 200 ms; an unchanged state used to be
+    shipped each time (a JSON answer to every follower five times a second, however
+    large: a channel holding 100,000 deferred messages makes it megabytes). Now it is
+    shipped when it changed, and again every 2 s (RESHIP_NS)."""
+    c = cluster
+    lead = _create(c)
+    cons = Consumers(c, TOPIC, "ch", 1)
+    try:
+        wait_until(lambda: b"first" in cons.received(), 15, what="the first message")
+        _states_shipped(c, lead, [i for i in c.nodes if i != lead])
+        seen = set()
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:         # seven snapshots of an idle channel
+            seen.add(c.replication(lead, TOPIC)["channel_states"])  # type: ignore[index]
+            time.sleep(0.05)
+        assert len(seen) <= 2, seen           # at most one reship fell in the window
+        v = max(seen)
+        wait_until(lambda: c.replication(lead, TOPIC)["channel_states"] > v,  # type: ignore[index]
+                   5, 0.05, what="the reship after 2 s")
+        assert _pub_answer(c, lead, b"second") == (FRAME_RESPONSE, b"OK")
+        wait_until(lambda: b"second" in cons.received(), 15, what="the second message")
+        _states_shipped(c, lead, [i for i in c.nodes if i != lead])   # a change: at once
+    finally:
+        cons.stop()
