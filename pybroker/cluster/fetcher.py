@@ -32,8 +32,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from pybroker.cluster.ports import Json, JsonObj, as_obj, need_int, need_objs
-from pybroker.cluster.replica import FOLLOWER
+from pybroker.cluster.ports import Json, JsonObj, as_list, as_obj, need_int, need_objs
+from pybroker.cluster.replica import FOLLOWER, ShippedStates
 from pybroker.cluster.rules import EpochHistory, divergence
 from pybroker.cluster.wire import (MAX_TOPICS, Buffer, WireError, blob_span, encode,
                                    encode_compact_fetch, history_of, is_json,
@@ -252,7 +252,12 @@ class Fetcher:
                 continue
             if err is not None:
                 continue
-            chans = as_obj(t["channels"]) if "channels" in t else None
+            chans: JsonObj | ShippedStates | None = None
+            if "states" in t:
+                chans = ShippedStates(blob_span(blob, t.get("states")),
+                                      [need_int(f) for f in as_list(t.get("floors"))])
+            elif "channels" in t:
+                chans = as_obj(t["channels"])      # (a leader of an earlier version)
             data = blob_span(blob, t.get("blob"))
             hw = need_int(t.get("hw", 0))
             if not data and chans is None and hw <= r.hw and "history" not in t:

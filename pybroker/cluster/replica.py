@@ -12,14 +12,18 @@ says otherwise; the coordinator and the fetcher post to it with call_soon_thread
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import time
+from operator import itemgetter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Callable, cast
+from typing import TYPE_CHECKING, Callable, NamedTuple, cast
 
 from pybroker.cluster.ports import (HANDED_OVER, LEADERSHIP_LOST, LEASE_EXPIRED, NOT_LEADER,
-                                    Done, JsonObj, ReplicaHost, ReplicaStats)
+                                    Done, Json, JsonObj, ReplicaHost, ReplicaStats)
 from pybroker.cluster.rules import EpochHistory, LeaderState, Waiter
+from pybroker.core.lifecycle import deferred_states
+from pybroker.jsonvalue import dumps_yielding
 from pybroker.errors import ChannelNotFound, TopicNotFound
 from pybroker.protocol.deadletter import dead_letter_settings
 from pybroker.server.services import owner_loop
@@ -28,6 +32,7 @@ from pybroker.storage.topiclog import RecordBatch
 
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
+    from pybroker.core.flight import Deferred
     from pybroker.core.lifecycle import ChannelState
     from pybroker.core.topic import Topic
 
@@ -41,6 +46,7 @@ RESHIP_NS = 2_000_000_000
 LEADER, FOLLOWER, NONE = "leader", "follower", "none"
 # versions of a leader's channel states (a follower asks for newer than it holds)
 _versions = itertools.count(1)
+_FIRST = itemgetter(0)
 
 
 def bytes_between(topic: Topic, lo: int, hi: int) -> int:
@@ -56,6 +62,21 @@ _HANDING_OVER = f"its log cannot be written on this node: {HANDED_OVER}"
 
 class NotLeader(Exception):
     """This node may not acknowledge publishes to the topic now."""
+
+
+class ShippedStates(NamedTuple):
+    """A leader's channel states as a follower receives them: one JSON object, kept
+    unparsed until it takes over (``Replica.states``), and each channel's floor (the
+    lowest offset it still needs) for its retention."""
+
+    raw: bytes
+    floors: list[int]
+
+
+def _states_of(doc: JsonObj) -> dict[str, ChannelState]:
+    """The channel states of a leader's JSON object (ChannelState documents, checked
+    where they are read)."""
+    return {n: cast("ChannelState", st) for n, st in doc.items() if isinstance(st, dict)}
 
 
 class Replica:
@@ -83,10 +104,17 @@ class Replica:
         self.retry_ns = 0
         self.isr: list[int] = []
         self.isr_asked = False         # an ISR change is with the coordinator
-        # channel states: a leader's newest snapshots (name -> state, taken on each
-        # channel's owner loop); a follower's copy of its leader's
+        # a follower's copy of its leader's channel states (parsed from ``channels_raw``
+        # when it takes over: ``states``)
         self.channels: dict[str, ChannelState] = {}
-        self.chan_at: dict[str, int] = {}      # when each channel's state last changed
+        self.channels_raw: bytes | None = None
+        # a leader's channel states as shipped: name -> (its JSON, its floor), encoded
+        # off the loops (``_snapshot``), and what each snapshot was (to ship only changes)
+        self.shipped: dict[str, tuple[bytes, int]] = {}
+        self.chan_last: dict[str, tuple[ChannelState, int]] = {}
+        self.chan_at: dict[str, int] = {}      # when each channel's state last shipped
+        self.encoding: set[str] = set()        # channels whose encoding is under way
+        self._assembled: tuple[int, bytes, list[int]] | None = None
         self.chan_version = 0
         self.chan_from_leader = 0      # follower: the version it holds
         # the topic's paused flag and, when paused, how far its channels may read
@@ -350,26 +378,64 @@ class Replica:
                 self.paused_shipped, self.released_shipped = topic.paused, released
                 self.chan_version = next(_versions)
             live = self.topic.channels
-            for name in [n for n in self.channels if n not in live]:
-                self.channels.pop(name, None)       # deleted here: not on takeover either
+            for name in [n for n in self.shipped if n not in live]:
+                self.shipped.pop(name, None)        # deleted here: not on takeover either
+                self.chan_last.pop(name, None)
                 self.chan_version = next(_versions)
             for ch in list(live.values()):
                 ch.owner.call_soon_threadsafe(self._snapshot, ch)
 
     def _snapshot(self, ch: Channel) -> None:
-        # on the channel's owner loop
-        if ch.deleted or ch.ephemeral:
+        """On the channel's owner loop: take its state, and when it changed (or
+        RESHIP_NS passed) have the storage thread finish and encode it (``_encode``).
+        The loop copies a reference per deferred message and compares the rest: a
+        channel holding 100,000 deferred messages cost the loop a full state and its
+        JSON for each follower every 200 ms (a publisher on the leader waited up to
+        197 ms)."""
+        name = ch.name
+        if ch.deleted or ch.ephemeral or name in self.encoding:
             return
-        st = ch.snapshot(time.time_ns(), time.monotonic_ns())
+        st, deferred = ch.snapshot_parts(time.time_ns(), time.monotonic_ns())
         if ch.dl_settings:
             st["settings"] = dict(ch.dl_settings)    # max_attempts, dead_letter_topic
         now = time.monotonic_ns()
-        if self.channels.get(ch.name) == st \
-                and now - self.chan_at.get(ch.name, 0) < RESHIP_NS:
+        mark = (st, ch.deferred_gen)
+        if self.chan_last.get(name) == mark and now - self.chan_at.get(name, 0) < RESHIP_NS:
             return        # unchanged: shipped again only every RESHIP_NS
-        self.chan_at[ch.name] = now
-        self.channels[ch.name] = st
+        self.chan_at[name] = now
+        self.chan_last[name] = mark
+        self.encoding.add(name)
+        self.node.runtime.storage.call_soon_threadsafe(self._encode, name, st, deferred)
+
+    def _encode(self, name: str, st: ChannelState, deferred: list[Deferred]) -> None:
+        """On the storage thread: the state completed with its deferred messages, its
+        floor, and its JSON, made in slices that offer the GIL to the loops."""
+        full = cast("ChannelState", dict(st))
+        full["pending"] = list(st["pending"])
+        deferred_states(full, deferred)
+        cursor = full["cursor"]
+        floor = min(min(map(_FIRST, full["pending"]), default=cursor), cursor)
+        raw = dumps_yielding(full).encode()
+        owner_loop(self.topic.owner).call_soon_threadsafe(self._encoded, name, raw, floor)
+
+    def _encoded(self, name: str, raw: bytes, floor: int) -> None:
+        # on the topic's owner loop (where fetches are answered)
+        self.encoding.discard(name)
+        if name not in self.topic.channels or name not in self.chan_last:
+            return                      # deleted meanwhile
+        self.shipped[name] = (raw, floor)
         self.chan_version = next(_versions)
+
+    def shipped_states(self) -> tuple[bytes, list[int]]:
+        """The channel states to ship as one JSON object (made once per version) and
+        their floors (on the topic's owner loop)."""
+        got = self._assembled
+        if got is None or got[0] != self.chan_version:
+            items = list(self.shipped.items())
+            raw = b"{" + b", ".join(json.dumps(n).encode() + b": " + r
+                                    for n, (r, _) in items) + b"}"
+            got = self._assembled = (self.chan_version, raw, [f for _, (_, f) in items])
+        return got[1], got[2]
 
     # -- follower ----------------------------------------------------------------------
     def truncate(self, offset: int, done: Callable[[], None]) -> None:
@@ -447,8 +513,8 @@ class Replica:
         return end
 
     def apply(self, first: int, blob: bytes, hw: int, history: list[list[int]] | None,
-              chans: JsonObj | None, version: int, done: Callable[[], None],
-              paused: tuple[bool, int] | None = None) -> None:
+              chans: JsonObj | ShippedStates | None, version: int,
+              done: Callable[[], None], paused: tuple[bool, int] | None = None) -> None:
         """Append a leader's records (posted by the fetcher); done() once written (and
         synced, in fsync mode). ``chans`` (with ``version``, and ``paused``: the topic's
         paused flag and its released offset when paused): the leader's newest channel
@@ -456,10 +522,18 @@ class Replica:
         topic = self.topic
         epoch = 0
         try:
-            if chans is not None:
+            if isinstance(chans, ShippedStates):
+                # kept as they came, parsed only to take over (``states``)
+                self.channels_raw = chans.raw
+                self.channels = {}
+                self.chan_from_leader = version
+                if paused is not None:
+                    self.paused_shipped, self.released_shipped = paused
+                self._follow_floors(chans.floors)
+            elif chans is not None:
                 # the leader's snapshots (ChannelState documents), checked where read
-                self.channels = {n: cast("ChannelState", st) for n, st in chans.items()
-                                 if isinstance(st, dict)}
+                self.channels_raw = None
+                self.channels = _states_of(chans)
                 self.chan_from_leader = version
                 if paused is not None:
                     self.paused_shipped, self.released_shipped = paused
@@ -556,6 +630,10 @@ class Replica:
                                   + [int(p[0]) for p in st.get("pending", [])]))
             except (TypeError, ValueError, IndexError):
                 return
+        self._follow_floors(floors)
+
+    def _follow_floors(self, floors: list[int]) -> None:
+        """``_follow_floor`` with the floors the leader worked out (one per channel)."""
         topic = self.topic
         if floors and not topic.channels:
             with topic.lock:
@@ -568,12 +646,27 @@ class Replica:
         for i in batch.deferred_indices(len(starts)):
             self.topic.dpubs[first + i] = batch.deliver_at(i)
 
+    def states(self) -> dict[str, ChannelState]:
+        """A follower's copy of its leader's channel states, parsed from what was
+        shipped if it was not yet (once: when it takes over)."""
+        raw = self.channels_raw
+        if raw is not None:
+            self.channels_raw = None
+            try:
+                doc: Json = json.loads(raw)
+            except ValueError:
+                log.error("CLUSTER: %s: the channel states shipped are not JSON: "
+                          "channels start from the oldest record", self.name)
+                doc = {}
+            self.channels = _states_of(doc if isinstance(doc, dict) else {})
+        return self.channels
+
     def install_channels(self) -> None:
         """A new leader takes its old leader's channel states (cursors, pending, skip),
         cut to what its log holds: only messages not finished there are delivered
         again."""
         topic = self.topic
-        states = self.channels
+        states = self.states()
         log.info("CLUSTER: %s: channels taken over: %s", self.name,
                  ", ".join(f"{n} at {st.get('cursor')}" for n, st in states.items()) or "none")
         if self.chan_from_leader:

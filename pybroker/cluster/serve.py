@@ -16,7 +16,9 @@ Requests (one at a time per connection, answered in order):
   owner loop) and where it reads next. The answer carries, per topic, the records from
   there (raw log bytes in the blob: every write since, pybroker.cluster.reads), the
   high watermark, the epoch history when it differs from what ``hist`` says the
-  follower holds, and the channel states when the follower's ``version`` is older. It
+  follower holds, and the channel states when the follower's ``version`` is older
+  (one JSON object made off the loops, in the blob: ``"states": [at, length]``, with
+  each channel's floor in ``"floors"``; Replica.shipped_states). It
   is sent at the end of the turn the fetch was read in, after that turn's writes
   (``notify``: a write answers it with its records too; else
   ``EventLoop.at_turn_end``), never a turn later: a follower answered late would stay
@@ -346,8 +348,13 @@ class ReplicationServer(SelectorLoop):
                 continue
             sent_to = offset
             if r.chan_version > t.version:
-                # ChannelState documents are JSON
-                entry["channels"] = cast(JsonObj, dict(r.channels))
+                # the channel states, one JSON object made off the loops, in the blob
+                # (the follower keeps it unparsed until it takes over), and their floors
+                states, floors = r.shipped_states()
+                entry["states"] = [at, len(states)]
+                entry["floors"] = cast(Json, floors)
+                blobs.append(memoryview(states))
+                at += len(states)
                 entry["version"] = r.chan_version
                 if r.paused_shipped is not None:
                     entry["paused"] = r.paused_shipped

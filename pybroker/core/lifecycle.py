@@ -91,6 +91,7 @@ class Lifecycle:
         self.in_flight_wheel: TimeoutWheel[Flight] = TimeoutWheel()
         self.requeued: deque[tuple[int, int, int]] = deque()   # (offset, attempts, mark)
         self.deferred: dict[int, Deferred] = {}
+        self.deferred_gen = 0        # counts the changes of ``deferred`` (a snapshot's key)
         self.deferred_wheel: TimeoutWheel[Deferred] = TimeoutWheel()
         self.dying: dict[int, int] = {}    # dead-letter publish not yet confirmed
         self.skip: deque[int] = deque()    # held offsets at or after the cursor, sorted
@@ -301,6 +302,7 @@ class Lifecycle:
         with self.lock:
             d.handle = self.deferred_wheel.add(deadline_ns, d)
         self.deferred[d.offset] = d
+        self.deferred_gen += 1
 
     def _note_delivery(self, off: int, delivery_ns: int) -> None:
         """Remember when a message about to be requeued was first and last delivered."""
@@ -359,6 +361,7 @@ class Lifecycle:
         for d in due:
             if self.deferred.get(d.offset) is d:
                 del self.deferred[d.offset]
+                self.deferred_gen += 1
                 self._requeue(d.offset, d.attempts, mark)
 
     # -- client disconnect: its in flight -> requeued -------------------------------------
@@ -427,6 +430,7 @@ class Lifecycle:
         self.in_flight.clear()
         self.requeued.clear()
         self.deferred.clear()
+        self.deferred_gen += 1
         self.dying.clear()
         self.delivery_times.clear()
         self.skip.clear()

@@ -18,7 +18,7 @@ import pytest
 
 from pybroker.cluster import fetcher as fetcher_mod
 from pybroker.cluster.fetcher import Fetcher
-from pybroker.cluster.replica import FOLLOWER
+from pybroker.cluster.replica import FOLLOWER, ShippedStates
 from pybroker.cluster.rules import EpochHistory
 from pybroker.cluster.reads import LastReads, record_bytes
 from pybroker.cluster.serve import MAX_REQUEST, ReplicationServer
@@ -57,10 +57,12 @@ class _Replica:
         self.history = EpochHistory([(1, 0)])
         self.topic = _Topic()
         self.applied: list[tuple[int, bytes, int]] = []
+        self.chans: list[object] = []
 
     def apply(self, first: int, data: bytes, hw: int, history: object, chans: object,
               version: int, done: Callable[[], None], paused: object = None) -> None:
         self.applied.append((first, data, hw))
+        self.chans.append(chans)
         self.topic.log.written = first + len(data) // 10     # ten bytes a "record" here
         self.hw = hw
         done()
@@ -182,6 +184,30 @@ def test_records_are_applied_and_the_next_fetch_acknowledges_them(
         leader.close()
 
 
+def test_channel_states_come_in_the_blob_and_are_kept_unparsed(
+        loop: SelectorLoop) -> None:
+    """A leader ships its channel states as one JSON object in the blob, after the
+    records, with their floors in the head: the fetcher hands them on as they came."""
+    states = b'{"ch": {"cursor": 3, "pending": [[1, 2, 0]]}}'
+
+    def answer(conn: socket.socket, head: dict[str, object], i: int) -> None:
+        if i == 1:
+            recs = b"r" * 20
+            conn.sendall(b"".join(encode({"topics": [{
+                "name": "t", "hw": 2, "first": 0, "blob": [0, 20], "version": 7,
+                "floors": [1], "states": [20, len(states)]}]}, recs, states)))
+
+    leader = _Leader(answer)
+    f, rep = _fetching(loop, leader)
+    try:
+        wait_until(lambda: rep.applied, 5, what="the answer applied")
+        assert rep.applied == [(0, b"r" * 20, 2)]
+        assert rep.chans == [ShippedStates(states, [1])]
+    finally:
+        _stop(loop, f)
+        leader.close()
+
+
 def test_once_the_leader_takes_compact_fetches_the_steady_state_is_compact(
         loop: SelectorLoop) -> None:
     rep: _Replica
@@ -251,6 +277,10 @@ def test_a_trickled_answer_is_cut_at_its_deadline(loop: SelectorLoop,
     b"".join(encode_compact_answer([(0, 1, 0), (0, 1, 0)], [])),      # 2 topics, 1 asked
     b"".join(encode_compact_answer([(0, 1, 10)], [b"x" * 11])),      # sizes that differ
     b"".join(encode_compact_fetch(2, 0, 10, [0])),                   # a request's kind
+    b"".join(encode({"topics": [{"name": "t", "hw": 0, "version": 2, "floors": [0],
+                                 "states": [0, 99]}]}, b"{}")),     # states outside
+    b"".join(encode({"topics": [{"name": "t", "hw": 0, "version": 2, "floors": ["x"],
+                                 "states": [0, 2]}]}, b"{}")),      # a floor not an int
 ])
 def test_a_bad_answer_drops_the_connection_and_it_connects_again(
         loop: SelectorLoop, monkeypatch: pytest.MonkeyPatch, reply: bytes) -> None:
