@@ -410,13 +410,24 @@ class Replica:
     def _encode(self, name: str, st: ChannelState, deferred: list[Deferred]) -> None:
         """On the storage thread: the state completed with its deferred messages, its
         floor, and its JSON, made in slices that offer the GIL to the loops."""
-        full = cast("ChannelState", dict(st))
-        full["pending"] = list(st["pending"])
-        deferred_states(full, deferred)
-        cursor = full["cursor"]
-        floor = min(min(map(_FIRST, full["pending"]), default=cursor), cursor)
-        raw = dumps_yielding(full).encode()
-        owner_loop(self.topic.owner).call_soon_threadsafe(self._encoded, name, raw, floor)
+        owner = owner_loop(self.topic.owner)
+        try:
+            full = cast("ChannelState", dict(st))
+            full["pending"] = list(st["pending"])
+            deferred_states(full, deferred)
+            cursor = full["cursor"]
+            floor = min(min(map(_FIRST, full["pending"]), default=cursor), cursor)
+            raw = dumps_yielding(full).encode()
+        except Exception:       # a bug: the next snapshot tries again
+            log.exception("CLUSTER: %s: encoding the state of channel %s failed",
+                          self.name, name)
+            owner.call_soon_threadsafe(self._encode_failed, name)
+            return
+        owner.call_soon_threadsafe(self._encoded, name, raw, floor)
+
+    def _encode_failed(self, name: str) -> None:
+        self.encoding.discard(name)
+        self.chan_last.pop(name, None)
 
     def _encoded(self, name: str, raw: bytes, floor: int) -> None:
         # on the topic's owner loop (where fetches are answered)
