@@ -182,9 +182,13 @@ class Coordinator(SelectorLoop):
 
     def _lease_lost(self, lease: int) -> None:
         """The keeper found ``lease`` expired (posted from its thread): every leadership
-        on it is gone; join again on a new one (the keeper reports it again while that
-        fails)."""
-        if lease != self.lease_id:
+        on it is gone; join again on a new one. The keeper holds the last session's
+        lease until a new one has begun (``begin``, at the end of ``_new_session``), so
+        while joining fails, even after a grant, it reports the old one again and this
+        tries again."""
+        with self.keeper.lock:
+            current = self.keeper.lease_id
+        if lease != current:
             return                    # a session begun since
         log.error("CLUSTER: the lease expired: leaderships lost; joining again")
         self.node.lease.lost()
