@@ -920,7 +920,10 @@ def test_followers_sync_on_their_loops_only_while_that_holds_nobody(tmp_path: Pa
             assert s["inline"] > held[i]["inline"] + 1, (held[i], s)
             with urllib.request.urlopen(f"{c.nodes[i].http_url}/metrics", timeout=5) as r:
                 text = r.read().decode()
-            assert "nsq_cluster_follower_slow_syncs_total 1\n" in text, text
+            # at least the one the fault plan made (a loaded machine's disk can add
+            # a slow one of its own meanwhile: CI saw 2)
+            slow = int(text.split("\nnsq_cluster_follower_slow_syncs_total ", 1)[1].split()[0])
+            assert slow >= s["slow"] >= held[i]["slow"] + 1, text
             for where in ("inline", "handed"):
                 line = f'nsq_cluster_follower_syncs_total{{where="{where}"}} '
                 assert int(text.split(line, 1)[1].split()[0]) >= s[where], text
