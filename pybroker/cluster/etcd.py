@@ -195,9 +195,18 @@ class Etcd:
     def txn(self, compare: list[Compare], success: list[JsonObj],
             failure: list[JsonObj] | None = None) -> bool:
         """Run success if every compare holds (else failure); True if they held."""
+        return self.txn_at(compare, success, failure) > 0
+
+    def txn_at(self, compare: list[Compare], success: list[JsonObj],
+               failure: list[JsonObj] | None = None) -> int:
+        """``txn``, returning the store's revision after it when the compares held (the
+        ``mod_revision`` of every key its success puts: a transaction writes at one
+        revision), else 0: no read after it to learn that."""
         doc = self.call("/kv/txn", {"compare": [c.raw for c in compare],
                                     "success": list(success), "failure": list(failure or [])})
-        return bool(doc.get("succeeded", False))
+        if not doc.get("succeeded", False):
+            return 0
+        return max(1, as_int(as_obj(doc.get("header")).get("revision")))
 
 
 __all__ = ["KV", "Compare", "Etcd", "EtcdError", "delete_op", "prefix_end", "put_op"]

@@ -1322,3 +1322,27 @@ def test_a_channel_holding_150000_deferred_messages_is_replicated_off_the_loops(
     wait_until(lambda: (channel_stats(c.nodes[int(new)], TOPIC, "ch") or {})  # type: ignore[call-overload]
                .get("deferred_count") == n + 1, 20, 0.1,
                what="the new leader holding every deferred message")
+
+
+def test_a_transaction_says_the_revision_its_keys_were_written_at() -> None:
+    """Etcd.txn_at (a real etcd): the revision a transaction returns is the
+    mod_revision of every key it put, which the coordinator keeps instead of reading
+    each key back; a compare that fails returns 0 and writes nothing."""
+    from pybroker.cluster.etcd import Compare, Etcd, put_op
+    from tests.support.etcd import EtcdProcess
+
+    e = EtcdProcess().start()
+    try:
+        etcd = Etcd(e.url, timeout_s=5)
+        rev = etcd.txn_at([Compare("/t/a", "CREATE", 0)],
+                          [put_op("/t/a", "1"), put_op("/t/b", "2")])
+        a, b = etcd.get("/t/a"), etcd.get("/t/b")
+        assert a is not None and b is not None and rev > 0
+        assert a.mod_revision == b.mod_revision == rev
+        assert etcd.txn_at([Compare("/t/a", "CREATE", 0)], [put_op("/t/a", "3")]) == 0
+        again = etcd.get("/t/a")
+        assert again is not None and again.value == "1" and again.mod_revision == rev
+        rev2 = etcd.txn_at([Compare("/t/a", "MOD", rev)], [put_op("/t/a", "4")])
+        assert rev2 > rev and etcd.get("/t/a").mod_revision == rev2  # type: ignore[union-attr]
+    finally:
+        e.cleanup()
