@@ -151,6 +151,11 @@ class Replica:
             now = time.monotonic_ns()
             self.lead = LeaderState(self.node.id, epoch, set(isr), self.node.min_insync,
                                     self.node.lag_ns, self.hw, end, now)
+            # what an earlier leadership of this node shipped is not this one's
+            self.shipped.clear()
+            self.chan_last.clear()
+            self.chan_at.clear()
+            self._assembled = None
             self.install_channels()
             log.info("CLUSTER: %s: leader at epoch %d (log end %d, high watermark %d, "
                      "in sync %s)", self.name, epoch, end, self.hw, self.isr)
@@ -405,9 +410,11 @@ class Replica:
         self.chan_at[name] = now
         self.chan_last[name] = mark
         self.encoding.add(name)
-        self.node.runtime.storage.call_soon_threadsafe(self._encode, name, st, deferred)
+        self.node.runtime.storage.call_soon_threadsafe(self._encode, name, st, deferred,
+                                                       self.epoch)
 
-    def _encode(self, name: str, st: ChannelState, deferred: list[Deferred]) -> None:
+    def _encode(self, name: str, st: ChannelState, deferred: list[Deferred],
+                epoch: int) -> None:
         """On the storage thread: the state completed with its deferred messages, its
         floor, and its JSON, made in slices that offer the GIL to the loops."""
         owner = owner_loop(self.topic.owner)
@@ -423,17 +430,18 @@ class Replica:
                           self.name, name)
             owner.call_soon_threadsafe(self._encode_failed, name)
             return
-        owner.call_soon_threadsafe(self._encoded, name, raw, floor)
+        owner.call_soon_threadsafe(self._encoded, name, raw, floor, epoch)
 
     def _encode_failed(self, name: str) -> None:
         self.encoding.discard(name)
         self.chan_last.pop(name, None)
 
-    def _encoded(self, name: str, raw: bytes, floor: int) -> None:
+    def _encoded(self, name: str, raw: bytes, floor: int, epoch: int) -> None:
         # on the topic's owner loop (where fetches are answered)
         self.encoding.discard(name)
-        if name not in self.topic.channels or name not in self.chan_last:
-            return                      # deleted meanwhile
+        if name not in self.topic.channels or name not in self.chan_last \
+                or self.role != LEADER or epoch != self.epoch:
+            return                      # deleted, or not this leadership's, meanwhile
         self.shipped[name] = (raw, floor)
         self.chan_version = next(_versions)
 
