@@ -15,14 +15,13 @@ import itertools
 import json
 import logging
 import time
-from operator import itemgetter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, NamedTuple, cast
 
 from pybroker.cluster.ports import (HANDED_OVER, LEADERSHIP_LOST, LEASE_EXPIRED, NOT_LEADER,
                                     Done, Json, JsonObj, ReplicaHost, ReplicaStats)
 from pybroker.cluster.rules import EpochHistory, LeaderState, Waiter
-from pybroker.core.lifecycle import deferred_states
+from pybroker.core.lifecycle import deferred_states, state_floor
 from pybroker.jsonvalue import dumps_yielding
 from pybroker.errors import ChannelNotFound, TopicNotFound
 from pybroker.protocol.deadletter import dead_letter_settings
@@ -46,7 +45,6 @@ RESHIP_NS = 2_000_000_000
 LEADER, FOLLOWER, NONE = "leader", "follower", "none"
 # versions of a leader's channel states (a follower asks for newer than it holds)
 _versions = itertools.count(1)
-_FIRST = itemgetter(0)
 
 
 def bytes_between(topic: Topic, lo: int, hi: int) -> int:
@@ -422,8 +420,7 @@ class Replica:
             full = cast("ChannelState", dict(st))
             full["pending"] = list(st["pending"])
             deferred_states(full, deferred)
-            cursor = full["cursor"]
-            floor = min(min(map(_FIRST, full["pending"]), default=cursor), cursor)
+            floor = state_floor(full)
             raw = dumps_yielding(full).encode()
         except Exception:       # a bug: the next snapshot tries again
             log.exception("CLUSTER: %s: encoding the state of channel %s failed",

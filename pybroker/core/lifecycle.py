@@ -34,7 +34,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, TypedDict
 
 from pybroker._native.inflight import InFlight
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from pybroker.core.seams import TopicView
 
 _STATE = attrgetter("state")
+_FIRST = itemgetter(0)
 _SLICE = 8192      # deferred states added to a snapshot per hold of the GIL
 
 
@@ -57,6 +58,13 @@ def deferred_states(state: ChannelState, deferred: list[Deferred]) -> None:
         if i:
             time.sleep(0)
         pending += map(_STATE, deferred[i:i + _SLICE])
+
+
+def state_floor(state: ChannelState) -> int:
+    """The lowest offset a complete state still needs: its lowest pending offset, or its
+    cursor."""
+    cursor = state["cursor"]
+    return min(min(map(_FIRST, state["pending"]), default=cursor), cursor)
 
 
 class ChannelState(TypedDict, total=False):
@@ -473,9 +481,10 @@ class Lifecycle:
     def snapshot(self, wall_ns: int, now_ns: int) -> ChannelState:
         """The channel's saved state: everything below ``cursor`` not listed in
         ``pending`` is finished, and so is everything in ``skip`` not pending.
-        pending: [offset, deliveries, due_wall_ns (0 = ready)]."""
+        pending: [offset, deliveries, due_wall_ns (0 = ready)]. Whole, on one thread
+        (the loops take ``snapshot_parts``: this offers the GIL between slices)."""
         state, deferred = self.snapshot_parts(wall_ns, now_ns)
-        state["pending"] += map(_STATE, deferred)
+        deferred_states(state, deferred)
         return state
 
     def snapshot_parts(self, wall_ns: int, now_ns: int) -> tuple[ChannelState, list[Deferred]]:

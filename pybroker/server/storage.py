@@ -28,12 +28,11 @@ import os
 import queue
 import threading
 import time
-from operator import itemgetter
 from typing import TYPE_CHECKING, Callable, NamedTuple, TypedDict, Union, Unpack
 
 from pybroker.protocol.deadletter import dead_letter_settings
 from pybroker.core.flight import Deferred
-from pybroker.core.lifecycle import ChannelState, deferred_states
+from pybroker.core.lifecycle import ChannelState, deferred_states, state_floor
 from pybroker.core.topic import Topic
 from pybroker.storage import MetadataError, StorageError
 from pybroker.storage._fsutil import atomic_write, safe_name
@@ -505,9 +504,7 @@ class StorageManager:
             st = by_topic.get(t)
             if st is not None and name in t.channels:
                 deferred_states(snap, deferred)
-                cursor = snap["cursor"]
-                snap["floor"] = min(min(map(_FIRST, snap["pending"]), default=cursor),
-                                    cursor)
+                snap["floor"] = state_floor(snap)
                 st["channels"][name] = snap
         for t, st in by_topic.items():
             floors = [s["floor"] for s in st["channels"].values()]
@@ -556,7 +553,6 @@ class StorageManager:
         return len(got)
 
 
-_FIRST = itemgetter(0)
 # a channel's snapshot as its loop took it: (topic, channel, state without its deferred
 # messages, those; Lifecycle.snapshot_parts)
 Snap = tuple[Topic, str, ChannelState, list[Deferred]]

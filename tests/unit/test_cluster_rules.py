@@ -341,18 +341,23 @@ def _tick(m: ReplicationRules, dt: int) -> None:
     m.isr_written()
 
 
+def _acknowledged(m: ReplicationRules, k: int) -> None:
+    """Both followers follow; k records published, fetched by both and acknowledged."""
+    m.poll(2)
+    m.poll(3)
+    m.publish(k)
+    for f in (2, 3):
+        m.fetch(f, 5)
+        m.fetch(f, 0)
+    m.advance()
+
+
 def test_a_follower_rejoins_only_once_it_holds_the_epoch_start() -> None:
     """A new leader's high watermark can lag what the old one acknowledged; a follower
     that holds up to it but not up to the new epoch's start must stay out of the
     in-sync set (else a later failover to it loses acknowledged records)."""
     m = ReplicationRules()
-    m.poll(2)
-    m.poll(3)
-    m.publish(3)
-    for f in (2, 3):
-        m.fetch(f, 5)
-        m.fetch(f, 0)
-    m.advance()
+    _acknowledged(m, 3)
     assert sorted(m.acked) == [0, 1, 2]
     _tick(m, 600)
     m.fetch(2, 0)
@@ -383,13 +388,7 @@ def test_dead_followers_leave_the_in_sync_set_and_stay_out() -> None:
     follower dropped for lagging must not be taken back for holding the high
     watermark, or two dead followers take turns and a publish waits forever)."""
     m = ReplicationRules()
-    m.poll(2)
-    m.poll(3)
-    m.publish(1)
-    for f in (2, 3):
-        m.fetch(f, 5)
-        m.fetch(f, 0)
-    m.advance()
+    _acknowledged(m, 1)
     m.kill(2)
     m.kill(3)
     for _ in range(3):
@@ -461,23 +460,13 @@ def test_a_member_being_added_counts_for_the_high_watermark() -> None:
     m.acknowledged_records_are_kept()
 
 
-def _acknowledge_three(m: ReplicationRules) -> None:
-    m.poll(2)
-    m.poll(3)
-    m.publish(3)
-    for f in (2, 3):
-        m.fetch(f, 5)
-        m.fetch(f, 0)
-    m.advance()
-    assert sorted(m.acked) == [0, 1, 2]
-
-
 def test_a_leader_back_with_an_empty_disk_is_not_elected() -> None:
     """The leader dies and is back with an empty disk before a follower campaigned;
     etcd still counts it in sync. It must not campaign: elected, it would lead an empty
     log. It leaves the set instead, and a follower leads with every record."""
     m = ReplicationRules()
-    _acknowledge_three(m)
+    _acknowledged(m, 3)
+    assert sorted(m.acked) == [0, 1, 2]
     m.kill(1)
     m.restart_with_an_empty_disk(1)
     m.campaign(1)
@@ -498,7 +487,8 @@ def test_a_leader_that_had_not_heard_does_not_write_a_lost_member_back() -> None
     a failover could then elect it: it is refused, as it held on a state that moved on;
     the leader reads etcd and asks again."""
     m = ReplicationRules()
-    _acknowledge_three(m)
+    _acknowledged(m, 3)
+    assert sorted(m.acked) == [0, 1, 2]
     m.kill(3)
     m.restart_with_an_empty_disk(3)
     m.leave_isr(3)
