@@ -122,9 +122,10 @@ def parse_message(data: bytes) -> Message:
     return Message(ts_ns, attempts, bytes(data[10:26]), bytes(data[26:]))
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: float, some: bool = False) -> bytes:
+    """n bytes by deadline (``some``: at least one, at most n)."""
     chunks: list[bytes] = []
-    while n > 0:
+    while n > 0 and not (some and chunks):
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("deadline passed while reading a frame")
@@ -191,6 +192,9 @@ class WireClient:
     timeout: float = 5.0
     heartbeats: list[float] = field(default_factory=list)
     pending: list[Message] = field(default_factory=list)
+    # the bytes of a frame read so far: a read that times out halfway keeps them for
+    # the next (a timeout between two chunks of one frame does not lose the stream)
+    partial: bytearray = field(default_factory=bytearray)
 
     @classmethod
     def connect(cls, address: tuple[str, int], magic: bool = True,
@@ -223,13 +227,30 @@ class WireClient:
         """Next frame that is not a heartbeat."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
-            ftype, data = read_frame(self.sock, max(0.0, deadline - time.monotonic()))
+            ftype, data = self._frame(deadline)
             if ftype == FRAME_RESPONSE and data == HEARTBEAT:
                 self.heartbeats.append(time.monotonic())
                 if self.answer_heartbeats:
                     self.send(nop())
                 continue
             return ftype, data
+
+    def _frame(self, deadline: float) -> tuple[int, bytes]:
+        """One frame by ``deadline`` (TimeoutError otherwise, keeping what was read: the
+        next call goes on from there); it reads no byte past the frame."""
+        buf = self.partial
+        while True:
+            need = 4
+            if len(buf) >= 4:
+                size, = struct.unpack_from(">i", buf, 0)
+                assert size >= 4, f"frame size {size} < 4"
+                need = 4 + size
+                if len(buf) >= need:
+                    frame_type, = struct.unpack_from(">i", buf, 4)
+                    data = bytes(buf[8:need])
+                    del buf[:need]
+                    return frame_type, data
+            buf += _recv_exact(self.sock, need - len(buf), deadline, some=True)
 
     def _read_non_message(self, timeout: float | None) -> tuple[int, bytes]:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -276,6 +297,7 @@ class WireClient:
         return data
 
     def assert_closed(self, timeout: float = 5.0) -> None:
+        assert not self.partial, f"a frame begun before the close: {bytes(self.partial)!r}"
         wait_closed(self.sock, timeout)
 
     def assert_alive(self) -> None:
