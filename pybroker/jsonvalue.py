@@ -10,7 +10,9 @@ the field when the value has another type.
 from __future__ import annotations
 
 import json
+import re
 import time
+from collections.abc import Generator
 from typing import Union
 
 Json = Union[None, bool, int, float, str, list["Json"], dict[str, "Json"]]
@@ -94,3 +96,102 @@ def _dump(v: object, out: list[str]) -> None:
         out.append("]")
     else:
         out.append(json.dumps(v))
+
+
+
+
+# A list of integers or of integer lists, as a channel state's "pending", "skip" and
+# "deliveries" are encoded: digits, signs, commas, spaces and brackets only (no string,
+# object or float). Such a span over LOADS_SLICE bytes is decoded in slices.
+_INT_LISTS = re.compile(rb"\[[-0-9, \[\]]*\]")
+LOADS_SLICE = 64 * 1024   # bytes ``loads_steps`` decodes per step
+_HOLE = "\x00span:"      # stands for a span cut out: a text no state holds (NUL)
+
+
+def loads_steps(raw: bytes) -> Generator[None, None, Json]:
+    """``json.loads(raw)`` in steps: returns the same value, and yields between steps
+    of about LOADS_SLICE bytes. Each list of integers or integer lists longer than that
+    (a channel state's deferred messages) is cut out of the text and decoded in slices;
+    the rest, small, is decoded whole. A follower taking over 100,000 deferred messages
+    (3.3 MB) held its loop 35 ms in one ``json.loads``; its loop now decodes a step a
+    turn (pybroker.cluster.takeover). Budget: one slice (under 1 ms) a step. Raises
+    ``ValueError`` where ``json.loads`` does: what does not decode this way (a span that
+    is not one list, a string that looks like a cut span) is decoded whole."""
+    spans: list[list[Json]] = []
+    parts: list[bytes] = []
+    at = 0
+    try:
+        for m in _INT_LISTS.finditer(raw):
+            a, b = m.span()
+            if b - a <= LOADS_SLICE:
+                continue
+            # the items: "1, 2" or "[1, 2], [3]". A span that is not one such list (a
+            # run of these characters around a "{" or a string, or deeper) decodes to
+            # an error: a slice cut inside an item or across lists has unbalanced
+            # brackets, and the text with the span cut out is not JSON
+            body = raw[a + 1:b - 1]
+            items: list[Json] = []
+            yield from _slices(body, items)
+            spans.append(items)
+            parts.append(raw[at:a])
+            parts.append(json.dumps(_HOLE + str(len(spans) - 1)).encode())
+            at = b
+        if not spans:
+            return json.loads(raw)       # type: ignore[no-any-return]
+        parts.append(raw[at:])
+        found = [0]
+        v = _fill(json.loads(b"".join(parts)), spans, found)
+        if found[0] == len(spans):
+            return v
+    except ValueError:
+        pass
+    return json.loads(raw)               # type: ignore[no-any-return]
+
+
+def loads_yielding(raw: bytes) -> Json:
+    """``loads_steps`` on a thread other than a loop's: the GIL is offered to the other
+    threads between its steps (``time.sleep(0)``)."""
+    steps = loads_steps(raw)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value            # type: ignore[no-any-return]
+        time.sleep(0)
+
+
+def _slices(body: bytes, out: list[Json]) -> Generator[None, None, None]:
+    # a cut after an item: "]," in a list of lists (a "]" there always closes an item),
+    # "," in a list of integers
+    sep = b"]," if b"[" in body else b","
+    start = 0
+    while start < len(body):
+        cut = body.find(sep, start + LOADS_SLICE)
+        end = len(body) if cut < 0 else cut + len(sep) - 1
+        piece = json.loads(b"[" + body[start:end] + b"]")
+        if not isinstance(piece, list):
+            raise ValueError("not a list")
+        out.extend(piece)
+        start = end + 1
+        yield
+
+
+def _fill(v: Json, spans: list[list[Json]], found: list[int]) -> Json:
+    """v with each string standing for a cut span replaced by the span's items."""
+    if isinstance(v, str):
+        if v.startswith(_HOLE):
+            k = v[len(_HOLE):]
+            if not k.isdigit() or int(k) >= len(spans):
+                raise ValueError("a string of the text looks like a cut span")
+            found[0] += 1
+            return spans[int(k)]
+        return v
+    if isinstance(v, dict):
+        for key, item in v.items():
+            if isinstance(item, (dict, list, str)):
+                v[key] = _fill(item, spans, found)
+    elif isinstance(v, list):
+        for i, item in enumerate(v):
+            if isinstance(item, (dict, list, str)):
+                v[i] = _fill(item, spans, found)
+    return v

@@ -204,6 +204,9 @@ class ClusterNode:
             return None
         r = self.replicas.get(name)
         if r is not None and r.role == LEADER:
+            if r.taking_over:
+                return (f"topic {name} is being taken over by this node (its channels "
+                        "are being restored); subscribe again shortly")
             return None
         if r is None and name not in self.assigned and name not in self.leaders:
             return None

@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, NamedTuple, cast
 
 from pybroker.cluster.ports import (HANDED_OVER, LEADERSHIP_LOST, LEASE_EXPIRED, NOT_LEADER,
-                                    Done, Json, JsonObj, ReplicaHost, ReplicaStats)
+                                    Done, JsonObj, ReplicaHost, ReplicaStats)
 from pybroker.cluster.rules import EpochHistory, LeaderState, Waiter
+from pybroker.cluster.takeover import INLINE_BYTES, Steps, build, run, states_of
 from pybroker.core.lifecycle import deferred_states, state_floor
 from pybroker.jsonvalue import dumps_yielding
 from pybroker.errors import ChannelNotFound, TopicNotFound
-from pybroker.protocol.deadletter import dead_letter_settings
 from pybroker.server.services import owner_loop
 from pybroker.storage import StorageError
 from pybroker.storage.topiclog import RecordBatch
@@ -69,12 +69,6 @@ class ShippedStates(NamedTuple):
 
     raw: bytes
     floors: list[int]
-
-
-def _states_of(doc: JsonObj) -> dict[str, ChannelState]:
-    """The channel states of a leader's JSON object (ChannelState documents, checked
-    where they are read)."""
-    return {n: cast("ChannelState", st) for n, st in doc.items() if isinstance(st, dict)}
 
 
 class Replica:
@@ -125,6 +119,10 @@ class Replica:
         # leader: the epoch whose leadership it is handing over (its log's write or
         # fsync failed: ``storage_failed``); 0: none. Meanwhile it acknowledges nothing
         self.resigning = 0
+        # leader: the epoch whose channels are being built off the loop
+        # (pybroker.cluster.takeover); 0: none. Meanwhile SUB is refused, and its
+        # follower's channels are neither shipped nor saved as the leader's
+        self.taking_over = 0
 
     def __repr__(self) -> str:
         return f"Replica({self.name} {self.role} e{self.epoch})"
@@ -154,7 +152,7 @@ class Replica:
             self.chan_last.clear()
             self.chan_at.clear()
             self._assembled = None
-            self.install_channels()
+            self._take_over()
             log.info("CLUSTER: %s: leader at epoch %d (log end %d, high watermark %d, "
                      "in sync %s)", self.name, epoch, end, self.hw, self.isr)
             self.advance()
@@ -168,6 +166,7 @@ class Replica:
             self.node.roles_changed()
 
     def _step_down(self, role: str, epoch: int, leader: int) -> None:
+        self.taking_over = 0
         if self.role == LEADER:
             self._fail_all(NotLeader(f"{self.name}: {LEADERSHIP_LOST}"))
             self.kick_consumers(f"topic {self.name} is now led by node {leader}"
@@ -373,18 +372,20 @@ class Replica:
         now = time.monotonic_ns()
         self.advance()
         self.check_isr(now)
+        if self.taking_over:
+            return        # its channels are still the follower's
         if now - self.last_snap_ns >= self.node.ship_ns:
             self.last_snap_ns = now
             topic = self.topic
             released = topic.released if topic.paused else 0
             if topic.paused != self.paused_shipped or released != self.released_shipped:
                 self.paused_shipped, self.released_shipped = topic.paused, released
-                self.chan_version = next(_versions)
+                self._new_version()
             live = self.topic.channels
             for name in [n for n in self.shipped if n not in live]:
                 self.shipped.pop(name, None)        # deleted here: not on takeover either
                 self.chan_last.pop(name, None)
-                self.chan_version = next(_versions)
+                self._new_version()
             for ch in list(live.values()):
                 ch.owner.call_soon_threadsafe(self._snapshot, ch)
 
@@ -440,6 +441,19 @@ class Replica:
                 or self.role != LEADER or epoch != self.epoch:
             return                      # deleted, or not this leadership's, meanwhile
         self.shipped[name] = (raw, floor)
+        self._new_version()
+
+    def _new_version(self) -> None:
+        """A new version of the channel states to ship, once every channel's is here.
+        Until then the followers keep what they hold: a follower takes what it is
+        shipped as the whole, and a channel it was not shipped is one the leader
+        deleted (after a takeover the states are encoded one channel at a time; a
+        version shipped between two would have lost the others had this leader died
+        then)."""
+        shipped = self.shipped
+        for name, ch in self.topic.channels.items():
+            if name not in shipped and not ch.ephemeral and not ch.deleted:
+                return    # its ``_encoded`` makes the version
         self.chan_version = next(_versions)
 
     def shipped_states(self) -> tuple[bytes, list[int]]:
@@ -549,7 +563,7 @@ class Replica:
             elif chans is not None:
                 # the leader's snapshots (ChannelState documents), checked where read
                 self.channels_raw = None
-                self.channels = _states_of(chans)
+                self.channels = states_of(chans)
                 self.chan_from_leader = version
                 if paused is not None:
                     self.paused_shipped, self.released_shipped = paused
@@ -662,41 +676,67 @@ class Replica:
         for i in batch.deferred_indices(len(starts)):
             self.topic.dpubs[first + i] = batch.deliver_at(i)
 
-    def states(self) -> dict[str, ChannelState]:
-        """A follower's copy of its leader's channel states, parsed from what was
-        shipped if it was not yet (once: when it takes over)."""
-        raw = self.channels_raw
-        if raw is not None:
-            self.channels_raw = None
-            try:
-                doc: Json = json.loads(raw)
-            except ValueError:
-                log.error("CLUSTER: %s: the channel states shipped are not JSON: "
-                          "channels start from the oldest record", self.name)
-                doc = {}
-            self.channels = _states_of(doc if isinstance(doc, dict) else {})
-        return self.channels
-
-    def install_channels(self) -> None:
+    def _take_over(self) -> None:
         """A new leader takes its old leader's channel states (cursors, pending, skip),
-        cut to what its log holds: only messages not finished there are delivered
-        again."""
+        cut to what its log holds now: only messages not finished there are delivered
+        again. Small states in this turn; larger ones a step a turn, put in place when
+        all are built (pybroker.cluster.takeover)."""
         topic = self.topic
-        states = self.states()
+        raw = self.channels_raw
+        shipped = self.channels if raw is None else raw
+        steps = build(topic, shipped, topic.log.written, time.monotonic_ns(), time.time_ns())
+        names = [n for n, ch in topic.channels.items() if not ch.ephemeral]
+        if raw is None or len(raw) <= INLINE_BYTES:
+            self._took_over(run(steps), names, self.chan_from_leader)
+            return
+        self.taking_over = self.epoch
+        log.info("CLUSTER: %s: taking its channels over in steps (%d bytes of states)",
+                 self.name, len(raw))
+        self._step(steps, self.epoch, names, self.chan_from_leader, time.monotonic_ns())
+
+    def _step(self, steps: Steps, epoch: int, names: list[str], from_leader: int,
+              began: int) -> None:
+        if self.taking_over != epoch or self.role != LEADER or self.epoch != epoch:
+            steps.close()
+            return      # the leadership went meanwhile: not its channels
+        try:
+            next(steps)
+        except StopIteration as done:
+            log.info("CLUSTER: %s: channels built in %.0f ms", self.name,
+                     (time.monotonic_ns() - began) / 1e6)
+            self._took_over(done.value, names, from_leader)
+            self.taking_over = 0        # (after: SUB is asked on any loop)
+            return
+        owner_loop(self.topic.owner).call_later(0, self._step, steps, epoch, names,
+                                                from_leader, began)
+
+    def _took_over(self, chans: list[Channel], names: list[str], from_leader: int) -> None:
+        self.channels_raw = None
+        self.channels = {}
+        self._install(chans, names, from_leader)
+
+    def _install(self, chans: list[Channel], names: list[str], from_leader: int) -> None:
+        """Put the channels taken over in place of the follower's (``names``: the
+        follower's channels when it took over; ``from_leader``: the version of the
+        states it held, 0 if none came from a leader)."""
+        topic = self.topic
         log.info("CLUSTER: %s: channels taken over: %s", self.name,
-                 ", ".join(f"{n} at {st.get('cursor')}" for n, st in states.items()) or "none")
-        if self.chan_from_leader:
+                 ", ".join(f"{ch.name} at {ch.cursor}" for ch in chans) or "none")
+        if from_leader:
             # the states came from a leader: its channels are the topic's. One this node
             # still has from an earlier leadership of its own, deleted since, goes
             broker = self.node.runtime.broker
-            for name, ch in list(topic.channels.items()):
-                if name not in states and not ch.ephemeral:
-                    log.info("CLUSTER: %s: channel %s was deleted by the leader before",
-                             self.name, name)
-                    try:
-                        broker.delete_channel(topic.name, name)
-                    except (TopicNotFound, ChannelNotFound):
-                        pass
+            have = {ch.name for ch in chans}
+            for name in names:
+                ch = topic.channels.get(name)
+                if ch is None or name in have or ch.ephemeral:
+                    continue
+                log.info("CLUSTER: %s: channel %s was deleted by the leader before",
+                         self.name, name)
+                try:
+                    broker.delete_channel(topic.name, name)
+                except (TopicNotFound, ChannelNotFound):
+                    pass
         if self.paused_shipped is not None and self.paused_shipped != topic.paused:
             # a topic paused (or unpaused) by the old leader stays so: when paused, its
             # channels read no further than they could there (a follower's log was
@@ -710,26 +750,16 @@ class Replica:
             if woken:
                 self.node.runtime.broker.wake(woken)
             self.node.runtime.broker.notify_changed()
-        if not states:
+        if not chans:
             return
-        end = topic.log.written
-        now, wall = time.monotonic_ns(), time.time_ns()
-        for name, state in states.items():
-            st: ChannelState = cast("ChannelState", dict(state))
-            st["cursor"] = min(int(st.get("cursor", 0)), end)
-            st["pending"] = [p for p in st.get("pending", []) if p[0] < end]
-            st["skip"] = [o for o in st.get("skip", []) if o < end]
+        for ch in chans:
             with topic.lock:
-                old = topic.channels.pop(name, None)
-                ch = topic.new_channel(name, st["cursor"])
+                old = topic.channels.pop(ch.name, None)
+                topic.channels[ch.name] = ch
             if old is not None:
                 old.deleted = True
                 old.owner.call_soon_threadsafe(old.owner.close_channel, old)
-            ch.paused = bool(st.get("paused", False))
-            settings = st.get("settings")
-            if isinstance(settings, dict):          # from the wire: checked as nsqd.dat's
-                ch.configure_dead_letters(dead_letter_settings(settings))
-            ch.owner.call_soon_threadsafe(_restore, ch, st, now, wall)
+            ch.owner.call_soon_threadsafe(_dirty, ch)
         self.node.runtime.broker.notify_changed()
 
     # -- stats ---------------------------------------------------------------------------
@@ -759,8 +789,7 @@ def _kick(ch: Channel, why: str) -> None:
             close(why)
 
 
-def _restore(ch: Channel, state: ChannelState, now: int, wall: int) -> None:
-    ch.restore(state, now, wall)
+def _dirty(ch: Channel) -> None:
     ch.owner.mark_dirty(ch)
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, TypedDict
 
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 _STATE = attrgetter("state")
 _FIRST = itemgetter(0)
 _SLICE = 8192      # deferred states added to a snapshot per hold of the GIL
+RESTORE_STEP = 2048   # saved pending messages ``restore_steps`` takes per step
 
 
 def deferred_states(state: ChannelState, deferred: list[Deferred]) -> None:
@@ -507,6 +508,13 @@ class Lifecycle:
     def restore(self, state: ChannelState, now_ns: int, wall_ns: int) -> None:
         """Start-up, before clients: take a saved state (in flight and dying become
         requeued, ready at once, in offset order)."""
+        for _ in self.restore_steps(state, now_ns, wall_ns):
+            pass
+
+    def restore_steps(self, state: ChannelState, now_ns: int,
+                      wall_ns: int) -> Generator[None, None, None]:
+        """``restore`` in steps of RESTORE_STEP pending messages (a new leader's channel,
+        built a step a turn before it is added to its topic: pybroker.cluster.takeover)."""
         oldest = self.topic.log.oldest
         self.cursor = max(int(state.get("cursor", oldest)), oldest)
         self.start_offset = self.cursor
@@ -514,7 +522,9 @@ class Lifecycle:
         self.skip = deque(skip)
         self.extra_count = -len(skip)      # message_count: what is left to read
         ahead = set(skip)
-        for off, attempts, due in sorted(state.get("pending", [])):
+        for i, (off, attempts, due) in enumerate(sorted(state.get("pending", []))):
+            if i % RESTORE_STEP == RESTORE_STEP - 1:
+                yield
             if off < oldest or off >= self.cursor and off not in ahead:
                 continue
             if due > wall_ns:

@@ -166,10 +166,15 @@ class Topic:
         """Create and add a channel (caller holds the lock)."""
         if cursor is None:
             cursor = self.released if self.channels else max(self.orphan_start, self.log.oldest)
-        ch = Channel(self, name, self._pick_owner(self.name, name), is_ephemeral(name), cursor)
+        ch = self.make_channel(name, cursor)
         # a first channel inherits the topic's dropped gaps; later ones start past them
         self.channels[name] = ch
         return ch
+
+    def make_channel(self, name: str, cursor: int) -> Channel:
+        """A channel of this topic not yet added to it (any thread: a new leader builds
+        the channels it takes over off its loop, pybroker.cluster.takeover)."""
+        return Channel(self, name, self._pick_owner(self.name, name), is_ephemeral(name), cursor)
 
     def find_channel(self, name: str) -> Channel | None:
         return self.channels.get(name)

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""How long a takeover holds the new leader's loop: a three-node cluster (replication
+factor 3, min-insync 2, a real etcd) with a channel holding ``--deferred`` deferred
+messages; the leader is killed with SIGKILL while each other node answers a stream of
+PUBs to an ephemeral topic (never replicated: each is one trip through that node's
+loop), and the longest of those round trips around the takeover is printed, with the
+time the new leader took to build its channels (its log).
+
+    python loadtest/bench_takeover.py [--deferred 100000] [--runs 3]
+
+Budget (docs/replication.md, "A new leader's channels"): no loop held over 20 ms.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_replication import ClusterSetting, Etcd, wait  # noqa: E402
+
+from pybroker.config import split_hostport  # noqa: E402
+
+TOPIC, PING = "takeover_t", "ping#ephemeral"
+
+
+def _sized(b: bytes) -> bytes:
+    return struct.pack(">i", len(b)) + b
+
+
+def _frame(s: socket.socket) -> tuple[int, bytes]:
+    def exact(n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            got = s.recv(n - len(buf))
+            if not got:
+                raise ConnectionError("closed")
+            buf += got
+        return bytes(buf)
+    size, = struct.unpack(">i", exact(4))
+    body = exact(size)
+    return struct.unpack(">i", body[:4])[0], body[4:]
+
+
+def _connect(address: str) -> socket.socket:
+    s = socket.create_connection(split_hostport(address), timeout=30)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.sendall(b"  V2")
+    return s
+
+
+def defer_all(address: str, n: int) -> None:
+    """n messages published, delivered once and requeued for an hour each."""
+    with _connect(address) as s:
+        for _ in range(0, n, 1000):
+            body = struct.pack(">i", 1000) + _sized(b"x" * 20) * 1000
+            s.sendall(f"MPUB {TOPIC}\n".encode() + _sized(body))
+            assert _frame(s) == (0, b"OK")
+        s.sendall(f"SUB {TOPIC} ch\n".encode())
+        assert _frame(s) == (0, b"OK")
+        s.sendall(b"RDY 2500\n")
+        got = 0
+        while got < n:
+            kind, data = _frame(s)
+            if kind == 2:
+                s.sendall(b"REQ " + data[10:26] + b" 3600000\n")
+                got += 1
+
+
+def one_run(args: argparse.Namespace) -> tuple[float, float]:
+    """(the longest PUB round trip on a surviving node, ms; the build time, ms)."""
+    etcd = Etcd(shutil.which(args.etcd) or args.etcd)
+    try:
+        cs = ClusterSetting(etcd, argparse.Namespace(lease_ttl="3s", durability="memory"),
+                            {i: dict(os.environ) for i in (1, 2, 3)})
+        try:
+            leader = cs.new_topic(TOPIC)
+            lead = next(i for i, b in cs.nodes.items() if b is leader)
+            defer_all(leader.tcp_address, args.deferred)
+            # the followers hold the states with every deferred message
+            time.sleep(3)
+            stop = threading.Event()
+            worst: dict[int, float] = {}
+
+            def ping(i: int) -> None:
+                with _connect(cs.nodes[i].tcp_address) as s:
+                    cmd = f"PUB {PING}\n".encode() + _sized(b"p")
+                    while not stop.is_set():
+                        t0 = time.perf_counter()
+                        s.sendall(cmd)
+                        assert _frame(s) == (0, b"OK")
+                        worst[i] = max(worst.get(i, 0.0), time.perf_counter() - t0)
+                        stop.wait(0.002)
+
+            others = [i for i in cs.nodes if i != lead]
+            threads = [threading.Thread(target=ping, args=(i,)) for i in others]
+            for t in threads:
+                t.start()
+            assert leader.pid is not None
+            os.kill(leader.pid, signal.SIGKILL)
+            new = wait(lambda: cs.leader(TOPIC, 2), 30, "a new leader")
+            b = cs.nodes[new]
+            built = wait(lambda: re.search(r"channels built in (\d+) ms|channels taken over",
+                                           b.log_text()), 30, "the channels taken over")
+            time.sleep(1)
+            stop.set()
+            for t in threads:
+                t.join(10)
+            ms = float(built.group(1)) if built.group(1) else 0.0
+            return 1000 * max(worst.values()), ms
+        finally:
+            cs.stop()
+    finally:
+        etcd.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--deferred", type=int, default=100_000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--etcd", default=os.environ.get("ETCD", "etcd"))
+    args = ap.parse_args()
+    worst, built = [], []
+    for k in range(args.runs):
+        w, b = one_run(args)
+        worst.append(w)
+        built.append(b)
+        print(f"run {k + 1}: longest PUB round trip on a surviving node {w:.1f} ms; "
+              f"channels built in {b:.0f} ms", flush=True)
+    print(f"{args.deferred:,} deferred: longest round trip median {statistics.median(worst):.1f}"
+          f" ms (max {max(worst):.1f}); build median {statistics.median(built):.0f} ms")
+
+
+if __name__ == "__main__":
+    main()

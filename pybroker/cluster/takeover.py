@@ -1,0 +1,87 @@
+"""A new leader's channels, built from the states its old leader shipped.
+
+A follower keeps its leader's channel states as they came, one JSON object
+(``ShippedStates``), and only reads them when it takes the topic over. For a channel
+holding many deferred messages that reading is long: 100,000 of them are 3.3 MB of JSON
+(35 ms in one ``json.loads``) and 100,000 timers to set again (about 100 ms); done in
+the turn that made the node leader, it held the loop 139 ms. So the channels are built
+here as objects nobody sees yet, in steps (``build``): all in that turn when the states
+are small (``INLINE_BYTES``), else a step a turn on the topic's owner loop (the JSON in
+slices, ``loads_steps``; the timers ``RESTORE_STEP`` at a time, ``restore_steps``);
+the loop then puts the finished channels in place at once (``Replica._install``).
+Until then the topic is led but its channels are the follower's: SUB is refused
+(subscribe again shortly) and they are neither shipped nor saved as the leader's.
+(A thread of its own was tried first: on the GIL, each system call of the loop then
+waited for the builder's switch interval, and the loop's turns took up to 70 ms.)
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Generator
+from typing import TYPE_CHECKING, cast
+
+from pybroker.jsonvalue import Json, loads_steps
+from pybroker.protocol.deadletter import dead_letter_settings
+
+if TYPE_CHECKING:
+    from pybroker.core.channel import Channel
+    from pybroker.core.lifecycle import ChannelState
+    from pybroker.core.topic import Topic
+
+log = logging.getLogger("pybroker")
+# shipped states up to this size are taken over in the turn that makes the node leader
+# (about 2,000 deferred messages, a few milliseconds); larger ones a step a turn
+INLINE_BYTES = 64 * 1024
+Steps = Generator[None, None, list["Channel"]]
+
+
+def states_of(doc: Json) -> dict[str, ChannelState]:
+    """The channel states of a leader's JSON object (ChannelState documents, checked
+    where they are read: ``Lifecycle.restore``)."""
+    if not isinstance(doc, dict):
+        return {}
+    return {n: cast("ChannelState", st) for n, st in doc.items() if isinstance(st, dict)}
+
+
+def build(topic: Topic, shipped: bytes | dict[str, ChannelState], end: int, now_ns: int,
+          wall_ns: int) -> Steps:
+    """The channels of the states ``shipped`` (as kept: their JSON, or decoded), each
+    cut to the log's ``end`` (what it held when the node became leader: only messages
+    not finished there are delivered again) and restored, not yet added to the topic:
+    a step per ``next``, the channels when it stops."""
+    if isinstance(shipped, dict):
+        states = shipped
+    else:
+        try:
+            states = states_of((yield from loads_steps(shipped)))
+        except ValueError:
+            log.error("CLUSTER: %s: the channel states shipped are not JSON: channels "
+                      "start from the oldest record", topic.name)
+            states = {}
+    out: list[Channel] = []
+    for name, state in states.items():
+        st = cast("ChannelState", dict(state))
+        st["cursor"] = min(int(st.get("cursor", 0)), end)
+        st["pending"] = [p for p in st.get("pending", []) if p[0] < end]
+        st["skip"] = [o for o in st.get("skip", []) if o < end]
+        ch = topic.make_channel(name, st["cursor"])
+        ch.paused = bool(st.get("paused", False))
+        settings = st.get("settings")
+        if isinstance(settings, dict):          # from the wire: checked as nsqd.dat's
+            ch.configure_dead_letters(dead_letter_settings(settings))
+        yield from ch.restore_steps(st, now_ns, wall_ns)
+        out.append(ch)
+        yield
+    return out
+
+
+def run(steps: Steps) -> list[Channel]:
+    """All the steps at once."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value            # type: ignore[no-any-return]
+
+
+__all__ = ["INLINE_BYTES", "Steps", "build", "run", "states_of"]

@@ -1,0 +1,108 @@
+"""loads_steps (pybroker.jsonvalue): the value json.loads gives, decoded a slice a step
+so that a loop can take a channel state of 100,000 deferred messages over a step a
+turn (pybroker.cluster.takeover). Budget: about LOADS_SLICE bytes of a long list a
+step; the hostile texts (not JSON, a run of list characters that is not one list, a
+string that looks like a cut span) fail or decode exactly as json.loads does."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import pybroker.jsonvalue as jv
+
+
+def steps_of(raw: bytes) -> tuple[object, int]:
+    """(the value, how many steps it took)."""
+    gen = jv.loads_steps(raw)
+    n = 0
+    while True:
+        try:
+            next(gen)
+        except StopIteration as done:
+            return done.value, n + 1
+        n += 1
+
+
+scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) \
+    | st.text(alphabet="ab[]{},: \"\\\x00-0123456789", max_size=8)
+docs = st.recursive(scalars, lambda inner: st.lists(inner, max_size=12)
+                    | st.dictionaries(st.text(max_size=6), inner, max_size=6), max_leaves=60)
+int_lists = st.lists(st.integers(-10**19, 10**19) | st.lists(st.integers(), max_size=4),
+                     max_size=40)
+
+
+@pytest.fixture
+def small_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jv, "LOADS_SLICE", 8)
+
+
+@given(docs)
+def test_the_value_of_json_loads(doc: object) -> None:
+    raw = json.dumps(doc).encode()
+    assert steps_of(raw)[0] == json.loads(raw)
+
+
+@settings(max_examples=300)
+@given(st.recursive(scalars | int_lists, lambda inner: st.lists(inner, max_size=8)
+                    | st.dictionaries(st.text(max_size=4), inner, max_size=5),
+                    max_leaves=40),
+       st.sampled_from([", ", ","]))
+def test_the_value_of_json_loads_in_slices_of_eight_bytes(doc: object, sep: str) -> None:
+    """Every list of integers or integer lists over 8 bytes is cut out and decoded in
+    slices (both separators), whatever surrounds it."""
+    saved = jv.LOADS_SLICE
+    jv.LOADS_SLICE = 8
+    try:
+        raw = json.dumps(doc, separators=(sep, ": ")).encode()
+        assert steps_of(raw)[0] == json.loads(raw)
+    finally:
+        jv.LOADS_SLICE = saved
+
+
+def test_a_channel_state_of_100000_deferred_messages_takes_a_step_a_slice() -> None:
+    state = {"c": {"cursor": 100_005, "skip": list(range(20_000)),
+                   "pending": [[k, 1, 1_900_000_000_000_000_000 + k] for k in range(100_000)],
+                   "settings": {"dead_letter_topic": "dl"}},
+             "pending": {"cursor": 3, "pending": [[1, 2, 3]]}}
+    raw = jv.dumps_yielding(state).encode()
+    value, steps = steps_of(raw)
+    assert value == state
+    assert steps >= len(raw) // jv.LOADS_SLICE - 2     # no slice much over the budget
+    assert jv.loads_yielding(raw) == state
+
+
+@pytest.mark.usefixtures("small_slices")
+@pytest.mark.parametrize("text", [
+    # a run of list characters between objects: "[1], [2], [3]" is not one list
+    '[{"a": 1}, [1], [2], [333333333], {"b": 2}]',
+    '[{"a": 1}, [1, 2], [3, [4]], 5, 6666666666, {"b": 2}]',
+    # deeper than lists of integer lists
+    '[[[1, 2], [3, 4]], [[5, 6], [7, 8]], [[9, 10]]]',
+    # a string that looks like a cut span, with and without a span cut out
+    '["\\u0000span:0", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]',
+    '{"x": "\\u0000span:0"}',
+    '{"x": "\\u0000span:7", "y": [11111111, 22222222, 33333333]}',
+    # brackets inside strings
+    '["[1, 2, 3, 4, 5, 6]", [1, 2, 3, 4, 5, 6, 7], "]]"]',
+])
+def test_texts_that_are_not_cut_as_they_look_decode_as_json_loads(text: str) -> None:
+    assert steps_of(text.encode())[0] == json.loads(text)
+
+
+@pytest.mark.usefixtures("small_slices")
+@pytest.mark.parametrize("text", [
+    '{"a": [1, 2, 3, 4, 5, 6, 7, 8',
+    '[[1, 2], [3, 4], [5, 6], [7, 8]',
+    '[1, 2, 3, 4, 5, 6, 7, 8]]',
+    '[1, 2, 3, 4, 5, 6, 7, 8] x',
+    '[[1, 2], [3, 4]], [[5, 6]]',
+    '',
+    '[01, 2, 3, 4, 5, 6, 7, 8]',
+])
+def test_what_is_not_json_fails_as_json_loads_does(text: str) -> None:
+    with pytest.raises(ValueError):
+        json.loads(text)
+    with pytest.raises(ValueError):
+        steps_of(text.encode())

@@ -1,0 +1,103 @@
+"""A new leader's channels built from its old leader's states (pybroker.cluster.takeover):
+in steps, not added to the topic until done, each state cut to what the log holds; and
+the leader ships a new version of its states only once every channel's is encoded."""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, cast
+
+import pytest
+
+from pybroker.cluster import takeover
+from pybroker.cluster.replica import Replica
+from pybroker.cluster.rules import EpochHistory
+from pybroker.core.lifecycle import RESTORE_STEP, ChannelState
+from pybroker.core.topic import Topic
+from tests.unit.test_channel import WALL, S, make_topic, publish
+
+NOW = 5 * S
+
+
+def _topic(n: int) -> Topic:
+    t = make_topic(mem=n + 100)
+    publish(t, n)
+    return t
+
+
+def _steps(gen: takeover.Steps) -> tuple[list[Any], int]:
+    n = 0
+    while True:
+        try:
+            next(gen)
+        except StopIteration as done:
+            return done.value, n
+        n += 1
+
+
+def test_channels_are_cut_to_the_log_and_not_added_to_the_topic() -> None:
+    """The old leader's state names offsets this log does not hold (its unacknowledged
+    tail): the cursor comes back to the log's end, pending and skipped offsets past it
+    go. The channels are the topic's only once the loop puts them in place."""
+    t = _topic(10)
+    states = cast("dict[str, ChannelState]", {
+        "c": {"cursor": 14, "skip": [3, 12], "paused": True,
+              "pending": [[1, 2, 0], [4, 1, WALL + 60 * S], [11, 1, 0]],
+              "settings": {"max_attempts": 3, "dead_letter_topic": "dl"}},
+        "d": {"cursor": 2, "pending": []}})
+    chans, _ = _steps(takeover.build(t, states, t.log.written, NOW, WALL))
+    assert t.channels == {}
+    by = {ch.name: ch for ch in chans}
+    c = by["c"]
+    assert c.cursor == 10 and list(c.skip) == [] and c.paused
+    assert c.max_attempts == 3 and c.dead_letter_topic == "dl"
+    assert c.deferred_count(WALL) == 1 and [r[0] for r in c.requeued] == [1]
+    assert by["d"].cursor == 2
+    assert c.topic is t and c.owner is t.make_channel("c", 0).owner
+
+
+def test_a_large_state_is_built_a_few_thousand_messages_a_step() -> None:
+    """100,000 deferred messages, as shipped (JSON bytes): decoded a slice a step, their
+    timers set RESTORE_STEP a step; the channel is the one a whole restore makes."""
+    n = 100_000
+    t = _topic(n + 10)
+    state = {"cursor": n + 5, "skip": [],
+             "pending": [[k, 1 + k % 3, WALL + (k % 7 + 1) * S] for k in range(n)]}
+    raw = json.dumps({"c": state}).encode()
+    chans, steps = _steps(takeover.build(t, raw, t.log.written, NOW, WALL))
+    assert steps >= n // RESTORE_STEP + len(raw) // (2 * 64 * 1024)
+    whole = t.make_channel("c", 0)
+    whole.restore(cast("ChannelState", state), NOW, WALL)
+    assert chans[0].snapshot(WALL, NOW) == whole.snapshot(WALL, NOW)
+    assert chans[0].deferred_count(WALL) == n
+
+
+def test_states_that_are_not_json_take_over_no_channel(caplog: pytest.LogCaptureFixture) -> None:
+    t = _topic(3)
+    with caplog.at_level(logging.ERROR, logger="pybroker"):
+        chans, _ = _steps(takeover.build(t, b'{"c": {"cursor": 1, "pending": [[1, 2', 3,
+                                           NOW, WALL))
+    assert chans == []
+    assert "not JSON" in caplog.text
+
+
+def test_a_version_is_shipped_only_once_every_channel_is_encoded() -> None:
+    """A follower takes what it is shipped as the whole set of channels (one missing
+    was deleted by the leader): after a takeover the states are encoded one channel at
+    a time, and a version made between two would have dropped the others."""
+    t = _topic(3)
+    for name in ("a", "b", "tmp#ephemeral"):
+        t.get_channel(name)
+    r = Replica(cast(Any, None), t, EpochHistory())
+    before = r.chan_version
+    r.shipped["a"] = (b"{}", 0)
+    r._new_version()
+    assert r.chan_version == before          # b is not encoded yet
+    r.shipped["b"] = (b"{}", 0)
+    r._new_version()
+    assert r.chan_version > before           # the ephemeral channel is never shipped
+    t.channels["b"].deleted = True
+    del r.shipped["b"]
+    version = r.chan_version
+    r._new_version()
+    assert r.chan_version > version          # a deleted one is not waited for
