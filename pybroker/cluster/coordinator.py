@@ -90,6 +90,10 @@ class Coordinator(SelectorLoop):
         # replicas created here without a copy of their records it can vouch for: never
         # elected, and out of the in-sync set until caught up (``_leave_isr``)
         self._unvouched: set[str] = set()
+        # of those, the ones whose copy was on disk but the machine restarted since
+        # (memory mode: its unsynced tail may be gone, pybroker.cluster.boot): as the
+        # in-sync set's last member such a copy is what is left, and may be elected
+        self._restarted: set[str] = set()
         self._joined_rev = 0        # etcd's revision when this process first joined
         self._created: dict[str, int] = {}    # name -> its topic record's revision
         self._warned: set[tuple[str, int]] = set()
@@ -311,16 +315,20 @@ class Coordinator(SelectorLoop):
                 r = Replica(node, topic, self._load_history(name), inc)
                 node.replicas[name] = r
                 self._adopt(topic, inc)
-                # its copy is vouched for when it was on this node's disk, when no
-                # leader was ever elected (nothing acknowledged yet), or when the topic
-                # was made after this process joined (every acknowledgement it counted
-                # for was this copy's)
-                if (local is not None and local == inc
-                        and node.restored.get(name) is topic) or state["epoch"] == 0 \
+                # its copy is vouched for when it was on this node's disk (and, in
+                # memory mode, the machine did not restart since), when no leader was
+                # ever elected (nothing acknowledged yet), or when the topic was made
+                # after this process joined (every acknowledgement it counted for was
+                # this copy's)
+                on_disk = local is not None and local == inc \
+                    and node.restored.get(name) is topic
+                if state["epoch"] == 0 or (on_disk and node.same_boot) \
                         or self._created.get(name, self._joined_rev + 1) > self._joined_rev:
                     self._unvouched.discard(name)
                 else:
                     self._unvouched.add(name)
+                    if on_disk:
+                        self._restarted.add(name)
             isr = state["isr"]
             if name in self._unvouched:
                 state, mod = self._leave_isr(name, state, mod)
@@ -370,11 +378,24 @@ class Coordinator(SelectorLoop):
         state read) unless it is its last member; once out (or not in it), it is
         vouched for as any follower is: a leader adds it back only once it has caught
         up. As the last member it stays, and the topic waits (the guarantees: a replica
-        that may lack acknowledged records is never elected)."""
+        that may lack acknowledged records is never elected). A copy that was on disk
+        but whose machine restarted since (memory mode, ``_restarted``) leaves the same
+        way; as the last member (every other left before) it is what is left, and may
+        be elected, as it was before the node could tell."""
         me = self.node.id
         isr = state["isr"]
+        restarted = name in self._restarted
         if me not in isr:
             self._unvouched.discard(name)
+            self._restarted.discard(name)
+            return state, mod
+        if len(isr) == 1 and restarted:
+            # every other member left the set before: this copy is the newest there is
+            self._unvouched.discard(name)
+            self._restarted.discard(name)
+            log.warning("CLUSTER: %s: this node's machine restarted (the records it had "
+                        "not synced may be lost) and it is the only in-sync replica: it "
+                        "may be elected with what its disk holds", name)
             return state, mod
         if len(isr) == 1 or not mod:
             if (name, mod) not in self._warned:
@@ -393,8 +414,12 @@ class Coordinator(SelectorLoop):
         mod = rev
         self._state[name] = (new_state, mod)
         self._unvouched.discard(name)
-        log.warning("CLUSTER: %s: no copy of its records on this node's disk (a new or "
-                    "lost data path): left the in-sync set %s to catch up first", name, isr)
+        self._restarted.discard(name)
+        log.warning("CLUSTER: %s: %s: left the in-sync set %s to catch up first", name,
+                    "this node's machine restarted since its last run (memory mode: the "
+                    "records it had not synced may be lost)" if restarted else
+                    "no copy of its records on this node's disk (a new or lost data path)",
+                    isr)
         return new_state, mod
 
     def _register(self, name: str) -> list[int]:

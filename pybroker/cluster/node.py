@@ -15,9 +15,11 @@ everything else says where it runs.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import TYPE_CHECKING
 
+from pybroker.cluster.boot import same_boot
 from pybroker.cluster.forward import ForwardError, Forwarders
 from pybroker.cluster.ports import Done, IsrAsker, Registration, ReplicaStats
 from pybroker.cluster.replica import LEADER, NotLeader, Replica
@@ -64,6 +66,9 @@ class ClusterNode:
         self.replicas: dict[str, Replica] = {}
         # the topics read from the data path (built after they are, before clients come)
         self.restored: dict[str, Topic] = {t.name: t for t in runtime.broker.all_topics()}
+        # memory mode: False when the machine restarted since the last run (the page
+        # cache, and the records it held, may be gone: pybroker.cluster.boot)
+        self.same_boot = self.durable or self._same_boot(o.data_path)
         self.live: set[int] = set()
         self.nodes: dict[int, Registration] = {}        # id -> registration
         self.assigned: dict[str, list[int]] = {}        # topic -> replica ids
@@ -74,6 +79,15 @@ class ClusterNode:
         self.fetchers: Fetchers | None = None
 
     # -- start and stop (main thread) --------------------------------------------------
+    @staticmethod
+    def _same_boot(data_path: str) -> bool:
+        try:
+            return same_boot(os.path.join(os.path.abspath(data_path or "."), "cluster"))
+        except OSError as e:
+            log.error("CLUSTER: saving this boot's id failed (%s): the copies on this "
+                      "node's disk catch up before they count as in sync", e)
+            return False
+
     def start(self, tcp_address: str, http_address: str) -> None:
         from pybroker.cluster.coordinator import Coordinator
         from pybroker.cluster.fetcher import Fetchers

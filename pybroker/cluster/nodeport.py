@@ -39,6 +39,7 @@ class NodePort(ReplicaHost, Protocol):
     replicas: dict[str, Replica]          # this node's replicas (the coordinator adds)
     handovers: int                        # leaderships given up (the coordinator counts)
     restored: dict[str, Topic]            # the topics read from the data path at start-up
+    same_boot: bool                       # memory mode: False after a machine restart
 
     def assign_fetchers(self, by_leader: dict[int, list[Replica]],
                         addresses: dict[int, str]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 import shutil
 import signal
 import socket
@@ -1207,6 +1208,51 @@ def test_a_leader_back_at_once_with_an_empty_disk_is_not_elected(cluster: Cluste
         assert r is None or r["role"] != "leader", r
         assert sorted(_etcd_isr(c, TOPIC)) == others
         assert "left the in-sync set" in c.nodes[old].stderr_text()
+    finally:
+        for i in others:
+            c.nodes[i].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+    new = wait_until(lambda: c.settled(TOPIC, 3), 30, 0.1,
+                     what="a follower elected and the returned node back in sync")
+    assert new != old
+    for i in c.nodes:
+        r = c.replication(i, TOPIC)
+        assert r is not None and r["log_end"] == 101, (i, r)
+
+
+def test_a_leader_whose_machine_restarted_is_not_elected_with_what_it_lost(
+        cluster: Cluster) -> None:
+    """Memory mode: the leader's machine loses power and is back at once. A killed
+    process loses nothing the kernel took, but a power cut loses what the page cache
+    held: its log's tail is gone while its files still name the topic, and etcd still
+    counts it in sync. Elected, its followers would cut their logs to match its shorter
+    one (acknowledged messages gone). Here its log is cut to half its bytes after the
+    kill and it comes back under another boot id (pybroker.cluster.boot); the followers
+    are paused so that it is the only candidate. It must leave the in-sync set, and
+    once the followers resume one of them leads with every acknowledged message.
+    Before the node kept its boot id, it was elected with the cut log."""
+    c = cluster
+    old = _create(c)
+    for k in range(100):
+        assert _pub_answer(c, old, f"kept-{k}".encode()) == (FRAME_RESPONSE, b"OK")
+    others = [i for i in c.nodes if i != old]
+    for i in others:
+        c.nodes[i].proc.send_signal(signal.SIGSTOP)     # type: ignore[union-attr]
+    try:
+        b = c.nodes[old]
+        b.kill9()
+        segs = sorted((Path(b.data_path) / "topics").rglob("*.log"))
+        assert segs, list(Path(b.data_path).rglob("*"))
+        with open(segs[-1], "r+b") as f:     # what the page cache held: gone
+            f.truncate(os.path.getsize(segs[-1]) // 2)
+        b.env = {**(b.env or {}), "PYBROKER_BOOT_ID": "after-a-power-cut"}
+        b.start()
+        wait_until(lambda: old not in _etcd_isr(c, TOPIC)
+                   or (c.replication(old, TOPIC) or {}).get("role") == "leader", 30, 0.1,
+                   what="the returned node to leave the in-sync set (or be elected)")
+        r = c.replication(old, TOPIC)
+        assert r is None or r["role"] != "leader", r
+        assert sorted(_etcd_isr(c, TOPIC)) == others
+        assert "machine restarted since its last run" in b.stderr_text()
     finally:
         for i in others:
             c.nodes[i].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]

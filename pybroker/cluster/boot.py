@@ -1,0 +1,77 @@
+"""Did this node's machine restart since its last run? (memory durability)
+
+In ``--durability=memory`` a record is acknowledged once the in-sync nodes have written
+it, not synced it: a process that dies keeps every such record (the kernel has them),
+but a machine that loses power loses the ones still in its page cache, while the
+files that say which topics it holds (``.inc``) may survive. Such a node, back within
+the lag window, would still be counted in sync and could be elected with a log that
+lacks acknowledged records (docs/replication.md, "A replica back with an empty disk").
+
+So a node keeps the kernel's boot id of its last run in ``<data-path>/cluster/boot``
+(written and synced at each start). When it differs from this boot's, the node's copies
+are not vouched for as they are after a process crash: each leaves the in-sync set and
+catches up first (pybroker.cluster.coordinator). In fsync mode what a node
+acknowledged was synced, so a restart of its machine changes nothing.
+
+``PYBROKER_BOOT_ID`` (a test facility, said in the log) stands for the kernel's boot id.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger("pybroker")
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+ENV = "PYBROKER_BOOT_ID"
+MAX_BYTES = 256       # a boot id is 36 characters; a longer file is not one
+
+
+def boot_id() -> str:
+    """This boot's id ("" where the kernel does not say)."""
+    fake = os.environ.get(ENV, "").strip()
+    if fake:
+        log.warning("CLUSTER: boot id from %s (a test facility): %s", ENV, fake)
+        return fake
+    try:
+        with open(BOOT_ID_PATH) as f:
+            return f.read(MAX_BYTES).strip()
+    except OSError:
+        return ""
+
+
+def same_boot(directory: str) -> bool:
+    """Read the boot id the node's last run wrote in ``directory`` and write this
+    boot's (synced); True unless both are known and differ (no file: a first run, or a
+    data path from before this file; unreadable: said in the log, taken as a restart).
+    Raises OSError if this boot's id cannot be written."""
+    now = boot_id()
+    path = os.path.join(directory, "boot")
+    before: str | None
+    try:
+        with open(path) as f:
+            before = f.read(MAX_BYTES).strip()
+    except FileNotFoundError:
+        before = None
+    except OSError as e:
+        log.error("CLUSTER: reading %s failed (%s): taken as a restart of the machine",
+                  path, e)
+        before = "?"
+    if now and before != now:
+        os.makedirs(directory, exist_ok=True)
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, now.encode() + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    return before is None or not now or before == now
+
+
+__all__ = ["ENV", "boot_id", "same_boot"]
