@@ -325,10 +325,13 @@ class Coordinator(SelectorLoop):
                 if state["epoch"] == 0 or (on_disk and node.same_boot) \
                         or self._created.get(name, self._joined_rev + 1) > self._joined_rev:
                     self._unvouched.discard(name)
+                    self._restarted.discard(name)
                 else:
                     self._unvouched.add(name)
                     if on_disk:
                         self._restarted.add(name)
+                    else:
+                        self._restarted.discard(name)
             isr = state["isr"]
             if name in self._unvouched:
                 state, mod = self._leave_isr(name, state, mod)

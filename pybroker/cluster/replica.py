@@ -752,8 +752,11 @@ class Replica:
             self.node.runtime.broker.notify_changed()
         if not chans:
             return
+        had = set(names)
         for ch in chans:
             with topic.lock:
+                if ch.name in had and ch.name not in topic.channels:
+                    continue        # deleted here while it was being built
                 old = topic.channels.pop(ch.name, None)
                 topic.channels[ch.name] = ch
             if old is not None:

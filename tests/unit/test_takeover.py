@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -101,3 +102,58 @@ def test_a_version_is_shipped_only_once_every_channel_is_encoded() -> None:
     version = r.chan_version
     r._new_version()
     assert r.chan_version > version          # a deleted one is not waited for
+
+
+class _Owner:
+    """A channel's owner loop, running what is posted to it at once."""
+
+    def __init__(self) -> None:
+        self.closed: list[Any] = []
+        self.dirty: list[Any] = []
+
+    def call_soon_threadsafe(self, fn: Any, *args: Any) -> None:
+        fn(*args)
+
+    def close_channel(self, ch: Any) -> None:
+        self.closed.append(ch)
+
+    def mark_dirty(self, ch: Any) -> None:
+        self.dirty.append(ch)
+
+
+class _Broker:
+    def __init__(self) -> None:
+        self.deleted: list[tuple[str, str]] = []
+
+    def notify_changed(self) -> None:
+        pass
+
+    def delete_channel(self, topic: str, name: str) -> None:
+        self.deleted.append((topic, name))
+
+
+def test_the_built_channels_replace_the_followers_but_not_one_deleted_meanwhile() -> None:
+    """The channels built are put in place of the follower's at once; one the leader
+    did not ship is deleted (the leader deleted it before); one deleted here while the
+    states were being built stays deleted."""
+    owner = _Owner()
+    log_ = make_topic(mem=100).log
+    t = Topic("t", log_, 100, lambda a, b: owner)     # type: ignore[arg-type,return-value]
+    publish(t, 5)
+    for name in ("kept", "gone", "deleted-meanwhile"):
+        t.get_channel(name)
+    broker = _Broker()
+    r = Replica(cast(Any, SimpleNamespace(runtime=SimpleNamespace(broker=broker))), t,
+                EpochHistory())
+    names = list(t.channels)
+    shipped = cast("dict[str, ChannelState]", {"kept": {"cursor": 3, "pending": [[1, 1, 0]]},
+                                                "deleted-meanwhile": {"cursor": 2}})
+    chans, _ = _steps(takeover.build(t, shipped, t.log.written, NOW, WALL))
+    old = dict(t.channels)
+    t.remove_channel("deleted-meanwhile")
+    r._install(chans, names, from_leader=7)
+    assert broker.deleted == [("t", "gone")]
+    assert "deleted-meanwhile" not in t.channels
+    assert t.channels["kept"] is chans[0] and t.channels["kept"].cursor == 3
+    assert old["kept"].deleted and owner.closed == [old["kept"]]
+    assert owner.dirty == [chans[0]]
