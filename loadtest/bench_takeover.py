@@ -88,8 +88,12 @@ def one_run(args: argparse.Namespace) -> tuple[float, float]:
             leader = cs.new_topic(TOPIC)
             lead = next(i for i, b in cs.nodes.items() if b is leader)
             defer_all(leader.tcp_address, args.deferred)
-            # the followers hold the states with every deferred message
-            time.sleep(3)
+            # the followers hold a version of the states made after every deferral
+            v0 = (cs.replication(lead, TOPIC) or {}).get("channel_states", 0)
+            v1 = wait(lambda: (v := (cs.replication(lead, TOPIC) or {})
+                               .get("channel_states", 0)) > v0 and v, 30, "a new version")
+            wait(lambda: all((cs.replication(i, TOPIC) or {}).get("channel_states", 0) >= v1
+                             for i in cs.nodes if i != lead), 30, "the states shipped")
             stop = threading.Event()
             worst: dict[int, float] = {}
 

@@ -74,3 +74,19 @@ def test_a_short_run_prints_the_table() -> None:
     assert re.search(r"^  handover 1: \d+\.\d\d s$", proc.stdout, re.M), proc.stdout[-2000:]
     assert re.search(r"^handover \(leader's log writes fail .*: median \d+\.\d\d s",
                      proc.stdout, re.M), proc.stdout[-2000:]
+
+
+def test_a_short_takeover_run_prints_its_figures() -> None:
+    """loadtest/bench_takeover.py, one run with states large enough to be built in
+    steps (over 64 KB): the longest round trip and the build's time are printed."""
+    etcd = require_program("etcd", "to coordinate the bench's cluster (apt install "
+                           "etcd-server)")
+    proc = subprocess.run(
+        [sys.executable, str(project_root() / "loadtest" / "bench_takeover.py"),
+         "--runs", "1", "--deferred", "5000", "--etcd", etcd],
+        capture_output=True, text=True, timeout=140, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    m = re.search(r"^run 1: longest PUB round trip on a surviving node (\d+\.\d) ms; "
+                  r"channels built in (\d+) ms$", proc.stdout, re.M)
+    assert m is not None and float(m.group(1)) > 0 and int(m.group(2)) > 0, proc.stdout
+    assert "5,000 deferred: longest round trip median" in proc.stdout, proc.stdout
