@@ -10,8 +10,10 @@ lacks acknowledged records (docs/replication.md, "A replica back with an empty d
 So a node keeps the kernel's boot id of its last run in ``<data-path>/cluster/boot``
 (written and synced at each start). When it differs from this boot's, the node's copies
 are not vouched for as they are after a process crash: each leaves the in-sync set and
-catches up first (pybroker.cluster.coordinator). In fsync mode what a node
-acknowledged was synced, so a restart of its machine changes nothing.
+catches up first (pybroker.cluster.coordinator). A clean stop, once its logs are
+synced, marks the file ``clean`` (``stopped_cleanly``): a planned reboot loses
+nothing, and its copies count at once. In fsync mode what a node acknowledged was synced, so a
+restart of its machine changes nothing.
 
 ``PYBROKER_BOOT_ID`` (a test facility, said in the log) stands for the kernel's boot id.
 """
@@ -24,6 +26,7 @@ log = logging.getLogger("pybroker")
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 ENV = "PYBROKER_BOOT_ID"
 MAX_BYTES = 256       # a boot id is 36 characters; a longer file is not one
+CLEAN = " clean"      # after the boot id: the run that wrote it stopped cleanly
 
 
 def boot_id() -> str:
@@ -40,10 +43,10 @@ def boot_id() -> str:
 
 
 def same_boot(directory: str) -> bool:
-    """Read the boot id the node's last run wrote in ``directory`` and write this
-    boot's (synced); True unless both are known and differ (no file: a first run, or a
-    data path from before this file; unreadable: said in the log, taken as a restart).
-    Raises OSError if this boot's id cannot be written."""
+    """Read what the node's last run wrote in ``directory`` and write this boot's id
+    (synced); True unless that run neither stopped cleanly nor ran on this boot (no
+    file: a first run, or a data path from before this file; unreadable: said in the
+    log, taken as a restart). Raises OSError if this boot's id cannot be written."""
     now = boot_id()
     path = os.path.join(directory, "boot")
     before: str | None
@@ -56,22 +59,35 @@ def same_boot(directory: str) -> bool:
         log.error("CLUSTER: reading %s failed (%s): taken as a restart of the machine",
                   path, e)
         before = "?"
+    clean = before is not None and before.endswith(CLEAN)
     if now and before != now:
-        os.makedirs(directory, exist_ok=True)
-        tmp = path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, now.encode() + b"\n")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    return before is None or not now or before == now
+        _write(directory, now)
+    return before is None or clean or not now or before == now
 
 
-__all__ = ["ENV", "boot_id", "same_boot"]
+def stopped_cleanly(directory: str) -> None:
+    """The node stopped cleanly, its logs written and synced (``Storage.persist``):
+    mark its boot file ``clean``, so that the next run trusts its copies whatever the
+    boot. Raises OSError if it cannot be written."""
+    _write(directory, boot_id() + CLEAN)
+
+
+def _write(directory: str, text: str) -> None:
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "boot")
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, text.encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+__all__ = ["CLEAN", "ENV", "boot_id", "same_boot", "stopped_cleanly"]

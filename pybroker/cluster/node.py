@@ -19,7 +19,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from pybroker.cluster.boot import same_boot
+from pybroker.cluster.boot import same_boot, stopped_cleanly
 from pybroker.cluster.forward import ForwardError, Forwarders
 from pybroker.cluster.ports import Done, IsrAsker, Registration, ReplicaStats
 from pybroker.cluster.replica import LEADER, NotLeader, Replica
@@ -82,11 +82,23 @@ class ClusterNode:
     @staticmethod
     def _same_boot(data_path: str) -> bool:
         try:
-            return same_boot(os.path.join(os.path.abspath(data_path or "."), "cluster"))
+            return same_boot(_boot_dir(data_path))
         except OSError as e:
             log.error("CLUSTER: saving this boot's id failed (%s): the copies on this "
                       "node's disk catch up before they count as in sync", e)
             return False
+
+    def stopped(self, healthy: bool) -> None:
+        """After the logs were written, synced and closed at a clean stop (main
+        thread): in memory mode, say so for the next run (pybroker.cluster.boot),
+        unless a write or an fsync failed (``healthy`` False)."""
+        if self.durable or not healthy:
+            return
+        try:
+            stopped_cleanly(_boot_dir(self.options.data_path))
+        except OSError as e:
+            log.error("CLUSTER: marking this clean stop failed (%s): the next run's "
+                      "copies catch up first if the machine restarts meanwhile", e)
 
     def start(self, tcp_address: str, http_address: str) -> None:
         from pybroker.cluster.coordinator import Coordinator
@@ -320,5 +332,9 @@ class ClusterNode:
                 "etcd_failing_s": round((time.monotonic_ns() - since) / 1e9, 1)
                 if since else 0.0}
 
+
+
+def _boot_dir(data_path: str) -> str:
+    return os.path.join(os.path.abspath(data_path or "."), "cluster")
 
 __all__ = ["ClusterNode"]

@@ -225,6 +225,8 @@ class Runtime:
         if self.lookupd is not None:
             self.lookupd.stop(timeout_s)
         self.storage.persist()
+        if self.cluster is not None:
+            self.cluster.stopped(self.health is None)
         for loop in self.loops:
             loop.close()
         log.info("NSQ: bye")

@@ -531,6 +531,10 @@ class StorageManager:
         n = self.save_now()
         for t in self.runtime.broker.all_topics():
             try:
+                t.log.sync()        # as nsqd syncs its queues' files at exit
+            except Exception as e:
+                self.failed(e, t, "exit")
+            try:
                 t.log.close()
             except Exception as e:
                 self.failed(e, t)

@@ -1264,6 +1264,29 @@ def test_a_leader_whose_machine_restarted_is_not_elected_with_what_it_lost(
         assert r is not None and r["log_end"] == 101, (i, r)
 
 
+def test_a_clean_stop_marks_the_boot_file_and_is_trusted_after_a_reboot(
+        cluster: Cluster) -> None:
+    """A node stopped cleanly (SIGTERM) syncs its logs and marks its boot file clean:
+    back on another boot (a planned reboot) it trusts its copies and says nothing of a
+    restarted machine; its own run's file is not clean until it stops so again."""
+    c = cluster
+    lead = _create(c)
+    for k in range(20):
+        assert _pub_answer(c, lead, f"m-{k}".encode()) == (FRAME_RESPONSE, b"OK")
+    f = next(i for i in c.nodes if i != lead)
+    b = c.nodes[f]
+    boot_file = Path(b.data_path) / "cluster" / "boot"
+    assert not boot_file.read_text().strip().endswith(" clean")
+    assert b.stop() == 0
+    assert boot_file.read_text().strip().endswith(" clean")
+    b.env = {**(b.env or {}), "PYBROKER_BOOT_ID": "after-a-planned-reboot"}
+    b.start()
+    wait_until(lambda: c.settled(TOPIC, 3), 30, 0.1, what="the node back in sync")
+    assert "machine restarted" not in b.stderr_text()
+    assert boot_file.read_text() == "after-a-planned-reboot\n"
+    assert (c.replication(f, TOPIC) or {}).get("log_end") == 21
+
+
 def test_three_hundred_topics_made_at_once_keep_every_lease(cluster: Cluster) -> None:
     """300 topics made at once on three nodes: each node's coordinator registers,
     creates, campaigns for and writes files of about 300 replicas in one pass over

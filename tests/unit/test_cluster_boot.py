@@ -63,3 +63,17 @@ def test_the_boot_id_is_the_kernels_or_the_test_facilitys(
         assert len(real) == 36 and real.count("-") == 4
     monkeypatch.setenv(boot.ENV, "fake-1")
     assert boot.boot_id() == "fake-1"
+
+
+def test_a_clean_stop_is_trusted_on_any_boot_once(tmp_path: Path, booted: list[str]) -> None:
+    """A planned reboot: the node stopped cleanly (its logs synced), so its copies
+    count on the next boot; that run's own file is not clean until it stops so."""
+    d = str(tmp_path)
+    boot.same_boot(d)
+    boot.stopped_cleanly(d)
+    assert (tmp_path / "boot").read_text() == "boot-a clean\n"
+    booted[0] = "boot-b"
+    assert boot.same_boot(d)                        # clean: trusted on another boot
+    assert (tmp_path / "boot").read_text() == "boot-b\n"
+    booted[0] = "boot-c"
+    assert not boot.same_boot(d)                    # boot-b's run did not stop cleanly
