@@ -28,8 +28,9 @@ from pybroker.testing import wait_until
 from tests.support.http import channel_stats, http_json
 from tests.support.nsqtools import start_nsqlookupd
 from tests.support.cluster import Cluster, Consumers, Publishers, _Conn
-from tests.support.wire import FRAME_ERROR, FRAME_RESPONSE, WireClient, dpub, identify, mpub, \
-    pub, sub
+from tests.support.wire import FRAME_ERROR, FRAME_RESPONSE, WireClient, dpub, identify, \
+    mpub, pub, sub
+from tests.support.wire import Message as WireMessage
 
 pytestmark = pytest.mark.timeout(120)
 TOPIC = "orders"
@@ -1407,6 +1408,75 @@ def test_a_channel_holding_150000_deferred_messages_is_replicated_off_the_loops(
     assert held == (n + 1,)
     assert all(b"subscribe again shortly" in r for r in refused), refused
     assert any("taking its channels over in steps" in ln for ln in N.stderr_lines)
+
+
+def test_messages_requeued_and_deferred_before_a_failover_are_delivered_after_it(
+        cluster: Cluster) -> None:
+    """States over 64 KB are taken over in steps (pybroker.cluster.takeover): 5,000 of
+    6,000 messages delivered once and requeued (a tenth at once, the rest with a 2 s
+    delay), ten finished, the rest never delivered. After the leader is killed, a
+    consumer on the new leader gets every one not finished, the requeued ones as later
+    attempts, and none that was finished."""
+    c = cluster
+    lead = _create(c)
+    L = c.nodes[lead]
+    bodies = {f"m{k:05d}".encode() for k in range(6000)}
+    with WireClient.connect(L.tcp_address) as w:   # type: ignore[arg-type]
+        w.mpub(TOPIC, sorted(bodies))
+        w.sub(TOPIC, "ch")
+        w.rdy(100)
+        finished = {b"first"}
+        requeued: set[bytes] = set()
+
+        def requeue(m: WireMessage) -> None:
+            again = m.body in requeued
+            requeued.add(m.body)
+            w.req(m.id, 0 if len(requeued) % 10 == 0 and not again else 2000)
+        while len(requeued) < 5000:
+            m = w.read_message(10)
+            if len(finished) < 11 and m.body not in requeued:
+                finished.add(m.body)
+                w.fin(m.id)
+            else:
+                requeue(m)
+        w.rdy(0)
+
+        def drained() -> bool:
+            """What was sent before RDY 0 is requeued too."""
+            try:
+                requeue(w.read_message(0.2))
+            except TimeoutError:
+                return (channel_stats(L, TOPIC, "ch") or {}).get("in_flight_count") == 0
+            return False
+        wait_until(drained, 20, 0, what="nothing in flight on the leader")
+        _states_shipped(c, lead, [i for i in c.nodes if i != lead])
+    c.nodes[lead].kill9()
+    new = wait_until(lambda: c.leader(TOPIC, exclude=(lead,)), 15, 0.02, what="a new leader")
+    N = c.nodes[int(new)]    # type: ignore[call-overload]
+    lines = wait_until(lambda: [ln for ln in N.stderr_lines if "channels taken over" in ln]
+                       and N.stderr_lines, 20, 0.05, what="the channels taken over")
+    assert any("taking its channels over in steps" in ln for ln in lines), \
+        "".join(ln for ln in lines if "CLUSTER" in ln and "fetching" not in ln)[-1500:]
+
+    def subscribed() -> WireClient | None:
+        w2 = WireClient.connect(N.tcp_address)   # type: ignore[arg-type]
+        w2.send(sub(TOPIC, "ch"))
+        if w2.read_frame(10) == (FRAME_RESPONSE, b"OK"):
+            return w2
+        w2.close()
+        return None
+    w2 = wait_until(subscribed, 20, 0.05, what="a SUB taken by the new leader")
+    assert isinstance(w2, WireClient)
+    with w2:
+        w2.rdy(500)
+        got: dict[bytes, int] = {}
+        want = bodies - finished
+        while len(got) < len(want):
+            m = w2.read_message(15)
+            got[m.body] = m.attempts
+            w2.fin(m.id)
+    assert set(got) == want
+    assert all(got[b] >= 2 for b in requeued), sorted(b for b in requeued if got[b] < 2)[:5]
 
 
 def test_a_transaction_says_the_revision_its_keys_were_written_at() -> None:
