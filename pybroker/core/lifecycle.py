@@ -101,6 +101,10 @@ class Lifecycle:
         self.requeued: deque[tuple[int, int, int]] = deque()   # (offset, attempts, mark)
         self.deferred: dict[int, Deferred] = {}
         self.deferred_gen = 0        # counts the changes of ``deferred`` (a snapshot's key)
+        # the deferred messages as the last snapshot listed them, and at which change: a
+        # snapshot while they are unchanged shares that list (never changed once made)
+        self._deferred_list: list[Deferred] = []
+        self._deferred_list_gen = 0
         self.deferred_wheel: TimeoutWheel[Deferred] = TimeoutWheel()
         self.dying: dict[int, int] = {}    # dead-letter publish not yet confirmed
         self.skip: deque[int] = deque()    # held offsets at or after the cursor, sorted
@@ -491,7 +495,11 @@ class Lifecycle:
     def snapshot_parts(self, wall_ns: int, now_ns: int) -> tuple[ChannelState, list[Deferred]]:
         """``snapshot`` without its deferred messages, and those (their ``state``
         entries go in ``pending``; ``deferred_states`` adds them on another thread):
-        the owner loop copies one reference each, nothing more."""
+        the owner loop copies one reference each, nothing more, and only when they
+        changed since the last snapshot (a list it returns is never changed: callers
+        read it, on any thread). A channel holding 150,000 deferred messages that did
+        not change cost its loop about 2 ms at every snapshot (each 200 ms on a
+        replicated topic's leader)."""
         pending: list[list[int]] = [[off, f.attempts, 0] for off, f in self.in_flight.items()]
         pending += [[off, a, 0] for off, a, _ in self.requeued]
         pending += [[off, a, 0] for off, a in self.dying.items()]    # dead-lettered again if need be
@@ -503,7 +511,10 @@ class Lifecycle:
             state["deliveries"] = [
                 [off, (wall_ns - (now_ns - a)) // 1_000_000, (wall_ns - (now_ns - b)) // 1_000_000]
                 for off, (a, b) in self.delivery_times.items()]
-        return state, list(self.deferred.values())
+        if self._deferred_list_gen != self.deferred_gen:
+            self._deferred_list = list(self.deferred.values())
+            self._deferred_list_gen = self.deferred_gen
+        return state, self._deferred_list
 
     def restore(self, state: ChannelState, now_ns: int, wall_ns: int) -> None:
         """Start-up, before clients: take a saved state (in flight and dying become

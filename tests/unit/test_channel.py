@@ -521,3 +521,28 @@ def test_commit_forward_passes_what_a_rewind_skips() -> None:
     c.rdy = 10
     ch.dispatch(0, WALL)
     assert [m.body for m in c.got] == [b"body0", b"body0", b"body3", b"body4"]
+
+
+def test_a_snapshot_shares_the_list_of_deferred_messages_while_they_are_unchanged() -> None:
+    """snapshot_parts copies the deferred messages only when they changed since the
+    last snapshot; a list it returned is never changed afterwards (the storage thread
+    reads it while the loop goes on)."""
+    t, ch = make()
+    c = Client(rdy=5)
+    ch.add_consumer(c, 0)
+    publish(t, 5)
+    ch.dispatch(0, WALL)
+    for m in c.got[:3]:
+        ch.requeue(c, m.id, 60 * S, 0, WALL)
+    _, first = ch.snapshot_parts(WALL, 0)
+    _, again = ch.snapshot_parts(WALL, 0)
+    assert again is first and sorted(d.offset for d in first) == [0, 1, 2]
+    ch.finish(c, c.got[3].id)              # not a deferred one: the list stays shared
+    assert ch.snapshot_parts(WALL, 0)[1] is first
+    ch.requeue(c, c.got[4].id, 60 * S, 0, WALL)
+    _, changed = ch.snapshot_parts(WALL, 0)
+    assert changed is not first and sorted(d.offset for d in changed) == [0, 1, 2, 4]
+    assert sorted(d.offset for d in first) == [0, 1, 2]
+    ch.requeue_expired(*ch.expire(61 * S))   # all due: requeued, none deferred
+    assert ch.snapshot_parts(WALL + 61 * S, 61 * S)[1] == []
+    assert sorted(d.offset for d in changed) == [0, 1, 2, 4]
