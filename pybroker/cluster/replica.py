@@ -6,8 +6,9 @@ channels are given records only up to the high watermark (``Topic.release_cap``)
 followers' fetches (``fetched``) move it. A follower: records fetched from the leader
 are appended at the same offsets (``apply``), after the log was cut where it diverges
 from the leader's (``truncate``); the leader's channel states are kept to take over
-with (``install_channels``). Every method runs on the topic's owner loop unless it
-says otherwise; the coordinator and the fetcher post to it with call_soon_threadsafe.
+with (``_take_over``, pybroker.cluster.takeover). Every method runs on the topic's
+owner loop unless it says otherwise; the coordinator and the fetcher post to it with
+call_soon_threadsafe.
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ class NotLeader(Exception):
 
 class ShippedStates(NamedTuple):
     """A leader's channel states as a follower receives them: one JSON object, kept
-    unparsed until it takes over (``Replica.states``), and each channel's floor (the
+    unparsed until it takes over (pybroker.cluster.takeover), and each channel's floor (the
     lowest offset it still needs) for its retention."""
 
     raw: bytes
@@ -119,7 +120,7 @@ class Replica:
         # leader: the epoch whose leadership it is handing over (its log's write or
         # fsync failed: ``storage_failed``); 0: none. Meanwhile it acknowledges nothing
         self.resigning = 0
-        # leader: the epoch whose channels are being built off the loop
+        # leader: the epoch whose channels are being built, a step a turn
         # (pybroker.cluster.takeover); 0: none. Meanwhile SUB is refused, and its
         # follower's channels are neither shipped nor saved as the leader's
         self.taking_over = 0
