@@ -102,36 +102,59 @@ def _dump(v: object, out: list[str]) -> None:
 
 # A list of integers or of integer lists, as a channel state's "pending", "skip" and
 # "deliveries" are encoded: digits, signs, commas, spaces and brackets only (no string,
-# object or float). Such a span over LOADS_SLICE bytes is decoded in slices.
-_INT_LISTS = re.compile(rb"\[[-0-9, \[\]]*\]")
+# object or float). Such a span over LOADS_SLICE bytes is decoded in slices. Found by
+# its start (a "[" and 1,024 such characters) and then its end, SCAN_STEP bytes a step:
+# one regular expression over a whole 64 MB list would hold the GIL about 50 ms.
+_LONG_LIST = re.compile(rb"\[[-0-9, \[\]]{1024}")
+_NOT_LIST = re.compile(rb"[^-0-9, \[\]]")
 LOADS_SLICE = 64 * 1024   # bytes ``loads_steps`` decodes per step
+SCAN_STEP = 1 << 20       # bytes ``loads_steps`` scans per step
 _HOLE = "\x00span:"      # stands for a span cut out: a text no state holds (NUL)
 
 
 def loads_steps(raw: bytes) -> Generator[None, None, Json]:
     """``json.loads(raw)`` in steps: returns the same value, and yields between steps
-    of about LOADS_SLICE bytes. Each list of integers or integer lists longer than that
-    (a channel state's deferred messages) is cut out of the text and decoded in slices;
-    the rest, small, is decoded whole. A follower taking over 100,000 deferred messages
-    (3.3 MB) held its loop 35 ms in one ``json.loads``; its loop now decodes a step a
-    turn (pybroker.cluster.takeover). Budget: one slice (under 1 ms) a step. Raises
-    ``ValueError`` where ``json.loads`` does: what does not decode this way (a span that
-    is not one list, a string that looks like a cut span) is decoded whole."""
+    (about LOADS_SLICE bytes decoded or SCAN_STEP bytes scanned each). Each list of
+    integers or integer lists longer than LOADS_SLICE (a channel state's deferred
+    messages) is cut out of the text and decoded in slices; the rest, small, is decoded
+    whole. A follower taking over 100,000 deferred messages (3.3 MB) held its loop 35 ms
+    in one ``json.loads``; its loop now decodes a step a turn (pybroker.cluster.takeover).
+    Budget: one slice or one scan (about 1 ms each) a step, whatever the text's size.
+    Raises ``ValueError`` where ``json.loads`` does: what does not decode this way (a
+    span that is not one list, a string that looks like a cut span) is decoded whole."""
     spans: list[list[Json]] = []
     parts: list[bytes] = []
-    at = 0
+    at = pos = 0
+    n = len(raw)
     try:
-        for m in _INT_LISTS.finditer(raw):
-            a, b = m.span()
+        while pos < n:
+            stop = min(n, pos + SCAN_STEP)
+            m = _LONG_LIST.search(raw, pos, min(n, stop + 1024))
+            if m is None:
+                pos = stop
+                if pos < n:
+                    yield
+                continue
+            a, end = m.start(), m.end()
+            while True:                  # the end of the run of list characters
+                k = _NOT_LIST.search(raw, end, min(n, end + SCAN_STEP))
+                if k is not None:
+                    end = k.start()
+                    break
+                end = min(n, end + SCAN_STEP)
+                if end >= n:
+                    break
+                yield
+            b = raw.rfind(b"]", a, end) + 1
+            pos = end
             if b - a <= LOADS_SLICE:
                 continue
-            # the items: "1, 2" or "[1, 2], [3]". A span that is not one such list (a
+            # [a, b): "[1, 2]" or "[[1, 2], [3]]". A span that is not one such list (a
             # run of these characters around a "{" or a string, or deeper) decodes to
             # an error: a slice cut inside an item or across lists has unbalanced
             # brackets, and the text with the span cut out is not JSON
-            body = raw[a + 1:b - 1]
             items: list[Json] = []
-            yield from _slices(body, items)
+            yield from _slices(raw, a + 1, b - 1, items)
             spans.append(items)
             parts.append(raw[at:a])
             parts.append(json.dumps(_HOLE + str(len(spans) - 1)).encode())
@@ -160,15 +183,15 @@ def loads_yielding(raw: bytes) -> Json:
         time.sleep(0)
 
 
-def _slices(body: bytes, out: list[Json]) -> Generator[None, None, None]:
-    # a cut after an item: "]," in a list of lists (a "]" there always closes an item),
-    # "," in a list of integers
-    sep = b"]," if b"[" in body else b","
-    start = 0
-    while start < len(body):
-        cut = body.find(sep, start + LOADS_SLICE)
-        end = len(body) if cut < 0 else cut + len(sep) - 1
-        piece = json.loads(b"[" + body[start:end] + b"]")
+def _slices(raw: bytes, lo: int, hi: int, out: list[Json]) -> Generator[None, None, None]:
+    # the items of raw[lo:hi], a slice a step, cut after an item: "]," in a list of
+    # lists (a "]" there always closes an item), "," in a list of integers
+    sep = b"]," if raw[lo:lo + 64].lstrip().startswith(b"[") else b","
+    start = lo
+    while start < hi:
+        cut = raw.find(sep, start + LOADS_SLICE, hi)
+        end = hi if cut < 0 else cut + len(sep) - 1
+        piece = json.loads(b"[" + raw[start:end] + b"]")
         if not isinstance(piece, list):
             raise ValueError("not a list")
         out.extend(piece)

@@ -6,6 +6,7 @@ string that looks like a cut span) fail or decode exactly as json.loads does."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -33,9 +34,16 @@ int_lists = st.lists(st.integers(-10**19, 10**19) | st.lists(st.integers(), max_
                      max_size=40)
 
 
+SMALL = {"LOADS_SLICE": 8, "SCAN_STEP": 16,
+         "_LONG_LIST": re.compile(rb"\[[-0-9, \[\]]{4}")}
+
+
 @pytest.fixture
 def small_slices(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(jv, "LOADS_SLICE", 8)
+    """Lists over 8 bytes cut out (found by a "[" and 4 list characters), scanned 16
+    bytes a step."""
+    for name, value in SMALL.items():
+        monkeypatch.setattr(jv, name, value)
 
 
 @given(docs)
@@ -51,14 +59,16 @@ def test_the_value_of_json_loads(doc: object) -> None:
        st.sampled_from([", ", ","]))
 def test_the_value_of_json_loads_in_slices_of_eight_bytes(doc: object, sep: str) -> None:
     """Every list of integers or integer lists over 8 bytes is cut out and decoded in
-    slices (both separators), whatever surrounds it."""
-    saved = jv.LOADS_SLICE
-    jv.LOADS_SLICE = 8
+    slices (both separators), whatever surrounds it, the text scanned 16 bytes a step."""
+    saved = {name: getattr(jv, name) for name in SMALL}
+    for name, value in SMALL.items():
+        setattr(jv, name, value)
     try:
         raw = json.dumps(doc, separators=(sep, ": ")).encode()
         assert steps_of(raw)[0] == json.loads(raw)
     finally:
-        jv.LOADS_SLICE = saved
+        for name, value in saved.items():
+            setattr(jv, name, value)
 
 
 def test_a_channel_state_of_100000_deferred_messages_takes_a_step_a_slice() -> None:
@@ -106,3 +116,14 @@ def test_what_is_not_json_fails_as_json_loads_does(text: str) -> None:
         json.loads(text)
     with pytest.raises(ValueError):
         steps_of(text.encode())
+
+
+@pytest.mark.usefixtures("small_slices")
+def test_small_settings_cut_and_scan_in_steps() -> None:
+    """The settings the texts above run under do cut lists out and take steps (a text
+    decoded whole takes one)."""
+    raw = json.dumps({"name": "x" * 40, "a": list(range(40)),
+                      "b": [[k, k] for k in range(20)]}).encode()
+    value, steps = steps_of(raw)
+    assert value == json.loads(raw)
+    assert steps >= len(raw) // 16
