@@ -230,9 +230,6 @@ class ClusterNode:
             return None
         r = self.replicas.get(name)
         if r is not None and r.role == LEADER:
-            if r.taking_over:
-                return (f"topic {name} is being taken over by this node (its channels "
-                        "are being restored); subscribe again shortly")
             return None
         if r is None and name not in self.assigned and name not in self.leaders:
             return None
@@ -243,6 +240,16 @@ class ClusterNode:
         reg = self.nodes.get(leader)
         return (f"topic {name} is led by node {leader} ({reg['tcp'] if reg else '?'}); "
                 "subscribe there (nsqlookupd lists the leader)")
+
+    def sub_after_takeover(self, name: str, then: Callable[[bool], None]) -> bool:
+        """(any loop) True if this node leads ``name`` but its channels are still being
+        built (pybroker.cluster.takeover): ``then(led)`` is called on the topic's owner
+        loop once they are in place (True), or once the leadership went first (False)."""
+        r = self.replicas.get(name)
+        if r is None or r.role != LEADER or not r.taking_over:
+            return False
+        owner_loop(r.topic.owner).call_soon_threadsafe(r.after_takeover, then)
+        return True
 
     def registers(self, name: str) -> bool:
         """Whether this node registers ``name`` with nsqlookupd (the leader only)."""

@@ -121,9 +121,11 @@ class Replica:
         # fsync failed: ``storage_failed``); 0: none. Meanwhile it acknowledges nothing
         self.resigning = 0
         # leader: the epoch whose channels are being built, a step a turn
-        # (pybroker.cluster.takeover); 0: none. Meanwhile SUB is refused, and its
-        # follower's channels are neither shipped nor saved as the leader's
+        # (pybroker.cluster.takeover); 0: none. Meanwhile a SUB waits (``after_takeover``:
+        # what to call then), and its follower's channels are neither shipped nor saved
+        # as the leader's
         self.taking_over = 0
+        self.sub_waiters: list[Callable[[bool], None]] = []
 
     def __repr__(self) -> str:
         return f"Replica({self.name} {self.role} e{self.epoch})"
@@ -167,7 +169,7 @@ class Replica:
             self.node.roles_changed()
 
     def _step_down(self, role: str, epoch: int, leader: int) -> None:
-        self.taking_over = 0
+        self._taken_over(False)
         if self.role == LEADER:
             self._fail_all(NotLeader(f"{self.name}: {LEADERSHIP_LOST}"))
             self.kick_consumers(f"topic {self.name} is now led by node {leader}"
@@ -189,6 +191,7 @@ class Replica:
         was = self.role
         self._fail_all(NotLeader(f"topic {self.name} was deleted"))
         self.role, self.leader, self.lead = NONE, -1, None
+        self._taken_over(False)
         if was != NONE:
             self.node.roles_changed()
 
@@ -706,10 +709,28 @@ class Replica:
             log.info("CLUSTER: %s: channels built in %.0f ms", self.name,
                      (time.monotonic_ns() - began) / 1e6)
             self._took_over(done.value, names, from_leader)
-            self.taking_over = 0        # (after: SUB is asked on any loop)
+            self._taken_over(True)
             return
         owner_loop(self.topic.owner).call_later(0, self._step, steps, epoch, names,
                                                 from_leader, began)
+
+    def after_takeover(self, then: Callable[[bool], None]) -> None:
+        """``then(led)`` once the channels being built are in place (True), or the
+        leadership went first (False); at once if that is done already."""
+        if self.taking_over:
+            self.sub_waiters.append(then)
+        else:
+            then(self.role == LEADER)
+
+    def _taken_over(self, led: bool) -> None:
+        self.taking_over = 0
+        waiters, self.sub_waiters = self.sub_waiters, []
+        for then in waiters:
+            try:
+                then(led)
+            except Exception:       # a bug: the others are told all the same
+                log.exception("CLUSTER: %s: a SUB waiting for the takeover failed",
+                              self.name)
 
     def _took_over(self, chans: list[Channel], names: list[str], from_leader: int) -> None:
         self.channels_raw = None

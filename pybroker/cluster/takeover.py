@@ -9,8 +9,9 @@ here as objects nobody sees yet, in steps (``build``): all in that turn when the
 are small (``INLINE_BYTES``), else a step a turn on the topic's owner loop (the JSON in
 slices, ``loads_steps``; the timers ``RESTORE_STEP`` at a time, ``restore_steps``);
 the loop then puts the finished channels in place at once (``Replica._install``).
-Until then the topic is led but its channels are the follower's: SUB is refused
-(subscribe again shortly) and they are neither shipped nor saved as the leader's.
+Until then the topic is led but its channels are the follower's: a SUB waits, its
+connection held (``Replica.after_takeover``), and they are neither shipped nor saved
+as the leader's.
 (A thread of its own was tried first: on the GIL, each system call of the loop then
 waited for the builder's switch interval, and the loop's turns took up to 70 ms.)
 """

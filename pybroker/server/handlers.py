@@ -215,12 +215,24 @@ def sub_line(c: Conn, cmd: Command) -> Line:
 
 
 def sub(c: Conn, line: Line, body: bytes) -> None:
-    broker = c.loop.runtime.broker
     cluster = c.loop.runtime.cluster
     if cluster is not None:
         why = cluster.sub_refusal(line[0])
         if why is not None:
             raise SubFailed(f"SUB failed {why}")
+        loop = c.loop
+        if cluster.sub_after_takeover(
+                line[0], lambda led: loop.call_soon_threadsafe(_sub_taken_over, c, line, led)):
+            # this node leads the topic but is still building the channels it took over
+            # (pybroker.cluster.takeover): no command runs, and nothing more is read,
+            # until they are in place
+            c.hold_input()
+            return
+    _subscribe(c, line)
+
+
+def _subscribe(c: Conn, line: Line) -> None:
+    broker = c.loop.runtime.broker
     try:
         topic = broker.get_topic(line[0])
         ch = broker.get_channel(topic, line[1])
@@ -228,6 +240,21 @@ def sub(c: Conn, line: Line, body: bytes) -> None:
         raise SubFailed("SUB failed exiting") from None
     c.session.move("subscribe")  # no more commands until the subscription completes
     c.begin_subscribe(ch)
+
+
+def _sub_taken_over(c: Conn, line: Line, led: bool) -> None:
+    """On c's loop: the SUB that waited for the topic's takeover goes on (``led``: the
+    node still leads it, its channels in place) or fails."""
+    if c.closed:
+        return
+    c.release_input()
+    try:
+        if not led:
+            raise SubFailed(f"SUB failed topic {line[0]} is not led by this node any more; "
+                            "subscribe again (nsqlookupd lists the leader)")
+        _subscribe(c, line)
+    except ClientError as err:
+        c.fail(err)
 
 
 # -- publishing ------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ replies over the cap) and waiting for a publish's answer (``awaiting_commit``)::
 
     AWAIT_MAGIC --magic--> OPEN --SUB on another loop's channel--> MOVING --adopted--> OPEN
          |                  | --no TLS handshake slot--> HELD --a slot--> OPEN
+         |                  | --SUB while its topic is taken over--> HELD --in place--> OPEN
          |                  |
          +--bad magic--+----+-- a fatal error --> DRAINING --queued frames written--> CLOSED
                                       (and from every state but CLOSED: closed at once)
@@ -25,7 +26,8 @@ import enum
 class Io(enum.Enum):
     AWAIT_MAGIC = "await_magic"  # accepted; the 4-byte protocol magic not yet read
     OPEN = "open"                # commands are read and run (unless back-pressured)
-    HELD = "held"                # waiting for a TLS handshake slot: its socket is not read
+    HELD = "held"                # waiting (a TLS handshake slot, a topic's takeover):
+    #                              its socket is not read, no command runs
     MOVING = "moving"            # SUB on another loop's channel: handed over, runs nothing
     DRAINING = "draining"        # a fatal error: nothing more read; closed once written
     CLOSED = "closed"

@@ -157,3 +157,27 @@ def test_the_built_channels_replace_the_followers_but_not_one_deleted_meanwhile(
     assert t.channels["kept"] is chans[0] and t.channels["kept"].cursor == 3
     assert old["kept"].deleted and owner.closed == [old["kept"]]
     assert owner.dirty == [chans[0]]
+
+
+def test_a_sub_waits_for_the_takeover_and_hears_how_it_ended() -> None:
+    """A SUB that comes while the channels are being built waits (after_takeover): it
+    is told True once they are in place, False if the leadership went first; asked
+    when nothing is being built, it is told at once."""
+    t = _topic(3)
+    node = SimpleNamespace(runtime=SimpleNamespace(broker=_Broker()),
+                           roles_changed=lambda: None)
+    r = Replica(cast(Any, node), t, EpochHistory())
+    told: list[tuple[str, bool]] = []
+    r.role, r.epoch = "leader", 4
+    r.after_takeover(lambda led: told.append(("now", led)))
+    assert told == [("now", True)]
+    r.taking_over = 4
+    r.after_takeover(lambda led: told.append(("a", led)))
+    r.after_takeover(lambda led: told.append(("b", led)))
+    assert told == [("now", True)]
+    r._taken_over(True)
+    assert told[1:] == [("a", True), ("b", True)] and r.taking_over == 0
+    r.taking_over = 4
+    r.after_takeover(lambda led: told.append(("c", led)))
+    r.dropped()                       # the topic deleted meanwhile
+    assert told[3:] == [("c", False)] and r.sub_waiters == []
