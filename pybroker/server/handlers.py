@@ -37,6 +37,7 @@ from pybroker.protocol.names import is_valid_name
 from pybroker.protocol.wire import MSG_ID_LENGTH
 from pybroker.server import auth as authd
 from pybroker.server import upgrade
+from pybroker.server.iostate import HELD
 from pybroker.server.ports import Parts
 
 if TYPE_CHECKING:
@@ -245,8 +246,8 @@ def _subscribe(c: Conn, line: Line) -> None:
 def _sub_taken_over(c: Conn, line: Line, led: bool) -> None:
     """On c's loop: the SUB that waited for the topic's takeover goes on (``led``: the
     node still leads it, its channels in place) or fails."""
-    if c.closed:
-        return
+    if c.io is not HELD:
+        return      # closed (or draining) meanwhile
     c.release_input()
     try:
         if not led:
