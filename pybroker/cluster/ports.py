@@ -131,6 +131,7 @@ class ReplicaStats(TypedDict):
     log_end: int
     channel_states: int            # the version of the channel states held
     lag: NotRequired[dict[str, dict[str, int]]]   # the leader's: per follower
+    taking_over: NotRequired[bool]  # a new leader building its channels (takeover.py)
 
 
 

@@ -796,6 +796,8 @@ class Replica:
                                "high_watermark": self.hw, "log_end": end,
                                "channel_states": (self.chan_version if self.role == LEADER
                                                   else self.chan_from_leader)}
+        if self.taking_over:
+            out["taking_over"] = True
         lead = self.lead
         if lead is not None:
             lag: dict[str, dict[str, int]] = {}

@@ -171,7 +171,9 @@ def test_a_sub_waits_for_the_takeover_and_hears_how_it_ended() -> None:
     r.role, r.epoch = "leader", 4
     r.after_takeover(lambda led: told.append(("now", led)))
     assert told == [("now", True)]
+    assert "taking_over" not in r.stats()
     r.taking_over = 4
+    assert r.stats()["taking_over"] is True          # /stats says so while it builds
     r.after_takeover(lambda led: told.append(("a", led)))
     r.after_takeover(lambda led: told.append(("b", led)))
     assert told == [("now", True)]
