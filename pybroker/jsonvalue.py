@@ -104,7 +104,8 @@ def _dump(v: object, out: list[str]) -> None:
 # "deliveries" are encoded: digits, signs, commas, spaces and brackets only (no string,
 # object or float). Such a span over LOADS_SLICE bytes is decoded in slices. Found by
 # its start (a "[" and 1,024 such characters) and then its end, SCAN_STEP bytes a step:
-# one regular expression over a whole 64 MB list would hold the GIL about 50 ms.
+# one regular expression over a whole 64 MB list would hold the GIL about 50 ms (2.4 ms
+# measured over 3.3 MB).
 _LONG_LIST = re.compile(rb"\[[-0-9, \[\]]{1024}")
 _NOT_LIST = re.compile(rb"[^-0-9, \[\]]")
 LOADS_SLICE = 64 * 1024   # bytes ``loads_steps`` decodes per step
