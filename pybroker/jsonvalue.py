@@ -110,6 +110,11 @@ _LONG_LIST = re.compile(rb"\[[-0-9, \[\]]{1024}")
 _NOT_LIST = re.compile(rb"[^-0-9, \[\]]")
 LOADS_SLICE = 64 * 1024   # bytes ``loads_steps`` decodes per step
 SCAN_STEP = 1 << 20       # bytes ``loads_steps`` scans per step
+# the most ``loads_steps`` decodes in one step (about 20 ms): the text left once the long
+# lists are cut out (a state's cursors and settings: about 30,000 channels' worth), or an
+# item of a long list (a state's are 3 integers)
+WHOLE_MAX = 2 << 20
+ITEM_MAX = 4 * LOADS_SLICE
 _HOLE = "\x00span:"      # stands for a span cut out: a text no state holds (NUL)
 
 
@@ -120,9 +125,13 @@ def loads_steps(raw: bytes) -> Generator[None, None, Json]:
     messages) is cut out of the text and decoded in slices; the rest, small, is decoded
     whole. A follower taking over 100,000 deferred messages (3.3 MB) held its loop 35 ms
     in one ``json.loads``; its loop now decodes a step a turn (pybroker.cluster.takeover).
-    Budget: one slice or one scan (about 1 ms each) a step, whatever the text's size.
-    Raises ``ValueError`` where ``json.loads`` does: what does not decode this way (a
-    span that is not one list, a string that looks like a cut span) is decoded whole."""
+    Budget: one slice or one scan (about 1 ms each) a step, whatever the text's size,
+    and one decode of at most WHOLE_MAX bytes. Raises ``ValueError`` where ``json.loads``
+    does, and for what it would decode in one step past that budget: a text without long
+    lists over WHOLE_MAX bytes, an item over ITEM_MAX, nesting too deep for the
+    interpreter (``json.loads`` raises RecursionError there). What does not decode this
+    way (a span that is not one list, a string that looks like a cut span) is decoded
+    whole, within WHOLE_MAX."""
     spans: list[list[Json]] = []
     parts: list[bytes] = []
     at = pos = 0
@@ -161,27 +170,24 @@ def loads_steps(raw: bytes) -> Generator[None, None, Json]:
             parts.append(json.dumps(_HOLE + str(len(spans) - 1)).encode())
             at = b
         if not spans:
-            return json.loads(raw)       # type: ignore[no-any-return]
+            return _whole(raw)
         parts.append(raw[at:])
         found = [0]
-        v = _fill(json.loads(b"".join(parts)), spans, found)
+        v = _fill(_whole(b"".join(parts)), spans, found)
         if found[0] == len(spans):
             return v
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
-    return json.loads(raw)               # type: ignore[no-any-return]
+    return _whole(raw)
 
 
-def loads_yielding(raw: bytes) -> Json:
-    """``loads_steps`` on a thread other than a loop's: the GIL is offered to the other
-    threads between its steps (``time.sleep(0)``)."""
-    steps = loads_steps(raw)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value            # type: ignore[no-any-return]
-        time.sleep(0)
+def _whole(text: bytes) -> Json:
+    if len(text) > WHOLE_MAX:
+        raise ValueError(f"{len(text)} bytes to decode at once (at most {WHOLE_MAX})")
+    try:
+        return json.loads(text)          # type: ignore[no-any-return]
+    except RecursionError:
+        raise ValueError("nested too deep") from None
 
 
 def _slices(raw: bytes, lo: int, hi: int, out: list[Json]) -> Generator[None, None, None]:
@@ -190,8 +196,10 @@ def _slices(raw: bytes, lo: int, hi: int, out: list[Json]) -> Generator[None, No
     sep = b"]," if raw[lo:lo + 64].lstrip().startswith(b"[") else b","
     start = lo
     while start < hi:
-        cut = raw.find(sep, start + LOADS_SLICE, hi)
+        cut = raw.find(sep, start + LOADS_SLICE, min(hi, start + ITEM_MAX))
         end = hi if cut < 0 else cut + len(sep) - 1
+        if end - start > ITEM_MAX:
+            raise ValueError(f"an item over {ITEM_MAX} bytes")
         piece = json.loads(b"[" + raw[start:end] + b"]")
         if not isinstance(piece, list):
             raise ValueError("not a list")

@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 import os
 
+from pybroker.storage._fsutil import atomic_write
+
 log = logging.getLogger("pybroker")
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 ENV = "PYBROKER_BOOT_ID"
@@ -74,20 +76,7 @@ def stopped_cleanly(directory: str) -> None:
 
 def _write(directory: str, text: str) -> None:
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, "boot")
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, text.encode() + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    atomic_write(os.path.join(directory, "boot"), text.encode() + b"\n")
 
 
 __all__ = ["CLEAN", "ENV", "boot_id", "same_boot", "stopped_cleanly"]

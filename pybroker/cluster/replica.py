@@ -169,7 +169,7 @@ class Replica:
             self.node.roles_changed()
 
     def _step_down(self, role: str, epoch: int, leader: int) -> None:
-        self._taken_over(False)
+        self._end_takeover(False)
         if self.role == LEADER:
             self._fail_all(NotLeader(f"{self.name}: {LEADERSHIP_LOST}"))
             self.kick_consumers(f"topic {self.name} is now led by node {leader}"
@@ -191,7 +191,7 @@ class Replica:
         was = self.role
         self._fail_all(NotLeader(f"topic {self.name} was deleted"))
         self.role, self.leader, self.lead = NONE, -1, None
-        self._taken_over(False)
+        self._end_takeover(False)
         if was != NONE:
             self.node.roles_changed()
 
@@ -709,7 +709,11 @@ class Replica:
             log.info("CLUSTER: %s: channels built in %.0f ms", self.name,
                      (time.monotonic_ns() - began) / 1e6)
             self._took_over(done.value, names, from_leader)
-            self._taken_over(True)
+            self._end_takeover(True)
+            return
+        except Exception:     # a bug: the follower's channels stay; no SUB waits forever
+            log.exception("CLUSTER: %s: building the channels taken over failed", self.name)
+            self._end_takeover(True)
             return
         owner_loop(self.topic.owner).call_later(0, self._step, steps, epoch, names,
                                                 from_leader, began)
@@ -722,7 +726,7 @@ class Replica:
         else:
             then(self.role == LEADER)
 
-    def _taken_over(self, led: bool) -> None:
+    def _end_takeover(self, led: bool) -> None:
         self.taking_over = 0
         waiters, self.sub_waiters = self.sub_waiters, []
         for then in waiters:

@@ -55,9 +55,9 @@ def build(topic: Topic, shipped: bytes | dict[str, ChannelState], end: int, now_
     else:
         try:
             states = states_of((yield from loads_steps(shipped)))
-        except ValueError:
-            log.error("CLUSTER: %s: the channel states shipped are not JSON: channels "
-                      "start from the oldest record", topic.name)
+        except ValueError as e:
+            log.error("CLUSTER: %s: the channel states shipped cannot be read (%s): "
+                      "channels start from the oldest record", topic.name, e)
             states = {}
     out: list[Channel] = []
     for name, state in states.items():

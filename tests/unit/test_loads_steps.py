@@ -80,7 +80,6 @@ def test_a_channel_state_of_100000_deferred_messages_takes_a_step_a_slice() -> N
     value, steps = steps_of(raw)
     assert value == state
     assert steps >= len(raw) // jv.LOADS_SLICE - 2     # no slice much over the budget
-    assert jv.loads_yielding(raw) == state
 
 
 @pytest.mark.usefixtures("small_slices")
@@ -127,3 +126,43 @@ def test_small_settings_cut_and_scan_in_steps() -> None:
     value, steps = steps_of(raw)
     assert value == json.loads(raw)
     assert steps >= len(raw) // 16
+
+
+# -- hostile texts: each is refused within the budget, never decoded at once past it ----
+def test_a_nesting_bomb_is_a_value_error() -> None:
+    """200 KB of "[" (json.loads raises RecursionError), alone and beside a long list."""
+    bomb = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(ValueError):
+        steps_of(bomb.encode())
+    with pytest.raises(ValueError):
+        steps_of(json.dumps({"a": list(range(50_000))}).replace("]", ", " + bomb + "]")
+                 .encode())
+
+
+def test_an_item_over_its_budget_is_decoded_whole_only_within_its_budget(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long list with one item over ITEM_MAX is not sliced: the text is decoded whole
+    if it is within WHOLE_MAX (590 KB here), else refused."""
+    doc = {"c": {"pending": [[1, 2, 3], list(range(100_000))]}}
+    raw = json.dumps(doc).encode()
+    assert steps_of(raw)[0] == doc
+    monkeypatch.setattr(jv, "WHOLE_MAX", 100_000)
+    with pytest.raises(ValueError, match="at once"):
+        steps_of(raw)
+
+
+def test_a_text_over_the_budget_without_long_lists_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past WHOLE_MAX, what would be decoded in one step is refused (a flood of
+    channels, or one long string); within it, decoded."""
+    monkeypatch.setattr(jv, "WHOLE_MAX", 1000)
+    few = {f"ch{k}": {"cursor": k} for k in range(10)}
+    assert steps_of(json.dumps(few).encode())[0] == few
+    for doc in ({f"ch{k}": {"cursor": k} for k in range(100)}, {"a": "x" * 2000}):
+        raw = json.dumps(doc).encode()
+        assert json.loads(raw) == doc
+        with pytest.raises(ValueError, match="at once"):
+            steps_of(raw)
+    # the long lists cut out, the rest within the budget: decoded
+    state = {"c": {"cursor": 5, "pending": [[k, 1, 0] for k in range(5000)]}}
+    assert steps_of(json.dumps(state).encode())[0] == state

@@ -79,7 +79,7 @@ def test_states_that_are_not_json_take_over_no_channel(caplog: pytest.LogCapture
         chans, _ = _steps(takeover.build(t, b'{"c": {"cursor": 1, "pending": [[1, 2', 3,
                                            NOW, WALL))
     assert chans == []
-    assert "not JSON" in caplog.text
+    assert "cannot be read" in caplog.text
 
 
 def test_a_version_is_shipped_only_once_every_channel_is_encoded() -> None:
@@ -177,7 +177,7 @@ def test_a_sub_waits_for_the_takeover_and_hears_how_it_ended() -> None:
     r.after_takeover(lambda led: told.append(("a", led)))
     r.after_takeover(lambda led: told.append(("b", led)))
     assert told == [("now", True)]
-    r._taken_over(True)
+    r._end_takeover(True)
     assert told[1:] == [("a", True), ("b", True)] and r.taking_over == 0
     r.taking_over = 4
     r.after_takeover(lambda led: told.append(("c", led)))
