@@ -89,11 +89,10 @@ class Coordinator(SelectorLoop):
         self._incs: dict[Topic, int] = {}
         # replicas created here without a copy of their records it can vouch for: never
         # elected, and out of the in-sync set until caught up (``_leave_isr``)
-        self._unvouched: set[str] = set()
-        # of those, the ones whose copy was on disk but the machine restarted since
+        # name -> True when its copy was on disk but the machine restarted since
         # (memory mode: its unsynced tail may be gone, pybroker.cluster.boot): as the
         # in-sync set's last member such a copy is what is left, and may be elected
-        self._restarted: set[str] = set()
+        self._unvouched: dict[str, bool] = {}
         self._joined_rev = 0        # etcd's revision when this process first joined
         self._created: dict[str, int] = {}    # name -> its topic record's revision
         self._warned: set[tuple[str, int]] = set()
@@ -324,14 +323,9 @@ class Coordinator(SelectorLoop):
                     and node.restored.get(name) is topic
                 if state["epoch"] == 0 or (on_disk and node.same_boot) \
                         or self._created.get(name, self._joined_rev + 1) > self._joined_rev:
-                    self._unvouched.discard(name)
-                    self._restarted.discard(name)
+                    self._unvouched.pop(name, None)
                 else:
-                    self._unvouched.add(name)
-                    if on_disk:
-                        self._restarted.add(name)
-                    else:
-                        self._restarted.discard(name)
+                    self._unvouched[name] = on_disk
             isr = state["isr"]
             if name in self._unvouched:
                 state, mod = self._leave_isr(name, state, mod)
@@ -382,20 +376,18 @@ class Coordinator(SelectorLoop):
         vouched for as any follower is: a leader adds it back only once it has caught
         up. As the last member it stays, and the topic waits (the guarantees: a replica
         that may lack acknowledged records is never elected). A copy that was on disk
-        but whose machine restarted since (memory mode, ``_restarted``) leaves the same
-        way; as the last member (every other left before) it is what is left, and may
-        be elected, as it was before the node could tell."""
+        but whose machine restarted since (memory mode, True in ``_unvouched``) leaves
+        the same way; as the last member (every other left before) it is what is left,
+        and may be elected, as it was before the node could tell."""
         me = self.node.id
         isr = state["isr"]
-        restarted = name in self._restarted
+        restarted = self._unvouched.get(name, False)
         if me not in isr:
-            self._unvouched.discard(name)
-            self._restarted.discard(name)
+            self._unvouched.pop(name, None)
             return state, mod
         if len(isr) == 1 and restarted:
             # every other member left the set before: this copy is the newest there is
-            self._unvouched.discard(name)
-            self._restarted.discard(name)
+            self._unvouched.pop(name, None)
             log.warning("CLUSTER: %s: this node's machine restarted (the records it had "
                         "not synced may be lost) and it is the only in-sync replica: it "
                         "may be elected with what its disk holds", name)
@@ -416,8 +408,7 @@ class Coordinator(SelectorLoop):
             return state, mod           # the state moved on: read again at the next poll
         mod = rev
         self._state[name] = (new_state, mod)
-        self._unvouched.discard(name)
-        self._restarted.discard(name)
+        self._unvouched.pop(name, None)
         log.warning("CLUSTER: %s: %s: left the in-sync set %s to catch up first", name,
                     "this node's machine restarted since its last run (memory mode: the "
                     "records it had not synced may be lost)" if restarted else

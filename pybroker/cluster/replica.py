@@ -691,7 +691,7 @@ class Replica:
         steps = build(topic, shipped, topic.log.written, time.monotonic_ns(), time.time_ns())
         names = [n for n, ch in topic.channels.items() if not ch.ephemeral]
         if raw is None or len(raw) <= INLINE_BYTES:
-            self._took_over(run(steps), names, self.chan_from_leader)
+            self._install(run(steps), names, self.chan_from_leader)
             return
         self.taking_over = self.epoch
         log.info("CLUSTER: %s: taking its channels over in steps (%d bytes of states)",
@@ -708,7 +708,7 @@ class Replica:
         except StopIteration as done:
             log.info("CLUSTER: %s: channels built in %.0f ms", self.name,
                      (time.monotonic_ns() - began) / 1e6)
-            self._took_over(done.value, names, from_leader)
+            self._install(done.value, names, from_leader)
             self._end_takeover(True)
             return
         except Exception:     # a bug: the follower's channels stay; no SUB waits forever
@@ -736,15 +736,13 @@ class Replica:
                 log.exception("CLUSTER: %s: a SUB waiting for the takeover failed",
                               self.name)
 
-    def _took_over(self, chans: list[Channel], names: list[str], from_leader: int) -> None:
-        self.channels_raw = None
-        self.channels = {}
-        self._install(chans, names, from_leader)
-
     def _install(self, chans: list[Channel], names: list[str], from_leader: int) -> None:
         """Put the channels taken over in place of the follower's (``names``: the
         follower's channels when it took over; ``from_leader``: the version of the
-        states it held, 0 if none came from a leader)."""
+        states it held, 0 if none came from a leader); the states kept to build them
+        go."""
+        self.channels_raw = None
+        self.channels = {}
         topic = self.topic
         log.info("CLUSTER: %s: channels taken over: %s", self.name,
                  ", ".join(f"{ch.name} at {ch.cursor}" for ch in chans) or "none")
