@@ -28,15 +28,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_durability import build_command  # noqa: E402
 from bench_replication import ClusterSetting, Etcd, wait  # noqa: E402
 
 from pybroker.config import split_hostport  # noqa: E402
 
 TOPIC, PING = "takeover_t", "ping#ephemeral"
-
-
-def _sized(b: bytes) -> bytes:
-    return struct.pack(">i", len(b)) + b
 
 
 def _frame(s: socket.socket) -> tuple[int, bytes]:
@@ -63,9 +60,9 @@ def _connect(address: str) -> socket.socket:
 def defer_all(address: str, n: int) -> None:
     """n messages published, delivered once and requeued for an hour each."""
     with _connect(address) as s:
-        for _ in range(0, n, 1000):
-            body = struct.pack(">i", 1000) + _sized(b"x" * 20) * 1000
-            s.sendall(f"MPUB {TOPIC}\n".encode() + _sized(body))
+        mpub, per = build_command("MPUB", TOPIC, 20, 1000)
+        for _ in range(0, n, per):
+            s.sendall(mpub)
             assert _frame(s) == (0, b"OK")
         s.sendall(f"SUB {TOPIC} ch\n".encode())
         assert _frame(s) == (0, b"OK")
@@ -99,7 +96,7 @@ def one_run(args: argparse.Namespace) -> tuple[float, float]:
 
             def ping(i: int) -> None:
                 with _connect(cs.nodes[i].tcp_address) as s:
-                    cmd = f"PUB {PING}\n".encode() + _sized(b"p")
+                    cmd, _ = build_command("PUB", PING, 1, 1)
                     while not stop.is_set():
                         t0 = time.perf_counter()
                         s.sendall(cmd)
