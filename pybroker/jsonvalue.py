@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Generator
-from typing import Union
+from collections.abc import Generator, Iterable, Sequence
+from typing import Any, Union
 
 Json = Union[None, bool, int, float, str, list["Json"], dict[str, "Json"]]
 JsonObject = dict[str, Json]
@@ -72,13 +72,45 @@ def dumps_yielding(v: object) -> str:
     (``time.sleep(0)``). json's C encoder holds the GIL for a whole call: a channel state
     with 100,000 deferred messages held every loop about 40 ms at each checkpoint.
     Budget: one slice (about 2 ms) per hold; dicts and short lists are encoded whole."""
+    return "".join(dumps_pieces(v))
+
+
+def dumps_pieces(v: object) -> list[str]:
+    """``dumps_yielding``'s text in the pieces it was made in, not joined: joining the
+    35 MB of a state with 1,000,000 deferred messages (and encoding it) held the GIL
+    about 10 ms; a writer writes them one by one (``_fsutil.atomic_write``)."""
     out: list[str] = []
     _dump(v, out)
-    return "".join(out)
+    return out
+
+
+class PartedList(list):  # type: ignore[type-arg]
+    """A list whose items go on in ``parts`` (sequences kept elsewhere, shared and never
+    changed: a channel's deferred messages, core/deferred.py), encoded by
+    ``dumps_yielding`` as one JSON array, its own items first, without copying the
+    parts into it (a young list of a million items costs the garbage collector a
+    walk over all of them)."""
+
+    def __init__(self, items: Iterable[Any] = (), parts: Sequence[Sequence[Any]] = ()) -> None:
+        super().__init__(items)
+        self.parts = parts
 
 
 def _dump(v: object, out: list[str]) -> None:
-    if isinstance(v, dict):
+    if isinstance(v, PartedList):
+        own = list(v)
+        pieces = [own[i:i + YIELD_ITEMS] for i in range(0, len(own), YIELD_ITEMS)]
+        out.append("[")
+        sep = ""
+        for piece in (*pieces, *v.parts):     # each part is kept short (a slice's worth)
+            if piece:
+                if sep:
+                    time.sleep(0)
+                out.append(sep)
+                out.append(json.dumps(piece)[1:-1])
+                sep = ", "
+        out.append("]")
+    elif isinstance(v, dict):
         out.append("{")
         for i, (k, item) in enumerate(v.items()):
             out.append(", " if i else "")

@@ -32,7 +32,7 @@ from pybroker.storage.topiclog import RecordBatch
 
 if TYPE_CHECKING:
     from pybroker.core.channel import Channel
-    from pybroker.core.flight import Deferred
+    from pybroker.core.deferred import Chunks
     from pybroker.core.lifecycle import ChannelState
     from pybroker.core.topic import Topic
 
@@ -396,7 +396,8 @@ class Replica:
     def _snapshot(self, ch: Channel) -> None:
         """On the channel's owner loop: take its state, and when it changed (or
         RESHIP_NS passed) have the storage thread finish and encode it (``_encode``).
-        The loop copies a reference per deferred message and compares the rest: a
+        The loop rebuilds only the chunks of deferred messages that changed
+        (core/deferred.py) and compares the rest: a
         channel holding 100,000 deferred messages cost the loop a full state and its
         JSON for each follower every 200 ms (a publisher on the leader waited up to
         197 ms)."""
@@ -416,7 +417,7 @@ class Replica:
         self.node.runtime.storage.call_soon_threadsafe(self._encode, name, st, deferred,
                                                        self.epoch)
 
-    def _encode(self, name: str, st: ChannelState, deferred: list[Deferred],
+    def _encode(self, name: str, st: ChannelState, deferred: Chunks,
                 epoch: int) -> None:
         """On the storage thread: the state completed with its deferred messages, its
         floor, and its JSON, made in slices that offer the GIL to the loops."""

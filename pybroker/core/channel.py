@@ -24,6 +24,7 @@ import logging
 import random
 from typing import TYPE_CHECKING
 
+from pybroker.core.deferred import Chunks
 from pybroker.core.flight import Consumer, Deferred, Flight, offset_of
 from pybroker.core.lifecycle import ChannelState, Lifecycle
 from pybroker.errors import TooManyConsumers
@@ -182,13 +183,14 @@ class Channel(Lifecycle):
             low = min(low, self.in_flight.min())
         if self.requeued:
             low = min(low, min(e[0] for e in self.requeued))
-        if self.deferred:
-            low = min(low, min(self.deferred))
+        lowest = self.deferred.lowest()
+        if lowest is not None:
+            low = min(low, lowest)
         if self.dying:
             low = min(low, min(self.dying))
         return low
 
-    def snapshot_parts(self, wall_ns: int, now_ns: int) -> tuple[ChannelState, list[Deferred]]:
+    def snapshot_parts(self, wall_ns: int, now_ns: int) -> tuple[ChannelState, Chunks]:
         state, deferred = super().snapshot_parts(wall_ns, now_ns)
         state["paused"] = self.paused
         return state, deferred
@@ -355,7 +357,7 @@ class Channel(Lifecycle):
                 sent += self._send_slice(c, batch, start, k, now_ns)
             due = batch.deliver_at(k)
             if due > wall_ns:
-                self._defer(Deferred(first + k, 0, due), now_ns + (due - wall_ns))
+                self._defer((first + k, 0, due), now_ns + (due - wall_ns))
             else:
                 sent += self._send_slice(c, batch, k, k + 1, now_ns)
             start = k + 1

@@ -1,5 +1,6 @@
 """What a channel keeps per delivery: the Consumer it needs from a client, a Flight (a
-slice of messages sent together), a Deferred message, and message id <-> log offset.
+slice of messages sent together), a Deferred message (a tuple), and message id <->
+log offset.
 The states these take part in are core/lifecycle.py's.
 """
 from __future__ import annotations
@@ -44,22 +45,15 @@ class Flight:
         self.handle: Handle | None = None
 
 
-class Deferred:
-    """A message waiting for its time: a REQ with a delay or a DPUB read at the
-    cursor before it was due (``due_wall_ns``: when, by the wall clock, kept so a
-    restart keeps it). ``state`` is its entry in the channel's saved state, made once:
-    a snapshot of a channel holding many deferred messages copies references, and
-    builds nothing per message (100,000 of them held the loop 25 ms a checkpoint)."""
-
-    __slots__ = ("offset", "attempts", "due_wall_ns", "handle", "state")
-
-    def __init__(self, offset: int, attempts: int, due_wall_ns: int) -> None:
-        self.offset = offset
-        self.attempts = attempts
-        self.due_wall_ns = due_wall_ns
-        self.handle: Handle | None = None
-        # never changed while deferred: shared with the snapshots that list it
-        self.state = [offset, attempts, due_wall_ns]
+# A message waiting for its time: a REQ with a delay or a DPUB read at the cursor
+# before it was due: (offset, attempts, due_wall_ns), due by the wall clock so that a
+# restart keeps it. An exact tuple of ints, on purpose: it is also its entry in the
+# channel's saved state ("pending"), shared with the snapshots that list it, and the
+# garbage collector stops tracking such a tuple at its first pass. A class instance
+# stays tracked, and every full collection walked all of them with every loop held:
+# 1,000,000 deferred messages as objects cost a full collection 323 ms, as tuples
+# 14 ms (docs/storage.md, "Deferred messages and the garbage collector").
+Deferred = tuple[int, int, int]
 
 
 def offset_of(msg_id: bytes) -> int:

@@ -14,7 +14,8 @@ itself is move the cursor over the records it read (each slice handed to ``_fly`
 - **requeued**: an entry ``(off, attempts, mark)`` of the FIFO ``requeued``; it may go
   once the cursor has reached ``mark`` (nsqd's order: behind what was queued ahead of
   it, see ``_tail_mark``) or nothing is left at the cursor;
-- **deferred**: ``deferred[off]`` (due time in ``deferred_wheel``);
+- **deferred**: ``deferred.get(off)`` (a DeferredSet, core/deferred.py; due time in
+  ``deferred_wheel``);
 - **dying**: ``dying[off]`` = attempts: its dead-letter publish is not yet confirmed;
 - **finished**: none of the above and below the cursor: nothing is kept.
 
@@ -34,38 +35,40 @@ import threading
 import time
 from collections import deque
 from collections.abc import Generator, Sequence
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from typing import TYPE_CHECKING, TypedDict
 
 from pybroker._native.inflight import InFlight
+from pybroker.core.deferred import Chunks, DeferredSet
 from pybroker.core.flight import Consumer, Deferred, Flight, offset_of
 from pybroker.core.timeouts import TimeoutWheel
 from pybroker.errors import BrokerError, NotInFlight, NotOwner
+from pybroker.jsonvalue import PartedList
 
 if TYPE_CHECKING:
     from pybroker.core.seams import TopicView
 
-_STATE = attrgetter("state")
 _FIRST = itemgetter(0)
-_SLICE = 8192      # deferred states added to a snapshot per hold of the GIL
 RESTORE_STEP = 2048   # saved pending messages ``restore_steps`` takes per step
 
 
-def deferred_states(state: ChannelState, deferred: list[Deferred]) -> None:
-    """Add ``snapshot_parts``' deferred messages to its state's ``pending``, off the
-    owner loop (the storage thread), offering the GIL to the loops every _SLICE."""
-    pending = state["pending"]
-    for i in range(0, len(deferred), _SLICE):
-        if i:
-            time.sleep(0)
-        pending += map(_STATE, deferred[i:i + _SLICE])
+def deferred_states(state: ChannelState, deferred: Chunks) -> None:
+    """Complete a ``snapshot_parts`` state with its deferred messages, off the owner
+    loop: its ``pending`` goes on in their chunks (a PartedList: encoded by
+    ``dumps_yielding`` without copying them into it; core/deferred.py)."""
+    state["pending"] = PartedList(state["pending"], deferred)
 
 
 def state_floor(state: ChannelState) -> int:
     """The lowest offset a complete state still needs: its lowest pending offset, or its
     cursor."""
     cursor = state["cursor"]
-    return min(min(map(_FIRST, state["pending"]), default=cursor), cursor)
+    pending = state["pending"]
+    low = min(min(map(_FIRST, pending), default=cursor), cursor)
+    for part in getattr(pending, "parts", ()):
+        time.sleep(0)       # a chunk's worth per hold of the GIL (the storage thread)
+        low = min(min(map(_FIRST, part), default=low), low)
+    return low
 
 
 class ChannelState(TypedDict, total=False):
@@ -76,7 +79,7 @@ class ChannelState(TypedDict, total=False):
     thread's (the lowest offset the channel still needs)."""
 
     cursor: int
-    pending: list[list[int]]
+    pending: list[Sequence[int]]    # a deferred message's entry is the tuple it is kept as
     skip: list[int]
     deliveries: list[list[int]]
     paused: bool
@@ -99,12 +102,8 @@ class Lifecycle:
         self.in_flight: InFlight[Flight] = InFlight()
         self.in_flight_wheel: TimeoutWheel[Flight] = TimeoutWheel()
         self.requeued: deque[tuple[int, int, int]] = deque()   # (offset, attempts, mark)
-        self.deferred: dict[int, Deferred] = {}
+        self.deferred = DeferredSet()
         self.deferred_gen = 0        # counts the changes of ``deferred`` (a snapshot's key)
-        # the deferred messages as the last snapshot listed them, and at which change: a
-        # snapshot while they are unchanged shares that list (never changed once made)
-        self._deferred_list: list[Deferred] = []
-        self._deferred_list_gen = 0
         self.deferred_wheel: TimeoutWheel[Deferred] = TimeoutWheel()
         self.dying: dict[int, int] = {}    # dead-letter publish not yet confirmed
         self.skip: deque[int] = deque()    # held offsets at or after the cursor, sorted
@@ -309,12 +308,12 @@ class Lifecycle:
         if delay_ns <= 0:
             self._requeue(off, f.attempts, self._tail_mark())
         else:
-            self._defer(Deferred(off, f.attempts, wall_ns + delay_ns), now_ns + delay_ns)
+            self._defer((off, f.attempts, wall_ns + delay_ns), now_ns + delay_ns)
 
     def _defer(self, d: Deferred, deadline_ns: int) -> None:
         with self.lock:
-            d.handle = self.deferred_wheel.add(deadline_ns, d)
-        self.deferred[d.offset] = d
+            self.deferred_wheel.add(deadline_ns, d)
+        self.deferred.add(d)
         self.deferred_gen += 1
 
     def _note_delivery(self, off: int, delivery_ns: int) -> None:
@@ -352,8 +351,6 @@ class Lifecycle:
             for f in timed_out:
                 f.handle = None
             due = self.deferred_wheel.pop_expired(now_ns)
-            for d in due:
-                d.handle = None
         return timed_out, due
 
     def requeue_expired(self, timed_out: list[Flight], due: list[Deferred]) -> None:
@@ -372,10 +369,9 @@ class Lifecycle:
                 f.client.in_flight_count -= len(offs)
             self.timeout_count += len(offs)
         for d in due:
-            if self.deferred.get(d.offset) is d:
-                del self.deferred[d.offset]
+            if self.deferred.discard(d):    # not dropped (or deferred again) meanwhile
                 self.deferred_gen += 1
-                self._requeue(d.offset, d.attempts, mark)
+                self._requeue(d[0], d[1], mark)
 
     # -- client disconnect: its in flight -> requeued -------------------------------------
     def _requeue_client(self, c: Consumer) -> int:
@@ -489,18 +485,18 @@ class Lifecycle:
         pending: [offset, deliveries, due_wall_ns (0 = ready)]. Whole, on one thread
         (the loops take ``snapshot_parts``: this offers the GIL between slices)."""
         state, deferred = self.snapshot_parts(wall_ns, now_ns)
-        deferred_states(state, deferred)
+        for part in deferred:
+            state["pending"] += part
         return state
 
-    def snapshot_parts(self, wall_ns: int, now_ns: int) -> tuple[ChannelState, list[Deferred]]:
-        """``snapshot`` without its deferred messages, and those (their ``state``
-        entries go in ``pending``; ``deferred_states`` adds them on another thread):
-        the owner loop copies one reference each, nothing more, and only when they
-        changed since the last snapshot (a list it returns is never changed: callers
-        read it, on any thread). A channel holding 150,000 deferred messages that did
-        not change cost its loop about 2 ms at every snapshot (each 200 ms on a
-        replicated topic's leader)."""
-        pending: list[list[int]] = [[off, f.attempts, 0] for off, f in self.in_flight.items()]
+    def snapshot_parts(self, wall_ns: int, now_ns: int) -> tuple[ChannelState, Chunks]:
+        """``snapshot`` without its deferred messages, and those (in chunks: their
+        entries go in ``pending``; ``deferred_states`` adds them on another thread). The
+        owner loop builds again only the chunks that changed since the last snapshot
+        (core/deferred.py); what it returns is never changed (callers read it, on any
+        thread). Copied whole at each change, 1,000,000 deferred messages cost the loop
+        about 10 ms a snapshot (each 200 ms on a replicated topic's leader)."""
+        pending: list[Sequence[int]] = [[off, f.attempts, 0] for off, f in self.in_flight.items()]
         pending += [[off, a, 0] for off, a, _ in self.requeued]
         pending += [[off, a, 0] for off, a in self.dying.items()]    # dead-lettered again if need be
         state: ChannelState = {"cursor": self.cursor, "pending": pending}
@@ -511,10 +507,7 @@ class Lifecycle:
             state["deliveries"] = [
                 [off, (wall_ns - (now_ns - a)) // 1_000_000, (wall_ns - (now_ns - b)) // 1_000_000]
                 for off, (a, b) in self.delivery_times.items()]
-        if self._deferred_list_gen != self.deferred_gen:
-            self._deferred_list = list(self.deferred.values())
-            self._deferred_list_gen = self.deferred_gen
-        return state, self._deferred_list
+        return state, self.deferred.snapshot()
 
     def restore(self, state: ChannelState, now_ns: int, wall_ns: int) -> None:
         """Start-up, before clients: take a saved state (in flight and dying become
@@ -533,13 +526,13 @@ class Lifecycle:
         self.skip = deque(skip)
         self.extra_count = -len(skip)      # message_count: what is left to read
         ahead = set(skip)
-        for i, (off, attempts, due) in enumerate(sorted(state.get("pending", []))):
+        for i, (off, attempts, due) in enumerate(sorted(state.get("pending", []), key=_FIRST)):
             if i % RESTORE_STEP == RESTORE_STEP - 1:
                 yield
             if off < oldest or off >= self.cursor and off not in ahead:
                 continue
             if due > wall_ns:
-                self._defer(Deferred(off, attempts, due), now_ns + (due - wall_ns))
+                self._defer((off, attempts, due), now_ns + (due - wall_ns))
             else:
                 self._requeue(off, attempts, 0)
         for off, first_ms, last_ms in state.get("deliveries", []):

@@ -28,21 +28,22 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, NamedTuple, TypedDict, Union, Unpack
 
 from pybroker.protocol.deadletter import dead_letter_settings
-from pybroker.core.flight import Deferred
+from pybroker.core.deferred import Chunks
 from pybroker.core.lifecycle import ChannelState, deferred_states, state_floor
 from pybroker.core.topic import Topic
 from pybroker.storage import MetadataError, StorageError
-from pybroker.storage._fsutil import atomic_write, safe_name
+from pybroker.storage._fsutil import atomic_write, safe_name, text_pieces
 from pybroker.storage.fileops import REAL, FileOps, FaultyFileOps, from_environment
 from pybroker.storage.lock import DataPathLock
 from pybroker.storage.metadata import (BrokerMetadata, ChannelMeta, TopicMeta, load_metadata,
                                        save_metadata)
 from pybroker.storage.topiclog import TopicLog
 from pybroker.evloop import Ts
-from pybroker.jsonvalue import dumps_yielding
+from pybroker.jsonvalue import dumps_pieces
 
 if TYPE_CHECKING:
     from pybroker.core.broker import Broker
@@ -105,7 +106,7 @@ class StorageManager:
         self.log_root = os.path.join(self.data_path, "topics")
         self.state_root = os.path.join(self.data_path, "state")
         # each topic's channel states as this thread last wrote them (storage thread)
-        self._saved_states: dict[Topic, bytes] = {}
+        self._saved_states: dict[Topic, SavedState] = {}
         self.meta_path = os.path.join(self.data_path, "nsqd.dat")
         self.durable = o.durability == "fsync"
         self._requests: queue.Queue[_Request] = queue.Queue()
@@ -440,18 +441,20 @@ class StorageManager:
                 continue
             if not self._sync_log(t):
                 continue
-            doc = dumps_yielding(snap).encode()     # (not one long hold of the GIL)
-            if saved.get(t) != doc:
-                # unchanged since this thread last wrote it: not written again (an idle
-                # topic cost an fsynced write, a rename and a directory fsync at every
-                # checkpoint, every sync_timeout)
+            now = _saved_state(snap)
+            if not _same_state(saved.get(t), now):
+                # unchanged since this thread last wrote it: neither encoded nor written
+                # again (an idle topic cost an fsynced write, a rename and a directory
+                # fsync at every checkpoint, every sync_timeout; 1,000,000 deferred
+                # messages 35 MB of JSON)
                 try:
-                    atomic_write(self._state_path(t.name), doc)
+                    # made and written in pieces: not one long hold of the GIL
+                    atomic_write(self._state_path(t.name), text_pieces(dumps_pieces(snap)))
                 except OSError as e:
                     saved.pop(t, None)
                     self.failed(e, t, "state")
                     continue
-                saved[t] = doc
+                saved[t] = now
                 if self.runtime.health is not None:
                     self.write_ok(t, "state")
             floor = snap["floor"]
@@ -557,14 +560,33 @@ class StorageManager:
         return len(got)
 
 
+# a topic's state as the storage thread last wrote it: the state, and the chunks of
+# deferred messages its channels' ``pending`` go on in (compared by identity: a chunk
+# is never changed once a snapshot returned it; core/deferred.py)
+SavedState = tuple[TopicState, list[Sequence[Sequence[int]]]]
+
+
+def _saved_state(snap: TopicState) -> SavedState:
+    return snap, [part for ch in snap.get("channels", {}).values()
+                  for part in getattr(ch.get("pending"), "parts", ())]
+
+
+def _same_state(old: SavedState | None, new: SavedState) -> bool:
+    """Is new the state old was? (A PartedList compares its own items: the chunks it
+    goes on in are compared here, as objects.)"""
+    return (old is not None and old[0] == new[0] and len(old[1]) == len(new[1])
+            and all(a is b for a, b in zip(old[1], new[1])))
+
+
 # a channel's snapshot as its loop took it: (topic, channel, state without its deferred
 # messages, those; Lifecycle.snapshot_parts)
-Snap = tuple[Topic, str, ChannelState, list[Deferred]]
+Snap = tuple[Topic, str, ChannelState, Chunks]
 
 
 def _snapshot_on_loop(lp: Loop, broker: Broker, answers: "queue.Queue[list[Snap]]") -> None:
-    """On loop lp: the states of the channels it owns (a reference per deferred
-    message: the storage thread completes them, ``_topic_states``)."""
+    """On loop lp: the states of the channels it owns (their deferred messages as
+    chunks shared with the last snapshot while unchanged: the storage thread completes
+    them, ``_topic_states``)."""
     now, wall = time.monotonic_ns(), time.time_ns()
     out: list[Snap] = []
     for t in broker.all_topics():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import urllib.parse
+from collections.abc import Iterable
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.")
 _MAX_SAFE_LEN = 200
@@ -57,18 +58,36 @@ def tmp_path(path: str) -> str:
     return f"{path}.{os.urandom(6).hex()}.tmp"
 
 
-def atomic_write(path: str, data: bytes, *, sync_dir: bool = True) -> None:
-    """Replace ``path`` with ``data`` atomically: temp file, fsync, rename, fsync dir.
+WRITE_PIECE = 256 * 1024    # text pieces gathered per write by ``text_pieces``
+
+
+def text_pieces(pieces: Iterable[str]) -> Iterable[bytes]:
+    """Pieces of a text as UTF-8, gathered into writes of about WRITE_PIECE bytes (each
+    encoded piece a short hold of the GIL; a write releases it)."""
+    buf = bytearray()
+    for piece in pieces:
+        buf += piece.encode()
+        if len(buf) >= WRITE_PIECE:
+            yield bytes(buf)
+            buf.clear()
+    if buf:
+        yield bytes(buf)
+
+
+def atomic_write(path: str, data: bytes | Iterable[bytes], *, sync_dir: bool = True) -> None:
+    """Replace ``path`` with ``data`` (bytes, or pieces of it written in turn)
+    atomically: temp file, fsync, rename, fsync dir.
 
     A crash leaves either the old content or the new, never a mix. Raises OSError.
     """
     tmp = tmp_path(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        for piece in ((data,) if isinstance(data, bytes) else data):
+            view = memoryview(piece)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
         os.fsync(fd)
     except BaseException:
         os.close(fd)

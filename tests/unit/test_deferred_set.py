@@ -1,0 +1,127 @@
+"""core/deferred.py's DeferredSet against a dict, as a Hypothesis state machine; a
+state completed with its chunks (jsonvalue.PartedList) encoded as json would encode
+the whole list; the storage thread's test for a state it wrote already."""
+from __future__ import annotations
+
+import json
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from pybroker.core.deferred import CHUNK, CHUNK_BITS, Chunks, DeferredSet
+from pybroker.core.lifecycle import ChannelState, deferred_states, state_floor
+from pybroker.jsonvalue import YIELD_ITEMS, PartedList, dumps_yielding
+from pybroker.server.storage import TopicState, _same_state, _saved_state
+
+# offsets over a few chunks, so that chunks fill, empty and share
+offsets = st.integers(0, 4 * CHUNK - 1)
+
+
+class DeferredSetModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.s = DeferredSet()
+        self.model: dict[int, tuple[int, int, int]] = {}
+        self.snaps: list[tuple[object, dict[int, tuple[int, int, int]]]] = []
+        self.attempt = 0
+
+    @rule(off=offsets)
+    def add(self, off: int) -> None:
+        self.attempt += 1
+        d = (off, self.attempt, 10**18)
+        self.s.add(d)
+        self.model[off] = d
+
+    @rule(off=offsets, same=st.booleans())
+    def discard(self, off: int, same: bool) -> None:
+        held = self.model.get(off)
+        d = held if same and held is not None else (off, -1, 0)
+        assert self.s.discard(d) == (held is not None and d is held)
+        if held is not None and d is held:
+            del self.model[off]
+
+    @rule()
+    def clear(self) -> None:
+        self.s.clear()
+        self.model.clear()
+
+    @rule()
+    def snapshot(self) -> None:
+        before = self.snaps[-1][0] if self.snaps else None
+        snap = self.s.snapshot()
+        assert all(0 < len(part) <= CHUNK for part in snap)
+        assert sorted(d for part in snap for d in part) == sorted(self.model.values())
+        assert all(d is self.model[d[0]] for part in snap for d in part)
+        assert len({part[0][0] >> CHUNK_BITS for part in snap}) == len(snap)
+        if before is not None and self.snaps[-1][1] == self.model:
+            assert snap is before       # nothing changed: the very same value
+        if isinstance(before, tuple):
+            # a chunk whose messages did not change is the tuple shared with the last
+            old = {part[0][0] >> CHUNK_BITS: part for part in before}
+            for part in snap:
+                prev = old.get(part[0][0] >> CHUNK_BITS)
+                if prev is not None and set(prev) == set(part):
+                    assert prev is part
+        self.snaps.append((snap, dict(self.model)))
+
+    @invariant()
+    def agrees(self) -> None:
+        assert len(self.s) == len(self.model) and bool(self.s) == bool(self.model)
+        assert sorted(self.s) == sorted(self.model)
+        assert self.s.lowest() == (min(self.model) if self.model else None)
+        for off, d in self.model.items():
+            assert self.s.get(off) is d
+        # what a snapshot returned is never changed afterwards
+        for snap, then in self.snaps:
+            assert sorted(d for part in snap for d in part) == sorted(then.values())  # type: ignore[attr-defined]
+
+
+TestDeferredSet = DeferredSetModel.TestCase
+TestDeferredSet.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_a_state_with_its_chunks_encodes_as_the_whole_list() -> None:
+    """deferred_states adds the chunks without copying them; dumps_yielding writes the
+    same JSON as json.dumps of the complete state, and state_floor sees them all."""
+    s = DeferredSet()
+    for off in range(100, 100 + 3 * CHUNK, 3):
+        s.add((off, 2, 10**18))
+    own = [[7000 + k, 1, 0] for k in range(YIELD_ITEMS + 5)]      # more than a slice
+    for pending in ([], own):
+        state: ChannelState = {"cursor": 50_000, "pending": list(pending)}
+        chunks = s.snapshot()
+        deferred_states(state, chunks)
+        assert isinstance(state["pending"], PartedList)
+        whole = list(pending) + [list(d) for part in chunks for d in part]
+        assert json.loads(dumps_yielding(state)) == {"cursor": 50_000, "pending": whole}
+        assert dumps_yielding(state) == json.dumps({"cursor": 50_000, "pending": whole})
+        assert state_floor(state) == 100
+    empty: ChannelState = {"cursor": 9, "pending": []}
+    deferred_states(empty, DeferredSet().snapshot())
+    assert dumps_yielding(empty) == json.dumps({"cursor": 9, "pending": []})
+    assert state_floor(empty) == 9
+
+
+def test_a_topic_state_is_the_same_only_with_the_same_chunks() -> None:
+    """The storage thread writes a topic's state again unless it equals the last one
+    written *and* its channels' pending go on in the very same chunks: a PartedList
+    compares only its own items, so a change among the deferred messages alone must
+    still count (core/deferred.py: a chunk never changes once a snapshot returned it)."""
+    s = DeferredSet()
+    s.add((5, 1, 10**18))
+
+    def topic_state(chunks: Chunks) -> TopicState:
+        ch: ChannelState = {"cursor": 10, "pending": [[3, 1, 0]]}
+        deferred_states(ch, chunks)
+        return {"topic": "t", "released": 10, "channels": {"c": ch}}
+
+    first = s.snapshot()
+    written = _saved_state(topic_state(first))
+    assert _same_state(written, _saved_state(topic_state(s.snapshot())))
+    s.add((6, 1, 10**18))                       # only a deferred message changed
+    assert not _same_state(written, _saved_state(topic_state(s.snapshot())))
+    assert not _same_state(None, written)
+    other = _saved_state(topic_state(first))
+    other[0]["released"] = 11                   # the rest of the state changed
+    assert not _same_state(written, other)
