@@ -10,6 +10,7 @@ the field when the value has another type.
 from __future__ import annotations
 
 import json
+import mmap
 import re
 import time
 from collections.abc import Generator, Iterable, Sequence
@@ -150,7 +151,7 @@ ITEM_MAX = 4 * LOADS_SLICE
 _HOLE = "\x00span:"      # stands for a span cut out: a text no state holds (NUL)
 
 
-def loads_steps(raw: bytes) -> Generator[None, None, Json]:
+def loads_steps(raw: bytes | mmap.mmap, tuples: bool = False) -> Generator[None, None, Json]:
     """``json.loads(raw)`` in steps: returns the same value, and yields between steps
     (about LOADS_SLICE bytes decoded or SCAN_STEP bytes scanned each). Each list of
     integers or integer lists longer than LOADS_SLICE (a channel state's deferred
@@ -163,7 +164,10 @@ def loads_steps(raw: bytes) -> Generator[None, None, Json]:
     lists over WHOLE_MAX bytes, an item over ITEM_MAX, nesting too deep for the
     interpreter (``json.loads`` raises RecursionError there). What does not decode this
     way (a span that is not one list, a string that looks like a cut span) is decoded
-    whole, within WHOLE_MAX."""
+    whole, within WHOLE_MAX. ``tuples``: the items of a long list of lists come as
+    tuples (a channel's pending messages: a tuple of integers is untracked by the
+    garbage collector at its first pass, a list never is). ``raw`` may be an anonymous
+    mapping (a new leader's copy of 35 MB of states, made in steps)."""
     spans: list[list[Json]] = []
     parts: list[bytes] = []
     at = pos = 0
@@ -196,7 +200,7 @@ def loads_steps(raw: bytes) -> Generator[None, None, Json]:
             # an error: a slice cut inside an item or across lists has unbalanced
             # brackets, and the text with the span cut out is not JSON
             items: list[Json] = []
-            yield from _slices(raw, a + 1, b - 1, items)
+            yield from _slices(raw, a + 1, b - 1, items, tuples)
             spans.append(items)
             parts.append(raw[at:a])
             parts.append(json.dumps(_HOLE + str(len(spans) - 1)).encode())
@@ -213,16 +217,17 @@ def loads_steps(raw: bytes) -> Generator[None, None, Json]:
     return _whole(raw)
 
 
-def _whole(text: bytes) -> Json:
+def _whole(text: bytes | mmap.mmap) -> Json:
     if len(text) > WHOLE_MAX:
         raise ValueError(f"{len(text)} bytes to decode at once (at most {WHOLE_MAX})")
     try:
-        return json.loads(text)          # type: ignore[no-any-return]
+        return json.loads(text if isinstance(text, bytes) else text[:])  # type: ignore[no-any-return]
     except RecursionError:
         raise ValueError("nested too deep") from None
 
 
-def _slices(raw: bytes, lo: int, hi: int, out: list[Json]) -> Generator[None, None, None]:
+def _slices(raw: bytes | mmap.mmap, lo: int, hi: int, out: list[Json],
+            tuples: bool) -> Generator[None, None, None]:
     # the items of raw[lo:hi], a slice a step, cut after an item: "]," in a list of
     # lists (a "]" there always closes an item), "," in a list of integers
     sep = b"]," if raw[lo:lo + 64].lstrip().startswith(b"[") else b","
@@ -235,7 +240,10 @@ def _slices(raw: bytes, lo: int, hi: int, out: list[Json]) -> Generator[None, No
         piece = json.loads(b"[" + raw[start:end] + b"]")
         if not isinstance(piece, list):
             raise ValueError("not a list")
-        out.extend(piece)
+        if tuples:
+            out.extend([tuple(x) if type(x) is list else x for x in piece])  # type: ignore[misc]
+        else:
+            out.extend(piece)
         start = end + 1
         yield
 

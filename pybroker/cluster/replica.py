@@ -68,7 +68,7 @@ class ShippedStates(NamedTuple):
     unparsed until it takes over (pybroker.cluster.takeover), and each channel's floor (the
     lowest offset it still needs) for its retention."""
 
-    raw: bytes
+    raw: bytes | memoryview       # a view of the frame it came in
     floors: list[int]
 
 
@@ -100,14 +100,14 @@ class Replica:
         # a follower's copy of its leader's channel states (parsed from ``channels_raw``
         # when it takes over: ``states``)
         self.channels: dict[str, ChannelState] = {}
-        self.channels_raw: bytes | None = None
+        self.channels_raw: bytes | memoryview | None = None
         # a leader's channel states as shipped: name -> (its JSON, its floor), encoded
         # off the loops (``_snapshot``), and what each snapshot was (to ship only changes)
         self.shipped: dict[str, tuple[bytes, int]] = {}
         self.chan_last: dict[str, tuple[ChannelState, int]] = {}
         self.chan_at: dict[str, int] = {}      # when each channel's state last shipped
         self.encoding: set[str] = set()        # channels whose encoding is under way
-        self._assembled: tuple[int, bytes, list[int]] | None = None
+        self._assembled: tuple[int, list[bytes], int, list[int]] | None = None
         self.chan_version = 0
         self.chan_from_leader = 0      # follower: the version it holds
         # the topic's paused flag and, when paused, how far its channels may read
@@ -461,16 +461,21 @@ class Replica:
                 return    # its ``_encoded`` makes the version
         self.chan_version = next(_versions)
 
-    def shipped_states(self) -> tuple[bytes, list[int]]:
-        """The channel states to ship as one JSON object (made once per version) and
-        their floors (on the topic's owner loop)."""
+    def shipped_states(self) -> tuple[list[bytes], int, list[int]]:
+        """The channel states to ship as one JSON object, in pieces (each channel's as
+        encoded, sent without a copy: joining 35 MB of states, 1,000,000 deferred
+        messages, held the leader's loop 34-61 ms), its length, and the channels'
+        floors (on the topic's owner loop; made once per version)."""
         got = self._assembled
         if got is None or got[0] != self.chan_version:
-            items = list(self.shipped.items())
-            raw = b"{" + b", ".join(json.dumps(n).encode() + b": " + r
-                                    for n, (r, _) in items) + b"}"
-            got = self._assembled = (self.chan_version, raw, [f for _, (_, f) in items])
-        return got[1], got[2]
+            pieces = [b"{"]
+            floors = []
+            for n, (r, f) in self.shipped.items():
+                pieces += (b", " if len(pieces) > 1 else b"", json.dumps(n).encode(), b": ", r)
+                floors.append(f)
+            pieces.append(b"}")
+            got = self._assembled = (self.chan_version, pieces, sum(map(len, pieces)), floors)
+        return got[1], got[2], got[3]
 
     # -- follower ----------------------------------------------------------------------
     def truncate(self, offset: int, done: Callable[[], None]) -> None:

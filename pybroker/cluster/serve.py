@@ -350,11 +350,11 @@ class ReplicationServer(SelectorLoop):
             if r.chan_version > t.version:
                 # the channel states, one JSON object made off the loops, in the blob
                 # (the follower keeps it unparsed until it takes over), and their floors
-                states, floors = r.shipped_states()
-                entry["states"] = [at, len(states)]
+                states, length, floors = r.shipped_states()
+                entry["states"] = [at, length]
                 entry["floors"] = cast(Json, floors)
-                blobs.append(memoryview(states))
-                at += len(states)
+                blobs.extend(map(memoryview, states))
+                at += length
                 entry["version"] = r.chan_version
                 if r.paused_shipped is not None:
                     entry["paused"] = r.paused_shipped

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import selectors
 import socket
+from collections import deque
+from itertools import islice
 from typing import TYPE_CHECKING, Protocol
 
 from pybroker.cluster.wire import Buffer, FrameReader, WireError
@@ -47,7 +49,7 @@ class FollowerConn:
         self.writing = False
         self.closed = False
         self.reader = FrameReader(MAX_REQUEST)
-        self.out: list[Buffer] = []
+        self.out: deque[Buffer] = deque()   # (a frame may be many pieces: popped left)
         self.parked: Fetch | None = None
         self.held = False          # parked with records to send: answered this turn
         self.moves = 0             # to the loop owning its topics (at most MAX_MOVES)
@@ -89,7 +91,7 @@ class FollowerConn:
     def flush(self) -> None:
         while self.out:
             try:
-                n = self.sock.sendmsg(self.out[:64])
+                n = self.sock.sendmsg(list(islice(self.out, 64)))
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
@@ -97,7 +99,7 @@ class FollowerConn:
                 return
             while n and self.out:
                 if n >= len(self.out[0]):
-                    n -= len(self.out.pop(0))
+                    n -= len(self.out.popleft())
                 else:
                     self.out[0] = self.out[0][n:]
                     n = 0

@@ -18,6 +18,7 @@ waited for the builder's switch interval, and the loop's turns took up to 70 ms.
 from __future__ import annotations
 
 import logging
+import mmap
 from collections.abc import Generator
 from typing import TYPE_CHECKING, cast
 
@@ -33,6 +34,7 @@ log = logging.getLogger("pybroker")
 # shipped states up to this size are taken over in the turn that makes the node leader
 # (about 2,000 deferred messages, a few milliseconds); larger ones a step a turn
 INLINE_BYTES = 64 * 1024
+COPY_STEP = 4 << 20     # bytes of shipped states copied a step
 Steps = Generator[None, None, list["Channel"]]
 
 
@@ -44,8 +46,8 @@ def states_of(doc: Json) -> dict[str, ChannelState]:
     return {n: cast("ChannelState", st) for n, st in doc.items() if isinstance(st, dict)}
 
 
-def build(topic: Topic, shipped: bytes | dict[str, ChannelState], end: int, now_ns: int,
-          wall_ns: int) -> Steps:
+def build(topic: Topic, shipped: bytes | memoryview | dict[str, ChannelState], end: int,
+          now_ns: int, wall_ns: int) -> Steps:
     """The channels of the states ``shipped`` (as kept: their JSON, or decoded), each
     cut to the log's ``end`` (what it held when the node became leader: only messages
     not finished there are delivered again) and restored, not yet added to the topic:
@@ -54,7 +56,8 @@ def build(topic: Topic, shipped: bytes | dict[str, ChannelState], end: int, now_
         states = shipped
     else:
         try:
-            states = states_of((yield from loads_steps(shipped)))
+            text = shipped if isinstance(shipped, bytes) else (yield from _copy(shipped))
+            states = states_of((yield from loads_steps(text, tuples=True)))
         except ValueError as e:
             log.error("CLUSTER: %s: the channel states shipped cannot be read (%s): "
                       "channels start from the oldest record", topic.name, e)
@@ -63,7 +66,8 @@ def build(topic: Topic, shipped: bytes | dict[str, ChannelState], end: int, now_
     for name, state in states.items():
         st = cast("ChannelState", dict(state))
         st["cursor"] = min(int(st.get("cursor", 0)), end)
-        st["pending"] = [p for p in st.get("pending", []) if p[0] < end]
+        # pending messages at or past the cursor (so past end) are dropped by
+        # restore_steps, in its steps, unless skip names them: skip is cut here
         st["skip"] = [o for o in st.get("skip", []) if o < end]
         ch = topic.make_channel(name, st["cursor"])
         ch.paused = bool(st.get("paused", False))
@@ -72,6 +76,19 @@ def build(topic: Topic, shipped: bytes | dict[str, ChannelState], end: int, now_
             ch.configure_dead_letters(dead_letter_settings(settings))
         yield from ch.restore_steps(st, now_ns, wall_ns)
         out.append(ch)
+        yield
+    return out
+
+
+def _copy(view: memoryview) -> Generator[None, None, bytes | mmap.mmap]:
+    """The shipped states copied out of the frame they came in (which loads_steps
+    cannot search), COPY_STEP bytes a step, into pages mapped as they are written:
+    ``bytes(view)`` of 35 MB (1,000,000 deferred messages) held the loop 17 ms."""
+    if len(view) <= COPY_STEP:
+        return bytes(view)
+    out = mmap.mmap(-1, len(view))
+    for at in range(0, len(view), COPY_STEP):
+        out[at:at + COPY_STEP] = view[at:at + COPY_STEP]
         yield
     return out
 

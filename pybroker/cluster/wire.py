@@ -167,7 +167,13 @@ class FrameReader:
         if len(buf) < 4 + size:
             return None
         head = bytes(buf[8:8 + hlen])
-        blob = memoryview(bytes(buf[8 + hlen:4 + size]))
+        if len(buf) == 4 + size:
+            # the frame is all there is (a large one always ends so): its buffer is the
+            # blob's, uncopied, and the reader starts a new one
+            self._buf = bytearray()
+            return head, memoryview(buf)[8 + hlen:]
+        with memoryview(buf) as view:
+            blob = memoryview(bytes(view[8 + hlen:4 + size]))      # one copy
         del buf[:4 + size]
         return head, blob
 
@@ -186,14 +192,19 @@ def history_of(v: Json) -> list[list[int]]:
 
 def blob_span(blob: memoryview, span: Json) -> bytes:
     """The records an answer's ``blob: [at, length]`` names (ValueError if outside)."""
+    return bytes(blob_view(blob, span))
+
+
+def blob_view(blob: memoryview, span: Json) -> memoryview:
+    """``blob_span`` uncopied: a view of the frame (which a view keeps alive)."""
     if span is None:
-        return b""
+        return memoryview(b"")
     if not isinstance(span, list) or len(span) != 2:
         raise ValueError("a blob span is not [at, length]")
     at, n = need_int(span[0]), need_int(span[1])
     if at < 0 or n < 0 or at + n > len(blob):
         raise ValueError(f"a blob span [{at}, {n}] outside the frame")
-    return bytes(blob[at:at + n])
+    return blob[at:at + n]
 
 
 
@@ -206,6 +217,6 @@ def frame_need(buf: bytes | bytearray) -> int:
 
 
 __all__ = ["COMPACT_ANSWER", "COMPACT_FETCH", "MAX_FRAME", "MAX_TOPICS", "Buffer",
-           "FrameReader", "WireError", "blob_span", "encode", "encode_compact_answer",
+           "FrameReader", "WireError", "blob_span", "blob_view", "encode", "encode_compact_answer",
            "encode_compact_fetch", "frame_need", "history_of", "is_json",
            "parse_compact_answer", "parse_compact_fetch", "parse_head", "parse_header"]

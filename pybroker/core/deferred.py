@@ -23,7 +23,7 @@ changed (other threads read it).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 from pybroker.core.flight import Deferred
 
@@ -98,6 +98,20 @@ class DeferredSet:
         if not self._chunks:
             return None
         return min(self._chunks[min(self._chunks)])
+
+    def freeze_steps(self, per_step: int) -> Generator[None, None, None]:
+        """Make the chunk tuples the next snapshot needs, about per_step messages a
+        step (a restored channel's first snapshot would make all of them in one
+        turn)."""
+        frozen = self._frozen
+        done = 0
+        for key, chunk in list(self._chunks.items()):
+            if key not in frozen and self._chunks.get(key) is chunk:
+                frozen[key] = tuple(chunk.values())
+                done += len(chunk)
+                if done >= per_step:
+                    done = 0
+                    yield
 
     def snapshot(self) -> Chunks:
         """Every message held, as a tuple of chunk tuples. Unchanged chunks are the

@@ -526,16 +526,33 @@ class Lifecycle:
         self.skip = deque(skip)
         self.extra_count = -len(skip)      # message_count: what is left to read
         ahead = set(skip)
-        for i, (off, attempts, due) in enumerate(sorted(state.get("pending", []), key=_FIRST)):
+        # one pass in steps: a deferred message is deferred as it comes (any order); the
+        # others are requeued after, in offset order. Sorting every pending message in
+        # one step held a new leader's loop about 40 ms with 1,000,000 deferred.
+        ready: list[tuple[int, int]] = []
+        for i, p in enumerate(state.get("pending", [])):
             if i % RESTORE_STEP == RESTORE_STEP - 1:
                 yield
+            off, attempts, due = p
             if off < oldest or off >= self.cursor and off not in ahead:
                 continue
             if due > wall_ns:
-                self._defer((off, attempts, due), now_ns + (due - wall_ns))
+                # a tuple decoded (pybroker.jsonvalue.loads_steps) is kept as it is: a
+                # new one each, and the decoded ones freed in the last step, held a
+                # new leader's loop about 40 ms with 1,000,000 deferred
+                self._defer(p if type(p) is tuple else (off, attempts, due),
+                            now_ns + (due - wall_ns))
             else:
-                self._requeue(off, attempts, 0)
-        for off, first_ms, last_ms in state.get("deliveries", []):
+                ready.append((off, attempts))
+        yield from self.deferred.freeze_steps(RESTORE_STEP)
+        ready.sort()
+        for i, (off, attempts) in enumerate(ready):
+            if i % RESTORE_STEP == RESTORE_STEP - 1:
+                yield
+            self._requeue(off, attempts, 0)
+        for i, (off, first_ms, last_ms) in enumerate(state.get("deliveries", [])):
+            if i % RESTORE_STEP == RESTORE_STEP - 1:
+                yield
             if off >= oldest and self.max_attempts:
                 self.delivery_times[off] = (now_ns - (wall_ns - first_ms * 1_000_000),
                                             now_ns - (wall_ns - last_ms * 1_000_000))

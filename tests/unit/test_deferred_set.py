@@ -46,6 +46,15 @@ class DeferredSetModel(RuleBasedStateMachine):
         self.s.clear()
         self.model.clear()
 
+    @rule(per=st.integers(1, 2 * CHUNK), steps=st.integers(0, 4))
+    def freeze_some(self, per: int, steps: int) -> None:
+        """A restored channel's chunk tuples made a step at a time (possibly not all:
+        changes may come between steps in another use)."""
+        gen = self.s.freeze_steps(per)
+        for _ in range(steps):
+            if next(gen, StopIteration) is StopIteration:
+                break
+
     @rule()
     def snapshot(self) -> None:
         before = self.snaps[-1][0] if self.snaps else None

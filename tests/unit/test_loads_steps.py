@@ -5,7 +5,9 @@ step; the hostile texts (not JSON, a run of list characters that is not one list
 string that looks like a cut span) fail or decode exactly as json.loads does."""
 from __future__ import annotations
 
+import gc
 import json
+import mmap
 import re
 
 import pytest
@@ -14,9 +16,9 @@ from hypothesis import given, settings, strategies as st
 import pybroker.jsonvalue as jv
 
 
-def steps_of(raw: bytes) -> tuple[object, int]:
+def steps_of(raw: bytes, tuples: bool = False) -> tuple[object, int]:
     """(the value, how many steps it took)."""
-    gen = jv.loads_steps(raw)
+    gen = jv.loads_steps(raw, tuples)
     n = 0
     while True:
         try:
@@ -80,6 +82,72 @@ def test_a_channel_state_of_100000_deferred_messages_takes_a_step_a_slice() -> N
     value, steps = steps_of(raw)
     assert value == state
     assert steps >= len(raw) // jv.LOADS_SLICE - 2     # no slice much over the budget
+
+
+def _as_lists(v: object) -> object:
+    if isinstance(v, (list, tuple)):
+        return [_as_lists(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _as_lists(x) for k, x in v.items()}
+    return v
+
+
+def test_the_items_of_a_long_list_of_lists_come_as_untracked_tuples() -> None:
+    """``tuples``: a new leader's pending messages, 100,000 of them, decode as tuples
+    (the same values otherwise), which the garbage collector stops tracking at its
+    first pass: a full collection does not walk them while the takeover runs."""
+    state = {"c": {"cursor": 100_005, "skip": list(range(20_000)),
+                   "pending": [[k, 1, 1_900_000_000_000_000_000 + k] for k in range(100_000)]}}
+    raw = jv.dumps_yielding(state).encode()
+    value, _ = steps_of(raw, tuples=True)
+    assert _as_lists(value) == state
+    assert isinstance(value, dict)
+    pending = value["c"]["pending"]
+    assert all(type(p) is tuple for p in pending)
+    assert value["c"]["skip"] == list(range(20_000))
+    gc.collect()
+    assert not any(gc.is_tracked(p) for p in pending)
+
+
+def test_a_mapped_text_decodes_as_bytes_do() -> None:
+    """A new leader copies the shipped states out of their frame into an anonymous
+    mapping (in steps, pybroker.cluster.takeover._copy) and decodes that."""
+    state = {"c": {"cursor": 7, "pending": [[k, 1, 2] for k in range(50_000)]},
+             "d": {"cursor": 1, "pending": []}}
+    raw = jv.dumps_yielding(state).encode()
+    mapped = mmap.mmap(-1, len(raw))
+    mapped[:] = raw
+    gen = jv.loads_steps(mapped)
+    while True:
+        try:
+            next(gen)
+        except StopIteration as done:
+            assert done.value == state
+            break
+    small = mmap.mmap(-1, 9)
+    small[:] = b'{"a": 12}'
+    assert steps_of(b'{"a": 12}')[0] == {"a": 12}
+    gen = jv.loads_steps(small)
+    with pytest.raises(StopIteration) as stop:
+        while True:
+            next(gen)
+    assert stop.value.value == {"a": 12}
+
+
+@settings(max_examples=200)
+@given(st.recursive(scalars | int_lists, lambda inner: st.lists(inner, max_size=8)
+                    | st.dictionaries(st.text(max_size=4), inner, max_size=5),
+                    max_leaves=40))
+def test_tuples_or_not_the_same_values(doc: object) -> None:
+    saved = {name: getattr(jv, name) for name in SMALL}
+    for name, value in SMALL.items():
+        setattr(jv, name, value)
+    try:
+        raw = json.dumps(doc).encode()
+        assert _as_lists(steps_of(raw, tuples=True)[0]) == json.loads(raw)
+    finally:
+        for name, value in saved.items():
+            setattr(jv, name, value)
 
 
 @pytest.mark.usefixtures("small_slices")
