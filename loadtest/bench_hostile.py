@@ -10,6 +10,7 @@ Attacks (tests.support.hostile, the same code the tests run):
   bomb         16 KB of deflate that inflate to 16 MiB of NOP, then a PUB
   snappy16m    a snappy chunk header announcing 16 MiB on 20 connections
   plainflood   a plaintext client PUBbing without reading its replies (the bound)
+  nopflood     a client sending NOPs for 5 s, 64 KB at a time (16,384 commands)
   tlsflood     the same over TLS
   stalled      500 TLS handshakes started and never finished
   authslow     40 AUTHs held 1.5 s by the auth server, then one answered at once
@@ -39,7 +40,8 @@ from tests.support.hostile import (SNAPPY_STREAM_ID, AuthServer, TlsFlood, defla
 from tests.support.layers import client_context  # noqa: E402
 from tests.support.wire import WireClient  # noqa: E402
 
-ATTACKS = ["bomb", "snappy16m", "plainflood", "tlsflood", "stalled", "authslow", "backtrack"]
+ATTACKS = ["bomb", "snappy16m", "plainflood", "nopflood", "tlsflood", "stalled", "authslow",
+           "backtrack"]
 
 
 def cpu_s(pid: int) -> float:
@@ -71,6 +73,29 @@ def _flood(addr: tuple[str, int], tls: Any, seconds: float) -> str:
     return f"{sent} PUBs sent"
 
 
+_NOPS = """
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+s.sendall(b"  V2")
+batch = b"NOP\\n" * 16384      # whole batches (a timeout could cut a command)
+sent, end = 0, time.monotonic() + float(sys.argv[3])
+while time.monotonic() < end:
+    s.sendall(batch)
+    sent += 16384
+print(sent)
+"""
+
+
+def _nops(addr: tuple[str, int], seconds: float) -> str:
+    # in a process of its own: a thread of this one looping on sendall would hold the
+    # GIL the probe's thread needs (its round trips then wait out the switch interval)
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _NOPS, addr[0], str(addr[1]), str(seconds)],
+                         capture_output=True, text=True, timeout=seconds + 60)
+    return f"{out.stdout.strip() or out.stderr.strip()[-80:]} NOPs sent"
+
+
 def _auth(addr: tuple[str, int], secret: str) -> WireClient:
     c = WireClient.connect(addr)
     c.identify(feature_negotiation=True)
@@ -85,6 +110,8 @@ def attack(name: str, addr: tuple[str, int], ctx: Any, auth: AuthServer) -> str:
         closed = sum(snappy_attack(addr, SNAPPY_STREAM_ID + b"\0\xff\xff\xff" + b"\0" * (4 << 20))[0]
                      for _ in range(20))
         return f"{closed}/20 closed"
+    if name == "nopflood":
+        return _nops(addr, 5.0)
     if name in ("plainflood", "tlsflood"):
         return _flood(addr, ctx if name == "tlsflood" else None, 5.0)
     if name == "stalled":

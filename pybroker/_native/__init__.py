@@ -36,6 +36,7 @@ from pybroker._native._pure import (
     LANE_FAST,
     LANE_FIELDS,
     LANE_SLOW,
+    FULL,
     NEED_MORE,
     ScanError,
     Span,
@@ -56,6 +57,7 @@ __all__ = [
     "E_MPUB_TRAILING",
     "E_MSG_SIZE",
     "NEED_MORE",
+    "FULL",
     "FIN_LANE_SLOW",
     "FinLane",
     "LANE_FAST",
@@ -157,24 +159,27 @@ class CScanner:
             n = _lib.nsqf_scan_fins(ptr, len(buf), offs, cap, self._used)
         return self._fins[:n], self._used[0]
 
-    def scan(self, buf: bytes | bytearray) -> ScanResult:
-        """Find every complete command in buf; see _pure.Scanner.scan."""
+    def scan(self, buf: bytes | bytearray, most: int = 0) -> ScanResult:
+        """Find every complete command in buf (at most ``most`` when > 0); see
+        _pure.Scanner.scan."""
         length = min(len(buf), _U32_MAX)
         stop = self._stop
         used = self._used
         # Release the buffer export before returning, so that the caller may
         # resize a bytearray right after (del buf[:used]).
         with _ffi.from_buffer("uint8_t[]", buf) as ptr:
-            n = _lib.nsqf_scan(ptr, length, self._lim, self._out, self._cap, used, stop)
+            cap = min(self._cap, most) if most > 0 else self._cap
+            n = _lib.nsqf_scan(ptr, length, self._lim, self._out, cap, used, stop)
             it = iter(self._words[: _SPAN_WORDS * n])
             spans: list[Span] = list(zip(it, it, it, it))
             base = 0
-            while stop.status == _pure.FULL:
+            while stop.status == _pure.FULL and not (0 < most <= len(spans)):
                 base += used[0]
                 if self._cap < _SCAN_CAP_MAX:
                     self._grow(self._cap * 2)
+                cap = min(self._cap, most - len(spans)) if most > 0 else self._cap
                 n = _lib.nsqf_scan(
-                    ptr + base, length - base, self._lim, self._out, self._cap, used, stop
+                    ptr + base, length - base, self._lim, self._out, cap, used, stop
                 )
                 it = iter(self._words[: _SPAN_WORDS * n])
                 spans.extend(
@@ -446,15 +451,16 @@ class FinLane:
 class Scanner:
     """Finds complete NSQ V2 commands in a receive buffer (one per decoder).
 
-    scan(buf) -> (spans, used, stop): spans = [(line_off, line_len, body_off,
-    body_len)] of the complete commands, used = bytes they cover, stop =
-    (status, line_off, line_len, value) with status NEED_MORE or an E_* code.
+    scan(buf, most=0) -> (spans, used, stop): spans = [(line_off, line_len,
+    body_off, body_len)] of the complete commands (the first ``most`` when > 0),
+    used = bytes they cover, stop = (status, line_off, line_len, value) with status
+    NEED_MORE, FULL (``most`` found, bytes left) or an E_* code.
     See csrc/nsqframe.h for the exact rules. Not for concurrent use.
     """
 
     __slots__ = ("fins", "scan")
 
-    scan: Callable[[bytes | bytearray], ScanResult]
+    scan: Callable[[bytes | bytearray, int], ScanResult]
     fins: Callable[[bytes | bytearray], "tuple[Sequence[int], int]"]
 
     def __init__(self, max_line: int, max_msg_size: int, max_body_size: int) -> None:

@@ -85,13 +85,14 @@ class Scanner:
         of each id when it is 16 lowercase hex digits (else -1), and the bytes used."""
         return scan_fins(buf)
 
-    def scan(self, buf: bytes | bytearray) -> tuple[list[Span], int, Stop]:
-        """Find every complete command in buf.
+    def scan(self, buf: bytes | bytearray, most: int = 0) -> tuple[list[Span], int, Stop]:
+        """Find every complete command in buf, or the first ``most`` when > 0.
 
         Returns:
             (spans, used, stop): spans of the complete commands in order, the
             bytes they cover, and (status, line_off, line_len, value) where
-            status is NEED_MORE or a negative E_* code; see nsqframe.h.
+            status is NEED_MORE, FULL (``most`` commands found, bytes left after
+            them) or a negative E_* code; see nsqframe.h.
         """
         max_line = self.max_line
         end = min(len(buf), _U32_MAX)
@@ -100,6 +101,8 @@ class Scanner:
         while True:
             if pos == end:
                 return spans, pos, (NEED_MORE, pos, 0, 0)
+            if 0 < most <= len(spans):
+                return spans, pos, (FULL, pos, 0, 0)
             # The '\n' may be at most max_line bytes after the line's start.
             nl = buf.find(b"\n", pos, min(end, pos + max_line + 1))
             if nl < 0:

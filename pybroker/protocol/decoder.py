@@ -136,6 +136,10 @@ def mpub_body_error(e: "_native.ScanError", max_msg: int, size: int) -> ClientEr
     return mpub_error(e, max_msg)
 
 
+# commands a call of ``receive`` or ``next_command`` parses at most; the rest of the
+# complete ones wait as bytes (Connection._run's budget then bounds the parsing too)
+PARSE_BATCH = 256
+
 _SHORT_READ = {b"PUB": True, b"DPUB": True, b"IDENTIFY": False, b"AUTH": False,
                b"MPUB": False}   # verb -> is its body a message (E_BAD_MESSAGE)
 
@@ -155,9 +159,12 @@ class CommandDecoder:
         self._error: ClientError | None = None
         self._announced = False  # the pending command at _buf[0] was already returned
         self._failed = False  # a framing error was found: ignore everything after it
+        # complete commands left unparsed in _buf (PARSE_BATCH): parsed by next_command
+        self._more = False
 
     def receive(self, data: bytes) -> None:
-        """Append bytes and parse every complete command (one scanner call)."""
+        """Append bytes and parse complete commands, at most PARSE_BATCH of them (one
+        scanner call); the rest are parsed as ``next_command`` takes these."""
         if self._failed:
             return
         if self._need:
@@ -170,7 +177,10 @@ class CommandDecoder:
             self._chunks.clear()
             self._held = 0
             self._need = 0
-        buf = self._buf + data if self._buf else data
+        self._parse(self._buf + data if self._buf else data)
+
+    def _parse(self, buf: bytes) -> None:
+        self._more = False
         ready = self._ready
         if buf.startswith(b"FIN "):
             # a consumer's FINs: one C call turns the run into offsets
@@ -182,7 +192,7 @@ class CommandDecoder:
                 if not buf:
                     self._buf = b""
                     return
-        spans, used, stop = self._scanner.scan(buf)
+        spans, used, stop = self._scanner.scan(buf, PARSE_BATCH)
         fins: list[bytes] | None = None
         for line_off, line_len, body_off, body_len in spans:
             if line_len == 20 and buf.startswith(b"FIN ", line_off):
@@ -204,7 +214,11 @@ class CommandDecoder:
             self._announced = False
         status, line_off, line_len, value = stop
         self._buf = buf[used:] if used < len(buf) else b""
-        if status == _native.NEED_MORE:
+        if status == _native.FULL:
+            # enough for now: the rest stays bytes until these are taken (64 KB of
+            # NOPs made 16,384 commands in one call, ~15 ms past any turn budget)
+            self._more = True
+        elif status == _native.NEED_MORE:
             if line_len and not self._announced:
                 self._announced = True
                 ready.append(Command(buf[line_off:line_off + line_len].split(b" "), None, True))
@@ -234,6 +248,10 @@ class CommandDecoder:
         for framing errors once the commands before them were returned."""
         if self._ready:
             return self._ready.popleft()
+        if self._more:
+            self._parse(self._buf)
+            if self._ready:
+                return self._ready.popleft()
         if self._error is not None:
             err, self._error = self._error, None
             raise err
@@ -243,7 +261,7 @@ class CommandDecoder:
         """The peer closed its side: nsqd's error for a command whose line was complete
         but whose body was cut short (nsqd reads bodies with io.ReadFull and answers a
         short read), else None (a cut line is dropped silently, as nsqd does)."""
-        if self._failed or not self._announced or self._ready:
+        if self._failed or not self._announced or self._ready or self._more:
             return None
         data = self._buf + b"".join(self._chunks)
         nl = data.find(b"\n")
@@ -277,8 +295,9 @@ class CommandDecoder:
         return len(self._buf) + self._held
 
     def ready(self) -> int:
-        """Commands parsed and not yet taken by next_command."""
-        return len(self._ready)
+        """Commands waiting for next_command: those parsed, plus one if complete ones
+        wait unparsed (so at least this many; 0: none)."""
+        return len(self._ready) + self._more
 
     def idle(self) -> bool:
         """Nothing buffered and no command waiting (not buffered() and not ready())."""

@@ -41,8 +41,11 @@ log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
 # one connection's reading per loop turn: pieces of input (transport.PIECE) are decoded
 # and run until this much time has gone, then the rest waits for the next turn
-# (EventLoop.read_again), so one flooding client delays the others by about this much
+# (EventLoop.read_again), so one flooding client delays the others by about this much;
+# the commands of one piece are run within it too (``Connection._run``: 64 KB of NOPs
+# are 16,384 commands, and ran 25-38 ms in one turn)
 TURN_BUDGET_NS = 2_000_000
+RUN_CHECK = 64           # commands run between two looks at the clock
 # TLS handshake steps one loop runs per turn (each server flight costs a signature,
 # ~1-2 ms): past this, handshaking clients wait for the next turn, so 64 starting at once
 # cannot hold the loop ~100 ms (docs/hostile-peers.md)
@@ -113,6 +116,9 @@ class ClientConn:
         self.sending = False      # in the loop's sender job (EventLoop.deliver)
         # back-pressure: False while its unread replies are over OUT_CAP (or while HELD)
         self.reading = True
+        # commands parsed and left for the next turn by _run's budget: run before more
+        # is read
+        self.run_left = False
         self._log_window_ns = 0
         self._log_count = 0
         self._log_dropped = 0
@@ -216,6 +222,8 @@ class ClientConn:
     def _read_input(self) -> None:
         if not self.reading or self.io is CLOSED or self.io is MOVING:
             return
+        if self.run_left:
+            return      # read no more before what is parsed has run (run_leftover)
         t = self.transport
         deadline = monotonic_ns() + TURN_BUDGET_NS
         while True:
@@ -251,6 +259,8 @@ class ClientConn:
             if data:
                 self.decoder.receive(data)
                 self._run()
+                if self.run_left:
+                    return          # the budget is spent: the rest next turn
             if not t.backlog or not self._may_read():
                 return
             if now >= deadline:
@@ -338,6 +348,15 @@ class ClientConn:
         self.schedule_heartbeat()
         return rest
 
+    def run_leftover(self) -> None:
+        """Last in a turn (EventLoop.run_later): the commands the last turn's budget
+        left; once they have all run, read again (input may be waiting)."""
+        if not self.run_left or self.io is CLOSED:
+            return
+        self._run()
+        if not self.run_left and self._may_read():
+            self.loop.read_again(self)
+
     def process(self) -> None:
         """Run every parsed command; then, if input is in hand (a backlog the selector
         cannot see), read it next turn."""
@@ -346,10 +365,22 @@ class ClientConn:
             self.loop.read_again(self)
 
     def _run(self) -> None:
-        """Run every parsed command; stop at a fatal error or when moving loops."""
+        """Run the parsed commands; stop at a fatal error, when moving loops, or once
+        TURN_BUDGET_NS has gone: the rest run next turn, before anything more is read
+        (``run_left``)."""
+        self.run_left = False
+        deadline = monotonic_ns() + TURN_BUDGET_NS
+        n = 0
         try:
             while (self.io is OPEN and not self.awaiting_commit
                    and self.out_bytes < OUT_CAP and not self.session.upgrading):
+                n += 1
+                if n > RUN_CHECK:
+                    n = 0
+                    if monotonic_ns() >= deadline and self.decoder.ready():
+                        self.run_left = True
+                        self.loop.run_later(self)
+                        break
                 cmd = self.decoder.next_command()
                 if cmd is None:
                     break

@@ -116,6 +116,9 @@ class EventLoop(SelectorLoop):
         self._wake_remote: dict[Owner[Channel], dict[Channel, None]] = {}
         # run at the end of this turn, after its publishes' writes (at_turn_end)
         self._turn_end: list[Callable[[], None]] = []
+        # connections whose commands a turn's budget left (Connection._run): run last
+        # in the next turn, after every other connection's answers are written
+        self._leftover: dict[Conn, None] = {}
 
     def __repr__(self) -> str:
         return f"EventLoop({self.name})"
@@ -400,7 +403,13 @@ class EventLoop(SelectorLoop):
 
     def busy(self) -> bool:
         return bool(self.dirty or self.to_flush or self.publisher.busy() or self._handover
-                    or self.lane.taken or self.direct or self._turn_end)
+                    or self.lane.taken or self.direct or self._turn_end or self._leftover)
+
+    def run_later(self, conn: Conn) -> None:
+        """Run conn's commands left by its budget last in the next turn
+        (``Connection.run_leftover``): a client that floods commands is served after
+        the others' answers are written, not before them."""
+        self._leftover[conn] = None
 
     def at_turn_end(self, fn: Callable[[], None]) -> None:
         """Run fn() at the end of this turn, after the writes of the turn's publishes
@@ -488,3 +497,11 @@ class EventLoop(SelectorLoop):
             # a failed write closes its consumer; until then the loop naps at most
             # JOB_NAP_S
             self.settle_sends()
+        if self._leftover:
+            # last: their answers (if any) go out with the next turn's
+            left, self._leftover = self._leftover, {}
+            for conn in left:
+                try:
+                    conn.run_leftover()
+                except Exception:    # a bug: never into the rest of the turn
+                    log.exception("%s: running %s's commands failed", self.name, conn)

@@ -164,3 +164,22 @@ def test_consecutive_fins_become_one_batch_in_order() -> None:
     assert [batch(c) for c in cmds[:3]] == [ids[:3], None, ids[3:]]
     # malformed FIN lines keep nsqd's parameter split (and so its errors)
     assert [c.params for c in cmds[3:]] == [[b"FIN", b"short"], [b"FIN", b"0123456", b"89abcdef"]]
+
+
+def test_more_commands_than_a_batch_come_out_in_order() -> None:
+    """receive parses PARSE_BATCH commands at most; the rest wait as bytes and are
+    parsed as next_command takes them, the trailing partial one announced once."""
+    from pybroker.protocol.decoder import PARSE_BATCH
+
+    n = 3 * PARSE_BATCH + 7
+    d = CommandDecoder(1024, 4096)
+    d.receive(STREAM * n + b"PUB t\n" + struct.pack(">i", 10) + b"abc")
+    assert d.ready() >= 1 and not d.idle()
+    cmds = drain(d)
+    assert complete(cmds) == EXPECT * n
+    assert cmds[-1].pending and cmds[-1].params == [b"PUB", b"t"]
+    assert [c.params for c in cmds if c.pending] == [[b"PUB", b"t"]]
+    assert d.ready() == 0 and d.at_eof() is not None      # the cut PUB, at EOF
+    d.receive(b"defghij")
+    assert complete(drain(d)) == [([b"PUB", b"t"], b"abcdefghij")]
+    assert d.idle()

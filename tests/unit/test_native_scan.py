@@ -303,3 +303,25 @@ class TestCScanDirect:
     def test_cap_below_one(self) -> None:
         for cap in (0, -5):
             assert self.call(b"NOP\n", cap) == ([], 0, (_pure.E_CAPACITY, 0, 0, 1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("most", [1, 63, 64, 65, 200, 3000, 3001])
+def test_the_first_most_commands(backend: ModuleType, most: int) -> None:
+    """scan(buf, most): the first ``most`` spans of the whole scan, ``used`` where the
+    next one starts, and FULL while bytes are left after them (what the decoder parses
+    a batch at a time: pybroker.protocol.decoder.PARSE_BATCH); the whole scan's end
+    once fewer than ``most`` are complete (with exactly ``most``, FULL too: bytes are
+    left)."""
+    one = b"PUB t\n" + size(3) + b"abc"
+    buf = (one + b"NOP\n") * 1500 + b"PUB t\n" + size(3) + b"a"
+    scanner = backend.Scanner(*LIMITS)
+    spans, used, stop = scanner.scan(buf)
+    got, got_used, got_stop = scanner.scan(buf, most)
+    if most <= len(spans):
+        ends = span_ends(spans, used)
+        assert got == spans[:most]
+        assert got_used == ends[most - 1]
+        assert got_stop[0] == _pure.FULL
+    else:
+        assert (got, got_used, got_stop) == (spans, used, stop)
