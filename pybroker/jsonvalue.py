@@ -13,7 +13,7 @@ import json
 import mmap
 import re
 import time
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from typing import Any, Union
 
 Json = Union[None, bool, int, float, str, list["Json"], dict[str, "Json"]]
@@ -79,10 +79,27 @@ def dumps_yielding(v: object) -> str:
 def dumps_pieces(v: object) -> list[str]:
     """``dumps_yielding``'s text in the pieces it was made in, not joined: joining the
     35 MB of a state with 1,000,000 deferred messages (and encoding it) held the GIL
-    about 10 ms; a writer writes them one by one (``_fsutil.atomic_write``)."""
+    about 10 ms."""
     out: list[str] = []
     _dump(v, out)
     return out
+
+
+BYTES_PIECE = 256 * 1024     # UTF-8 bytes ``dumps_bytes`` gathers per piece
+
+
+def dumps_bytes(v: object) -> Iterator[bytes]:
+    """``dumps_yielding``'s text as UTF-8, in pieces of about BYTES_PIECE bytes (each
+    a short hold of the GIL), never joined: written one by one (``_fsutil.atomic_write``)
+    or sent as they are (a replicated channel's state)."""
+    buf = bytearray()
+    for piece in dumps_pieces(v):
+        buf += piece.encode()
+        if len(buf) >= BYTES_PIECE:
+            yield bytes(buf)
+            buf.clear()
+    if buf:
+        yield bytes(buf)
 
 
 class PartedList(list):  # type: ignore[type-arg]

@@ -36,14 +36,14 @@ from pybroker.core.deferred import Chunks
 from pybroker.core.lifecycle import ChannelState, deferred_states, state_floor
 from pybroker.core.topic import Topic
 from pybroker.storage import MetadataError, StorageError
-from pybroker.storage._fsutil import atomic_write, safe_name, text_pieces
+from pybroker.storage._fsutil import atomic_write, safe_name
 from pybroker.storage.fileops import REAL, FileOps, FaultyFileOps, from_environment
 from pybroker.storage.lock import DataPathLock
 from pybroker.storage.metadata import (BrokerMetadata, ChannelMeta, TopicMeta, load_metadata,
                                        save_metadata)
 from pybroker.storage.topiclog import TopicLog
 from pybroker.evloop import Ts
-from pybroker.jsonvalue import dumps_pieces
+from pybroker.jsonvalue import dumps_bytes
 
 if TYPE_CHECKING:
     from pybroker.core.broker import Broker
@@ -449,7 +449,7 @@ class StorageManager:
                 # messages 35 MB of JSON)
                 try:
                     # made and written in pieces: not one long hold of the GIL
-                    atomic_write(self._state_path(t.name), text_pieces(dumps_pieces(snap)))
+                    atomic_write(self._state_path(t.name), dumps_bytes(snap))
                 except OSError as e:
                     saved.pop(t, None)
                     self.failed(e, t, "state")

@@ -58,22 +58,6 @@ def tmp_path(path: str) -> str:
     return f"{path}.{os.urandom(6).hex()}.tmp"
 
 
-WRITE_PIECE = 256 * 1024    # text pieces gathered per write by ``text_pieces``
-
-
-def text_pieces(pieces: Iterable[str]) -> Iterable[bytes]:
-    """Pieces of a text as UTF-8, gathered into writes of about WRITE_PIECE bytes (each
-    encoded piece a short hold of the GIL; a write releases it)."""
-    buf = bytearray()
-    for piece in pieces:
-        buf += piece.encode()
-        if len(buf) >= WRITE_PIECE:
-            yield bytes(buf)
-            buf.clear()
-    if buf:
-        yield bytes(buf)
-
-
 def atomic_write(path: str, data: bytes | Iterable[bytes], *, sync_dir: bool = True) -> None:
     """Replace ``path`` with ``data`` (bytes, or pieces of it written in turn)
     atomically: temp file, fsync, rename, fsync dir.

@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from pybroker.core.deferred import CHUNK, CHUNK_BITS, Chunks, DeferredSet
 from pybroker.core.lifecycle import ChannelState, deferred_states, state_floor
-from pybroker.jsonvalue import YIELD_ITEMS, PartedList, dumps_yielding
+from pybroker.jsonvalue import BYTES_PIECE, YIELD_ITEMS, PartedList, dumps_bytes, dumps_yielding
 from pybroker.server.storage import TopicState, _same_state, _saved_state
 
 # offsets over a few chunks, so that chunks fill, empty and share
@@ -105,6 +105,9 @@ def test_a_state_with_its_chunks_encodes_as_the_whole_list() -> None:
         whole = list(pending) + [list(d) for part in chunks for d in part]
         assert json.loads(dumps_yielding(state)) == {"cursor": 50_000, "pending": whole}
         assert dumps_yielding(state) == json.dumps({"cursor": 50_000, "pending": whole})
+        pieces = list(dumps_bytes(state))        # as written and shipped: never joined
+        assert b"".join(pieces) == json.dumps({"cursor": 50_000, "pending": whole}).encode()
+        assert all(len(p) < BYTES_PIECE + 64 * 1024 for p in pieces)
         assert state_floor(state) == 100
     empty: ChannelState = {"cursor": 9, "pending": []}
     deferred_states(empty, DeferredSet().snapshot())

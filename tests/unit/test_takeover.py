@@ -91,10 +91,10 @@ def test_a_version_is_shipped_only_once_every_channel_is_encoded() -> None:
         t.get_channel(name)
     r = Replica(cast(Any, None), t, EpochHistory())
     before = r.chan_version
-    r.shipped["a"] = (b"{}", 0)
+    r.shipped["a"] = ([b"{}"], 0)
     r._new_version()
     assert r.chan_version == before          # b is not encoded yet
-    r.shipped["b"] = (b"{}", 0)
+    r.shipped["b"] = ([b"{}"], 0)
     r._new_version()
     assert r.chan_version > before           # the ephemeral channel is never shipped
     t.channels["b"].deleted = True
