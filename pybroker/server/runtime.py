@@ -262,8 +262,12 @@ def run(options: Options, bound: Bound | None = None, banner: str | None = None,
     listeners bound before start-up (bound here when None); ``banner``: the first log
     line (the version)."""
     # In-flight bookkeeping allocates many small objects and creates few cycles: collect
-    # young objects less often than the default 700 allocations.
-    gc.set_threshold(100_000, 50, 100)
+    # young objects less often than the default 700 allocations. A young collection
+    # walks what is alive of them: 100,000 (the threshold before) took 8-21 ms while a
+    # consumer deferred thousands of messages a turn, 25,000 takes a quarter of that,
+    # and the rates of loadtest/bench_io.py did not move (docs/storage.md, "Deferred
+    # messages and the garbage collector").
+    gc.set_threshold(25_000, 50, 100)
     rt = Runtime(options, bound, banner)
     rt.install_signal_handlers()
     try:
