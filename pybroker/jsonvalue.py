@@ -9,6 +9,7 @@ the field when the value has another type.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import mmap
 import re
@@ -115,12 +116,12 @@ class PartedList(list):  # type: ignore[type-arg]
 
 
 def _dump(v: object, out: list[str]) -> None:
-    if isinstance(v, PartedList):
-        own = list(v)
-        pieces = [own[i:i + YIELD_ITEMS] for i in range(0, len(own), YIELD_ITEMS)]
+    if isinstance(v, PartedList) or isinstance(v, list) and len(v) > YIELD_ITEMS:
+        # a slice of YIELD_ITEMS items, or a part (each kept short), per hold of the GIL
+        slices = (v[i:i + YIELD_ITEMS] for i in range(0, len(v), YIELD_ITEMS))
         out.append("[")
         sep = ""
-        for piece in (*pieces, *v.parts):     # each part is kept short (a slice's worth)
+        for piece in itertools.chain(slices, getattr(v, "parts", ())):
             if piece:
                 if sep:
                     time.sleep(0)
@@ -136,14 +137,6 @@ def _dump(v: object, out: list[str]) -> None:
             out.append(": ")
             _dump(item, out)
         out.append("}")
-    elif isinstance(v, list) and len(v) > YIELD_ITEMS:
-        out.append("[")
-        for i in range(0, len(v), YIELD_ITEMS):
-            if i:
-                out.append(", ")
-                time.sleep(0)
-            out.append(json.dumps(v[i:i + YIELD_ITEMS])[1:-1])
-        out.append("]")
     else:
         out.append(json.dumps(v))
 

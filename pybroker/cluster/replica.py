@@ -105,7 +105,9 @@ class Replica:
         # off the loops (``_snapshot``), and what each snapshot was (to ship only changes)
         # each channel's state as encoded (its JSON in pieces) and its floor
         self.shipped: dict[str, tuple[list[bytes], int]] = {}
-        self.chan_last: dict[str, tuple[ChannelState, int]] = {}
+        # each channel's state as last shipped: the state without its deferred messages,
+        # and their chunks (the same value while they are unchanged: core/deferred.py)
+        self.chan_last: dict[str, tuple[ChannelState, Chunks]] = {}
         self.chan_at: dict[str, int] = {}      # when each channel's state last shipped
         self.encoding: set[str] = set()        # channels whose encoding is under way
         self._assembled: tuple[int, list[bytes], int, list[int]] | None = None
@@ -409,11 +411,12 @@ class Replica:
         if ch.dl_settings:
             st["settings"] = dict(ch.dl_settings)    # max_attempts, dead_letter_topic
         now = time.monotonic_ns()
-        mark = (st, ch.deferred_gen)
-        if self.chan_last.get(name) == mark and now - self.chan_at.get(name, 0) < RESHIP_NS:
+        last = self.chan_last.get(name)
+        if last is not None and last[1] is deferred and last[0] == st \
+                and now - self.chan_at.get(name, 0) < RESHIP_NS:
             return        # unchanged: shipped again only every RESHIP_NS
         self.chan_at[name] = now
-        self.chan_last[name] = mark
+        self.chan_last[name] = (st, deferred)
         self.encoding.add(name)
         self.node.runtime.storage.call_soon_threadsafe(self._encode, name, st, deferred,
                                                        self.epoch)

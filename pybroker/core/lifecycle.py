@@ -103,7 +103,6 @@ class Lifecycle:
         self.in_flight_wheel: TimeoutWheel[Flight] = TimeoutWheel()
         self.requeued: deque[tuple[int, int, int]] = deque()   # (offset, attempts, mark)
         self.deferred = DeferredSet()
-        self.deferred_gen = 0        # counts the changes of ``deferred`` (a snapshot's key)
         self.deferred_wheel: TimeoutWheel[Deferred] = TimeoutWheel()
         self.dying: dict[int, int] = {}    # dead-letter publish not yet confirmed
         self.skip: deque[int] = deque()    # held offsets at or after the cursor, sorted
@@ -314,7 +313,6 @@ class Lifecycle:
         with self.lock:
             self.deferred_wheel.add(deadline_ns, d)
         self.deferred.add(d)
-        self.deferred_gen += 1
 
     def _note_delivery(self, off: int, delivery_ns: int) -> None:
         """Remember when a message about to be requeued was first and last delivered."""
@@ -370,7 +368,6 @@ class Lifecycle:
             self.timeout_count += len(offs)
         for d in due:
             if self.deferred.discard(d):    # not dropped (or deferred again) meanwhile
-                self.deferred_gen += 1
                 self._requeue(d[0], d[1], mark)
 
     # -- client disconnect: its in flight -> requeued -------------------------------------
@@ -439,7 +436,6 @@ class Lifecycle:
         self.in_flight.clear()
         self.requeued.clear()
         self.deferred.clear()
-        self.deferred_gen += 1
         self.dying.clear()
         self.delivery_times.clear()
         self.skip.clear()
@@ -482,8 +478,8 @@ class Lifecycle:
     def snapshot(self, wall_ns: int, now_ns: int) -> ChannelState:
         """The channel's saved state: everything below ``cursor`` not listed in
         ``pending`` is finished, and so is everything in ``skip`` not pending.
-        pending: [offset, deliveries, due_wall_ns (0 = ready)]. Whole, on one thread
-        (the loops take ``snapshot_parts``: this offers the GIL between slices)."""
+        pending: [offset, deliveries, due_wall_ns (0 = ready)]. Whole, in one list (the
+        loops take ``snapshot_parts``, and the storage thread completes it)."""
         state, deferred = self.snapshot_parts(wall_ns, now_ns)
         for part in deferred:
             state["pending"] += part

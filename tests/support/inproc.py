@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pybroker.config import resolve
 from pybroker.evloop import SelectorLoop
@@ -29,6 +30,19 @@ def close_runtime(rt: Runtime) -> None:
     rt.storage.lock.release()
     for loop in rt.loops:
         loop.close()
+
+
+def connect(rt: Runtime) -> tuple[socket.socket, Any]:
+    """A client socket on the first loop, past the protocol magic: (the test's end, the
+    broker's connection)."""
+    client, server = socket.socketpair()
+    client.settimeout(5)
+    loop = rt.loops[0]
+    loop.add_connection(server, "test:1")
+    (conn,) = loop.connections
+    client.sendall(b"  V2")
+    turn(loop)
+    return client, conn
 
 
 def turn(loop: SelectorLoop) -> None:

@@ -7,7 +7,6 @@ RUN_CHECK commands, whatever this machine's speed."""
 from __future__ import annotations
 
 import shutil
-import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 
 import pybroker.server.connection as connection
 from pybroker.server.runtime import Runtime
-from tests.support.inproc import close_runtime, read_frame, runtime, turn
+from tests.support.inproc import close_runtime, connect, read_frame, runtime, turn
 from tests.support.wire import FRAME_RESPONSE, pub
 
 
@@ -34,13 +33,8 @@ def rt() -> Iterator[Runtime]:
 def test_a_flood_of_commands_runs_a_budget_a_turn(rt: Runtime,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(connection, "TURN_BUDGET_NS", 0)
-    client, server = socket.socketpair()
-    client.settimeout(5)
+    client, conn = connect(rt)
     loop = rt.loops[0]
-    loop.add_connection(server, "test:1")
-    (conn,) = loop.connections
-    client.sendall(b"  V2")
-    turn(loop)
     n = 4096
     client.sendall(b"NOP\n" * n + pub("t", b"after the flood"))
     turns = 0

@@ -7,7 +7,6 @@ the cluster is a stand-in that only holds the SUB."""
 from __future__ import annotations
 
 import shutil
-import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 
 from pybroker.server.iostate import HELD, OPEN
 from pybroker.server.runtime import Runtime
-from tests.support.inproc import close_runtime, read_frame, runtime, turn
+from tests.support.inproc import close_runtime, connect, read_frame, runtime, turn
 from tests.support.wire import FRAME_ERROR, FRAME_RESPONSE, pub, rdy, sub
 
 
@@ -55,17 +54,6 @@ def rt() -> Iterator[Runtime]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _client(rt: Runtime) -> tuple[socket.socket, Any]:
-    client, server = socket.socketpair()
-    client.settimeout(5)
-    loop = rt.loops[0]
-    loop.add_connection(server, "test:1")
-    (conn,) = loop.connections
-    client.sendall(b"  V2")
-    turn(loop)
-    return client, conn
-
-
 def _turns(rt: Runtime) -> None:
     for _ in range(3):
         for loop in rt.loops:
@@ -73,7 +61,7 @@ def _turns(rt: Runtime) -> None:
 
 
 def test_a_sub_waits_for_the_channels_then_goes_on(rt: Runtime) -> None:
-    client, conn = _client(rt)
+    client, conn = connect(rt)
     got = bytearray()
     client.sendall(sub("t", "c") + rdy(1))
     _turns(rt)
@@ -99,7 +87,7 @@ def test_a_sub_waits_for_the_channels_then_goes_on(rt: Runtime) -> None:
 
 
 def test_a_sub_whose_takeover_was_lost_fails_and_closes(rt: Runtime) -> None:
-    client, conn = _client(rt)
+    client, conn = connect(rt)
     got = bytearray()
     client.sendall(sub("t", "c"))
     _turns(rt)
@@ -115,7 +103,7 @@ def test_a_sub_whose_takeover_was_lost_fails_and_closes(rt: Runtime) -> None:
 
 
 def test_a_connection_closed_while_it_waits_is_left_alone(rt: Runtime) -> None:
-    client, conn = _client(rt)
+    client, conn = connect(rt)
     client.sendall(sub("t", "c"))
     _turns(rt)
     assert conn.io is HELD
