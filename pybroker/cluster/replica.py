@@ -24,7 +24,7 @@ from pybroker.cluster.ports import (HANDED_OVER, LEADERSHIP_LOST, LEASE_EXPIRED,
 from pybroker.cluster.rules import EpochHistory, LeaderState, Waiter
 from pybroker.cluster.takeover import INLINE_BYTES, Steps, build, run, states_of
 from pybroker.core.lifecycle import deferred_states, state_floor
-from pybroker.jsonvalue import dumps_bytes
+from pybroker.jsonvalue import PartTexts, dumps_bytes
 from pybroker.errors import ChannelNotFound, TopicNotFound
 from pybroker.server.services import owner_loop
 from pybroker.storage import StorageError
@@ -110,6 +110,10 @@ class Replica:
         self.chan_last: dict[str, tuple[ChannelState, Chunks]] = {}
         self.chan_at: dict[str, int] = {}      # when each channel's state last shipped
         self.encoding: set[str] = set()        # channels whose encoding is under way
+        # each channel's chunks of deferred messages as last encoded (their JSON, so that
+        # only the chunks that changed are encoded again): the storage thread's; the
+        # loop only replaces the dict, when a leadership begins or ends
+        self.texts: dict[str, PartTexts] = {}
         self._assembled: tuple[int, list[bytes], int, list[int]] | None = None
         self.chan_version = 0
         self.chan_from_leader = 0      # follower: the version it holds
@@ -157,6 +161,7 @@ class Replica:
             self.shipped.clear()
             self.chan_last.clear()
             self.chan_at.clear()
+            self.texts = {}
             self._assembled = None
             self._take_over()
             log.info("CLUSTER: %s: leader at epoch %d (log end %d, high watermark %d, "
@@ -182,6 +187,7 @@ class Replica:
                 self.topic.release_cap = None   # a follower's log is all replicated
         self.role, self.epoch, self.leader = role, epoch, leader
         self.lead = None
+        self.texts = {}            # (the encoder's memory of the states: a leader's only)
         self.truncated_for = 0     # a new leader: find where the logs diverge first
         self.chan_from_leader = 0  # and take its channel states whatever their version
         if role == FOLLOWER:
@@ -426,15 +432,23 @@ class Replica:
         """On the storage thread: the state completed with its deferred messages, its
         floor, and its JSON, made in slices that offer the GIL to the loops."""
         owner = owner_loop(self.topic.owner)
+        texts = self.texts       # (the loop may replace it meanwhile, never change it)
         try:
+            for gone in [n for n in texts if n not in self.topic.channels]:
+                del texts[gone]
+            memo = texts.get(name)
+            if memo is None:
+                memo = texts[name] = PartTexts()
             full = cast("ChannelState", dict(st))
             full["pending"] = list(st["pending"])
-            deferred_states(full, deferred)
+            deferred_states(full, deferred, memo)
             floor = state_floor(full)
             # in pieces, never joined: 35 MB of states (1,000,000 deferred messages)
-            # joined and encoded held the GIL about 10 ms each
+            # joined and encoded held the GIL about 10 ms each; the chunks that did not
+            # change since the last version are not encoded again (jsonvalue.PartTexts)
             raw = list(dumps_bytes(full))
         except Exception:       # a bug: the next snapshot tries again
+            texts.pop(name, None)
             log.exception("CLUSTER: %s: encoding the state of channel %s failed",
                           self.name, name)
             owner.call_soon_threadsafe(self._encode_failed, name)

@@ -32,7 +32,6 @@ scanners). ``lock`` guards the two timeout wheels only.
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from collections.abc import Generator, Sequence
 from operator import itemgetter
@@ -43,31 +42,43 @@ from pybroker.core.deferred import Chunks, DeferredSet
 from pybroker.core.flight import Consumer, Deferred, Flight, offset_of
 from pybroker.core.timeouts import TimeoutWheel
 from pybroker.errors import BrokerError, NotInFlight, NotOwner
-from pybroker.jsonvalue import PartedList
+from pybroker.jsonvalue import PartedList, PartTexts
 
 if TYPE_CHECKING:
     from pybroker.core.seams import TopicView
 
 _FIRST = itemgetter(0)
+
+
+def _first_offset(part: Sequence[Deferred]) -> int:
+    return part[0][0]
+
+
 RESTORE_STEP = 2048   # saved pending messages ``restore_steps`` takes per step
 
 
-def deferred_states(state: ChannelState, deferred: Chunks) -> None:
+def deferred_states(state: ChannelState, deferred: Chunks,
+                    texts: PartTexts | None = None) -> None:
     """Complete a ``snapshot_parts`` state with its deferred messages, off the owner
     loop: its ``pending`` goes on in their chunks (a PartedList: encoded by
-    ``dumps_yielding`` without copying them into it; core/deferred.py)."""
-    state["pending"] = PartedList(state["pending"], deferred)
+    ``dumps_yielding`` without copying them into it; core/deferred.py). ``texts``: the
+    chunks' JSON kept from the last encoding of this channel's state (by the thread
+    that encodes it), so that only the chunks that changed are encoded again."""
+    state["pending"] = PartedList(state["pending"], deferred, texts)
 
 
 def state_floor(state: ChannelState) -> int:
     """The lowest offset a complete state still needs: its lowest pending offset, or its
-    cursor."""
+    cursor. The chunks of deferred messages (``deferred_states``) hold offsets apart
+    (each a range of CHUNK offsets): the lowest is in the chunk whose first message is
+    lowest, so a look at each chunk's first message and through one chunk finds it."""
     cursor = state["cursor"]
     pending = state["pending"]
     low = min(min(map(_FIRST, pending), default=cursor), cursor)
-    for part in getattr(pending, "parts", ()):
-        time.sleep(0)       # a chunk's worth per hold of the GIL (the storage thread)
-        low = min(min(map(_FIRST, part), default=low), low)
+    parts = [p for p in getattr(pending, "parts", ()) if p]
+    if parts:
+        lowest = min(parts, key=_first_offset)
+        low = min(min(map(_FIRST, lowest)), low)
     return low
 
 

@@ -43,7 +43,7 @@ from pybroker.storage.metadata import (BrokerMetadata, ChannelMeta, TopicMeta, l
                                        save_metadata)
 from pybroker.storage.topiclog import TopicLog
 from pybroker.evloop import Ts
-from pybroker.jsonvalue import dumps_bytes
+from pybroker.jsonvalue import PartTexts, dumps_bytes
 
 if TYPE_CHECKING:
     from pybroker.core.broker import Broker
@@ -107,6 +107,9 @@ class StorageManager:
         self.state_root = os.path.join(self.data_path, "state")
         # each topic's channel states as this thread last wrote them (storage thread)
         self._saved_states: dict[Topic, SavedState] = {}
+        # each channel's chunks of deferred messages as last encoded here (their JSON:
+        # a changed state encodes only the chunks that changed; jsonvalue.PartTexts)
+        self._texts: dict[Topic, dict[str, PartTexts]] = {}
         self.meta_path = os.path.join(self.data_path, "nsqd.dat")
         self.durable = o.durability == "fsync"
         self._requests: queue.Queue[_Request] = queue.Queue()
@@ -503,10 +506,17 @@ class StorageManager:
         for t in self.runtime.broker.all_topics():
             by_topic[t] = {"topic": t.name, "orphan_start": t.orphan_start,
                            "released": t.released, "channels": {}}
+        texts = self._texts
+        for t in [t for t in texts if t not in by_topic]:
+            del texts[t]
         for t, name, snap, deferred in got:
             st = by_topic.get(t)
             if st is not None and name in t.channels:
-                deferred_states(snap, deferred)
+                memos = texts.setdefault(t, {})
+                memo = memos.get(name)
+                if memo is None:
+                    memo = memos[name] = PartTexts()
+                deferred_states(snap, deferred, memo)
                 snap["floor"] = state_floor(snap)
                 st["channels"][name] = snap
         for t, st in by_topic.items():
@@ -518,6 +528,9 @@ class StorageManager:
             st["min_cursor"] = min(cursors) if cursors else st["floor"]
             for name in [n for n, ch in t.channels.items() if ch.ephemeral]:
                 st["channels"].pop(name, None)
+            kept = texts.get(t, {})
+            for name in [n for n in kept if n not in st["channels"]]:
+                del kept[name]       # (gone, or ephemeral: never written)
         return by_topic
 
     # -- shutdown -----------------------------------------------------------------------------

@@ -11,7 +11,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from pybroker.core.deferred import CHUNK, CHUNK_BITS, Chunks, DeferredSet
 from pybroker.core.lifecycle import ChannelState, deferred_states, state_floor
-from pybroker.jsonvalue import BYTES_PIECE, YIELD_ITEMS, PartedList, dumps_bytes, dumps_yielding
+from pybroker.jsonvalue import (BYTES_PIECE, YIELD_ITEMS, PartedList, PartTexts, dumps_bytes,
+                                dumps_yielding)
 from pybroker.server.storage import TopicState, _same_state, _saved_state
 
 # offsets over a few chunks, so that chunks fill, empty and share
@@ -25,6 +26,8 @@ class DeferredSetModel(RuleBasedStateMachine):
         self.model: dict[int, tuple[int, int, int]] = {}
         self.snaps: list[tuple[object, dict[int, tuple[int, int, int]]]] = []
         self.attempt = 0
+        self.texts = PartTexts()          # the encoder's memory, from one state to the next
+        self.encoded: Chunks = ()
 
     @rule(off=offsets)
     def add(self, off: int) -> None:
@@ -73,6 +76,22 @@ class DeferredSetModel(RuleBasedStateMachine):
                 if prev is not None and set(prev) == set(part):
                     assert prev is part
         self.snaps.append((snap, dict(self.model)))
+        self.encode(snap)
+
+    def encode(self, snap: Chunks) -> None:
+        """Encoded with the texts kept from the last encoding: the same JSON as the
+        whole list, the same floor, and only the chunks not encoded last time made."""
+        state: ChannelState = {"cursor": 3 * CHUNK, "pending": [[2 * CHUNK + 1, 1, 0]]}
+        deferred_states(state, snap, self.texts)
+        whole = [[2 * CHUNK + 1, 1, 0]] + [list(d) for part in snap for d in part]
+        made = self.texts.made
+        assert b"".join(dumps_bytes(state)) == json.dumps(
+            {"cursor": 3 * CHUNK, "pending": whole}).encode()
+        before = {id(part) for part in self.encoded}
+        assert self.texts.made - made == sum(1 for part in snap if id(part) not in before)
+        assert len(self.texts) == len(snap)          # nothing older kept
+        assert state_floor(state) == min([3 * CHUNK, 2 * CHUNK + 1, *self.model])
+        self.encoded = snap
 
     @invariant()
     def agrees(self) -> None:

@@ -42,3 +42,26 @@ def test_a_long_list_offers_the_gil_between_slices(monkeypatch: pytest.MonkeyPat
     text = jv.dumps_yielding(state)
     assert json.loads(text) == state and text == json.dumps(state)
     assert offers == [0] * (-(-100_000 // jv.YIELD_ITEMS) - 1)
+
+
+def test_parts_kept_from_the_last_encoding_are_not_encoded_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PartedList with PartTexts: the GIL is offered per YIELD_ITEMS items encoded;
+    an encoding that finds every part kept encodes none and offers it never, and one
+    part changed is the one part encoded."""
+    offers: list[float] = []
+    monkeypatch.setattr(jv, "time", SimpleNamespace(sleep=lambda s: offers.append(s)))
+    parts = [tuple((k * 1024 + i, 1, 10**18) for i in range(1024)) for k in range(40)]
+    texts = jv.PartTexts()
+    whole = {"pending": [list(d) for part in parts for d in part]}
+
+    def encode() -> str:
+        return jv.dumps_yielding({"pending": jv.PartedList([], parts, texts)})
+
+    assert encode() == json.dumps(whole)
+    assert texts.made == 40 and len(offers) == 39
+    offers.clear()
+    assert encode() == json.dumps(whole) and texts.made == 40 and offers == []
+    parts[7] = parts[7][:-1]                   # one chunk changed (a new tuple)
+    whole["pending"].pop(8 * 1024 - 1)
+    assert encode() == json.dumps(whole) and texts.made == 41 and len(texts) == 40
