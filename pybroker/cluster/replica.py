@@ -248,6 +248,11 @@ class Replica:
         """A follower's fetch, answered with everything below ``sent_end`` (posted by
         the replication server)."""
         self.acked(node, acked)
+        self.sent(node, sent_end)
+
+    def sent(self, node: int, sent_end: int) -> None:
+        """A follower's fetch whose acknowledgement was posted when it was read
+        (``acked``) is answered with everything below ``sent_end``."""
         lead = self.lead
         if lead is not None:
             lead.answered(node, sent_end)

@@ -161,14 +161,15 @@ class ReplicationServer(SelectorLoop):
         req = c.parked
         if req is None:
             return
-        if not final and not self._fetch(c, req, again=True):
+        # (a parked fetch's acknowledgement was posted when it was read)
+        if not final and not self._fetch(c, req, again=True, acked=True):
             return                   # nothing new for it (records it was sent already)
         c.parked = None
         c.held = False
         c.loop.cancel(c.timer)
         c.timer = None
         if final:
-            self._fetch(c, req, final=True)
+            self._fetch(c, req, final=True, acked=True)
         self._more(c)
 
     def _more(self, c: FollowerConn) -> None:
@@ -292,15 +293,16 @@ class ReplicationServer(SelectorLoop):
                 "written": r.topic.log.written}
 
     def _fetch(self, c: FollowerConn, req: Fetch, final: bool = False,
-               again: bool = False, hold: bool = False) -> bool:
+               again: bool = False, hold: bool = False, acked: bool = False) -> bool:
         """Answer a fetch (True), or leave it to wait for records (False): parked
         here unless ``again`` (it is parked already; its acknowledgement was posted).
         ``hold``: a fetch just read: its acknowledgement is posted now and, when it has
         something to be sent, it is answered at the end of this turn, after its writes
         (``notify``, else ``at_turn_end``), so that the answer also carries what this
-        turn's publishes append; else it is parked. A compact fetch is answered
-        compact unless a topic's answer carries more than records and a high
-        watermark."""
+        turn's publishes append; else it is parked. ``acked``: it was parked, and its
+        acknowledgement was posted then; only what the answer sent is posted now. A
+        compact fetch is answered compact unless a topic's answer carries more than
+        records and a high watermark."""
         wait_ms = req.wait_ms
         if hold and wait_ms > 0 and not final:
             c.parked = req
@@ -401,10 +403,15 @@ class ReplicationServer(SelectorLoop):
             answered = True
         for r, offset, sent_end in posts:
             owner = owner_loop(r.topic.owner)
-            if owner is c.loop:
-                r.fetched(c.node, offset, sent_end)
+            if owner is not c.loop:
+                if acked:
+                    owner.call_soon_threadsafe(r.sent, c.node, sent_end)
+                else:
+                    owner.call_soon_threadsafe(r.fetched, c.node, offset, sent_end)
+            elif acked:
+                r.sent(c.node, sent_end)
             else:
-                owner.call_soon_threadsafe(r.fetched, c.node, offset, sent_end)
+                r.fetched(c.node, offset, sent_end)
         return answered
 
     def _acknowledge(self, c: FollowerConn, req: Fetch) -> bool:
