@@ -3,13 +3,16 @@
 deferring a few: a three-node cluster (replication factor 3, min-insync 2, a real etcd)
 with ``--deferred`` messages deferred for an hour, then a consumer that requeues one
 more message every 1/``--rate`` s for ``--seconds``. The leader ships the channel's state
-to its followers every 200 ms while it changes (docs/replication.md, "Channel states");
+to its followers every 200 ms while it changes (docs/replication.md, "Channels and
+consumers");
 printed: each node's CPU over that window (% of one core) and the state versions made.
 
     python loadtest/bench_state_churn.py [--deferred 300000] [--runs 3]
 
 A leader encodes only the chunks of deferred messages that changed since the version
 before (jsonvalue.PartTexts); the whole state is still shipped with each version.
+``--single``: one node instead, whose checkpoints write the state (every
+``sync_timeout``, 2 s) the same way.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,11 +32,49 @@ from bench_durability import build_command  # noqa: E402
 from bench_replication import ClusterSetting, Etcd  # noqa: E402
 from bench_takeover import TOPIC, _connect, _frame, defer_all  # noqa: E402
 
+from pybroker.bench.brokers import BrokerProcess  # noqa: E402
+
 EXTRA = 5_000          # messages published after the deferred ones, to requeue meanwhile
 
 
+def churn(address: str, args: argparse.Namespace, nodes: dict[int, BrokerProcess],
+          versions: Callable[[], int]) -> tuple[dict[int, float], int]:
+    """Defer ``--deferred`` messages, then one more every 1/``--rate`` s for
+    ``--seconds``: each node's CPU over that window (% of a core), and the versions of
+    the states made meanwhile."""
+    defer_all(address, args.deferred)
+    with _connect(address) as s:
+        mpub, per = build_command("MPUB", TOPIC, 20, 1000)
+        for _ in range(0, EXTRA, per):
+            s.sendall(mpub)
+            assert _frame(s) == (0, b"OK")
+        s.sendall(f"SUB {TOPIC} ch\n".encode())
+        assert _frame(s) == (0, b"OK")
+        s.sendall(b"RDY 1\n")
+        time.sleep(2)           # the states made of the deferrals above written or shipped
+        v0 = versions()
+        cpu0 = {i: b.cpu_s() for i, b in nodes.items()}
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < args.seconds:
+            kind, data = _frame(s)
+            if kind == 2:
+                s.sendall(b"REQ " + data[10:26] + b" 3600000\n")
+                time.sleep(1 / args.rate)
+        el = time.monotonic() - t0
+        return ({i: 100 * (b.cpu_s() - cpu0[i]) / el for i, b in nodes.items()},
+                versions() - v0)
+
+
 def one_run(args: argparse.Namespace) -> tuple[float, float, int]:
-    """(the leader's CPU %, the followers' mean CPU %, state versions made)."""
+    """(the leader's CPU %, the followers' mean CPU %, state versions made); a single
+    node: (its CPU %, 0, 0)."""
+    if args.single:
+        b = BrokerProcess("pybroker", env=dict(os.environ)).start()
+        try:
+            cpu, _ = churn(b.tcp_address, args, {1: b}, lambda: 0)
+            return cpu[1], 0.0, 0
+        finally:
+            b.stop()
     etcd = Etcd(shutil.which(args.etcd) or args.etcd)
     try:
         cs = ClusterSetting(etcd, argparse.Namespace(lease_ttl="3s", durability="memory"),
@@ -40,29 +82,10 @@ def one_run(args: argparse.Namespace) -> tuple[float, float, int]:
         try:
             leader = cs.new_topic(TOPIC)
             lead = next(i for i, b in cs.nodes.items() if b is leader)
-            defer_all(leader.tcp_address, args.deferred)
-            with _connect(leader.tcp_address) as s:
-                mpub, per = build_command("MPUB", TOPIC, 20, 1000)
-                for _ in range(0, EXTRA, per):
-                    s.sendall(mpub)
-                    assert _frame(s) == (0, b"OK")
-                s.sendall(f"SUB {TOPIC} ch\n".encode())
-                assert _frame(s) == (0, b"OK")
-                s.sendall(b"RDY 1\n")
-                time.sleep(2)           # the states made of the deferrals above shipped
-                v0 = (cs.replication(lead, TOPIC) or {}).get("channel_states", 0)
-                cpu0 = {i: b.cpu_s() for i, b in cs.nodes.items()}
-                t0 = time.monotonic()
-                while time.monotonic() - t0 < args.seconds:
-                    kind, data = _frame(s)
-                    if kind == 2:
-                        s.sendall(b"REQ " + data[10:26] + b" 3600000\n")
-                        time.sleep(1 / args.rate)
-                el = time.monotonic() - t0
-                cpu = {i: 100 * (b.cpu_s() - cpu0[i]) / el for i, b in cs.nodes.items()}
-                v1 = (cs.replication(lead, TOPIC) or {}).get("channel_states", 0)
+            cpu, versions = churn(leader.tcp_address, args, cs.nodes, lambda: int(
+                (cs.replication(lead, TOPIC) or {}).get("channel_states", 0)))
             followers = [c for i, c in cpu.items() if i != lead]
-            return cpu[lead], sum(followers) / len(followers), v1 - v0
+            return cpu[lead], sum(followers) / len(followers), versions
         finally:
             cs.stop()
     finally:
@@ -76,13 +99,21 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--etcd", default=os.environ.get("ETCD", "etcd"))
+    ap.add_argument("--single", action="store_true", help="one node, no replication")
     args = ap.parse_args()
     runs = []
     for k in range(args.runs):
         lc, fc, versions = one_run(args)
         runs.append((lc, fc, versions))
-        print(f"run {k + 1}: leader {lc:.0f}% of a core, each follower {fc:.0f}%, "
-              f"{versions} state versions in {args.seconds:.0f} s", flush=True)
+        if args.single:
+            print(f"run {k + 1}: the node {lc:.0f}% of a core", flush=True)
+        else:
+            print(f"run {k + 1}: leader {lc:.0f}% of a core, each follower {fc:.0f}%, "
+                  f"{versions} state versions in {args.seconds:.0f} s", flush=True)
+    if args.single:
+        print(f"{args.deferred:,} deferred, {args.rate:g} requeues/s, one node: median "
+              f"{statistics.median(r[0] for r in runs):.0f}% of a core")
+        return
     print(f"{args.deferred:,} deferred, {args.rate:g} requeues/s: leader median "
           f"{statistics.median(r[0] for r in runs):.0f}% of a core, followers "
           f"{statistics.median(r[1] for r in runs):.0f}%, versions "

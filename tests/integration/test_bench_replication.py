@@ -90,3 +90,24 @@ def test_a_short_takeover_run_prints_its_figures() -> None:
                   r"channels built in (\d+) ms$", proc.stdout, re.M)
     assert m is not None and float(m.group(1)) > 0 and int(m.group(2)) > 0, proc.stdout
     assert "5,000 deferred: longest round trip median" in proc.stdout, proc.stdout
+
+
+def test_a_short_state_churn_run_prints_its_figures() -> None:
+    """loadtest/bench_state_churn.py, one short run on a cluster and one on a single
+    node: each node's CPU is printed, and the cluster's leader made new versions of
+    the channel's state while its deferred messages changed."""
+    etcd = require_program("etcd", "to coordinate the bench's cluster (apt install "
+                           "etcd-server)")
+    script = str(project_root() / "loadtest" / "bench_state_churn.py")
+    args = ["--runs", "1", "--deferred", "5000", "--seconds", "1", "--etcd", etcd]
+    proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                          timeout=140, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    m = re.search(r"^run 1: leader (\d+)% of a core, each follower (\d+)%, (\d+) state "
+                  r"versions in 1 s$", proc.stdout, re.M)
+    assert m is not None and int(m.group(3)) >= 1, proc.stdout
+    proc = subprocess.run([sys.executable, script, *args, "--single"], capture_output=True,
+                          text=True, timeout=140, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert re.search(r"^5,000 deferred, 20 requeues/s, one node: median \d+% of a core$",
+                     proc.stdout, re.M), proc.stdout
