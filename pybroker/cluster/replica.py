@@ -185,6 +185,12 @@ class Replica:
                                 f"topic {self.name} is being handed to another node")
             with self.topic.lock:
                 self.topic.release_cap = None   # a follower's log is all replicated
+            # what this leadership shipped is nobody's now (a next one starts afresh):
+            # with 1,000,000 deferred messages, 35 MB of encoded states kept for nothing
+            self.shipped.clear()
+            self.chan_last.clear()
+            self.chan_at.clear()
+            self._assembled = None
         self.role, self.epoch, self.leader = role, epoch, leader
         self.lead = None
         self.texts = {}            # (the encoder's memory of the states: a leader's only)

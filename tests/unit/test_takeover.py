@@ -183,3 +183,22 @@ def test_a_sub_waits_for_the_takeover_and_hears_how_it_ended() -> None:
     r.after_takeover(lambda led: told.append(("c", led)))
     r.dropped()                       # the topic deleted meanwhile
     assert told[3:] == [("c", False)] and r.sub_waiters == []
+
+
+def test_a_leader_that_steps_down_keeps_nothing_of_what_it_shipped() -> None:
+    """The encoded states a leadership shipped, and the encoder's memory of their
+    chunks, go when it ends (they are a next leadership's to make afresh)."""
+    from pybroker.cluster.replica import FOLLOWER, LEADER
+    from pybroker.jsonvalue import PartTexts
+    t = _topic(3)
+    r = Replica(cast(Any, None), t, EpochHistory())
+    r.role, r.epoch = LEADER, 1
+    r.shipped["a"] = ([b'{"cursor": 1}'], 0)
+    r.chan_last["a"] = (cast(ChannelState, {"cursor": 1}), ())
+    r.chan_at["a"] = 5
+    r.texts["a"] = PartTexts()
+    r.shipped_states()
+    r._step_down(FOLLOWER, 2, 3)
+    assert (r.role, r.epoch, r.leader) == (FOLLOWER, 2, 3)
+    assert r.shipped == {} and r.chan_last == {} and r.chan_at == {} and r.texts == {}
+    assert r._assembled is None
