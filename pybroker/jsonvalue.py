@@ -165,7 +165,7 @@ class PartedList(list):  # type: ignore[type-arg]
 def _dump(v: object, out: list[str]) -> None:
     if isinstance(v, PartedList) or isinstance(v, list) and len(v) > YIELD_ITEMS:
         # about YIELD_ITEMS items encoded (a slice, or parts) per hold of the GIL; a
-        # part's text kept from the last encoding costs nothing to encode
+        # part's text kept from the last encoding is not encoded again
         texts: PartTexts | None = getattr(v, "texts", None)
         out.append("[")
         sep = ""
@@ -190,8 +190,10 @@ def _dump(v: object, out: list[str]) -> None:
                 text = json.dumps(part)[1:-1]
                 made += len(part)
             else:
+                # a kept part counts one (a lookup), so that many small ones kept
+                # still offer the GIL every YIELD_ITEMS
                 text, new = texts.text(part)
-                made += len(part) if new else 0
+                made += len(part) if new else 1
             out.append(sep)
             out.append(text)
             sep = ", "

@@ -65,3 +65,17 @@ def test_parts_kept_from_the_last_encoding_are_not_encoded_again(
     parts[7] = parts[7][:-1]                   # one chunk changed (a new tuple)
     whole["pending"].pop(8 * 1024 - 1)
     assert encode() == json.dumps(whole) and texts.made == 41 and len(texts) == 40
+
+
+def test_many_small_parts_kept_still_offer_the_gil(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts of one message each (deferred messages far apart), all kept from the
+    last encoding: each still counts, so the GIL is offered every YIELD_ITEMS of them."""
+    offers: list[float] = []
+    monkeypatch.setattr(jv, "time", SimpleNamespace(sleep=lambda s: offers.append(s)))
+    parts = [((k << 10, 1, 0),) for k in range(3 * jv.YIELD_ITEMS)]
+    texts = jv.PartTexts()
+    encode = lambda: jv.dumps_yielding(jv.PartedList([], parts, texts))  # noqa: E731
+    assert encode() == json.dumps([list(p[0]) for p in parts])
+    offers.clear()
+    assert encode() == json.dumps([list(p[0]) for p in parts])
+    assert texts.made == 3 * jv.YIELD_ITEMS and len(offers) == 2
