@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -29,8 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_durability import build_command  # noqa: E402
-from bench_replication import ClusterSetting, Etcd  # noqa: E402
-from bench_takeover import TOPIC, _connect, _frame, defer_all  # noqa: E402
+from bench_takeover import TOPIC, _connect, _frame, defer_all, led_topic  # noqa: E402
 
 from pybroker.bench.brokers import BrokerProcess  # noqa: E402
 
@@ -75,21 +73,11 @@ def one_run(args: argparse.Namespace) -> tuple[float, float, int]:
             return cpu[1], 0.0, 0
         finally:
             b.stop()
-    etcd = Etcd(shutil.which(args.etcd) or args.etcd)
-    try:
-        cs = ClusterSetting(etcd, argparse.Namespace(lease_ttl="3s", durability="memory"),
-                            {i: dict(os.environ) for i in (1, 2, 3)})
-        try:
-            leader = cs.new_topic(TOPIC)
-            lead = next(i for i, b in cs.nodes.items() if b is leader)
-            cpu, versions = churn(leader.tcp_address, args, cs.nodes, lambda: int(
-                (cs.replication(lead, TOPIC) or {}).get("channel_states", 0)))
-            followers = [c for i, c in cpu.items() if i != lead]
-            return cpu[lead], sum(followers) / len(followers), versions
-        finally:
-            cs.stop()
-    finally:
-        etcd.stop()
+    with led_topic(args.etcd) as (cs, leader, lead):
+        cpu, versions = churn(leader.tcp_address, args, cs.nodes, lambda: int(
+            (cs.replication(lead, TOPIC) or {}).get("channel_states", 0)))
+        followers = [c for i, c in cpu.items() if i != lead]
+        return cpu[lead], sum(followers) / len(followers), versions
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ Budget (docs/replication.md, "A new leader's channels"): no loop held over 20 ms
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -23,6 +24,7 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -31,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_durability import build_command  # noqa: E402
 from bench_replication import ClusterSetting, Etcd, wait  # noqa: E402
 
+from pybroker.bench.brokers import BrokerProcess  # noqa: E402
 from pybroker.config import split_hostport  # noqa: E402
 
 TOPIC, PING = "takeover_t", "ping#ephemeral"
@@ -75,55 +78,63 @@ def defer_all(address: str, n: int) -> None:
                 got += 1
 
 
-def one_run(args: argparse.Namespace) -> tuple[float, float]:
-    """(the longest PUB round trip on a surviving node, ms; the build time, ms)."""
-    etcd = Etcd(shutil.which(args.etcd) or args.etcd)
+@contextlib.contextmanager
+def led_topic(etcd_path: str) -> Iterator[tuple[ClusterSetting, BrokerProcess, int]]:
+    """A real etcd and three nodes (replication factor 3, min-insync 2, memory, lease
+    3 s) with TOPIC and its channel created: (the cluster, TOPIC's leader, its id).
+    Everything is stopped after."""
+    etcd = Etcd(shutil.which(etcd_path) or etcd_path)
     try:
         cs = ClusterSetting(etcd, argparse.Namespace(lease_ttl="3s", durability="memory"),
                             {i: dict(os.environ) for i in (1, 2, 3)})
         try:
             leader = cs.new_topic(TOPIC)
-            lead = next(i for i, b in cs.nodes.items() if b is leader)
-            defer_all(leader.tcp_address, args.deferred)
-            # the followers hold a version of the states made after every deferral
-            v0 = (cs.replication(lead, TOPIC) or {}).get("channel_states", 0)
-            v1 = wait(lambda: (v := (cs.replication(lead, TOPIC) or {})
-                               .get("channel_states", 0)) > v0 and v, 30, "a new version")
-            wait(lambda: all((cs.replication(i, TOPIC) or {}).get("channel_states", 0) >= v1
-                             for i in cs.nodes if i != lead), 30, "the states shipped")
-            stop = threading.Event()
-            worst: dict[int, float] = {}
-
-            def ping(i: int) -> None:
-                with _connect(cs.nodes[i].tcp_address) as s:
-                    cmd, _ = build_command("PUB", PING, 1, 1)
-                    while not stop.is_set():
-                        t0 = time.perf_counter()
-                        s.sendall(cmd)
-                        assert _frame(s) == (0, b"OK")
-                        worst[i] = max(worst.get(i, 0.0), time.perf_counter() - t0)
-                        stop.wait(0.002)
-
-            others = [i for i in cs.nodes if i != lead]
-            threads = [threading.Thread(target=ping, args=(i,)) for i in others]
-            for t in threads:
-                t.start()
-            assert leader.pid is not None
-            os.kill(leader.pid, signal.SIGKILL)
-            new = wait(lambda: cs.leader(TOPIC, 2), 30, "a new leader")
-            b = cs.nodes[new]
-            built = wait(lambda: re.search(r"channels built in (\d+) ms|channels taken over",
-                                           b.log_text()), 30, "the channels taken over")
-            time.sleep(1)
-            stop.set()
-            for t in threads:
-                t.join(10)
-            ms = float(built.group(1)) if built.group(1) else 0.0
-            return 1000 * max(worst.values()), ms
+            yield cs, leader, next(i for i, b in cs.nodes.items() if b is leader)
         finally:
             cs.stop()
     finally:
         etcd.stop()
+
+
+def one_run(args: argparse.Namespace) -> tuple[float, float]:
+    """(the longest PUB round trip on a surviving node, ms; the build time, ms)."""
+    with led_topic(args.etcd) as (cs, leader, lead):
+        defer_all(leader.tcp_address, args.deferred)
+        # the followers hold a version of the states made after every deferral
+        v0 = (cs.replication(lead, TOPIC) or {}).get("channel_states", 0)
+        v1 = wait(lambda: (v := (cs.replication(lead, TOPIC) or {})
+                           .get("channel_states", 0)) > v0 and v, 30, "a new version")
+        wait(lambda: all((cs.replication(i, TOPIC) or {}).get("channel_states", 0) >= v1
+                         for i in cs.nodes if i != lead), 30, "the states shipped")
+        stop = threading.Event()
+        worst: dict[int, float] = {}
+
+        def ping(i: int) -> None:
+            with _connect(cs.nodes[i].tcp_address) as s:
+                cmd, _ = build_command("PUB", PING, 1, 1)
+                while not stop.is_set():
+                    t0 = time.perf_counter()
+                    s.sendall(cmd)
+                    assert _frame(s) == (0, b"OK")
+                    worst[i] = max(worst.get(i, 0.0), time.perf_counter() - t0)
+                    stop.wait(0.002)
+
+        others = [i for i in cs.nodes if i != lead]
+        threads = [threading.Thread(target=ping, args=(i,)) for i in others]
+        for t in threads:
+            t.start()
+        assert leader.pid is not None
+        os.kill(leader.pid, signal.SIGKILL)
+        new = wait(lambda: cs.leader(TOPIC, 2), 30, "a new leader")
+        b = cs.nodes[new]
+        built = wait(lambda: re.search(r"channels built in (\d+) ms|channels taken over",
+                                       b.log_text()), 30, "the channels taken over")
+        time.sleep(1)
+        stop.set()
+        for t in threads:
+            t.join(10)
+        ms = float(built.group(1)) if built.group(1) else 0.0
+        return 1000 * max(worst.values()), ms
 
 
 def main() -> None:

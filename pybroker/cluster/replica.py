@@ -158,11 +158,7 @@ class Replica:
             self.lead = LeaderState(self.node.id, epoch, set(isr), self.node.min_insync,
                                     self.node.lag_ns, self.hw, end, now)
             # what an earlier leadership of this node shipped is not this one's
-            self.shipped.clear()
-            self.chan_last.clear()
-            self.chan_at.clear()
-            self.texts = {}
-            self._assembled = None
+            self._forget_shipped()     # what an earlier leadership shipped
             self._take_over()
             log.info("CLUSTER: %s: leader at epoch %d (log end %d, high watermark %d, "
                      "in sync %s)", self.name, epoch, end, self.hw, self.isr)
@@ -187,18 +183,25 @@ class Replica:
                 self.topic.release_cap = None   # a follower's log is all replicated
             # what this leadership shipped is nobody's now (a next one starts afresh):
             # with 1,000,000 deferred messages, 35 MB of encoded states kept for nothing
-            self.shipped.clear()
-            self.chan_last.clear()
-            self.chan_at.clear()
-            self._assembled = None
+            self._forget_shipped()
         self.role, self.epoch, self.leader = role, epoch, leader
         self.lead = None
-        self.texts = {}            # (the encoder's memory of the states: a leader's only)
         self.truncated_for = 0     # a new leader: find where the logs diverge first
         self.chan_from_leader = 0  # and take its channel states whatever their version
         if role == FOLLOWER:
             log.info("CLUSTER: %s: following node %d at epoch %d", self.name, leader, epoch)
             self.kick_consumers(f"topic {self.name} is led by node {leader}")
+
+    def _forget_shipped(self) -> None:
+        """A leadership begins or ends: the channel states encoded and shipped, and
+        the encoder's memory of their chunks, are not the next one's (the storage
+        thread's ``_encode`` holds on to the ``texts`` it began with: replaced, not
+        cleared)."""
+        self.shipped.clear()
+        self.chan_last.clear()
+        self.chan_at.clear()
+        self.texts = {}
+        self._assembled = None
 
     def dropped(self) -> None:
         """This incarnation was deleted in the cluster and its local topic with it (the
@@ -447,9 +450,7 @@ class Replica:
         try:
             for gone in [n for n in texts if n not in self.topic.channels]:
                 del texts[gone]
-            memo = texts.get(name)
-            if memo is None:
-                memo = texts[name] = PartTexts()
+            memo = texts.setdefault(name, PartTexts())
             full = cast("ChannelState", dict(st))
             full["pending"] = list(st["pending"])
             deferred_states(full, deferred, memo)

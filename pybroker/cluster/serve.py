@@ -43,6 +43,7 @@ import logging
 import selectors
 import socket
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from pybroker.cluster.fetchreq import MAX_FETCH_BYTES, Fetch
@@ -403,15 +404,13 @@ class ReplicationServer(SelectorLoop):
             answered = True
         for r, offset, sent_end in posts:
             owner = owner_loop(r.topic.owner)
-            if owner is not c.loop:
-                if acked:
-                    owner.call_soon_threadsafe(r.sent, c.node, sent_end)
-                else:
-                    owner.call_soon_threadsafe(r.fetched, c.node, offset, sent_end)
-            elif acked:
-                r.sent(c.node, sent_end)
+            # (acked: posted when it was read; only what was sent is new)
+            fn: Callable[..., None] = r.sent if acked else r.fetched
+            args = (c.node, sent_end) if acked else (c.node, offset, sent_end)
+            if owner is c.loop:
+                fn(*args)
             else:
-                r.fetched(c.node, offset, sent_end)
+                owner.call_soon_threadsafe(fn, *args)
         return answered
 
     def _acknowledge(self, c: FollowerConn, req: Fetch) -> bool:

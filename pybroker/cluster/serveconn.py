@@ -85,28 +85,8 @@ class FollowerConn:
         self.flush()
 
     def send(self, bufs: list[Buffer]) -> None:
-        if self.out or self.closed:
-            self.out.extend(b for b in bufs if len(b))
-            self.flush()
-            return
-        # nothing queued (the steady state): one sendmsg, and only what it left queued
-        try:
-            n = self.sock.sendmsg(bufs[:64])
-        except (BlockingIOError, InterruptedError):
-            n = 0
-        except OSError:
-            self.close("write error")
-            return
-        for b in bufs:
-            if n >= len(b):
-                n -= len(b)
-            elif n:
-                self.out.append(memoryview(b)[n:])
-                n = 0
-            elif len(b):
-                self.out.append(b)
-        if self.out:
-            self.flush()
+        self.out.extend(b for b in bufs if len(b))
+        self.flush()
 
     def flush(self) -> None:
         while self.out:

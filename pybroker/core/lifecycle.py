@@ -75,11 +75,9 @@ def state_floor(state: ChannelState) -> int:
     cursor = state["cursor"]
     pending = state["pending"]
     low = min(min(map(_FIRST, pending), default=cursor), cursor)
-    parts = [p for p in getattr(pending, "parts", ()) if p]
-    if parts:
-        lowest = min(parts, key=_first_offset)
-        low = min(min(map(_FIRST, lowest)), low)
-    return low
+    lowest = min((p for p in getattr(pending, "parts", ()) if p), key=_first_offset,
+                 default=None)
+    return low if lowest is None else min(min(map(_FIRST, lowest)), low)
 
 
 class ChannelState(TypedDict, total=False):

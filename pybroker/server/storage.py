@@ -512,10 +512,7 @@ class StorageManager:
         for t, name, snap, deferred in got:
             st = by_topic.get(t)
             if st is not None and name in t.channels:
-                memos = texts.setdefault(t, {})
-                memo = memos.get(name)
-                if memo is None:
-                    memo = memos[name] = PartTexts()
+                memo = texts.setdefault(t, {}).setdefault(name, PartTexts())
                 deferred_states(snap, deferred, memo)
                 snap["floor"] = state_floor(snap)
                 st["channels"][name] = snap
