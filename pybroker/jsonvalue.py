@@ -9,12 +9,13 @@ the field when the value has another type.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import mmap
 import re
 import time
 from collections.abc import Generator, Iterable, Iterator, Sequence
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 Json = Union[None, bool, int, float, str, list["Json"], dict[str, "Json"]]
 JsonObject = dict[str, Json]
@@ -80,9 +81,9 @@ def dumps_pieces(v: object) -> list[str]:
     """``dumps_yielding``'s text in the pieces it was made in, not joined: joining the
     35 MB of a state with 1,000,000 deferred messages (and encoding it) held the GIL
     about 10 ms."""
-    out: list[str] = []
+    out: list[str | _Ref] = []
     _dump(v, out)
-    return out
+    return [p if isinstance(p, str) else bytes(p.text.piece(p.first)).decode() for p in out]
 
 
 BYTES_PIECE = 256 * 1024     # UTF-8 bytes ``dumps_bytes`` gathers per piece
@@ -92,14 +93,127 @@ def dumps_bytes(v: object) -> Iterator[bytes]:
     """``dumps_yielding``'s text as UTF-8, in pieces of about BYTES_PIECE bytes (each
     a short hold of the GIL), never joined: written one by one (``_fsutil.atomic_write``)
     or sent as they are (a replicated channel's state)."""
+    out: list[str | _Ref] = []
+    _dump(v, out)
     buf = bytearray()
-    for piece in dumps_pieces(v):
-        buf += piece.encode()
+    for p in out:
+        buf += p.encode() if isinstance(p, str) else p.text.piece(p.first)
         if len(buf) >= BYTES_PIECE:
             yield bytes(buf)
             buf.clear()
     if buf:
         yield bytes(buf)
+
+
+Piece = Union[bytes, memoryview]
+_gens = itertools.count(1)     # keyed encodings, in this process
+
+
+class Keyed(NamedTuple):
+    """A keyed encoding (``dumps_keyed``): the text in ``pieces``, each part's text
+    (a chunk of deferred messages) a piece of its own, the rest in pieces between them;
+    and how to make those pieces from the ones of the encoding ``base`` (0: none):
+    ``ops``, pairs (k, n) one after another: n pieces of ``base`` from its k-th on, or,
+    with k = -1, one piece of n bytes not in it, the next of ``literals``."""
+
+    base: int
+    gen: int
+    pieces: list[Piece]
+    ops: list[int]
+    literals: list[Piece]
+    size: int
+
+
+def dumps_keyed(v: object, memo: PartTexts) -> Keyed:
+    """``dumps_bytes``'s text in pieces a reader can keep, and how they are made from
+    those of the last keyed encoding with ``memo`` (the PartTexts of the one PartedList
+    in ``v``, or a fresh one: the memory of this value from one encoding to the next).
+    A part kept from that encoding, at the same kind of place (first in its list, or
+    not), is a piece its reader holds, and so is a piece between parts with the same
+    bytes; runs of them one after another in both are one pair of ``ops``. A state of
+    1,000,000 deferred messages with a few chunks changed is made of a few new pieces
+    (a leader ships those only: Replica.states_for). Time: one pass over the pieces,
+    besides ``_dump``'s."""
+    out: list[str | _Ref] = []
+    _dump(v, out)
+    base = memo.gen
+    k = _Keying(base, memo.lits if base else {})
+    texts: list[str] = []
+    for p in out:
+        if isinstance(p, str):
+            texts.append(p)
+            continue
+        k.between(texts)
+        texts = []
+        t = p.text
+        prev = t.at if base and t.gen == base and t.first == p.first else -1
+        t.gen, t.at, t.first = k.gen, len(k.pieces), p.first
+        k.add(t.piece(p.first), prev)
+    k.between(texts)
+    if k.run_n:
+        k.ops += (k.run_at, k.run_n)
+    memo.gen, memo.lits = k.gen, k.lits
+    return Keyed(base, k.gen, k.pieces, k.ops, k.literals, k.size)
+
+
+class _Keying:
+    """``dumps_keyed``'s pieces and ops as they are made."""
+
+    __slots__ = ("gen", "old_lits", "lits", "pieces", "ops", "literals", "size",
+                 "run_at", "run_n")
+
+    def __init__(self, base: int, old_lits: dict[bytes, int]) -> None:
+        self.gen = next(_gens)
+        self.old_lits = old_lits
+        self.lits: dict[bytes, int] = {}
+        self.pieces: list[Piece] = []
+        self.ops: list[int] = []
+        self.literals: list[Piece] = []
+        self.size = 0
+        self.run_at = self.run_n = 0      # a run of pieces of the base being copied
+
+    def between(self, texts: list[str]) -> None:
+        """The text between two parts: one piece (none if empty)."""
+        piece = "".join(texts).encode()
+        if piece:
+            self.lits.setdefault(piece, len(self.pieces))
+            self.add(piece, self.old_lits.get(piece, -1))
+
+    def add(self, piece: Piece, prev: int) -> None:
+        """The next piece; ``prev``: where the base has it (-1: nowhere)."""
+        if prev >= 0 and self.run_n and prev == self.run_at + self.run_n:
+            self.run_n += 1
+        else:
+            if self.run_n:
+                self.ops += (self.run_at, self.run_n)
+            self.run_at, self.run_n = prev, int(prev >= 0)
+            if prev < 0:
+                self.ops += (-1, len(piece))
+                self.literals.append(piece)
+        self.pieces.append(piece)
+        self.size += len(piece)
+
+
+def apply_ops(base: Sequence[Piece], ops: Sequence[int],
+              literals: Iterator[Piece]) -> list[Piece]:
+    """The pieces ``ops`` make (``Keyed``) from ``base``'s and the next ``literals``
+    (a reader's side; ValueError for a run outside ``base`` or a literal missing or of
+    another size). Time: one step per pair, the runs copied as references."""
+    if len(ops) % 2:
+        raise ValueError("ops are pairs")
+    out: list[Piece] = []
+    for i in range(0, len(ops), 2):
+        k, n = ops[i], ops[i + 1]
+        if k == -1:
+            piece = next(literals, None)
+            if piece is None or len(piece) != n:
+                raise ValueError("a literal piece missing, or of another size")
+            out.append(piece)
+        elif k < 0 or n <= 0 or k + n > len(base):
+            raise ValueError(f"a run of {n} pieces from {k} outside the {len(base)} held")
+        else:
+            out += base[k:k + n]
+    return out
 
 
 class PartTexts:
@@ -114,14 +228,18 @@ class PartTexts:
     Kept: the texts of the parts the last encoding met, nothing older (a part that
     went away is forgotten at the next encoding). Memory: the text, about 35 bytes a
     deferred message. Owned by the one thread that encodes with it (the storage
-    thread); one per list encoded (a channel's ``pending``)."""
+    thread); one per list encoded (a channel's ``pending``). ``dumps_keyed`` also
+    keeps here where each piece of its last encoding was (``gen``, ``lits``, and each
+    part's ``_Text``), to say how the next encoding is made from it."""
 
-    __slots__ = ("_last", "_next", "made")
+    __slots__ = ("_last", "_next", "made", "gen", "lits")
 
     def __init__(self) -> None:
-        self._last: dict[int, tuple[Sequence[Any], str]] = {}
-        self._next: dict[int, tuple[Sequence[Any], str]] = {}
+        self._last: dict[int, _Text] = {}
+        self._next: dict[int, _Text] = {}
         self.made = 0        # parts encoded (not found kept), in all: for the tests
+        self.gen = 0         # the last keyed encoding (0: none)
+        self.lits: dict[bytes, int] = {}    # its pieces between parts, by their bytes
 
     def __len__(self) -> int:
         return len(self._last)
@@ -129,22 +247,46 @@ class PartTexts:
     def begin(self) -> None:
         self._next = {}
 
-    def text(self, part: Sequence[Any]) -> tuple[str, bool]:
+    def text(self, part: Sequence[Any]) -> tuple[_Text, bool]:
         """The part's items as JSON (without the brackets), and whether it was
         encoded now (else kept from the last encoding)."""
         key = id(part)
         got = self._last.get(key)
-        made = got is None or got[0] is not part     # (an id may be another's now)
+        made = got is None or got.part is not part     # (an id may be another's now)
         if made:
-            got = (part, json.dumps(part)[1:-1])
+            got = _Text(part, b", " + json.dumps(part)[1:-1].encode())
             self.made += 1
         assert got is not None
         self._next[key] = got
-        return got[1], made
+        return got, made
 
     def end(self) -> None:
         """The encoding is complete: keep what it met, forget the rest."""
         self._last, self._next = self._next, {}
+
+
+class _Text:
+    """A part's JSON text, after ", " (without it when the part comes first), and where
+    it was in the pieces of the keyed encoding ``gen`` (``dumps_keyed``)."""
+
+    __slots__ = ("part", "data", "gen", "at", "first")
+
+    def __init__(self, part: Sequence[Any], data: bytes) -> None:
+        self.part = part
+        self.data = data
+        self.gen = 0
+        self.at = -1
+        self.first = False
+
+    def piece(self, first: bool) -> bytes | memoryview:
+        return memoryview(self.data)[2:] if first else self.data
+
+
+class _Ref(NamedTuple):
+    """A kept part's text in ``_dump``'s output (its place says if it comes first)."""
+
+    text: _Text
+    first: bool
 
 
 class PartedList(list):  # type: ignore[type-arg]
@@ -162,7 +304,7 @@ class PartedList(list):  # type: ignore[type-arg]
         self.texts = texts
 
 
-def _dump(v: object, out: list[str]) -> None:
+def _dump(v: object, out: list[str | _Ref]) -> None:
     if isinstance(v, PartedList) or isinstance(v, list) and len(v) > YIELD_ITEMS:
         # about YIELD_ITEMS items encoded (a slice, or parts) per hold of the GIL; a
         # part's text kept from the last encoding is not encoded again
@@ -187,15 +329,15 @@ def _dump(v: object, out: list[str]) -> None:
                 time.sleep(0)
                 made = 0
             if texts is None:
-                text = json.dumps(part)[1:-1]
+                out.append(sep)
+                out.append(json.dumps(part)[1:-1])
                 made += len(part)
             else:
                 # a kept part counts one (a lookup), so that many small ones kept
                 # still offer the GIL every YIELD_ITEMS
                 text, new = texts.text(part)
                 made += len(part) if new else 1
-            out.append(sep)
-            out.append(text)
+                out.append(_Ref(text, not sep))
             sep = ", "
         if texts is not None:
             texts.end()

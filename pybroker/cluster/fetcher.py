@@ -34,7 +34,8 @@ import time
 from typing import TYPE_CHECKING
 
 from pybroker.cluster.ports import Json, JsonObj, as_list, as_obj, need_int, need_objs
-from pybroker.cluster.replica import FOLLOWER, ShippedStates
+from pybroker.cluster.replica import FOLLOWER, ShippedParts, ShippedStates
+from pybroker.cluster.states import parts_of
 from pybroker.cluster.rules import EpochHistory, divergence
 from pybroker.cluster.wire import (MAX_TOPICS, Buffer, WireError, blob_span, blob_view,
                                    encode, encode_compact_fetch, history_of, is_json,
@@ -153,7 +154,7 @@ class Fetcher:
                               "version": version, "hist": [*hist]}
                              for r, epoch, version, hist in plan]
         self._send({"op": "fetch", "node": self.node.id, "wait_ms": WAIT_MS,
-                    "max_bytes": FETCH_BYTES, "topics": fetch}, ("fetch", topics),
+                    "max_bytes": FETCH_BYTES, "parts": 1, "topics": fetch}, ("fetch", topics),
                    WAIT_MS * 1_000_000)
 
     def _send(self, head: JsonObj, asked: tuple[str, list[Replica]], wait_ns: int) -> None:
@@ -254,8 +255,11 @@ class Fetcher:
                 continue
             if err is not None:
                 continue
-            chans: JsonObj | ShippedStates | None = None
-            if "states" in t:
+            chans: JsonObj | ShippedStates | ShippedParts | None = None
+            if "parts" in t:
+                # each channel's pieces this node lacks (pybroker.cluster.states)
+                chans = ShippedParts(parts_of(t.get("parts"), blob))
+            elif "states" in t:
                 # kept as a view of the frame: a copy of 35 MB of states (1,000,000
                 # deferred messages) held the loop about 10 ms at each new version
                 chans = ShippedStates(blob_view(blob, t.get("states")),

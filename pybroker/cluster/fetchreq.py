@@ -33,7 +33,7 @@ class Fetch:
     """A fetch request, checked once, when its JSON was read; a compact fetch renews
     its offsets (``renew``) and it is served again."""
 
-    __slots__ = ("wait_ms", "max_bytes", "wants", "names", "compact")
+    __slots__ = ("wait_ms", "max_bytes", "wants", "names", "compact", "parts")
 
     def __init__(self, req: JsonObj, topics: list[JsonObj]) -> None:
         self.wait_ms = min(need_int(req.get("wait_ms", 0)), MAX_WAIT_MS)
@@ -41,6 +41,8 @@ class Fetch:
                              MAX_FETCH_BYTES)
         self.wants = [Want(t) for t in topics]
         self.names = frozenset(w.name for w in self.wants)
+        # the follower takes channel states in parts (pybroker.cluster.states)
+        self.parts = req.get("parts") == 1
         self.compact = False     # this time it came compact (then so may its answer)
 
     def renew(self, wait_ms: int, max_bytes: int, offsets: list[int]) -> None:

@@ -130,6 +130,7 @@ class ReplicaStats(TypedDict):
     high_watermark: int
     log_end: int
     channel_states: int            # the version of the channel states held
+    states_shipped_bytes: int      # bytes of channel states this node shipped as leader
     lag: NotRequired[dict[str, dict[str, int]]]   # the leader's: per follower
     taking_over: NotRequired[bool]  # a new leader building its channels (takeover.py)
 

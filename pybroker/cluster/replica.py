@@ -13,18 +13,19 @@ call_soon_threadsafe.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, NamedTuple, cast
 
 from pybroker.cluster.ports import (HANDED_OVER, LEADERSHIP_LOST, LEASE_EXPIRED, NOT_LEADER,
-                                    Done, JsonObj, ReplicaHost, ReplicaStats)
+                                    Done, Json, JsonObj, ReplicaHost, ReplicaStats)
 from pybroker.cluster.rules import EpochHistory, LeaderState, Waiter
-from pybroker.cluster.takeover import INLINE_BYTES, Steps, build, run, states_of
+from pybroker.cluster.takeover import INLINE_BYTES, Steps, Text, build, run, states_of
 from pybroker.core.lifecycle import deferred_states, state_floor
-from pybroker.jsonvalue import PartTexts, dumps_bytes
+from pybroker.cluster.states import (VERSIONS_KEPT, Held, Part, Shipped, delta, joined, ship,
+                                     take, whole)
+from pybroker.jsonvalue import PartTexts, Piece, dumps_keyed
 from pybroker.errors import ChannelNotFound, TopicNotFound
 from pybroker.server.services import owner_loop
 from pybroker.storage import StorageError
@@ -64,12 +65,19 @@ class NotLeader(Exception):
 
 
 class ShippedStates(NamedTuple):
-    """A leader's channel states as a follower receives them: one JSON object, kept
-    unparsed until it takes over (pybroker.cluster.takeover), and each channel's floor (the
-    lowest offset it still needs) for its retention."""
+    """A leader's channel states as a follower receives them whole (``"states"``, a
+    leader that does not ship parts): one JSON object, kept unparsed until it takes
+    over (pybroker.cluster.takeover), and each channel's floor (the lowest offset it
+    still needs) for its retention."""
 
     raw: bytes | memoryview       # a view of the frame it came in
     floors: list[int]
+
+
+class ShippedParts(NamedTuple):
+    """A leader's channel states in parts (``"parts"``, pybroker.cluster.states)."""
+
+    parts: list[Part]
 
 
 class Replica:
@@ -101,10 +109,22 @@ class Replica:
         # when it takes over: ``states``)
         self.channels: dict[str, ChannelState] = {}
         self.channels_raw: bytes | memoryview | None = None
-        # a leader's channel states as shipped: name -> (its JSON, its floor), encoded
-        # off the loops (``_snapshot``), and what each snapshot was (to ship only changes)
-        # each channel's state as encoded (its JSON in pieces) and its floor
-        self.shipped: dict[str, tuple[list[bytes], int]] = {}
+        # a follower's copy of its leader's channel states in parts (else in
+        # ``channels_raw``, from a leader that ships them whole)
+        self.held: dict[str, Held] = {}
+        # a leader's channel states as shipped: each channel's encoding (its JSON in
+        # pieces, how they are made from the encoding before) and its floor, encoded off
+        # the loops (``_snapshot``), and what each snapshot was (to ship only changes)
+        self.shipped: dict[str, Shipped] = {}
+        # the encodings of the current version (``shipped`` as it was when made: a
+        # channel encoded since waits for the next, ``_new_version``)
+        self.versioned: dict[str, Shipped] = {}
+        # the generation of each channel's encoding in the last VERSIONS_KEPT versions
+        # (what a follower that holds one of them holds), and the parts answered to
+        # each version held since the current one was made (pybroker.cluster.states)
+        self.version_gens: dict[int, dict[str, int]] = {}
+        self._deltas: dict[int, tuple[list[Json], list[Piece], int]] = {}
+        self.states_sent = 0           # bytes of channel states shipped (for /stats)
         # each channel's state as last shipped: the state without its deferred messages,
         # and their chunks (the same value while they are unchanged: core/deferred.py)
         self.chan_last: dict[str, tuple[ChannelState, Chunks]] = {}
@@ -114,7 +134,7 @@ class Replica:
         # only the chunks that changed are encoded again): the storage thread's; the
         # loop only replaces the dict, when a leadership begins or ends
         self.texts: dict[str, PartTexts] = {}
-        self._assembled: tuple[int, list[bytes], int, list[int]] | None = None
+        self._assembled: tuple[int, list[Piece], int, list[int]] | None = None
         self.chan_version = 0
         self.chan_from_leader = 0      # follower: the version it holds
         # the topic's paused flag and, when paused, how far its channels may read
@@ -198,10 +218,13 @@ class Replica:
         thread's ``_encode`` holds on to the ``texts`` it began with: replaced, not
         cleared)."""
         self.shipped.clear()
+        self.versioned = {}
         self.chan_last.clear()
         self.chan_at.clear()
         self.texts = {}
         self._assembled = None
+        self.version_gens.clear()
+        self._deltas.clear()
 
     def dropped(self) -> None:
         """This incarnation was deleted in the cluster and its local topic with it (the
@@ -457,27 +480,28 @@ class Replica:
             floor = state_floor(full)
             # in pieces, never joined: 35 MB of states (1,000,000 deferred messages)
             # joined and encoded held the GIL about 10 ms each; the chunks that did not
-            # change since the last version are not encoded again (jsonvalue.PartTexts)
-            raw = list(dumps_bytes(full))
+            # change since the last version are not encoded again (jsonvalue.PartTexts),
+            # nor shipped again to a follower that holds them (pybroker.cluster.states)
+            shipped = ship(dumps_keyed(full, memo), floor)
         except Exception:       # a bug: the next snapshot tries again
             texts.pop(name, None)
             log.exception("CLUSTER: %s: encoding the state of channel %s failed",
                           self.name, name)
             owner.call_soon_threadsafe(self._encode_failed, name)
             return
-        owner.call_soon_threadsafe(self._encoded, name, raw, floor, epoch)
+        owner.call_soon_threadsafe(self._encoded, name, shipped, epoch)
 
     def _encode_failed(self, name: str) -> None:
         self.encoding.discard(name)
         self.chan_last.pop(name, None)
 
-    def _encoded(self, name: str, raw: list[bytes], floor: int, epoch: int) -> None:
+    def _encoded(self, name: str, shipped: Shipped, epoch: int) -> None:
         # on the topic's owner loop (where fetches are answered)
         self.encoding.discard(name)
         if name not in self.topic.channels or name not in self.chan_last \
                 or self.role != LEADER or epoch != self.epoch:
             return                      # deleted, or not this leadership's, meanwhile
-        self.shipped[name] = (raw, floor)
+        self.shipped[name] = shipped
         self._new_version()
 
     def _new_version(self) -> None:
@@ -492,23 +516,39 @@ class Replica:
             if name not in shipped and not ch.ephemeral and not ch.deleted:
                 return    # its ``_encoded`` makes the version
         self.chan_version = next(_versions)
+        self.versioned = dict(shipped)
+        gens = self.version_gens
+        gens[self.chan_version] = {n: s.keyed.gen for n, s in shipped.items()}
+        while len(gens) > VERSIONS_KEPT:
+            del gens[next(iter(gens))]
+        self._deltas.clear()
+        # the parked fetches take it now, not at their next write or deadline: a
+        # follower that missed a version gets a channel encoded twice since whole, its
+        # changes being from the encoding it missed (pybroker.cluster.states)
+        self.node.wake_fetches(self.name)
 
-    def shipped_states(self) -> tuple[list[bytes], int, list[int]]:
+    def shipped_states(self) -> tuple[list[Piece], int, list[int]]:
         """The channel states to ship as one JSON object, in pieces (each channel's as
         encoded, sent without a copy: joining 35 MB of states, 1,000,000 deferred
         messages, held the leader's loop 34-61 ms), its length, and the channels'
-        floors (on the topic's owner loop; made once per version)."""
+        floors (on the topic's owner loop; made once per version), for a follower that
+        takes them whole."""
         got = self._assembled
         if got is None or got[0] != self.chan_version:
-            pieces = [b"{"]
-            floors = []
-            for n, (r, f) in self.shipped.items():
-                pieces += (b", " if len(pieces) > 1 else b"", json.dumps(n).encode(), b": ")
-                pieces += r
-                floors.append(f)
-            pieces.append(b"}")
-            got = self._assembled = (self.chan_version, pieces, sum(map(len, pieces)), floors)
+            got = self._assembled = (self.chan_version, *whole(self.versioned))
         return got[1], got[2], got[3]
+
+    def states_for(self, held: int) -> tuple[list[Json], list[Piece], int]:
+        """The channel states of the current version for a follower that holds version
+        ``held``, in parts (pybroker.cluster.states.delta): its items, the blob's pieces
+        and their length (on the topic's owner loop; made once per version held)."""
+        if held not in self.version_gens:
+            held = 0        # (at most VERSIONS_KEPT + 1 kept, whatever a follower says)
+        got = self._deltas.get(held)
+        if got is None:
+            got = self._deltas[held] = delta(self.versioned,
+                                             self.version_gens.get(held))
+        return got
 
     # -- follower ----------------------------------------------------------------------
     def truncate(self, offset: int, done: Callable[[], None]) -> None:
@@ -586,7 +626,7 @@ class Replica:
         return end
 
     def apply(self, first: int, blob: bytes, hw: int, history: list[list[int]] | None,
-              chans: JsonObj | ShippedStates | None, version: int,
+              chans: JsonObj | ShippedStates | ShippedParts | None, version: int,
               done: Callable[[], None], paused: tuple[bool, int] | None = None) -> None:
         """Append a leader's records (posted by the fetcher); done() once written (and
         synced, in fsync mode). ``chans`` (with ``version``, and ``paused``: the topic's
@@ -595,9 +635,12 @@ class Replica:
         topic = self.topic
         epoch = 0
         try:
-            if isinstance(chans, ShippedStates):
+            if isinstance(chans, ShippedParts):
+                self._take_parts(chans.parts, version, paused)
+            elif isinstance(chans, ShippedStates):
                 # kept as they came, parsed only to take over (``states``)
                 self.channels_raw = chans.raw
+                self.held = {}
                 self.channels = {}
                 self.chan_from_leader = version
                 if paused is not None:
@@ -606,6 +649,7 @@ class Replica:
             elif chans is not None:
                 # the leader's snapshots (ChannelState documents), checked where read
                 self.channels_raw = None
+                self.held = {}
                 self.channels = states_of(chans)
                 self.chan_from_leader = version
                 if paused is not None:
@@ -705,6 +749,25 @@ class Replica:
                 return
         self._follow_floors(floors)
 
+    def _take_parts(self, parts: list[Part], version: int,
+                    paused: tuple[bool, int] | None) -> None:
+        """A version of the leader's channel states in parts (pybroker.cluster.states):
+        what this follower holds made into it. Parts that do not fit what it holds
+        leave it holding the version before, and it asks for every state again."""
+        try:
+            self.held = take(self.held, parts)
+        except ValueError as e:
+            log.warning("CLUSTER: %s: the channel states shipped do not fit the ones "
+                        "held (%s): asking for all of them", self.name, e)
+            self.chan_from_leader = 0
+            return
+        self.channels_raw = None
+        self.channels = {}
+        self.chan_from_leader = version
+        if paused is not None:
+            self.paused_shipped, self.released_shipped = paused
+        self._follow_floors([p.floor for p in parts])
+
     def _follow_floors(self, floors: list[int]) -> None:
         """``_follow_floor`` with the floors the leader worked out (one per channel)."""
         topic = self.topic
@@ -726,15 +789,17 @@ class Replica:
         all are built (pybroker.cluster.takeover)."""
         topic = self.topic
         raw = self.channels_raw
-        shipped = self.channels if raw is None else raw
-        steps = build(topic, shipped, topic.log.written, time.monotonic_ns(), time.time_ns())
+        text = Text(*joined(self.held)) if self.held else \
+            Text([raw], len(raw)) if raw is not None else None
+        steps = build(topic, self.channels if text is None else text, topic.log.written,
+                      time.monotonic_ns(), time.time_ns())
         names = [n for n, ch in topic.channels.items() if not ch.ephemeral]
-        if raw is None or len(raw) <= INLINE_BYTES:
+        if text is None or text.size <= INLINE_BYTES:
             self._install(run(steps), names, self.chan_from_leader)
             return
         self.taking_over = self.epoch
         log.info("CLUSTER: %s: taking its channels over in steps (%d bytes of states)",
-                 self.name, len(raw))
+                 self.name, text.size)
         self._step(steps, self.epoch, names, self.chan_from_leader, time.monotonic_ns())
 
     def _step(self, steps: Steps, epoch: int, names: list[str], from_leader: int,
@@ -781,6 +846,7 @@ class Replica:
         states it held, 0 if none came from a leader); the states kept to build them
         go."""
         self.channels_raw = None
+        self.held = {}
         self.channels = {}
         topic = self.topic
         log.info("CLUSTER: %s: channels taken over: %s", self.name,
@@ -836,7 +902,8 @@ class Replica:
                                "epoch": self.epoch, "isr": list(self.isr),
                                "high_watermark": self.hw, "log_end": end,
                                "channel_states": (self.chan_version if self.role == LEADER
-                                                  else self.chan_from_leader)}
+                                                  else self.chan_from_leader),
+                               "states_shipped_bytes": self.states_sent}
         if self.taking_over:
             out["taking_over"] = True
         lead = self.lead

@@ -10,15 +10,17 @@ Requests (one at a time per connection, answered in order):
 - ``{"op": "epoch_end", "node", "topics": [{"name", "epoch"}]}``: where each asked
   epoch ends in this leader's log (``EpochHistory.end_for_epoch``), for the follower's
   truncation;
-- ``{"op": "fetch", "node", "wait_ms", "max_bytes", "topics": [{"name", "epoch",
+- ``{"op": "fetch", "node", "wait_ms", "max_bytes", "parts", "topics": [{"name", "epoch",
   "offset", "version", "hist"}]}``: ``offset`` is what the follower holds (its
   acknowledgement, posted when the fetch is read: ``Replica.acked`` on the topic's
   owner loop) and where it reads next. The answer carries, per topic, the records from
   there (raw log bytes in the blob: every write since, pybroker.cluster.reads), the
   high watermark, the epoch history when it differs from what ``hist`` says the
-  follower holds, and the channel states when the follower's ``version`` is older
-  (one JSON object made off the loops, in the blob: ``"states": [at, length]``, with
-  each channel's floor in ``"floors"``; Replica.shipped_states). It
+  follower holds, and the channel states when the follower's ``version`` is older:
+  to a fetch with ``"parts": 1``, of each channel what the follower lacks
+  (``"parts"``, pybroker.cluster.states; Replica.states_for), else all of them as one
+  JSON object made off the loops, in the blob (``"states": [at, length]``, with each
+  channel's floor in ``"floors"``; Replica.shipped_states). It
   is sent at the end of the turn the fetch was read in, after that turn's writes
   (``notify``: a write answers it with its records too; else
   ``EventLoop.at_turn_end``), never a turn later: a follower answered late would stay
@@ -350,7 +352,16 @@ class ReplicationServer(SelectorLoop):
                 compact = None
                 continue
             sent_to = offset
-            if r.chan_version > t.version:
+            if r.chan_version > t.version and req.parts:
+                # the channel states in parts: of each channel, what the follower
+                # lacks (pybroker.cluster.states), made off the loops; its spans from at
+                items, pieces, length = r.states_for(t.version)
+                entry["parts"] = [[*i[:5], i[5] + at, i[6], i[7] + at, i[8]]
+                                  for i in cast("list[list[int]]", items)]
+                blobs.extend(map(memoryview, pieces))
+                at += length
+                r.states_sent += length
+            elif r.chan_version > t.version:
                 # the channel states, one JSON object made off the loops, in the blob
                 # (the follower keeps it unparsed until it takes over), and their floors
                 states, length, floors = r.shipped_states()
@@ -358,6 +369,8 @@ class ReplicationServer(SelectorLoop):
                 entry["floors"] = cast(Json, floors)
                 blobs.extend(map(memoryview, states))
                 at += length
+                r.states_sent += length
+            if r.chan_version > t.version:
                 entry["version"] = r.chan_version
                 if r.paused_shipped is not None:
                     entry["paused"] = r.paused_shipped

@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 import mmap
 from collections.abc import Generator
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
-from pybroker.jsonvalue import Json, loads_steps
+from pybroker.jsonvalue import Json, Piece, loads_steps
 from pybroker.protocol.deadletter import dead_letter_settings
 
 if TYPE_CHECKING:
@@ -35,7 +35,17 @@ log = logging.getLogger("pybroker")
 # (about 2,000 deferred messages, a few milliseconds); larger ones a step a turn
 INLINE_BYTES = 64 * 1024
 COPY_STEP = 4 << 20     # bytes of shipped states copied a step
+COPY_PIECES = 4096      # pieces of shipped states copied a step at most
 Steps = Generator[None, None, list["Channel"]]
+
+
+class Text(NamedTuple):
+    """Shipped states as a follower keeps them: one JSON object in pieces
+    (pybroker.cluster.states.joined, or the one view of a frame it came whole in), and
+    its length as the leader said it."""
+
+    pieces: list[Piece]
+    size: int
 
 
 def states_of(doc: Json) -> dict[str, ChannelState]:
@@ -46,7 +56,7 @@ def states_of(doc: Json) -> dict[str, ChannelState]:
     return {n: cast("ChannelState", st) for n, st in doc.items() if isinstance(st, dict)}
 
 
-def build(topic: Topic, shipped: bytes | memoryview | dict[str, ChannelState], end: int,
+def build(topic: Topic, shipped: Text | dict[str, ChannelState], end: int,
           now_ns: int, wall_ns: int) -> Steps:
     """The channels of the states ``shipped`` (as kept: their JSON, or decoded), each
     cut to the log's ``end`` (what it held when the node became leader: only messages
@@ -56,7 +66,7 @@ def build(topic: Topic, shipped: bytes | memoryview | dict[str, ChannelState], e
         states = shipped
     else:
         try:
-            text = shipped if isinstance(shipped, bytes) else (yield from _copy(shipped))
+            text = yield from _copy(shipped)
             states = states_of((yield from loads_steps(text, tuples=True)))
         except ValueError as e:
             log.error("CLUSTER: %s: the channel states shipped cannot be read (%s): "
@@ -80,17 +90,37 @@ def build(topic: Topic, shipped: bytes | memoryview | dict[str, ChannelState], e
     return out
 
 
-def _copy(view: memoryview) -> Generator[None, None, bytes | mmap.mmap]:
-    """The shipped states copied out of the frame they came in (which loads_steps
-    cannot search), COPY_STEP bytes a step, into pages mapped as they are written:
-    ``bytes(view)`` of 35 MB (1,000,000 deferred messages) held the loop 17 ms."""
-    if len(view) <= COPY_STEP:
-        return bytes(view)
-    out = mmap.mmap(-1, len(view))
-    for at in range(0, len(view), COPY_STEP):
-        out[at:at + COPY_STEP] = view[at:at + COPY_STEP]
-        yield
-    return out
+def _copy(text: Text) -> Generator[None, None, bytes | mmap.mmap]:
+    """The shipped states copied out of their pieces (which loads_steps cannot search)
+    into one text: COPY_STEP bytes or COPY_PIECES pieces a step, into pages mapped as
+    they are written (``bytes(view)`` of 35 MB, 1,000,000 deferred messages, held the
+    loop 17 ms). ValueError when the pieces are not ``size`` bytes."""
+    size = text.size
+    if size <= COPY_STEP:
+        out = b"".join(text.pieces)
+        if len(out) != size:
+            raise ValueError(f"{len(out)} bytes of states where {size} were said")
+        return out
+    m = mmap.mmap(-1, size)
+    at = done = 0
+    for i, piece in enumerate(text.pieces):
+        view = memoryview(piece)
+        while len(view):
+            n = min(len(view), COPY_STEP - done)
+            if at + n > size:
+                raise ValueError(f"more bytes of states than the {size} said")
+            m[at:at + n] = view[:n]
+            view = view[n:]
+            at += n
+            done += n
+            if done >= COPY_STEP:
+                done = 0
+                yield
+        if i % COPY_PIECES == COPY_PIECES - 1:
+            yield
+    if at != size:
+        raise ValueError(f"{at} bytes of states where {size} were said")
+    return m
 
 
 def run(steps: Steps) -> list[Channel]:
@@ -102,4 +132,4 @@ def run(steps: Steps) -> list[Channel]:
             return done.value            # type: ignore[no-any-return]
 
 
-__all__ = ["INLINE_BYTES", "Steps", "build", "run", "states_of"]
+__all__ = ["INLINE_BYTES", "Steps", "Text", "build", "run", "states_of"]

@@ -13,8 +13,10 @@ import pytest
 from pybroker.cluster import takeover
 from pybroker.cluster.replica import Replica
 from pybroker.cluster.rules import EpochHistory
+from pybroker.cluster.states import Shipped, ship
 from pybroker.core.lifecycle import RESTORE_STEP, ChannelState
 from pybroker.core.topic import Topic
+from pybroker.jsonvalue import PartTexts, dumps_keyed
 from tests.unit.test_channel import WALL, S, make_topic, publish
 
 NOW = 5 * S
@@ -65,7 +67,8 @@ def test_a_large_state_is_built_a_few_thousand_messages_a_step() -> None:
     state = {"cursor": n + 5, "skip": [],
              "pending": [[k, 1 + k % 3, WALL + (k % 7 + 1) * S] for k in range(n)]}
     raw = json.dumps({"c": state}).encode()
-    chans, steps = _steps(takeover.build(t, raw, t.log.written, NOW, WALL))
+    chans, steps = _steps(takeover.build(t, takeover.Text([raw], len(raw)), t.log.written,
+                                         NOW, WALL))
     assert steps >= n // RESTORE_STEP + len(raw) // (2 * 64 * 1024)
     whole = t.make_channel("c", 0)
     whole.restore(cast("ChannelState", state), NOW, WALL)
@@ -76,8 +79,8 @@ def test_a_large_state_is_built_a_few_thousand_messages_a_step() -> None:
 def test_states_that_are_not_json_take_over_no_channel(caplog: pytest.LogCaptureFixture) -> None:
     t = _topic(3)
     with caplog.at_level(logging.ERROR, logger="pybroker"):
-        chans, _ = _steps(takeover.build(t, b'{"c": {"cursor": 1, "pending": [[1, 2', 3,
-                                           NOW, WALL))
+        bad = b'{"c": {"cursor": 1, "pending": [[1, 2'
+        chans, _ = _steps(takeover.build(t, takeover.Text([bad], len(bad)), 3, NOW, WALL))
     assert chans == []
     assert "cannot be read" in caplog.text
 
@@ -89,12 +92,13 @@ def test_a_version_is_shipped_only_once_every_channel_is_encoded() -> None:
     t = _topic(3)
     for name in ("a", "b", "tmp#ephemeral"):
         t.get_channel(name)
-    r = Replica(cast(Any, None), t, EpochHistory())
+    woken: list[str] = []
+    r = Replica(cast(Any, SimpleNamespace(wake_fetches=woken.append)), t, EpochHistory())
     before = r.chan_version
-    r.shipped["a"] = ([b"{}"], 0)
+    r.shipped["a"] = _shipped({})
     r._new_version()
     assert r.chan_version == before          # b is not encoded yet
-    r.shipped["b"] = ([b"{}"], 0)
+    r.shipped["b"] = _shipped({})
     r._new_version()
     assert r.chan_version > before           # the ephemeral channel is never shipped
     t.channels["b"].deleted = True
@@ -102,6 +106,14 @@ def test_a_version_is_shipped_only_once_every_channel_is_encoded() -> None:
     version = r.chan_version
     r._new_version()
     assert r.chan_version > version          # a deleted one is not waited for
+    # each version wakes the fetches parked on the topic, and is remembered by the
+    # generations of its channels' encodings
+    assert woken == ["t", "t"]
+    assert r.version_gens[r.chan_version] == {"a": r.shipped["a"].keyed.gen}
+
+
+def _shipped(state: dict[str, int]) -> Shipped:
+    return ship(dumps_keyed(state, PartTexts()), 0)
 
 
 class _Owner:
@@ -189,11 +201,10 @@ def test_a_leader_that_steps_down_keeps_nothing_of_what_it_shipped() -> None:
     """The encoded states a leadership shipped, and the encoder's memory of their
     chunks, go when it ends (they are a next leadership's to make afresh)."""
     from pybroker.cluster.replica import FOLLOWER, LEADER
-    from pybroker.jsonvalue import PartTexts
     t = _topic(3)
     r = Replica(cast(Any, None), t, EpochHistory())
     r.role, r.epoch = LEADER, 1
-    r.shipped["a"] = ([b'{"cursor": 1}'], 0)
+    r.shipped["a"] = _shipped({"cursor": 1})
     r.chan_last["a"] = (cast(ChannelState, {"cursor": 1}), ())
     r.chan_at["a"] = 5
     r.texts["a"] = PartTexts()
@@ -201,4 +212,4 @@ def test_a_leader_that_steps_down_keeps_nothing_of_what_it_shipped() -> None:
     r._step_down(FOLLOWER, 2, 3)
     assert (r.role, r.epoch, r.leader) == (FOLLOWER, 2, 3)
     assert r.shipped == {} and r.chan_last == {} and r.chan_at == {} and r.texts == {}
-    assert r._assembled is None
+    assert r._assembled is None and r.version_gens == {}

@@ -1,0 +1,299 @@
+"""pybroker.cluster.states: a leader's channel states shipped in parts and a follower's
+copy of them. A Hypothesis state machine runs a leader's Replica (its versions and the
+parts it answers) and a follower that fetches at any time, misses versions, comes back
+knowing nothing, and checks that what the follower holds is the leader's states; the
+hostile cases (parts outside the frame, runs outside what is held, sizes that do not
+add up) are refused with ValueError, and a follower then asks for everything."""
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+
+from pybroker.cluster import states, takeover
+from pybroker.cluster.replica import Replica
+from pybroker.cluster.rules import EpochHistory
+from pybroker.cluster.states import (Held, Part, delta, joined, parts_of, ship, take,
+                                     whole)
+from pybroker.core.deferred import CHUNK, DeferredSet
+from pybroker.core.lifecycle import ChannelState, deferred_states, state_floor
+from pybroker.jsonvalue import PartTexts, dumps_keyed
+from tests.unit.test_channel import WALL, make_topic
+
+NOW = 5_000_000_000
+
+NAMES = ("a", "b", "c")
+offsets = st.integers(0, 12 * CHUNK - 1)
+
+
+def _fetch(r: Replica, held: dict[str, Held], version: int
+           ) -> tuple[dict[str, Held], int]:
+    """A follower holding ``held`` at ``version`` fetches: what it holds after, and
+    the bytes of states it was sent (through the wire's parsing)."""
+    items, pieces, length = r.states_for(version)
+    blob = b"".join(pieces)
+    assert len(blob) == length
+    return take(held, parts_of(items, memoryview(blob))), length
+
+
+def _text(held: dict[str, Held]) -> object:
+    pieces, size = joined(held)
+    text = b"".join(pieces)
+    assert len(text) == size
+    return json.loads(text)
+
+
+class Shipping(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.topic = make_topic(mem=100)
+        self.r = Replica(cast(Any, SimpleNamespace(wake_fetches=lambda name: None)),
+                         self.topic, EpochHistory())
+        self.sets: dict[str, DeferredSet] = {}
+        self.memos: dict[str, PartTexts] = {}
+        self.encoded: dict[str, object] = {}    # each channel's state installed, decoded
+        self.expect: dict[str, object] = {}     # and as the current version has them
+        self.held: dict[str, Held] = {}
+        self.version = 0                         # the follower's
+        self.attempt = 0
+
+    @rule(name=st.sampled_from(NAMES), off=offsets)
+    def defer(self, name: str, off: int) -> None:
+        self.attempt += 1
+        self.sets.setdefault(name, DeferredSet()).add((off, self.attempt, 10**18))
+        self.topic.get_channel(name)
+
+    @rule(name=st.sampled_from(NAMES), off=offsets)
+    def discard(self, name: str, off: int) -> None:
+        s = self.sets.get(name)
+        d = s.get(off) if s is not None else None
+        if s is not None and d is not None:
+            s.discard(d)
+
+    @rule(name=st.sampled_from(NAMES), k=st.integers(0, 11))
+    def empty_chunk(self, name: str, k: int) -> None:
+        """Every message of a chunk finished (its piece goes from between others)."""
+        s = self.sets.get(name)
+        for off in range(k * CHUNK, (k + 1) * CHUNK):
+            d = s.get(off) if s is not None else None
+            if s is not None and d is not None:
+                s.discard(d)
+
+    @rule(name=st.sampled_from(NAMES), cursor=st.integers(0, 3), installed=st.booleans())
+    def encode(self, name: str, cursor: int, installed: bool) -> None:
+        """The storage thread encodes a channel; the loop installs it and makes a
+        version, or (``installed`` false: a leadership that changed meanwhile) drops
+        it, its encoder's memory having moved on."""
+        if name not in self.sets:
+            return
+        state: ChannelState = {"cursor": cursor, "pending": [[cursor, 1, 0]]}
+        snap = self.sets[name].snapshot()
+        deferred_states(state, snap, self.memos.setdefault(name, PartTexts()))
+        shipped = ship(dumps_keyed(state, self.memos[name]), state_floor(state))
+        if installed:
+            self.r.shipped[name] = shipped
+            self.encoded[name] = {"cursor": cursor, "pending": [[cursor, 1, 0]] + [
+                list(d) for part in snap for d in part]}
+            self._new_version()
+
+    @rule(cursor=st.integers(0, 3))
+    def tick(self, cursor: int) -> None:
+        """The leader's tick: every channel encoded and installed (a version)."""
+        for name in list(self.sets):
+            self.encode(name, cursor, True)
+
+    def _new_version(self) -> None:
+        """A version is made once every channel is encoded, of the encodings then."""
+        was = self.r.chan_version
+        self.r._new_version()
+        if self.r.chan_version != was:
+            self.expect = dict(self.encoded)
+
+    @rule(name=st.sampled_from(NAMES))
+    def delete(self, name: str) -> None:
+        self.topic.channels.pop(name, None)
+        self.sets.pop(name, None)
+        self.memos.pop(name, None)
+        if self.r.shipped.pop(name, None) is not None:
+            del self.encoded[name]
+            self._new_version()
+
+    @precondition(lambda self: self.r.chan_version > self.version)
+    @rule()
+    def fetch(self) -> None:
+        was = self.version
+        fresh = was in self.r.version_gens
+        self.held, sent = _fetch(self.r, self.held, was)
+        self.version = self.r.chan_version
+        assert _text(self.held) == self.expect
+        whole_size = whole(self.r.versioned)[1]
+        if fresh:
+            # what is held is sent again only where it changed: never more than the
+            # whole states plus the ops (16 bytes a piece)
+            pieces = sum(len(s.keyed.pieces) for s in self.r.versioned.values())
+            assert sent <= whole_size + 16 * pieces
+            # a channel held already costs nothing; one held at the encoding before its
+            # current one costs the pieces that encoding lacked, and its ops
+            gens = self.r.version_gens[was]
+            for item in self.r.states_for(was)[0]:
+                assert isinstance(item, list)
+                name, gen, base = item[:3]
+                s = self.r.versioned[str(name)]
+                if gens.get(str(name)) == gen:
+                    assert base == gen and item[6] == item[8] == 0
+                elif s.ops and gens.get(str(name)) == s.keyed.base:
+                    assert base == s.keyed.base and item[8] == s.lit_size
+                    assert item[6] == len(s.ops)
+                else:
+                    assert base == 0 and item[8] == s.keyed.size
+
+    @rule()
+    def reconnect(self) -> None:
+        """A follower of a new leader holds version 0: it is sent every state whole."""
+        self.version = 0
+
+
+TestShipping = Shipping.TestCase
+TestShipping.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def _chunks(n: int) -> list[tuple[tuple[int, int, int], ...]]:
+    """n chunks of 100 deferred messages each."""
+    return [tuple((k * CHUNK + j, 1, 10**18) for j in range(100)) for k in range(n)]
+
+
+def _encoded(parts: list[tuple[tuple[int, int, int], ...]], memo: PartTexts
+             ) -> states.Shipped:
+    state: ChannelState = {"cursor": 0, "pending": []}
+    deferred_states(state, tuple(parts), memo)
+    return ship(dumps_keyed(state, memo), state_floor(state))
+
+
+def test_a_follower_that_holds_the_version_before_is_sent_the_changed_chunk_only() -> None:
+    """300 chunks of 100 deferred messages each, one chunk changed: the follower is
+    sent that chunk and a few bytes around it, not the state."""
+    memo = PartTexts()
+    parts = _chunks(300)
+    first = _encoded(parts, memo)
+    held = take({}, parts_of(*_answer({"ch": first}, None)))
+    parts[150] = parts[150][:50]
+    second = _encoded(parts, memo)
+    items, sent = _answer({"ch": second}, {"ch": first.keyed.gen})
+    held = take(held, parts_of(items, sent))
+    assert len(sent) < 2_000 < second.keyed.size // 100
+    assert b"".join(held["ch"].pieces) == b"".join(second.keyed.pieces)
+    del parts[200]                      # a chunk emptied between others
+    third = _encoded(parts, memo)
+    items, sent = _answer({"ch": third}, {"ch": second.keyed.gen})
+    held = take(held, parts_of(items, sent))
+    assert len(sent) < 100
+    assert b"".join(held["ch"].pieces) == b"".join(third.keyed.pieces)
+
+
+def _answer(shipped: dict[str, states.Shipped], held: dict[str, int] | None
+            ) -> tuple[list[Any], memoryview]:
+    items, pieces, _ = delta(shipped, held)
+    return items, memoryview(b"".join(pieces))
+
+
+def test_a_state_of_more_pieces_than_a_loop_walks_goes_whole_as_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over MAX_PIECES pieces (deferred messages far apart, a chunk each), a state is
+    shipped whole each time, as one piece: a follower's loop never walks more."""
+    monkeypatch.setattr(states, "MAX_PIECES", 8)
+    memo = PartTexts()
+    parts = _chunks(20)
+    first = _encoded(parts, memo)
+    assert len(first.keyed.pieces) > 8 and first.ops == b""
+    items, blob = _answer({"ch": first}, None)
+    assert struct.unpack(">2q", blob[items[0][5]:items[0][5] + 16]) == (-1, first.keyed.size)
+    held = take({}, parts_of(items, blob))
+    assert len(held["ch"].pieces) == 1
+    parts[3] = parts[3][:50]
+    second = _encoded(parts, memo)
+    held = take(held, parts_of(*_answer({"ch": second}, {"ch": first.keyed.gen})))
+    assert b"".join(held["ch"].pieces) == b"".join(second.keyed.pieces)
+
+
+def _item(blob: bytes, ops: list[int], name: str = "ch", gen: int = 2, base: int = 0
+          ) -> tuple[list[Any], memoryview]:
+    packed = struct.pack(f">{len(ops)}q", *ops)
+    frame = packed + blob
+    return ([[name, gen, base, 0, len(blob), 0, len(packed), len(packed), len(blob)]],
+            memoryview(frame))
+
+
+@pytest.mark.parametrize("items", [
+    {"ch": 1},                                        # not a list
+    [["ch", 1, 0, 0, 1, 0, 16, 16]],                  # 8 fields, not 9
+    [[7, 1, 0, 0, 1, 0, 16, 16, 1]],                  # a name that is not a string
+    [["ch", 1, 0, 0, 1, 0, 16, 16, "1"]],             # a span that is not a number
+    [["ch", 1, 0, 0, 1, -16, 16, 16, 1]],             # a negative span
+    [["ch", 1, 0, 0, 1, 0, 16, 16, 10**6]],           # bytes past the frame
+    [["ch", 1, 0, 0, 1, 0, 12, 12, 1]],               # ops that are not pairs
+])
+def test_parts_outside_the_frame_or_malformed_are_refused(items: Any) -> None:
+    with pytest.raises(ValueError):
+        parts_of(items, memoryview(bytes(40)))
+
+
+def test_more_ops_than_a_loop_walks_are_refused() -> None:
+    ops = [-1, 0] * (states.MAX_PIECES + 1)
+    with pytest.raises(ValueError, match="too large"):
+        parts_of(*_item(b"", ops))
+
+
+@pytest.mark.parametrize("ops,blob,base", [
+    ([0, 1], b"", 1),              # a run from a generation not held
+    ([-1, 3], b"ab", 0),           # a new piece larger than its bytes
+    ([-1, 1], b"ab", 0),           # bytes left over
+    ([-1, -2, -1, 4], b"ab", 0),   # a negative size
+    ([5, 1], b"", 0),              # a run of the base while the state is whole
+])
+def test_parts_that_do_not_fit_what_is_held_are_refused(ops: list[int], blob: bytes,
+                                                        base: int) -> None:
+    held = {"ch": Held(7, [b"{}"], 2)}
+    with pytest.raises(ValueError):
+        take(held, parts_of(*_item(blob, ops, base=base)))
+
+
+def test_a_run_outside_the_pieces_held_is_refused() -> None:
+    held = {"ch": Held(1, [b"{", b"}"], 2)}
+    with pytest.raises(ValueError, match="outside"):
+        take(held, parts_of(*_item(b"", [0, 3], base=1)))
+    with pytest.raises(ValueError, match="not held"):          # keep what is not held
+        take(held, [Part("ch", 5, 5, 0, 2, memoryview(b""), memoryview(b""))])
+
+
+def test_a_follower_sent_parts_that_do_not_fit_keeps_its_states_and_asks_for_all(
+        caplog: pytest.LogCaptureFixture) -> None:
+    r = Replica(cast(Any, None), make_topic(mem=100), EpochHistory())
+    r.held = {"ch": Held(1, [b'{"cursor": 4}'], 13)}
+    r.chan_from_leader = 9
+    with caplog.at_level(logging.WARNING, logger="pybroker"):
+        r._take_parts(parts_of(*_item(b"", [0, 9], base=1)), 10, None)
+    assert r.held == {"ch": Held(1, [b'{"cursor": 4}'], 13)}
+    assert r.chan_from_leader == 0            # its next fetch asks for every state
+    assert "do not fit" in caplog.text
+
+
+def test_states_of_another_size_than_said_take_over_no_channel(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The text a new leader copies out of its pieces must be the size its leader
+    said (small, copied in one join; large, in steps into a mapping)."""
+    t = make_topic(mem=100)
+    big = json.dumps({"c": {"cursor": 0, "pending": [[k, 1, 0] for k in range(5)]}})
+    for text in (takeover.Text([b'{"c": ', b'{"cursor": 1}}'], 99),
+                 takeover.Text([big.encode()] * 2, takeover.COPY_STEP + 1)):
+        with caplog.at_level(logging.ERROR, logger="pybroker"):
+            steps = takeover.build(t, text, t.log.written, NOW, WALL)
+            assert takeover.run(steps) == []
+        assert "cannot be read" in caplog.text
+        caplog.clear()
