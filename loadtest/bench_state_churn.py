@@ -5,12 +5,14 @@ with ``--deferred`` messages deferred for an hour, then a consumer that requeues
 more message every 1/``--rate`` s for ``--seconds``. The leader ships the channel's state
 to its followers every 200 ms while it changes (docs/replication.md, "Channels and
 consumers");
-printed: each node's CPU over that window (% of one core) and the state versions made.
+printed: each node's CPU over that window (% of one core), the state versions made and
+the bytes of states the leader shipped (to both followers) a second.
 
     python loadtest/bench_state_churn.py [--deferred 300000] [--runs 3]
 
 A leader encodes only the chunks of deferred messages that changed since the version
-before (jsonvalue.PartTexts); the whole state is still shipped with each version.
+before (jsonvalue.PartTexts), and ships a follower only the pieces it lacks
+(pybroker.cluster.states).
 ``--single``: one node instead, whose checkpoints write the state (every
 ``sync_timeout``, 2 s) the same way.
 """
@@ -36,10 +38,11 @@ EXTRA = 5_000          # messages published after the deferred ones, to requeue 
 
 
 def churn(address: str, args: argparse.Namespace, nodes: dict[int, BrokerProcess],
-          versions: Callable[[], int]) -> tuple[dict[int, float], int]:
+          shipping: Callable[[], tuple[int, int]]) -> tuple[dict[int, float], int, float]:
     """Defer ``--deferred`` messages, then one more every 1/``--rate`` s for
-    ``--seconds``: each node's CPU over that window (% of a core), and the versions of
-    the states made meanwhile."""
+    ``--seconds``: each node's CPU over that window (% of a core), the versions of
+    the states made meanwhile and the bytes of states shipped a second (``shipping``:
+    the leader's version and bytes shipped so far)."""
     defer_all(address, args.deferred)
     with _connect(address) as s:
         mpub, per = build_command("MPUB", TOPIC, 20, 1000)
@@ -50,7 +53,7 @@ def churn(address: str, args: argparse.Namespace, nodes: dict[int, BrokerProcess
         assert _frame(s) == (0, b"OK")
         s.sendall(b"RDY 1\n")
         time.sleep(2)           # the states made of the deferrals above written or shipped
-        v0 = versions()
+        v0, b0 = shipping()
         cpu0 = {i: b.cpu_s() for i, b in nodes.items()}
         t0 = time.monotonic()
         while time.monotonic() - t0 < args.seconds:
@@ -59,25 +62,28 @@ def churn(address: str, args: argparse.Namespace, nodes: dict[int, BrokerProcess
                 s.sendall(b"REQ " + data[10:26] + b" 3600000\n")
                 time.sleep(1 / args.rate)
         el = time.monotonic() - t0
-        return ({i: 100 * (b.cpu_s() - cpu0[i]) / el for i, b in nodes.items()},
-                versions() - v0)
+        cpu = {i: 100 * (b.cpu_s() - cpu0[i]) / el for i, b in nodes.items()}
+        v1, b1 = shipping()
+        return cpu, v1 - v0, (b1 - b0) / el
 
 
-def one_run(args: argparse.Namespace) -> tuple[float, float, int]:
-    """(the leader's CPU %, the followers' mean CPU %, state versions made); a single
-    node: (its CPU %, 0, 0)."""
+def one_run(args: argparse.Namespace) -> tuple[float, float, int, float]:
+    """(the leader's CPU %, the followers' mean CPU %, state versions made, bytes of
+    states shipped a second); a single node: (its CPU %, 0, 0, 0)."""
     if args.single:
         b = BrokerProcess("pybroker", env=dict(os.environ)).start()
         try:
-            cpu, _ = churn(b.tcp_address, args, {1: b}, lambda: 0)
-            return cpu[1], 0.0, 0
+            cpu, _, _ = churn(b.tcp_address, args, {1: b}, lambda: (0, 0))
+            return cpu[1], 0.0, 0, 0.0
         finally:
             b.stop()
     with led_topic(args.etcd) as (cs, leader, lead):
-        cpu, versions = churn(leader.tcp_address, args, cs.nodes, lambda: int(
-            (cs.replication(lead, TOPIC) or {}).get("channel_states", 0)))
+        def shipping() -> tuple[int, int]:
+            rep = cs.replication(lead, TOPIC) or {}
+            return int(rep.get("channel_states", 0)), int(rep.get("states_shipped_bytes", 0))
+        cpu, versions, rate = churn(leader.tcp_address, args, cs.nodes, shipping)
         followers = [c for i, c in cpu.items() if i != lead]
-        return cpu[lead], sum(followers) / len(followers), versions
+        return cpu[lead], sum(followers) / len(followers), versions, rate
 
 
 def main() -> None:
@@ -91,13 +97,14 @@ def main() -> None:
     args = ap.parse_args()
     runs = []
     for k in range(args.runs):
-        lc, fc, versions = one_run(args)
-        runs.append((lc, fc, versions))
+        lc, fc, versions, rate = one_run(args)
+        runs.append((lc, fc, versions, rate))
         if args.single:
             print(f"run {k + 1}: the node {lc:.0f}% of a core", flush=True)
         else:
             print(f"run {k + 1}: leader {lc:.0f}% of a core, each follower {fc:.0f}%, "
-                  f"{versions} state versions in {args.seconds:.0f} s", flush=True)
+                  f"{versions} state versions in {args.seconds:.0f} s, states shipped "
+                  f"{rate / 1e6:.2f} MB/s", flush=True)
     if args.single:
         print(f"{args.deferred:,} deferred, {args.rate:g} requeues/s, one node: median "
               f"{statistics.median(r[0] for r in runs):.0f}% of a core")
@@ -105,7 +112,8 @@ def main() -> None:
     print(f"{args.deferred:,} deferred, {args.rate:g} requeues/s: leader median "
           f"{statistics.median(r[0] for r in runs):.0f}% of a core, followers "
           f"{statistics.median(r[1] for r in runs):.0f}%, versions "
-          f"{statistics.median(r[2] for r in runs):.0f}")
+          f"{statistics.median(r[2] for r in runs):.0f}, states shipped "
+          f"{statistics.median(r[3] for r in runs) / 1e6:.2f} MB/s")
 
 
 if __name__ == "__main__":

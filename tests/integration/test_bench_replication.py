@@ -95,7 +95,7 @@ def test_a_short_takeover_run_prints_its_figures() -> None:
 def test_a_short_state_churn_run_prints_its_figures() -> None:
     """loadtest/bench_state_churn.py, one short run on a cluster and one on a single
     node: each node's CPU is printed, and the cluster's leader made new versions of
-    the channel's state while its deferred messages changed."""
+    the channel's state while its deferred messages changed, and shipped them."""
     etcd = require_program("etcd", "to coordinate the bench's cluster (apt install "
                            "etcd-server)")
     script = str(project_root() / "loadtest" / "bench_state_churn.py")
@@ -104,8 +104,8 @@ def test_a_short_state_churn_run_prints_its_figures() -> None:
                           timeout=140, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     m = re.search(r"^run 1: leader (\d+)% of a core, each follower (\d+)%, (\d+) state "
-                  r"versions in 1 s$", proc.stdout, re.M)
-    assert m is not None and int(m.group(3)) >= 1, proc.stdout
+                  r"versions in 1 s, states shipped ([0-9.]+) MB/s$", proc.stdout, re.M)
+    assert m is not None and int(m.group(3)) >= 1 and float(m.group(4)) > 0, proc.stdout
     proc = subprocess.run([sys.executable, script, *args, "--single"], capture_output=True,
                           text=True, timeout=140, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
