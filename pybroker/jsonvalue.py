@@ -109,6 +109,12 @@ Piece = Union[bytes, memoryview]
 _gens = itertools.count(1)     # keyed encodings, in this process
 
 
+def new_gen() -> int:
+    """A generation no keyed encoding has (nor will have): for a text whose pieces a
+    reader does not hold as they were encoded (``ops`` are never made from it)."""
+    return next(_gens)
+
+
 class Keyed(NamedTuple):
     """A keyed encoding (``dumps_keyed``): the text in ``pieces``, each part's text
     (a chunk of deferred messages) a piece of its own, the rest in pieces between them;
