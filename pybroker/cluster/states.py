@@ -1,5 +1,5 @@
 """A replicated topic's channel states as its leader ships them and a follower holds
-them, in pieces (docs/replication.md, "Channels and consumers").
+them, in pieces (docs/replication.md, "Shipped in parts").
 
 The leader encodes each channel's state (``Replica._encode``, on the storage thread)
 with ``jsonvalue.dumps_keyed``: the JSON text in pieces, each chunk of deferred
@@ -51,8 +51,8 @@ from pybroker.jsonvalue import BYTES_PIECE, Keyed, Piece, apply_ops, new_gen
 
 VERSIONS_KEPT = 8              # versions whose generations a leader remembers
 COPY_BELOW = 1 << 20           # a follower copies the new pieces of an answer under this
-# pieces of one channel's state a follower's loop walks at most (about 5 ms); a state
-# of more goes whole, as one piece
+# pieces of one channel's state a follower's loop walks at most (a whole state of
+# 16,384 pieces: 4.6 ms to take); a state of more goes whole, as one piece
 MAX_PIECES = 16_384
 
 
