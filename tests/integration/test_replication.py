@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterator, Sequence
 import pytest
 
 from pybroker.cluster.syncs import RESUME_AFTER, SLOW_NS
-from pybroker.cluster.wire import encode
+from pybroker.cluster.states import joined, parts_of, take
+from pybroker.cluster.wire import FrameReader, encode
 from pybroker.testing import wait_until
 from tests.support.http import channel_stats, http_json
 from tests.support.nsqtools import start_nsqlookupd
@@ -459,6 +460,61 @@ def test_hostile_replication_peers_are_dropped(cluster: Cluster) -> None:
             except ConnectionResetError:
                 pass
     assert _pub_answer(c, lead, b"still-fine") == (FRAME_RESPONSE, b"OK")
+
+
+def test_channel_states_are_shipped_in_parts_to_a_peer_that_asks_and_whole_otherwise(
+        cluster: Cluster) -> None:
+    """A peer on the leader's replication port that fetches with ``"parts": 1`` gets
+    the channel states in parts (pybroker.cluster.states), one that does not (a
+    follower of an earlier version) gets them whole (``"states"``); both make the same
+    JSON, with the channel's deferred message in it."""
+    c = cluster
+    lead = _create(c)
+    L = c.nodes[lead]
+    with WireClient.connect(L.tcp_address) as w:   # type: ignore[arg-type]
+        w.pub(TOPIC, b"later")
+        w.sub(TOPIC, "ch")
+        w.rdy(1)
+        w.req(w.read_message(10).id, 3_600_000)
+        wait_until(lambda: (channel_stats(L, TOPIC, "ch") or {}).get("deferred_count") == 1,
+                   10, 0.05, what="the message deferred")
+        _states_shipped(c, lead, [i for i in c.nodes if i != lead])
+    rep = c.replication(lead, TOPIC) or {}
+    host, _, port = c.summary(lead)["replication_address"].rpartition(":")
+
+    def fetch(parts: bool) -> tuple[dict[str, Any], memoryview]:
+        req: dict[str, Any] = {"op": "fetch", "node": 99, "wait_ms": 0, "max_bytes": 1024,
+                               "topics": [{"name": TOPIC, "epoch": rep["epoch"],
+                                           "offset": rep["log_end"], "version": 0,
+                                           "hist": [0]}]}
+        if parts:
+            req["parts"] = 1
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(b"".join(encode(req)))
+            reader = FrameReader()
+            frame = None
+            while frame is None:
+                data = s.recv(1 << 16)
+                assert data, "the leader closed the connection"
+                reader.feed(data)
+                frame = reader.next()
+        head, blob = frame
+        (entry,) = head["topics"]           # type: ignore[misc]
+        assert isinstance(entry, dict)
+        return entry, blob
+
+    whole_entry, blob = fetch(parts=False)
+    assert "parts" not in whole_entry
+    at, n = whole_entry["states"]
+    whole_text = json.loads(bytes(blob[at:at + n]))
+    parts_entry, blob = fetch(parts=True)
+    assert "states" not in parts_entry
+    held = take({}, parts_of(parts_entry["parts"], blob))
+    pieces, size = joined(held)
+    assert json.loads(b"".join(pieces)) == whole_text
+    # the deferred message: due in about an hour ([offset, attempts, due wall ns])
+    due = [d[2] for d in whole_text["ch"]["pending"] if d[2]]
+    assert len(due) == 1 and 3_500 < (due[0] - time.time_ns()) / 1e9 < 3_700, due
 
 
 def test_killed_follower_restarts_and_catches_up(cluster: Cluster) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from pybroker.cluster import fetcher as fetcher_mod
 from pybroker.cluster.fetcher import Fetcher
-from pybroker.cluster.replica import FOLLOWER, ShippedStates
+from pybroker.cluster.replica import FOLLOWER, ShippedParts, ShippedStates
 from pybroker.cluster.rules import EpochHistory
 from pybroker.cluster.reads import LastReads, record_bytes
 from pybroker.cluster.serve import MAX_REQUEST, ReplicationServer
@@ -208,6 +208,32 @@ def test_channel_states_come_in_the_blob_and_are_kept_unparsed(
         leader.close()
 
 
+def test_channel_states_in_parts_reach_the_replica_checked(loop: SelectorLoop) -> None:
+    """The fetcher asks for parts (``"parts": 1``), and a leader's parts
+    (pybroker.cluster.states) reach the replica read from the frame."""
+    ops = struct.pack(">2q", -1, 2)
+
+    def answer(conn: socket.socket, head: dict[str, object], i: int) -> None:
+        if i == 1:
+            conn.sendall(b"".join(encode({"topics": [{
+                "name": "t", "hw": 0, "version": 7,
+                "parts": [["ch", 5, 0, 3, 2, 0, 16, 16, 2]]}]}, ops, b"{}")))
+
+    leader = _Leader(answer)
+    f, rep = _fetching(loop, leader)
+    try:
+        wait_until(lambda: rep.chans, 5, what="the parts applied")
+        assert leader.requests[0]["parts"] == 1
+        (got,) = rep.chans
+        assert isinstance(got, ShippedParts)
+        (part,) = got.parts
+        assert (part.name, part.gen, part.base, part.floor, part.size) == ("ch", 5, 0, 3, 2)
+        assert bytes(part.ops) == ops and bytes(part.data) == b"{}"
+    finally:
+        _stop(loop, f)
+        leader.close()
+
+
 def test_once_the_leader_takes_compact_fetches_the_steady_state_is_compact(
         loop: SelectorLoop) -> None:
     rep: _Replica
@@ -281,6 +307,10 @@ def test_a_trickled_answer_is_cut_at_its_deadline(loop: SelectorLoop,
                                  "states": [0, 99]}]}, b"{}")),     # states outside
     b"".join(encode({"topics": [{"name": "t", "hw": 0, "version": 2, "floors": ["x"],
                                  "states": [0, 2]}]}, b"{}")),      # a floor not an int
+    b"".join(encode({"topics": [{"name": "t", "hw": 0, "version": 2, "parts": [
+        ["ch", 1, 0, 0, 2, 0, 16, 16, 99]]}]}, b"{}")),             # parts outside
+    b"".join(encode({"topics": [{"name": "t", "hw": 0, "version": 2,
+                                 "parts": {"ch": 1}}]})),          # parts not a list
 ])
 def test_a_bad_answer_drops_the_connection_and_it_connects_again(
         loop: SelectorLoop, monkeypatch: pytest.MonkeyPatch, reply: bytes) -> None:
