@@ -2,7 +2,8 @@
 
 Layout (docs/storage.md): ``nsqd.dat`` (nsqd's metadata schema: topics, channels, paused
 flags), ``topics/<topic>/`` (one TopicLog per topic), ``state/<topic>.json`` (the saved
-cursors and pending offsets of the topic's channels).
+cursors and pending offsets of the topic's channels) and ``state/<topic>.json.journal``
+(the changes since it: pybroker.storage.statejournal).
 
 Ownership: the ``storage`` thread owns every fsync (but a replicated topic's follower
 may sync on its loop: ``sync_now``, pybroker.cluster.syncs), metadata save, channel-state save and
@@ -36,14 +37,17 @@ from pybroker.core.deferred import Chunks
 from pybroker.core.lifecycle import ChannelState, deferred_states, state_floor
 from pybroker.core.topic import Topic
 from pybroker.storage import MetadataError, StorageError
-from pybroker.storage._fsutil import atomic_write, safe_name
+from pybroker.storage._fsutil import safe_name
 from pybroker.storage.fileops import REAL, FileOps, FaultyFileOps, from_environment
 from pybroker.storage.lock import DataPathLock
+from pybroker.storage.statejournal import SUFFIX as JOURNAL
+from pybroker.storage.statejournal import StateWriter
+from pybroker.storage.statejournal import load as load_state_text
 from pybroker.storage.metadata import (BrokerMetadata, ChannelMeta, TopicMeta, load_metadata,
                                        save_metadata)
 from pybroker.storage.topiclog import TopicLog
 from pybroker.evloop import Ts
-from pybroker.jsonvalue import PartTexts, dumps_bytes
+from pybroker.jsonvalue import PartTexts, dumps_keyed
 
 if TYPE_CHECKING:
     from pybroker.core.broker import Broker
@@ -52,7 +56,8 @@ if TYPE_CHECKING:
 
 
 class TopicState(TypedDict, total=False):
-    """A topic's saved state (state/<topic>.json): its channels' states and where a
+    """A topic's saved state (state/<topic>.json, and the changes since in its journal:
+    pybroker.storage.statejournal): its channels' states and where a
     first channel starts; ``floor`` and ``min_cursor`` are worked out for a checkpoint
     and not read back."""
 
@@ -110,6 +115,9 @@ class StorageManager:
         # each channel's chunks of deferred messages as last encoded here (their JSON:
         # a changed state encodes only the chunks that changed; jsonvalue.PartTexts)
         self._texts: dict[Topic, dict[str, PartTexts]] = {}
+        # each topic's state file and its journal of changes (pybroker.storage.
+        # statejournal), and the memory of its last encoding in pieces (dumps_keyed)
+        self._writers: dict[Topic, tuple[StateWriter, PartTexts]] = {}
         self.meta_path = os.path.join(self.data_path, "nsqd.dat")
         self.durable = o.durability == "fsync"
         self._requests: queue.Queue[_Request] = queue.Queue()
@@ -217,8 +225,10 @@ class StorageManager:
     def _load_state(self, topic: str) -> TopicState:
         path = self._state_path(topic)
         try:
-            with open(path, "rb") as f:
-                state = json.loads(f.read())
+            text = load_state_text(path)       # the file, and its journal's changes
+            if text is None:
+                return {}
+            state = json.loads(text)
             return state if isinstance(state, dict) else {}  # type: ignore[return-value]
         except FileNotFoundError:
             return {}
@@ -274,12 +284,13 @@ class StorageManager:
                 log.error("NSQ: storage: moving the log of deleted topic %s aside: %s",
                           t.name, e)
                 gone = None
-        try:
-            os.unlink(self._state_path(t.name))
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            log.error("NSQ: storage: removing state of %s: %s", t.name, e)
+        for path in (self._state_path(t.name) + JOURNAL, self._state_path(t.name)):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                log.error("NSQ: storage: removing state of %s: %s", t.name, e)
         self._requests.put(_Delete(t, gone))
 
     def write_ok(self, t: Topic | None, kind: str = "write") -> None:
@@ -439,6 +450,8 @@ class StorageManager:
         saved = self._saved_states
         for t in [t for t in saved if t.deleted]:
             del saved[t]
+        for t in [t for t in self._writers if t.deleted]:
+            del self._writers[t]
         for t, snap in snapshots.items():
             if t.deleted or t.ephemeral:
                 continue
@@ -450,9 +463,12 @@ class StorageManager:
                 # again (an idle topic cost an fsynced write, a rename and a directory
                 # fsync at every checkpoint, every sync_timeout; 1,000,000 deferred
                 # messages 35 MB of JSON)
+                writer, memo = self._writers.get(t) or self._writers.setdefault(
+                    t, (StateWriter(self._state_path(t.name), self.fileops), PartTexts()))
                 try:
-                    # made and written in pieces: not one long hold of the GIL
-                    atomic_write(self._state_path(t.name), dumps_bytes(snap))
+                    # made and written in pieces: not one long hold of the GIL; what
+                    # changed since the last write appended to the state's journal
+                    writer.save(dumps_keyed(snap, memo))
                 except OSError as e:
                     saved.pop(t, None)
                     self.failed(e, t, "state")

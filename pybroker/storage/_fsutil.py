@@ -58,7 +58,8 @@ def tmp_path(path: str) -> str:
     return f"{path}.{os.urandom(6).hex()}.tmp"
 
 
-def atomic_write(path: str, data: bytes | Iterable[bytes], *, sync_dir: bool = True) -> None:
+def atomic_write(path: str, data: bytes | Iterable[bytes | memoryview], *,
+                 sync_dir: bool = True) -> None:
     """Replace ``path`` with ``data`` (bytes, or pieces of it written in turn)
     atomically: temp file, fsync, rename, fsync dir.
 

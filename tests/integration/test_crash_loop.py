@@ -18,6 +18,7 @@ import pytest
 from pathlib import Path
 from collections.abc import Callable
 
+from pybroker.storage.statejournal import load as load_state
 from tests.support.broker import BrokerProcess, unique_name, wait_until
 from tests.support.durability import (
     FinningConsumer,
@@ -108,7 +109,8 @@ def _saved_due(b: BrokerProcess, topic: str, offset: int) -> int:
     """The due time the broker saved for a pending offset of topic's channel "ch"."""
     path = Path(b.data_path) / "state" / f"{topic}.json"
     try:
-        state = json.loads(path.read_bytes())
+        # the file and the changes in its journal, as the broker reads them back
+        state = json.loads(load_state(str(path)) or b"{}")
     except (OSError, ValueError):
         return 0
     for off, _, due in state.get("channels", {}).get("ch", {}).get("pending", []):

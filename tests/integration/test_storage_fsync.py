@@ -215,19 +215,23 @@ def test_an_idle_topics_channel_states_are_not_written_again(make_broker: MakeBr
     """Every checkpoint (sync_timeout) saves each topic's channel states: written
     again unchanged, 300 idle topics cost each node about a tenth of a core in fsyncs,
     renames and directory fsyncs. An unchanged state is not written again; one that
-    changed (a message finished) is."""
+    changed (a message finished) is (its change, to the state's journal)."""
     b = make_broker("--sync-timeout=50ms")
     idle, busy = unique_name("idle"), unique_name("busy")
     create_channel(b, idle, "ch")
     create_channel(b, busy, "ch")
     state = Path(b.data_path) / "state"
 
-    def ident(topic: str) -> tuple[int, int] | None:
-        try:
-            st = (state / f"{topic}.json").stat()
-        except FileNotFoundError:
-            return None
-        return st.st_ino, st.st_mtime_ns
+    def ident(topic: str) -> tuple[int, ...] | None:
+        """The state file and its journal of changes (pybroker.storage.statejournal)."""
+        out: tuple[int, ...] = ()
+        for name in (f"{topic}.json", f"{topic}.json.journal"):
+            try:
+                st = (state / name).stat()
+            except FileNotFoundError:
+                return None
+            out += (st.st_ino, st.st_mtime_ns, st.st_size)
+        return out
 
     first = wait_until(lambda: ident(idle), 10, 0.02, what="the idle topic's state saved")
     with WireClient.connect(b.tcp_address) as c:     # type: ignore[arg-type]

@@ -6,6 +6,7 @@ default mode at least what was already on disk survives.
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 import time
 from collections.abc import Callable
 
@@ -219,3 +220,50 @@ def test_deleted_and_emptied_queues_stay_so_after_restart(make_broker: MakeBroke
     assert len(consume(b, topic, "kept", expect=20)) == 20
     assert consume(b, gone_topic, "ch", idle_s=0.5) == []
     assert consume(b, topic, "gone", idle_s=0.5) == []
+
+
+def test_deferrals_saved_as_changes_survive_a_kill9(make_broker: MakeBroker) -> None:
+    """A channel holding 20,000 deferred messages, then 30 more deferred one at a time
+    across checkpoints (every 50 ms): each checkpoint appends what changed (a chunk of
+    up to 1,024 offsets) to the state's journal (pybroker.storage.statejournal) instead
+    of writing the whole file again; after a kill -9 the broker reads the file and its
+    journal and holds every deferred message."""
+    b = make_broker("--durability=fsync", "--sync-timeout=50ms", "--max-req-timeout=2h")
+    topic = unique_name("journal")
+    create_channel(b, topic, "ch")
+    n, more = 20_000, 30
+    state = Path(b.data_path) / "state" / f"{topic}.json"
+    with WireClient.connect(b.tcp_address) as w:  # type: ignore[arg-type]
+        w.mpub(topic, [f"m{k}".encode() for k in range(n + more)])
+        w.sub(topic, "ch")
+        w.rdy(2500)
+        for _ in range(n):
+            w.req(w.read_message(10).id, 3_600_000)
+        w.rdy(0)
+        time.sleep(0.3)                       # the deferrals checkpointed
+        wait_until(lambda: (channel_stats(b, topic, "ch") or {}).get("deferred_count") == n,
+                   what="the first ones deferred")
+        wait_until(lambda: Path(str(state) + ".journal").exists(), what="the state saved")
+        written = _write_bytes(b)
+        w.rdy(1)
+        for _ in range(more):
+            w.req(w.read_message(10).id, 3_600_000)
+            time.sleep(0.06)                  # a checkpoint between two
+        wait_until(lambda: (channel_stats(b, topic, "ch") or {}).get("deferred_count")
+                   == n + more, what="all deferred")
+        time.sleep(0.2)                       # the last change checkpointed
+    # 30 changed states written whole would be 30 files; as changes, at most one file
+    # (the journal full: MAX_RECORDS) and the journal's records
+    written = _write_bytes(b) - written
+    whole = state.stat().st_size
+    print(f"{more} changes wrote {written:,} bytes; the file is {whole:,}")
+    assert written < 5 * whole, (written, whole)
+    restart(b, signal.SIGKILL)
+    s = channel_stats(b, topic, "ch")
+    assert s is not None and (s["deferred_count"], s["depth"]) == (n + more, 0), s
+
+
+def _write_bytes(b: BrokerProcess) -> int:
+    """What the broker process has written to storage (``/proc/PID/io``)."""
+    with open(f"/proc/{b.pid}/io") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith("write_bytes"))

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pybroker.storage.statejournal import load as load_state
 from tests.support.broker import BrokerProcess, unique_name, wait_until
 from tests.support.durability import (
     FinningConsumer,
@@ -126,7 +127,7 @@ def test_checkpoints_of_150000_deferred_messages_do_not_stall_other_clients(
                        == n + added, 10, 0.1, what="the new ones deferred too")
             path = Path(b.data_path) / "state" / f"{topic}.json"
             # the saved state lists every deferred message, the new ones among them
-            wait_until(lambda: sorted(p[0] for p in json.loads(path.read_text())
+            wait_until(lambda: sorted(p[0] for p in json.loads(load_state(str(path)) or b"{}")
                                       ["channels"]["ch"]["pending"]) == list(range(n + added)),
                        10, 0.1, what="a checkpoint with every one")
             assert added >= 50, (added, max(rtts))
@@ -206,17 +207,21 @@ def _wait_checkpoints(b: BrokerProcess, topic: str, n: int = 2) -> None:
     """Wait until n checkpoints ran after this call, each of them whole (retention of
     ``topic`` included). A checkpoint writes a topic's state only when it changed, so
     the proof is a ticker topic changed before each: a message published to it moves
-    its ``released``, and the next checkpoint rewrites its state file (atomically: a
-    new inode). After two, one whole checkpoint ran after this call."""
+    its ``released``, and the next checkpoint saves its state again (the file written
+    again, atomically: a new inode; or the change appended to its journal). After two,
+    one whole checkpoint ran after this call."""
     ticker = f"{topic}_tick"
     path = Path(b.data_path) / "state" / f"{ticker}.json"
 
-    def version() -> tuple[int, int] | None:
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            return None
-        return st.st_ino, st.st_mtime_ns
+    def version() -> tuple[int, ...] | None:
+        out: tuple[int, ...] = ()
+        for p in (path, Path(f"{path}.journal")):
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                return None
+            out += (st.st_ino, st.st_mtime_ns, st.st_size)
+        return out
 
     for k in range(n):
         before = version()
