@@ -471,7 +471,8 @@ class StorageManager:
                     writer.save(dumps_keyed(snap, memo))
                 except OSError as e:
                     saved.pop(t, None)
-                    self.failed(e, t, "state")
+                    if not t.deleted:     # (else its files went meanwhile: on purpose)
+                        self.failed(e, t, "state")
                     continue
                 saved[t] = now
                 if self.runtime.health is not None:

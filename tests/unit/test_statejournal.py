@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -16,8 +17,9 @@ from hypothesis import strategies as st
 from pybroker.core.deferred import CHUNK
 from pybroker.jsonvalue import Keyed, PartedList, PartTexts, dumps_keyed
 from pybroker.storage import statejournal as sj
-from pybroker.storage.fileops import Fault, FaultyFileOps
+from pybroker.storage.fileops import Fault, FaultyFileOps, FileOps
 from pybroker.storage.statejournal import StateWriter, load
+from tests.support.inproc import close_runtime, runtime
 
 Chunk = tuple[tuple[int, int, int], ...]
 
@@ -203,3 +205,37 @@ def test_an_encoding_not_saved_makes_the_next_save_whole(tmp_path: Path) -> None
     s.change(2)
     assert w.save(s.encode()) is False
     assert load(path) == s.text()
+
+
+class _DeletedMeanwhile(FileOps):
+    """The disk as a topic deletion leaves it, racing a checkpoint: the journal is
+    gone when the storage thread opens it to append."""
+
+    def __init__(self) -> None:
+        self.topic: Any = None
+
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        if path.endswith(sj.SUFFIX) and self.topic is not None:
+            self.topic.deleted = True
+            os.unlink(path)
+        return super().open(path, flags, mode)
+
+
+def test_a_topic_deleted_while_its_state_is_saved_is_no_storage_failure(
+        tmp_path: Path) -> None:
+    """A checkpoint appending to the journal of a topic deleted meanwhile fails to open
+    it: that is the deletion, not a failing disk, and /ping stays OK."""
+    rt = runtime(tmp_path, durability="memory")
+    try:
+        ops = _DeletedMeanwhile()
+        rt.storage.fileops = ops
+        topic = rt.broker.get_topic("t")
+        state: dict[str, Any] = {"topic": "t", "orphan_start": 0, "released": 0,
+                                 "channels": {}, "floor": 0, "min_cursor": 0}
+        rt.storage.checkpoint({topic: state})          # whole, and its journal
+        assert os.path.exists(str(tmp_path / "state" / "t.json") + sj.SUFFIX)
+        ops.topic = topic
+        rt.storage.checkpoint({topic: {**state, "orphan_start": 5}})   # an append
+        assert topic.deleted and rt.health is None, rt.health
+    finally:
+        close_runtime(rt)
