@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Callable, NamedTuple, cast
 
 from pybroker.cluster.ports import (HANDED_OVER, LEADERSHIP_LOST, LEASE_EXPIRED, NOT_LEADER,
@@ -23,8 +23,8 @@ from pybroker.cluster.ports import (HANDED_OVER, LEADERSHIP_LOST, LEASE_EXPIRED,
 from pybroker.cluster.rules import EpochHistory, LeaderState, Waiter
 from pybroker.cluster.takeover import INLINE_BYTES, Steps, Text, build, run, states_of
 from pybroker.core.lifecycle import deferred_states, state_floor
-from pybroker.cluster.states import (VERSIONS_KEPT, Held, Part, Shipped, delta, joined, ship,
-                                     take, whole)
+from pybroker.cluster.states import (TAKE_STEP, VERSIONS_KEPT, Held, Part, Shipped, delta,
+                                     joined, ops_of, ship, take_steps, whole)
 from pybroker.jsonvalue import PartTexts, Piece, dumps_keyed
 from pybroker.errors import ChannelNotFound, TopicNotFound
 from pybroker.server.services import owner_loop
@@ -636,7 +636,7 @@ class Replica:
         epoch = 0
         try:
             if isinstance(chans, ShippedParts):
-                self._take_parts(chans.parts, version, paused)
+                done = self._take_parts(chans.parts, version, paused, done)
             elif isinstance(chans, ShippedStates):
                 # kept as they came, parsed only to take over (``states``)
                 self.channels_raw = chans.raw
@@ -750,23 +750,57 @@ class Replica:
         self._follow_floors(floors)
 
     def _take_parts(self, parts: list[Part], version: int,
-                    paused: tuple[bool, int] | None) -> None:
+                    paused: tuple[bool, int] | None,
+                    done: Callable[[], None]) -> Callable[[], None]:
         """A version of the leader's channel states in parts (pybroker.cluster.states):
-        what this follower holds made into it. Parts that do not fit what it holds
-        leave it holding the version before, and it asks for every state again."""
+        what this follower holds made into it, at once, or, past TAKE_STEP ops (many
+        channels), a step a turn; the done to call once the records are appended then
+        waits for the last step too (the fetcher asks again only after both). Parts
+        that do not fit what it holds leave it holding the version before, and it asks
+        for every state again."""
+        steps = take_steps(self.held, parts)
+        if ops_of(parts) <= TAKE_STEP:
+            self._take_step(steps, version, paused, parts, self.epoch, done, False)
+            return done
+        left = [2]
+
+        def both() -> None:
+            left[0] -= 1
+            if not left[0]:
+                done()
+        self._take_step(steps, version, paused, parts, self.epoch, both, True)
+        return both
+
+    def _take_step(self, steps: Generator[None, None, dict[str, Held]], version: int,
+                   paused: tuple[bool, int] | None, parts: list[Part], epoch: int,
+                   done: Callable[[], None], stepped: bool) -> None:
         try:
-            self.held = take(self.held, parts)
+            while True:
+                next(steps)
+                if stepped:
+                    owner_loop(self.topic.owner).call_later(
+                        0, self._take_step, steps, version, paused, parts, epoch, done,
+                        True)
+                    return
+        except StopIteration as end:
+            if self.role == FOLLOWER and self.epoch == epoch:   # (else not its now)
+                self.held = end.value
+                self.channels_raw = None
+                self.channels = {}
+                self.chan_from_leader = version
+                if paused is not None:
+                    self.paused_shipped, self.released_shipped = paused
+                self._follow_floors([p.floor for p in parts])
         except ValueError as e:
             log.warning("CLUSTER: %s: the channel states shipped do not fit the ones "
                         "held (%s): asking for all of them", self.name, e)
             self.chan_from_leader = 0
-            return
-        self.channels_raw = None
-        self.channels = {}
-        self.chan_from_leader = version
-        if paused is not None:
-            self.paused_shipped, self.released_shipped = paused
-        self._follow_floors([p.floor for p in parts])
+        except Exception:       # a bug: the fetcher is never left waiting
+            log.exception("CLUSTER: %s: taking the channel states shipped failed",
+                          self.name)
+            self.chan_from_leader = 0
+        if stepped:
+            done()
 
     def _follow_floors(self, floors: list[int]) -> None:
         """``_follow_floor`` with the floors the leader worked out (one per channel)."""

@@ -18,10 +18,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from pybroker.cluster import states, takeover
-from pybroker.cluster.replica import Replica
+from pybroker.cluster import replica as replica_mod
+from pybroker.cluster.replica import FOLLOWER, Replica
 from pybroker.cluster.rules import EpochHistory
-from pybroker.cluster.states import (Held, Part, delta, joined, parts_of, ship, take,
-                                     whole)
+from pybroker.cluster.states import (Held, Part, delta, joined, ops_of, parts_of, ship,
+                                     take, whole)
 from pybroker.core.deferred import CHUNK, DeferredSet
 from pybroker.core.lifecycle import ChannelState, deferred_states, state_floor
 from pybroker.jsonvalue import PartTexts, dumps_keyed
@@ -304,7 +305,8 @@ def test_a_follower_sent_parts_that_do_not_fit_keeps_its_states_and_asks_for_all
     r.held = {"ch": Held(1, [b'{"cursor": 4}'], 13)}
     r.chan_from_leader = 9
     with caplog.at_level(logging.WARNING, logger="pybroker"):
-        r._take_parts(parts_of(*_item(b"", [0, 9], base=1)), 10, None)
+        done = r._take_parts(parts_of(*_item(b"", [0, 9], base=1)), 10, None, print)
+    assert done is print                      # (small: taken at once)
     assert r.held == {"ch": Held(1, [b'{"cursor": 4}'], 13)}
     assert r.chan_from_leader == 0            # its next fetch asks for every state
     assert "do not fit" in caplog.text
@@ -323,3 +325,44 @@ def test_states_of_another_size_than_said_take_over_no_channel(
             assert takeover.run(steps) == []
         assert "cannot be read" in caplog.text
         caplog.clear()
+
+
+class _Loop:
+    """A topic's owner loop whose later calls the test runs itself."""
+
+    def __init__(self) -> None:
+        self.later: list[tuple[Any, tuple[Any, ...]]] = []
+
+    def call_later(self, delay_ns: int, fn: Any, *args: Any) -> None:
+        self.later.append((fn, args))
+
+
+def test_an_answer_of_many_channels_is_taken_a_step_a_turn(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past TAKE_STEP op pairs (here 40), a follower takes the parts a step a turn, each
+    of about TAKE_STEP pairs; the fetcher is told the round is done only once the
+    records are appended and the last step is over."""
+    monkeypatch.setattr(states, "TAKE_STEP", 40)
+    monkeypatch.setattr(replica_mod, "TAKE_STEP", 40)
+    shipped = {f"ch{k}": _encoded(_chunks(10), PartTexts()) for k in range(12)}
+    t = make_topic(mem=100)
+    loop = _Loop()
+    t.owner = cast(Any, loop)
+    r = Replica(cast(Any, None), t, EpochHistory())
+    r.role, r.epoch = FOLLOWER, 3
+    parts = parts_of(*_answer(shipped, None))
+    assert ops_of(parts) > 40
+    told: list[int] = []
+    done = r._take_parts(parts, 9, None, lambda: told.append(1))
+    done()                                   # the records appended
+    turns = 0
+    while loop.later:
+        assert not told and r.chan_from_leader == 0
+        fn, args = loop.later.pop()
+        fn(*args)
+        turns += 1
+    assert told == [1] and r.chan_from_leader == 9
+    assert turns >= ops_of(parts) // 40 - 1
+    assert set(r.held) == set(shipped)
+    assert all(b"".join(r.held[n].pieces) == b"".join(s.keyed.pieces)
+               for n, s in shipped.items())
