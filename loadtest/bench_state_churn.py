@@ -29,8 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_durability import build_command  # noqa: E402
-from bench_takeover import TOPIC, _connect, _frame, defer_all, led_topic  # noqa: E402
+from bench_takeover import (TOPIC, _connect, _frame, defer_all, led_topic,  # noqa: E402
+                            publish_and_subscribe)
 
 from pybroker.bench.brokers import BrokerProcess  # noqa: E402
 
@@ -45,13 +45,7 @@ def churn(address: str, args: argparse.Namespace, nodes: dict[int, BrokerProcess
     the leader's version and bytes shipped so far)."""
     defer_all(address, args.deferred)
     with _connect(address) as s:
-        mpub, per = build_command("MPUB", TOPIC, 20, 1000)
-        for _ in range(0, EXTRA, per):
-            s.sendall(mpub)
-            assert _frame(s) == (0, b"OK")
-        s.sendall(f"SUB {TOPIC} ch\n".encode())
-        assert _frame(s) == (0, b"OK")
-        s.sendall(b"RDY 1\n")
+        publish_and_subscribe(s, EXTRA, 1)
         time.sleep(2)           # the states made of the deferrals above written or shipped
         v0, b0 = shipping()
         cpu0 = {i: b.cpu_s() for i, b in nodes.items()}

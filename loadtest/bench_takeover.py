@@ -60,16 +60,22 @@ def _connect(address: str) -> socket.socket:
     return s
 
 
+def publish_and_subscribe(s: socket.socket, n: int, rdy: int) -> None:
+    """On connection s: n messages of 20 bytes published to TOPIC (MPUBs of 1,000),
+    then a SUB to its channel "ch" with RDY rdy."""
+    mpub, per = build_command("MPUB", TOPIC, 20, 1000)
+    for _ in range(0, n, per):
+        s.sendall(mpub)
+        assert _frame(s) == (0, b"OK")
+    s.sendall(f"SUB {TOPIC} ch\n".encode())
+    assert _frame(s) == (0, b"OK")
+    s.sendall(f"RDY {rdy}\n".encode())
+
+
 def defer_all(address: str, n: int) -> None:
     """n messages published, delivered once and requeued for an hour each."""
     with _connect(address) as s:
-        mpub, per = build_command("MPUB", TOPIC, 20, 1000)
-        for _ in range(0, n, per):
-            s.sendall(mpub)
-            assert _frame(s) == (0, b"OK")
-        s.sendall(f"SUB {TOPIC} ch\n".encode())
-        assert _frame(s) == (0, b"OK")
-        s.sendall(b"RDY 2500\n")
+        publish_and_subscribe(s, n, 2500)
         got = 0
         while got < n:
             kind, data = _frame(s)
