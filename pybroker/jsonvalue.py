@@ -95,9 +95,15 @@ def dumps_bytes(v: object) -> Iterator[bytes]:
     or sent as they are (a replicated channel's state)."""
     out: list[str | _Ref] = []
     _dump(v, out)
+    return grouped(p.encode() if isinstance(p, str) else p.text.piece(p.first) for p in out)
+
+
+def grouped(pieces: Iterable[bytes | memoryview]) -> Iterator[bytes]:
+    """The bytes of ``pieces`` in pieces of about BYTES_PIECE bytes (many small pieces
+    made into few, each copied once)."""
     buf = bytearray()
-    for p in out:
-        buf += p.encode() if isinstance(p, str) else p.text.piece(p.first)
+    for p in pieces:
+        buf += p
         if len(buf) >= BYTES_PIECE:
             yield bytes(buf)
             buf.clear()

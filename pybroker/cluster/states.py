@@ -47,7 +47,7 @@ from collections.abc import Generator, Iterator, Sequence
 from typing import NamedTuple
 
 from pybroker.cluster.ports import Json, need_int
-from pybroker.jsonvalue import BYTES_PIECE, Keyed, Piece, apply_ops, new_gen
+from pybroker.jsonvalue import Keyed, Piece, apply_ops, grouped, new_gen
 
 VERSIONS_KEPT = 8              # versions whose generations a leader remembers
 COPY_BELOW = 1 << 20           # a follower copies the new pieces of an answer under this
@@ -74,31 +74,18 @@ def ship(keyed: Keyed, floor: int) -> Shipped:
     A state of over MAX_PIECES pieces (deferred messages far apart: a chunk each) goes
     whole each time, as one piece, so that a follower's loop never walks more than
     MAX_PIECES pieces of a channel; its pieces are joined here into pieces of about
-    BYTES_PIECE bytes, so that the leader's loop sends a few hundred, not a million.
+    256 KB (jsonvalue.grouped), so that the leader's loop sends a few hundred, not a million.
     Such a state is a generation of its own (``new_gen``): a follower holds it as one
     piece, so the next encoding's ops, made from the encoding's pieces, are not for it
     (that state goes whole)."""
     if len(keyed.pieces) > MAX_PIECES:
         # (its ops and new pieces are never sent: not kept, a pair or two a piece)
-        return Shipped(keyed._replace(gen=new_gen(), base=0, pieces=_grouped(keyed.pieces),
+        return Shipped(keyed._replace(gen=new_gen(), base=0, pieces=list(grouped(keyed.pieces)),
                                       ops=[], literals=[]),
                        floor, b"", 0, _pack([-1, keyed.size]))
     return Shipped(keyed, floor, _pack(keyed.ops) if keyed.base else b"",
                    sum(map(len, keyed.literals)),
                    _pack([x for p in keyed.pieces for x in (-1, len(p))]))
-
-
-def _grouped(pieces: list[Piece]) -> list[Piece]:
-    out: list[Piece] = []
-    buf = bytearray()
-    for p in pieces:
-        buf += p
-        if len(buf) >= BYTES_PIECE:
-            out.append(bytes(buf))
-            buf.clear()
-    if buf:
-        out.append(bytes(buf))
-    return out
 
 
 def _pack(ops: Sequence[int]) -> bytes:

@@ -40,9 +40,7 @@ from pybroker.storage import MetadataError, StorageError
 from pybroker.storage._fsutil import safe_name
 from pybroker.storage.fileops import REAL, FileOps, FaultyFileOps, from_environment
 from pybroker.storage.lock import DataPathLock
-from pybroker.storage.statejournal import SUFFIX as JOURNAL
-from pybroker.storage.statejournal import StateWriter
-from pybroker.storage.statejournal import load as load_state_text
+from pybroker.storage.statejournal import SUFFIX as JOURNAL, StateWriter, load as load_state_text
 from pybroker.storage.metadata import (BrokerMetadata, ChannelMeta, TopicMeta, load_metadata,
                                        save_metadata)
 from pybroker.storage.topiclog import TopicLog
