@@ -524,8 +524,11 @@ class Lifecycle:
                       wall_ns: int) -> Generator[None, None, None]:
         """``restore`` in steps of RESTORE_STEP pending messages (a new leader's channel,
         built a step a turn before it is added to its topic: pybroker.cluster.takeover)."""
-        oldest = self.topic.log.oldest
-        self.cursor = max(int(state.get("cursor", oldest)), oldest)
+        oldest, written = self.topic.log.oldest, self.topic.log.written
+        # never past the log's end: a saved cursor beyond it names messages this log
+        # does not hold (a state not of this log), and would skip the ones published
+        # there next; what it does hold is delivered again instead
+        self.cursor = min(max(int(state.get("cursor", oldest)), oldest), max(written, oldest))
         self.start_offset = self.cursor
         skip = sorted({int(o) for o in state.get("skip", []) if int(o) >= self.cursor})
         self.skip = deque(skip)

@@ -282,14 +282,17 @@ class StorageManager:
                 log.error("NSQ: storage: moving the log of deleted topic %s aside: %s",
                           t.name, e)
                 gone = None
-        for path in (self._state_path(t.name) + JOURNAL, self._state_path(t.name)):
+        self._remove_state(t.name)
+        self._requests.put(_Delete(t, gone))
+
+    def _remove_state(self, name: str) -> None:
+        for path in (self._state_path(name) + JOURNAL, self._state_path(name)):
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
             except OSError as e:
-                log.error("NSQ: storage: removing state of %s: %s", t.name, e)
-        self._requests.put(_Delete(t, gone))
+                log.error("NSQ: storage: removing state of %s: %s", name, e)
 
     def write_ok(self, t: Topic | None, kind: str = "write") -> None:
         """An operation of this kind worked for t (a write of real records, an fsync, a
@@ -471,6 +474,15 @@ class StorageManager:
                     saved.pop(t, None)
                     if not t.deleted:     # (else its files went meanwhile: on purpose)
                         self.failed(e, t, "state")
+                    continue
+                if t.deleted:
+                    # deleted while it was written: delete_topic removed its files
+                    # before this write put them back (a whole write's rename). Left
+                    # there, a topic created again under the name would, after a
+                    # crash before its own first save, start from this one's cursors.
+                    # Only this thread writes state files, so what is removed here is
+                    # this write's.
+                    self._remove_state(t.name)
                     continue
                 saved[t] = now
                 if self.runtime.health is not None:

@@ -7,6 +7,8 @@ import os
 import urllib.parse
 from collections.abc import Iterable
 
+from pybroker.storage.fileops import REAL, FileOps
+
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.")
 _MAX_SAFE_LEN = 200
 
@@ -59,26 +61,31 @@ def tmp_path(path: str) -> str:
 
 
 def atomic_write(path: str, data: bytes | Iterable[bytes | memoryview], *,
-                 sync_dir: bool = True) -> None:
+                 sync_dir: bool = True, ops: FileOps = REAL) -> None:
     """Replace ``path`` with ``data`` (bytes, or pieces of it written in turn)
-    atomically: temp file, fsync, rename, fsync dir.
+    atomically: temp file, fsync, rename, fsync dir. The temp file is opened, written,
+    synced and closed through ``ops`` (the storage fault seam: pybroker.storage.fileops).
 
     A crash leaves either the old content or the new, never a mix. Raises OSError.
     """
     tmp = tmp_path(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
+        at = 0
         for piece in ((data,) if isinstance(data, bytes) else data):
             view = memoryview(piece)
             while view:
-                n = os.write(fd, view)
+                n = ops.pwrite(fd, view, at)
+                if n <= 0:
+                    raise OSError(f"a write of {tmp} wrote nothing")
                 view = view[n:]
-        os.fsync(fd)
+                at += n
+        ops.fsync(fd)
     except BaseException:
-        os.close(fd)
+        ops.close(fd)
         _unlink_quietly(tmp)
         raise
-    os.close(fd)
+    ops.close(fd)
     try:
         os.replace(tmp, path)
     except BaseException:

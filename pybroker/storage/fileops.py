@@ -1,7 +1,9 @@
 """FileOps: the file operations of a topic log's write side, and the fault seam on them.
 
 A TopicLog opens, writes, syncs and cuts back its segment files only through a FileOps
-object (``open``, ``pwrite``, ``fsync``, ``ftruncate``, ``dup``, ``close``). The default
+object (``open``, ``pwrite``, ``fsync``, ``ftruncate``, ``dup``, ``close``); so do the
+channel states' whole writes (``_fsutil.atomic_write``'s temporary file) and their
+journals' appends (pybroker.storage.statejournal). The default
 (``REAL``) calls the os module. A ``FaultyFileOps`` runs a *fault plan*: rules that make
 chosen calls fail the way a failing disk does, deterministically, so that tests reach
 every failure path of the publish path without filling a disk:

@@ -103,13 +103,13 @@ class StateWriter:
         crc = 0
         for p in keyed.pieces:
             crc = zlib.crc32(p, crc)
-        atomic_write(self.path, keyed.pieces)
+        atomic_write(self.path, keyed.pieces, ops=self.fileops)
         self.base_crc, self.base_size = crc, keyed.size
         if len(keyed.pieces) > MAX_PIECES:
             self._remove_journal()
             return False
         rec = _record(crc, keyed.size, keyed.gen, 0, _whole_ops(keyed.pieces), ())
-        atomic_write(self.journal, rec)
+        atomic_write(self.journal, rec, ops=self.fileops)
         self.gen, self.records, self.bytes = keyed.gen, 0, sum(map(len, rec))
         return False
 
@@ -134,10 +134,6 @@ class StateWriter:
             os.unlink(self.journal)
         except FileNotFoundError:
             pass
-
-    def forget(self) -> None:
-        """The files are gone (the topic deleted): the next save writes them whole."""
-        self.gen = 0
 
 
 def load(path: str) -> bytes | None:

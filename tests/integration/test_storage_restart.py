@@ -267,3 +267,42 @@ def _write_bytes(b: BrokerProcess) -> int:
     """What the broker process has written to storage (``/proc/PID/io``)."""
     with open(f"/proc/{b.pid}/io") as f:
         return next(int(ln.split()[1]) for ln in f if ln.startswith("write_bytes"))
+
+
+def test_a_state_saved_as_its_topic_is_deleted_is_not_left_for_a_new_one(
+        make_broker: MakeBroker, tmp_path: Path) -> None:
+    """A topic deleted while the storage thread writes its state file whole (its first
+    save, held in the fsync of the temporary file by the fault plan) leaves no state
+    file behind: a topic created again under its name, killed before its own first
+    save, starts clean after the restart instead of from the old topic's cursor (20,
+    past the new log's 10 messages: all 10 were skipped)."""
+    slow = tmp_path / "slow"
+    slow.touch()
+    plan = f"op=fsync kind=slow ms=3000 nth=1 count=1 while={slow} path=/state/"
+    b = make_broker("--durability=fsync", "--sync-timeout=1h",
+                    env={"PYBROKER_FAULTS": plan})
+    topic = unique_name("racy")
+    state_dir = Path(b.data_path) / "state"
+    create_channel(b, topic, "ch")
+    with WireClient.connect(b.tcp_address) as w:  # type: ignore[arg-type]
+        w.mpub(topic, [f"old{k}".encode() for k in range(20)])
+        w.sub(topic, "ch")
+        w.rdy(20)
+        msgs = w.read_messages(20, 10)
+        for m in msgs[:-1]:
+            w.fin(m.id)
+        w.req(msgs[-1].id, 60_000)           # a deferral in fsync mode: saved at once
+        wait_until(lambda: any(state_dir.glob(f"{topic}.json.*.tmp")),
+                   what="the state's first save under way")
+    assert http(b, "POST", f"/topic/delete?topic={topic}")[0] == 200
+    # the storage thread removes a deleted topic's moved-aside log after the save
+    wait_until(lambda: not any((Path(b.data_path) / "topics").glob(".deleted-*")),
+               timeout_s=15, what="the save and the deletion done")
+    assert sorted(p.name for p in state_dir.glob(f"{topic}.json*")) == []
+    slow.unlink()
+    create_channel(b, topic, "ch")
+    with WireClient.connect(b.tcp_address) as w:  # type: ignore[arg-type]
+        w.mpub(topic, [f"new{k}".encode() for k in range(10)])
+    restart(b, signal.SIGKILL)               # before the new topic's first save
+    got = consume(b, topic, "ch", expect=10, timeout_s=10)
+    assert sorted(bodies(got)) == sorted(f"new{k}".encode() for k in range(10))

@@ -392,6 +392,23 @@ def test_snapshot_restores_pending_state() -> None:
     assert again.deferred_count(WALL + S) == 1
 
 
+def test_a_saved_cursor_past_the_log_end_restarts_at_the_end() -> None:
+    """A state whose cursor is past its log's end (not this log's state) takes the
+    cursor to the end: what is published next is delivered, not skipped; pending
+    offsets past the end are dropped."""
+    t, ch = make()
+    publish(t, 3)
+    again = t.new_channel("c2", cursor=0)
+    again.restore({"cursor": 20, "pending": [[1, 2, 0], [15, 1, 0]]}, 0, WALL)
+    assert again.cursor == 3
+    publish(t, 2)
+    c = Client(rdy=10)
+    again.add_consumer(c, 0)
+    again.dispatch(0, WALL)
+    assert [(m.body, m.attempts) for m in c.got] == \
+        [(b"body1", 3), (b"body0", 1), (b"body1", 1)]
+
+
 # -- nsqd's requeue order ---------------------------------------------------------------
 def test_timed_out_message_goes_behind_the_queued_ones() -> None:
     """nsqd: PUB A, PUB B; a RDY 1 consumer lets A time out -> B, then A (attempts 2)."""

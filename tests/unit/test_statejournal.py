@@ -157,13 +157,14 @@ def test_a_failed_append_makes_the_next_save_whole(tmp_path: Path, kind: str) ->
     is read is the state before, and the next save writes the whole file and a new
     journal."""
     path = str(tmp_path / "t.json")
-    ops = FaultyFileOps([Fault("pwrite", kind, nth=2, path=sj.SUFFIX)])
+    ops = FaultyFileOps()
     s, w = _States(), StateWriter(path, ops)
     w.save(s.encode())
     s.change(1)
     assert w.save(s.encode()) is True
     before = s.text()
     s.change(2)
+    ops.faults = [Fault("pwrite", kind, path=sj.SUFFIX)]     # the next append's write
     with pytest.raises(OSError):
         w.save(s.encode())
     assert load(path) == before
@@ -174,10 +175,11 @@ def test_a_failed_append_makes_the_next_save_whole(tmp_path: Path, kind: str) ->
 
 def test_a_short_append_is_written_on(tmp_path: Path) -> None:
     path = str(tmp_path / "t.json")
-    ops = FaultyFileOps([Fault("pwrite", "short", nth=1, path=sj.SUFFIX)])
+    ops = FaultyFileOps()
     s, w = _States(), StateWriter(path, ops)
     w.save(s.encode())
     s.change(1)
+    ops.faults = [Fault("pwrite", "short", path=sj.SUFFIX)]   # the append's write
     assert w.save(s.encode()) is True and ops.faults[0].fired == 1
     assert load(path) == s.text()
 
@@ -239,3 +241,27 @@ def test_a_topic_deleted_while_its_state_is_saved_is_no_storage_failure(
         assert topic.deleted and rt.health is None, rt.health
     finally:
         close_runtime(rt)
+
+
+@pytest.mark.parametrize("op,kind", [("pwrite", "ENOSPC"), ("pwrite", "zero"),
+                                     ("fsync", "EIO"), ("open", "EDQUOT")])
+def test_a_whole_write_goes_through_the_fault_seam_and_leaves_the_state_before(
+        tmp_path: Path, op: str, kind: str) -> None:
+    """The file's whole writes (temporary file, fsync, rename) use the storage fault
+    seam too: a failing disk fails the save, leaves the state before readable and no
+    temporary file, and the next save works once the disk does."""
+    path = str(tmp_path / "t.json")
+    ops = FaultyFileOps()
+    s = _States()
+    StateWriter(path, ops).save(s.encode())
+    before = s.text()
+    s.change(3)
+    w = StateWriter(path, ops)                # a new writer's first save: whole
+    ops.faults = [Fault(op, kind, count=0, path=".json.")]
+    with pytest.raises(OSError):
+        w.save(s.encode())
+    assert load(path) == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    ops.faults = []
+    assert w.save(s.encode()) is False
+    assert load(path) == s.text()
