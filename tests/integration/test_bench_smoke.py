@@ -120,3 +120,19 @@ def test_figures_arithmetic() -> None:
     # so drop run 3's nsqd: ratios 0.25, 3.0 -> 1.625; the ratio of medians is 200/250)
     assert paired_ratios(records)["pub_msgs_s"] == 1.0
     assert paired_ratios(records[:-1])["pub_msgs_s"] == pytest.approx(1.625)
+
+
+def test_relay_floor_prints_both_settings(tmp_path: Path) -> None:
+    """loadtest/bench_relay_floor.py (docs/replication.md, "The floor"): one short run
+    of each setting prints a non-zero rate and CPU figures for each."""
+    script = str(project_root() / "loadtest" / "bench_relay_floor.py")
+    proc = subprocess.run([sys.executable, script, "--runs=1", "--seconds=0.5"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {ln.split()[0]: ln.split() for ln in proc.stdout.splitlines()
+            if ln.split() and ln.split()[0] in ("single", "relay")}
+    assert set(rows) == {"single", "relay"}, proc.stdout
+    for name, row in rows.items():
+        rate, leader = float(row[1].replace(",", "")), float(row[3])
+        assert rate > 0 and leader > 0, (name, proc.stdout)
+    assert float(rows["relay"][4]) > 0, proc.stdout        # the followers' CPU
