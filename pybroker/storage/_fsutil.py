@@ -73,13 +73,7 @@ def atomic_write(path: str, data: bytes | Iterable[bytes | memoryview], *,
     try:
         at = 0
         for piece in ((data,) if isinstance(data, bytes) else data):
-            view = memoryview(piece)
-            while view:
-                n = ops.pwrite(fd, view, at)
-                if n <= 0:
-                    raise OSError(f"a write of {tmp} wrote nothing")
-                view = view[n:]
-                at += n
+            at = pwrite_all(ops, fd, piece, at, tmp)
         ops.fsync(fd)
     except BaseException:
         ops.close(fd)
@@ -93,6 +87,19 @@ def atomic_write(path: str, data: bytes | Iterable[bytes | memoryview], *,
         raise
     if sync_dir:
         fsync_dir(os.path.dirname(path) or ".")
+
+
+def pwrite_all(ops: FileOps, fd: int, data: bytes | memoryview, at: int, path: str) -> int:
+    """Write all of ``data`` at ``at`` (a short write goes on from where it stopped);
+    returns the offset after it. Raises OSError (also for a write of nothing)."""
+    view = memoryview(data)
+    while view:
+        n = ops.pwrite(fd, view, at)
+        if n <= 0:
+            raise OSError(f"a write of {path} wrote nothing")
+        view = view[n:]
+        at += n
+    return at
 
 
 def unique_aside(path: str, suffix: str) -> str:

@@ -39,7 +39,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 
 from pybroker.jsonvalue import Keyed, Piece, apply_ops
-from pybroker.storage._fsutil import atomic_write
+from pybroker.storage._fsutil import atomic_write, pwrite_all
 from pybroker.storage.fileops import REAL, FileOps
 
 log = logging.getLogger("pybroker")
@@ -115,16 +115,10 @@ class StateWriter:
 
     def _append(self, rec: list[Piece]) -> None:
         ops = self.fileops
-        view = memoryview(b"".join(rec))      # (a change: small) one write, mostly
         fd = ops.open(self.journal, os.O_WRONLY)
         try:
-            at = self.bytes
-            while len(view):
-                n = ops.pwrite(fd, view, at)
-                if n <= 0:
-                    raise OSError(f"a write of the journal {self.journal} wrote nothing")
-                view = view[n:]
-                at += n
+            # (a change: small) one write, mostly
+            pwrite_all(ops, fd, b"".join(rec), self.bytes, self.journal)
             ops.fsync(fd)
         finally:
             ops.close(fd)
