@@ -5,6 +5,7 @@ default mode at least what was already on disk survives.
 """
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 import time
@@ -12,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
+from pybroker.storage import statejournal
 from tests.support.broker import BrokerProcess, unique_name, wait_until
 from tests.support.durability import (
     bodies,
@@ -240,18 +242,14 @@ def test_deferrals_saved_as_changes_survive_a_kill9(make_broker: MakeBroker) -> 
         for _ in range(n):
             w.req(w.read_message(10).id, 3_600_000)
         w.rdy(0)
-        time.sleep(0.3)                       # the deferrals checkpointed
-        wait_until(lambda: (channel_stats(b, topic, "ch") or {}).get("deferred_count") == n,
-                   what="the first ones deferred")
-        wait_until(lambda: Path(str(state) + ".journal").exists(), what="the state saved")
+        wait_until(lambda: _saved_deferred(state) == n, 10, what="the deferrals saved")
         written = _write_bytes(b)
         w.rdy(1)
-        for _ in range(more):
+        for k in range(1, more + 1):
             w.req(w.read_message(10).id, 3_600_000)
-            time.sleep(0.06)                  # a checkpoint between two
-        wait_until(lambda: (channel_stats(b, topic, "ch") or {}).get("deferred_count")
-                   == n + more, what="all deferred")
-        time.sleep(0.2)                       # the last change checkpointed
+            # saved before the next: a checkpoint between two
+            wait_until(lambda want=n + k: _saved_deferred(state) == want, 10,
+                       what=f"deferral {k} saved")
     # 30 changed states written whole would be 30 files; as changes, at most one file
     # (the journal full: MAX_RECORDS) and the journal's records
     written = _write_bytes(b) - written
@@ -261,6 +259,16 @@ def test_deferrals_saved_as_changes_survive_a_kill9(make_broker: MakeBroker) -> 
     restart(b, signal.SIGKILL)
     s = channel_stats(b, topic, "ch")
     assert s is not None and (s["deferred_count"], s["depth"]) == (n + more, 0), s
+
+
+def _saved_deferred(path: Path) -> int:
+    """The deferred messages a topic's saved state holds (its file and journal, as
+    start-up reads them; 0 before the first save): pending ones with a due time."""
+    text = statejournal.load(str(path))
+    if text is None:
+        return 0
+    return sum(1 for ch in json.loads(text)["channels"].values()
+               for p in ch.get("pending", []) if p[2] > 0)
 
 
 def _write_bytes(b: BrokerProcess) -> int:
