@@ -125,6 +125,10 @@ class _PureTable:
     def dump(self) -> tuple[list[int], list[int]]:
         return list(self.where), list(self.where.values())
 
+    def dump_raw(self) -> tuple[bytes, bytes]:
+        return (array.array("q", self.where).tobytes(),
+                array.array("i", self.where.values()).tobytes())
+
     def low(self) -> int:
         return min(self.where) if self.where else -1
 
@@ -252,6 +256,15 @@ class _CTable:
         got = _lib.nsqf_if_dump(self.t, offs, slots)
         return list(_ffi.unpack(offs, got)), list(_ffi.unpack(slots, got))
 
+    def dump_raw(self) -> tuple[bytes, bytes]:
+        """``dump`` as the arrays' bytes (int64 offsets, int32 slots): no Python
+        object per entry."""
+        n = self.t.used
+        offs = _ffi.new("int64_t[]", max(n, 1))
+        slots = _ffi.new("int32_t[]", max(n, 1))
+        got = _lib.nsqf_if_dump(self.t, offs, slots)
+        return bytes(_ffi.buffer(offs, 8 * got)), bytes(_ffi.buffer(slots, 4 * got))
+
     def low(self) -> int:
         return int(_lib.nsqf_if_min(self.t))
 
@@ -264,6 +277,47 @@ class _CTable:
         self._resize(MIN_CAP)
         if t.nslots:
             _ffi.buffer(self.t.live, 8 * t.nslots)[:] = bytes(8 * t.nslots)
+
+
+class InFlightCopy(Generic[F]):
+    """An InFlight's contents at one moment (``InFlight.copy``): its one-message
+    flights (a copy of their dict), its table's offsets and slots as bytes, and the
+    flight of each slot. Never changed; equal to another copy of the same contents (the flights compared as
+    objects). A Flight's offsets and attempts never change, so its pairs can be made
+    on any thread, any time later."""
+
+    __slots__ = ("one", "offs", "slots", "flights")
+
+    def __init__(self, one: dict[int, F], offs: bytes, slots: bytes,
+                 flights: tuple[F | None, ...]) -> None:
+        self.one = one
+        self.offs = offs
+        self.slots = slots
+        self.flights = flights
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, InFlightCopy):
+            return NotImplemented
+        return (self.offs == other.offs and self.slots == other.slots
+                and self.one == other.one and self.flights == other.flights)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __len__(self) -> int:
+        return len(self.one) + len(self.offs) // 8
+
+    def items(self) -> list[tuple[int, F]]:
+        """(offset, flight) of each offset in flight, as ``InFlight.items`` had them."""
+        out = list(self.one.items())
+        offs, slots = array.array("q"), array.array("i")
+        offs.frombytes(self.offs)
+        slots.frombytes(self.slots)
+        flights = self.flights
+        for off, slot in zip(offs, slots):
+            f = flights[slot]
+            assert f is not None
+            out.append((off, f))
+        return out
 
 
 class InFlight(Generic[F]):
@@ -488,6 +542,14 @@ class InFlight(Generic[F]):
             out.append((off, f))
         return out
 
+    def copy(self) -> InFlightCopy[F]:
+        """What is in flight now, copied without a Python object per offset (C-level
+        copies: a channel with 250,000 in flight took ``items`` and a list per entry
+        52-84 ms on its loop at each snapshot); ``InFlightCopy.items`` makes the pairs
+        later, on any thread."""
+        offs, slots = self._t.dump_raw()
+        return InFlightCopy(self._one.copy(), offs, slots, tuple(self._flights))
+
     def __iter__(self) -> Iterator[int]:
         return itertools.chain(list(self._one), self._t.dump()[0])
 
@@ -501,4 +563,4 @@ class InFlight(Generic[F]):
         return bool(self._one) or self._t.count() > 0
 
 
-__all__ = ["InFlight"]
+__all__ = ["InFlight", "InFlightCopy"]

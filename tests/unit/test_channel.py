@@ -570,6 +570,41 @@ def test_a_snapshot_shares_the_deferred_messages_while_they_are_unchanged() -> N
     assert _offsets(changed) == [0, 1, 2, 4]
 
 
+def test_a_snapshot_lists_what_was_pending_when_it_was_taken() -> None:
+    """snapshot_parts takes copies of the in-flight table, the requeued and the dying
+    messages (Later): its pending entries, made afterwards on another thread, are what
+    was pending when it was taken, whatever the loop did since; two snapshots compare
+    equal without making their entries, and differ once something changed."""
+    t, ch = make(mem=1000)
+    big, one = Client(rdy=6), Client(rdy=1)
+    ch.add_consumer(big, 0)
+    ch.add_consumer(one, 0)
+    publish(t, 20)
+    ch.dispatch(0, WALL)                  # a flight of several (the table) and one of one
+    ch.requeue(big, big.got[0].id, 0, 0, WALL)
+    ch.dispatch(0, WALL)
+    flying = sorted([off, f.attempts, 0] for off, f in ch.in_flight.items())
+    requeued = sorted([off, a, 0] for off, a, _ in ch.requeued)
+    assert len(flying) >= 7 and requeued
+    before = ch.snapshot(WALL, 0)          # made at once: the reference
+    st, _ = ch.snapshot_parts(WALL, 0)
+    st2, _ = ch.snapshot_parts(WALL, 0)
+    assert st["pending"] == st2["pending"] and st == st2     # compared as copies
+    assert sorted(map(list, st["pending"])) == sorted(flying + requeued) == \
+        sorted(map(list, before["pending"]))
+    st3, _ = ch.snapshot_parts(WALL, 0)
+    for m in big.got[1:4]:
+        ch.finish(big, m.id)
+    ch.finish(one, one.got[0].id)
+    ch.dispatch(0, WALL)
+    after, _ = ch.snapshot_parts(WALL, 0)
+    assert after != st3
+    assert sorted(map(list, st3["pending"])) == sorted(flying + requeued)  # made now
+    assert sorted(map(list, after["pending"])) == sorted(
+        [[off, f.attempts, 0] for off, f in ch.in_flight.items()]
+        + [[off, a, 0] for off, a, _ in ch.requeued])
+
+
 def test_deferred_messages_leave_the_garbage_collectors_sight() -> None:
     """A deferred message is kept as a tuple of ints, which the collector stops
     tracking at its first pass: a full collection then does not walk them one by one

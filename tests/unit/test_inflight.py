@@ -13,7 +13,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  rule)
 
 from pybroker._native import inflight as mod
-from pybroker._native.inflight import InFlight
+from pybroker._native.inflight import InFlight, InFlightCopy
 
 C_BUILT = mod._C
 
@@ -51,6 +51,7 @@ class InFlightMachine(RuleBasedStateMachine):
         self.model: dict[int, F] = {}
         self.known: list[F] = []
         self.next = 0
+        self.copies: list[tuple[InFlightCopy[F], list[tuple[int, int]]]] = []
 
     def _free_offsets(self, start: int, n: int) -> bool:
         return all(o not in self.model for o in range(start, start + n))
@@ -165,6 +166,21 @@ class InFlightMachine(RuleBasedStateMachine):
         self.t.clear()
         self.model.clear()
         self.known = []
+
+    @rule()
+    def copy(self) -> None:
+        # a snapshot's copy (Lifecycle.snapshot_parts): kept, checked after later changes
+        self.copies.append((self.t.copy(), sorted((o, id(f)) for o, f in self.model.items())))
+
+    @invariant()
+    def copies_keep_what_was_in_flight(self) -> None:
+        now = self.t.copy()
+        mine = sorted((o, id(f)) for o, f in self.model.items())
+        assert now == self.t.copy() and len(now) == len(self.model)
+        for c, then in self.copies:
+            assert sorted((o, id(f)) for o, f in c.items()) == then
+            if c == now:                  # equal copies: the same contents
+                assert then == mine
 
     @invariant()
     def same_as_the_dict(self) -> None:

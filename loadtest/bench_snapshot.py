@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""What a channel's snapshot costs its owner loop with many messages in flight, without
+a network (docs/storage.md, "A snapshot's messages in flight").
+
+    python loadtest/bench_snapshot.py [--runs 5] [--in-flight 250000]
+
+A channel with ``--in-flight`` messages in flight in two shapes: ``rdy2500``, 100
+consumers at RDY 2,500 (flights of many messages, in the C table), and ``rdy1``, the
+same count as flights of one message each (a TOUCHed or RDY-1 message: dict entries).
+Timed, with the broker's garbage collector settings (``runtime.py``: thresholds
+25,000 / 50 / 100, start-up objects frozen):
+
+- ``loop``: ``snapshot_parts`` on the owner loop (every checkpoint; every 200 ms on a
+  replicated topic's leader while the channel changes);
+- ``made``: the pending entries made from it, on the thread that completes the state
+  (the storage thread, which offers the GIL to the loops meanwhile);
+- ``listed``: what the loop did before (an entry list per message in flight, built on
+  the loop), for reference.
+
+Medians over ``--runs`` (min-max), milliseconds.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pybroker.core.channel import Channel  # noqa: E402
+from pybroker.core.topic import Topic  # noqa: E402
+from pybroker.storage.topiclog import TopicLog  # noqa: E402
+
+S = 1_000_000_000
+WALL = 1_700_000_000 * S
+
+
+class Owner:
+    def mark_dirty(self, ch: Channel) -> None:
+        pass
+
+    def deliver(self, sends: list[tuple[object, int, int]], out: bytes | bytearray) -> None:
+        pass
+
+
+class Client:
+    msg_timeout_ns = 3600 * S
+    sample_rate = 0
+
+    def __init__(self, rdy: int) -> None:
+        self.rdy = rdy
+        self.in_flight_count = 0
+
+    def ready_room(self) -> int:
+        return self.rdy - self.in_flight_count
+
+    def send_frames(self, frames: bytes, n: int) -> None:
+        pass
+
+
+def channel(n: int, shape: str) -> Channel:
+    log = TopicLog(None, max_bytes_per_file=1 << 30, mem_records=n + 1, max_record_bytes=4096)
+    owner = Owner()
+    t = Topic("t", log, n + 1, lambda _t, _c: owner)
+    ch, _ = t.get_channel("c")
+    for i in range(0, n, 50_000):
+        t.publish([b"m"] * min(50_000, n - i), WALL, 0)
+        t.write()
+    if shape == "rdy2500":
+        consumers = [Client(2500) for _ in range(max(1, n // 2500))]
+        for c in consumers:
+            ch.add_consumer(c, 0)
+        while ch.dispatch(0, WALL):
+            pass
+    else:
+        c = Client(1)
+        ch.add_consumer(c, 0)
+        for _ in range(n):        # one message a flight, as a consumer at RDY 1 takes them
+            c.in_flight_count = 0
+            ch.dispatch(0, WALL)
+    assert len(ch.in_flight) == n, (len(ch.in_flight), n)
+    return ch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--in-flight", type=int, default=250_000)
+    args = ap.parse_args()
+    print(f"{args.in_flight:,} in flight; median of {args.runs} (min-max), ms")
+    print(f"{'shape':8s} {'loop':>20s} {'made':>20s} {'listed (before)':>20s}")
+    for shape in ("rdy2500", "rdy1"):
+        ch = channel(args.in_flight, shape)
+        gc.collect()
+        gc.set_threshold(25_000, 50, 100)
+        gc.freeze()
+        rows: dict[str, list[float]] = {"loop": [], "made": [], "listed": []}
+        for _ in range(args.runs):
+            t0 = time.perf_counter()
+            state, _ = ch.snapshot_parts(WALL, 0)
+            t1 = time.perf_counter()
+            list(state["pending"])
+            t2 = time.perf_counter()
+            listed = [[off, f.attempts, 0] for off, f in ch.in_flight.items()]
+            t3 = time.perf_counter()
+            del state, listed             # freed outside the timings
+            rows["loop"].append(1e3 * (t1 - t0))
+            rows["made"].append(1e3 * (t2 - t1))
+            rows["listed"].append(1e3 * (t3 - t2))
+        gc.unfreeze()
+        cells = [f"{statistics.median(v):6.1f} ({min(v):.1f}-{max(v):.1f})"
+                 for v in rows.values()]
+        print(f"{shape:8s} " + " ".join(f"{c:>20s}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
