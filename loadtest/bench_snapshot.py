@@ -2,7 +2,7 @@
 """What a channel's snapshot costs its owner loop with many messages in flight, without
 a network (docs/storage.md, "A snapshot's messages in flight").
 
-    python loadtest/bench_snapshot.py [--runs 5] [--in-flight 250000]
+    python loadtest/bench_snapshot.py [--runs 5] [--in-flight 250000] [--dpubs 1000000]
 
 A channel with ``--in-flight`` messages in flight in two shapes: ``rdy2500``, 100
 consumers at RDY 2,500 (flights of many messages, in the C table), and ``rdy1``, the
@@ -16,6 +16,12 @@ Timed, with the broker's garbage collector settings (``runtime.py``: thresholds
   (the storage thread, which offers the GIL to the loops meanwhile);
 - ``listed``: what the loop did before (an entry list per message in flight, built on
   the loop), for reference.
+
+Then a topic holding ``--dpubs`` DPUBs an hour away, not yet read by its channel
+(core/dpubs.py): ``stats``, the channel's depth and deferred count as /stats reads them
+on the owner loop; ``counted`` (before, for reference), those DPUBs counted one by one;
+``prune``, a step of the topic's pruning once the channel read them all (under the
+topic's lock, on the storage thread: ``Topic.prune_dpubs``, PRUNE_STEP of them).
 
 Medians over ``--runs`` (min-max), milliseconds.
 """
@@ -89,6 +95,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--in-flight", type=int, default=250_000)
+    ap.add_argument("--dpubs", type=int, default=1_000_000)
     args = ap.parse_args()
     print(f"{args.in_flight:,} in flight; median of {args.runs} (min-max), ms")
     print(f"{'shape':8s} {'loop':>20s} {'made':>20s} {'listed (before)':>20s}")
@@ -114,6 +121,41 @@ def main() -> None:
         cells = [f"{statistics.median(v):6.1f} ({min(v):.1f}-{max(v):.1f})"
                  for v in rows.values()]
         print(f"{shape:8s} " + " ".join(f"{c:>20s}" for c in cells))
+    if args.dpubs:
+        dpubs(args.dpubs, args.runs)
+
+
+def dpubs(n: int, runs: int) -> None:
+    from pybroker.core.topic import PRUNE_STEP
+
+    log = TopicLog(None, max_bytes_per_file=1 << 30, mem_records=n + 1, max_record_bytes=4096)
+    owner = Owner()
+    t = Topic("t", log, n + 1, lambda _t, _c: owner)
+    ch, _ = t.get_channel("c")
+    for i in range(0, n, 50_000):
+        t.publish([b"m"] * min(50_000, n - i), WALL, 3600 * S)
+        t.write()
+    gc.collect()
+    gc.freeze()
+    rows: dict[str, list[float]] = {"stats": [], "counted": [], "prune": []}
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        assert ch.depth(WALL) == 0 and ch.deferred_count(WALL) == n
+        t1 = time.perf_counter()
+        dp = t.dpubs
+        assert sum(1 for off in dp.irange(0, n, inclusive=(True, False))
+                   if dp[off] > WALL) == n
+        t2 = time.perf_counter()
+        rows["stats"].append(1e3 * (t1 - t0))
+        rows["counted"].append(1e3 * (t2 - t1))
+    while t.dpubs:
+        t0 = time.perf_counter()
+        t.dpubs.drop_below(n, PRUNE_STEP)
+        rows["prune"].append(1e3 * (time.perf_counter() - t0))
+    gc.unfreeze()
+    print(f"\n{n:,} DPUBs an hour away; median (min-max), ms; prune: {len(rows['prune'])} steps")
+    print(" ".join(f"{k} {statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})"
+                   for k, v in rows.items()))
 
 
 if __name__ == "__main__":
