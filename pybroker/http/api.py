@@ -25,7 +25,8 @@ from pybroker.http.gather import MISSING, Gather, Later
 from pybroker.http.options import ConfigEndpoint
 from pybroker.http.reader import LogReader, then
 from pybroker.http.request import Request, first, parse_query
-from pybroker.http.response import TEXT, Response, empty, error, ok_json, ok_text
+from pybroker.http.response import (TEXT, Response, empty, error, ok_json, ok_json_yielding,
+                                    ok_text)
 from pybroker.http.routes import Handler, Router
 from pybroker.protocol.names import is_valid_name
 from pybroker.server.services import owner_loop
@@ -375,15 +376,16 @@ class Api:
         include_clients = _BOOL.get(first(q, b"include_clients") or b"", True)
         include_mem = _BOOL.get(first(q, b"include_mem") or b"", True)
 
-        def answer(c: Collected) -> Response:
+        def answer(c: Collected) -> Response:      # (on the log reader's thread)
             doc = self.stats_document(c, process.memory_stats() if include_mem else None)
             if as_json:
-                return ok_json(doc)
+                return ok_json_yielding(doc)
             now = time.time()
             uptime_ns = int((now - self.server.started_at) * 1e9)
             return Response(200, statstext.render(doc, now, uptime_ns), TEXT)
 
-        return plan_stats(self.rt, topic, channel, include_clients).then(answer)
+        return plan_stats(self.rt, topic, channel, include_clients).then(answer,
+                                                                         off_thread=True)
 
     def stats_document(self, c: Collected, memory: dict[str, int] | None) -> StatsDocument:
         doc = core_stats.document(NSQ_COMPAT_VERSION, self.health(), self.broker.start_time,
@@ -406,7 +408,8 @@ class Api:
                 body += self.rt.cluster.metrics_text()
             return Response(200, body, metrics.CONTENT_TYPE, nsq=False)
 
-        return plan_stats(self.rt, include_clients=False, every_loop=True).then(answer)
+        return plan_stats(self.rt, include_clients=False, every_loop=True).then(
+            answer, off_thread=True)
 
 
 class _Answer(Exception):

@@ -46,18 +46,24 @@ MISSING: Final = _Missing()
 
 
 class Gather(Generic[T]):
-    __slots__ = ("finish", "jobs", "timeout_s")
+    """``off_thread``: its finish is long (a /stats of 10,000 topics: about 40 ms of
+    Python and a 6 MB JSON body): the HTTP server runs it on the log reader's thread,
+    not its own (HttpServer._finish)."""
+
+    __slots__ = ("finish", "jobs", "off_thread", "timeout_s")
 
     def __init__(self, jobs: list[Job], finish: Callable[[list[object]], T],
-                 timeout_s: float = 2.0) -> None:
+                 timeout_s: float = 2.0, off_thread: bool = False) -> None:
         self.jobs = jobs
         self.finish = finish
         self.timeout_s = timeout_s
+        self.off_thread = off_thread
 
-    def then(self, fn: Callable[[T], U]) -> Gather[U]:
+    def then(self, fn: Callable[[T], U], off_thread: bool | None = None) -> Gather[U]:
         """A Gather with the same jobs whose answer is fn(this one's answer)."""
         inner = self.finish
-        return Gather(self.jobs, lambda results: fn(inner(results)), self.timeout_s)
+        return Gather(self.jobs, lambda results: fn(inner(results)), self.timeout_s,
+                      self.off_thread if off_thread is None else off_thread)
 
 
 class Later:
