@@ -9,8 +9,12 @@ use: reads are short (a lookup is a bisect and one read of at most 64 KiB plus a
 record, a log read at most 4 MiB), and a thread of its own keeps them off the storage
 thread, whose fsyncs publishers wait for.
 
-Budget: at most ``MAX_QUEUED`` jobs wait; a request beyond that is refused at once
-(503 ``TOO_MANY_READS``) rather than queued without bound. ``then`` chains a second
+It also finishes the Gathers whose finish is long (``Gather.off_thread``: /stats and
+/metrics of many topics; HttpServer._finish), which offer the GIL as they go.
+
+Budget: at most ``MAX_QUEUED`` jobs wait; a read beyond that is refused at once (503
+``TOO_MANY_READS``) rather than queued without bound, and a long finish then runs on
+the HTTP thread. ``then`` chains a second
 step on another thread (a lookup here, then the rewind on the channel's owner loop).
 
 ``cursors``: the log cursors (storage/cursor.py) that /topic/read pages left off with,
