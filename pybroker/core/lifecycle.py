@@ -65,17 +65,17 @@ def deferred_states(state: ChannelState, deferred: Chunks,
     chunks' JSON kept from the last encoding of this channel's state (by the thread
     that encodes it), so that only the chunks that changed are encoded again."""
     state["pending"] = PartedList(state["pending"], deferred, texts)
-    if isinstance(state.get("deliveries"), Later):
+    if isinstance(state.get("deliveries"), MadeLater):
         state["deliveries"] = list(state["deliveries"])
 
 
-class Later(Sequence[Any]):
+class MadeLater(Sequence[Any]):
     """A list a channel's owner loop leaves to be made where it is first read (the
     storage thread, which completes and encodes the channel's state): it takes only
     C-level copies of its tables (``key``) and ``make(key)`` makes the items from
     them. A channel with 250,000 messages in flight took 52-84 ms of its loop to list
     them at each snapshot (every 200 ms on a replicated topic's leader); the copies
-    take a few. Equal to another Later of an equal key (the loop compares snapshots
+    take a few. Equal to another MadeLater of an equal key (the loop compares snapshots
     to find a changed one without making either), and to a list of its items."""
 
     __slots__ = ("key", "_make", "_items")
@@ -102,7 +102,7 @@ class Later(Sequence[Any]):
         return iter(self.items())
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, Later):
+        if isinstance(other, MadeLater):
             return self.key == other.key
         if isinstance(other, list):
             return self.items() == other
@@ -111,7 +111,7 @@ class Later(Sequence[Any]):
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"Later({self.items()!r})"
+        return f"MadeLater({self.items()!r})"
 
 
 def _pending_of(key: tuple[Any, ...]) -> list[Any]:
@@ -154,7 +154,7 @@ class ChannelState(TypedDict, total=False):
     thread's (the lowest offset the channel still needs)."""
 
     cursor: int
-    # a deferred message's entry is the tuple it is kept as; a snapshot's are a Later
+    # a deferred message's entry is the tuple it is kept as; a snapshot's are a MadeLater
     # until the thread that completes it reads them (``deferred_states``)
     pending: Sequence[Sequence[int]]
     skip: list[int]
@@ -569,15 +569,15 @@ class Lifecycle:
         (core/deferred.py); what it returns is never changed (callers read it, on any
         thread). Copied whole at each change, 1,000,000 deferred messages cost the loop
         about 10 ms a snapshot (each 200 ms on a replicated topic's leader)."""
-        # copies only (Later): the entries are made by the thread that completes it
-        pending = Later((self.in_flight.copy(), tuple(self.requeued), self.dying.copy()),
+        # copies only (MadeLater): the entries are made by the thread that completes it
+        pending = MadeLater((self.in_flight.copy(), tuple(self.requeued), self.dying.copy()),
                         _pending_of)
         state: ChannelState = {"cursor": self.cursor, "pending": pending}
         if self.skip:
             state["skip"] = list(self.skip)
         if self.delivery_times:
             # first and last delivery (wall ms) of the requeued ones, for the envelope
-            state["deliveries"] = Later((self.delivery_times.copy(), wall_ns, now_ns),
+            state["deliveries"] = MadeLater((self.delivery_times.copy(), wall_ns, now_ns),
                                         _deliveries_of)
         return state, self.deferred.snapshot()
 

@@ -572,7 +572,7 @@ def test_a_snapshot_shares_the_deferred_messages_while_they_are_unchanged() -> N
 
 def test_a_snapshot_lists_what_was_pending_when_it_was_taken() -> None:
     """snapshot_parts takes copies of the in-flight table, the requeued and the dying
-    messages (Later): its pending entries, made afterwards on another thread, are what
+    messages (MadeLater): its pending entries, made afterwards on another thread, are what
     was pending when it was taken, whatever the loop did since; two snapshots compare
     equal without making their entries, and differ once something changed."""
     t, ch = make(mem=1000)
