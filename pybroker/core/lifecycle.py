@@ -127,9 +127,11 @@ def _pending_of(key: tuple[Any, ...]) -> list[Any]:
 
 def _deliveries_of(key: tuple[Any, ...]) -> list[Any]:
     """A snapshot's ``deliveries``: first and last delivery (wall ms) of each
-    requeued message that has them."""
-    times, wall_ns, now_ns = key
-    return [[off, (wall_ns - (now_ns - a)) // 1_000_000, (wall_ns - (now_ns - b)) // 1_000_000]
+    requeued message that has them. The key holds the wall clock's lead on the
+    monotonic one in whole ms (not both clocks: two snapshots of the same deliveries
+    then compare equal, and the leader ships no unchanged state)."""
+    times, lead_ms = key
+    return [[off, lead_ms + a // 1_000_000, lead_ms + b // 1_000_000]
             for off, (a, b) in times.items()]
 
 
@@ -577,8 +579,8 @@ class Lifecycle:
             state["skip"] = list(self.skip)
         if self.delivery_times:
             # first and last delivery (wall ms) of the requeued ones, for the envelope
-            state["deliveries"] = MadeLater((self.delivery_times.copy(), wall_ns, now_ns),
-                                        _deliveries_of)
+            state["deliveries"] = MadeLater(
+                (self.delivery_times.copy(), (wall_ns - now_ns) // 1_000_000), _deliveries_of)
         return state, self.deferred.snapshot()
 
     def restore(self, state: ChannelState, now_ns: int, wall_ns: int) -> None:
