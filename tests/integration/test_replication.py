@@ -1426,13 +1426,18 @@ def test_a_channel_holding_150000_deferred_messages_is_replicated_off_the_loops(
         assert c.http_pub(lead, "other", b"warm") == (200, b"OK")
         rtts: list[float] = []
         with WireClient.connect(L.tcp_address) as p:   # type: ignore[arg-type]
-            end = time.monotonic() + 3.0      # a reship (every 2 s) falls in it
+            end = time.monotonic() + 5.0      # two reships (every 2 s) fall in it
             while time.monotonic() < end:
                 t0 = time.perf_counter()
                 p.pub("other", b"probe")
                 rtts.append(time.perf_counter() - t0)
-    print(f"probe round trips on the leader: n={len(rtts)}, max {max(rtts) * 1e3:.1f} ms")
-    assert max(rtts) < 0.25, f"a probe round trip took {max(rtts) * 1e3:.0f} ms"
+    worst = sorted(rtts)[-2:]
+    print(f"probe round trips on the leader: n={len(rtts)}, the two longest "
+          f"{worst[0] * 1e3:.1f} and {worst[1] * 1e3:.1f} ms")
+    # the second longest: a loop held at each reship holds it twice here, while one
+    # stall of the whole process on a loaded CI machine (283 ms once, beside five
+    # other test workers on 2 cores) does not repeat
+    assert worst[0] < 0.25, f"two probe round trips took {worst[0] * 1e3:.0f} ms or more"
     followers = [i for i in c.nodes if i != lead]
     _states_shipped(c, lead, followers)
     # a few more deferred, one every 100 ms: each version ships a follower the chunks
