@@ -67,14 +67,21 @@ class Client:
         pass
 
 
-def channel(n: int, shape: str) -> Channel:
+def published(n: int, defer_ns: int) -> tuple[Topic, Channel]:
+    """A topic in memory holding n messages (deferred by defer_ns: DPUBs), and its
+    channel."""
     log = TopicLog(None, max_bytes_per_file=1 << 30, mem_records=n + 1, max_record_bytes=4096)
     owner = Owner()
     t = Topic("t", log, n + 1, lambda _t, _c: owner)
     ch, _ = t.get_channel("c")
     for i in range(0, n, 50_000):
-        t.publish([b"m"] * min(50_000, n - i), WALL, 0)
+        t.publish([b"m"] * min(50_000, n - i), WALL, defer_ns)
         t.write()
+    return t, ch
+
+
+def channel(n: int, shape: str) -> Channel:
+    _, ch = published(n, 0)
     if shape == "rdy2500":
         consumers = [Client(2500) for _ in range(max(1, n // 2500))]
         for c in consumers:
@@ -128,13 +135,7 @@ def main() -> None:
 def dpubs(n: int, runs: int) -> None:
     from pybroker.core.topic import PRUNE_STEP
 
-    log = TopicLog(None, max_bytes_per_file=1 << 30, mem_records=n + 1, max_record_bytes=4096)
-    owner = Owner()
-    t = Topic("t", log, n + 1, lambda _t, _c: owner)
-    ch, _ = t.get_channel("c")
-    for i in range(0, n, 50_000):
-        t.publish([b"m"] * min(50_000, n - i), WALL, 3600 * S)
-        t.write()
+    t, ch = published(n, 3600 * S)
     gc.collect()
     gc.freeze()
     rows: dict[str, list[float]] = {"stats": [], "counted": [], "prune": []}

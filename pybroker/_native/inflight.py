@@ -533,14 +533,7 @@ class InFlight(Generic[F]):
         return low
 
     def items(self) -> list[tuple[int, F]]:
-        offs, slots = self._t.dump()
-        out = list(self._one.items())
-        flights = self._flights
-        for off, slot in zip(offs, slots):
-            f = flights[slot]
-            assert f is not None
-            out.append((off, f))
-        return out
+        return self.copy().items()
 
     def copy(self) -> InFlightCopy[F]:
         """What is in flight now, copied without a Python object per offset (C-level

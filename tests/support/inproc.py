@@ -3,8 +3,11 @@ their turns (``turn``) and reads what they wrote to its sockets (``read_frame``)
 tests that watch a loop's state between turns."""
 from __future__ import annotations
 
+import shutil
 import socket
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,18 @@ def close_runtime(rt: Runtime) -> None:
     rt.storage.lock.release()
     for loop in rt.loops:
         loop.close()
+
+
+@contextmanager
+def temp_runtime(prefix: str, **options: str) -> Iterator[Runtime]:
+    """``runtime`` on a new temporary data path, closed and removed after."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    r = runtime(Path(tmp), **options)
+    try:
+        yield r
+    finally:
+        close_runtime(r)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def connect(rt: Runtime) -> tuple[socket.socket, Any]:

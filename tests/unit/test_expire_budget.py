@@ -5,17 +5,14 @@ Runtime in this process, its loop turned by the test; the channel is a recorder 
 what each turn hands it, so that the slices can be checked one by one."""
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from pybroker.server import loop as loop_mod
 from pybroker.server.runtime import Runtime
-from tests.support.inproc import close_runtime, runtime, turn
+from tests.support.inproc import temp_runtime, turn
 
 
 class _Flight:
@@ -40,13 +37,8 @@ class _Channel:
 
 @pytest.fixture
 def rt() -> Iterator[Runtime]:
-    tmp = tempfile.mkdtemp(prefix="expire-")
-    r = runtime(Path(tmp))
-    try:
+    with temp_runtime("expire-") as r:
         yield r
-    finally:
-        close_runtime(r)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.mark.parametrize("flights,size,due", [

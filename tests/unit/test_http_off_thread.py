@@ -4,12 +4,9 @@ waited up to 155 ms behind a /stats of 10,000 topics (6 MB) on the HTTP thread."
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -20,7 +17,7 @@ from pybroker.http.gather import Gather
 from pybroker.http.response import Response, ok_json_yielding
 from pybroker.http.server import HttpServer
 from pybroker.server.runtime import Runtime
-from tests.support.inproc import close_runtime, runtime, turn
+from tests.support.inproc import temp_runtime, turn
 
 
 class _Conn:
@@ -35,13 +32,8 @@ class _Conn:
 
 @pytest.fixture
 def rt() -> Iterator[Runtime]:
-    tmp = tempfile.mkdtemp(prefix="httpoff-")
-    r = runtime(Path(tmp))
-    try:
+    with temp_runtime("httpoff-") as r:
         yield r
-    finally:
-        close_runtime(r)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.mark.parametrize("off", [True, False])

@@ -6,28 +6,20 @@ turned by the test, a real socket; the budget set to nothing, so that each turn 
 RUN_CHECK commands, whatever this machine's speed."""
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 import pybroker.server.connection as connection
 from pybroker.server.runtime import Runtime
-from tests.support.inproc import close_runtime, connect, read_frame, runtime, turn
+from tests.support.inproc import connect, read_frame, temp_runtime, turn
 from tests.support.wire import FRAME_RESPONSE, pub
 
 
 @pytest.fixture
 def rt() -> Iterator[Runtime]:
-    tmp = tempfile.mkdtemp(prefix="runbudget-")
-    r = runtime(Path(tmp))
-    try:
+    with temp_runtime("runbudget-") as r:
         yield r
-    finally:
-        close_runtime(r)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_a_flood_of_commands_runs_a_budget_a_turn(rt: Runtime,

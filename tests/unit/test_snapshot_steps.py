@@ -5,11 +5,8 @@ loop 48 ms at every checkpoint) and /stats (``collect.loop_snapshot``, STATS_STE
 from __future__ import annotations
 
 import queue
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -17,18 +14,13 @@ import pybroker.server.storage as storage
 from pybroker.http import collect
 from pybroker.http.gather import Later
 from pybroker.server.runtime import Runtime
-from tests.support.inproc import close_runtime, runtime, turn
+from tests.support.inproc import temp_runtime, turn
 
 
 @pytest.fixture
 def rt() -> Iterator[Runtime]:
-    tmp = tempfile.mkdtemp(prefix="snapsteps-")
-    r = runtime(Path(tmp))
-    try:
+    with temp_runtime("snapsteps-") as r:
         yield r
-    finally:
-        close_runtime(r)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_a_checkpoint_snapshots_a_step_of_channels_a_turn(
