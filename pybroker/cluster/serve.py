@@ -45,6 +45,7 @@ import logging
 import selectors
 import socket
 import threading
+from time import monotonic_ns
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
@@ -54,7 +55,8 @@ from pybroker.cluster.reads import LastReads, record_bytes
 from pybroker.cluster.replica import LEADER, Replica
 from pybroker.cluster.serveconn import MAX_REQUEST, FollowerConn
 from pybroker.cluster.wire import (MAX_TOPICS, WireError, encode, encode_compact_answer,
-                                   is_json, parse_compact_fetch, parse_head)
+                                   encode_compact_one, is_json, parse_compact_fetch,
+                                   parse_head)
 from pybroker.config import split_hostport
 from pybroker.evloop import SelectorLoop
 from pybroker.server.services import owner_loop
@@ -165,15 +167,37 @@ class ReplicationServer(SelectorLoop):
         if req is None:
             return
         # (a parked fetch's acknowledgement was posted when it was read)
+        if req.compact and len(req.wants) == 1 and self._steady_answer(c, req):
+            self._more(c)
+            return
         if not final and not self._fetch(c, req, again=True, acked=True):
             return                   # nothing new for it (records it was sent already)
         c.parked = None
         c.held = False
-        c.loop.cancel(c.timer)
-        c.timer = None
         if final:
             self._fetch(c, req, final=True, acked=True)
         self._more(c)
+
+    def _park(self, c: FollowerConn, req: Fetch) -> None:
+        """Park a fetch until a write or its deadline. One timer per connection, moved
+        on only when it fires before the deadline of the fetch parked then (a fetch is
+        parked and answered every round: no timer made and cancelled for each)."""
+        c.parked = req
+        wait_ns = req.wait_ms * 1_000_000
+        c.deadline = monotonic_ns() + wait_ns
+        if c.timer is None:
+            c.timer = c.loop.call_later(wait_ns, self._due, c)
+
+    def _due(self, c: FollowerConn) -> None:
+        """The connection's timer: answer the parked fetch if its deadline passed."""
+        c.timer = None
+        if c.parked is None or c.held or c.closed:
+            return
+        left = c.deadline - monotonic_ns()
+        if left > 0:
+            c.timer = c.loop.call_later(left, self._due, c)
+        else:
+            self.unpark(c)
 
     def _more(self, c: FollowerConn) -> None:
         # frames that arrived while the fetch was parked
@@ -191,6 +215,7 @@ class ReplicationServer(SelectorLoop):
         with self.lock:
             self.conns.discard(c)
         c.loop.cancel(c.timer)
+        c.timer = None
         if c.plan is None or c.node < 0:
             return
         # what it said it holds is not believed for an in-sync add until it fetches
@@ -219,7 +244,8 @@ class ReplicationServer(SelectorLoop):
                                 f"after a fetch of node {c.node}, {len(fetch.wants)} "
                                 "topics")
             fetch.renew(wait_ms, max_bytes, offsets)
-            self.handle(c, fetch)
+            if len(offsets) != 1 or not self._steady_fetch(c, fetch):
+                self.handle(c, fetch)
             return
         req = parse_head(head)
         c.node = need_int(req.get("node", -1))
@@ -264,6 +290,8 @@ class ReplicationServer(SelectorLoop):
             c.loop.selector.unregister(c.sock)
         except (KeyError, ValueError):
             pass
+        c.loop.cancel(c.timer)       # (this loop's: nothing is parked now)
+        c.timer = None
         c.loop = home
         c.moves += 1
         with self.lock:
@@ -284,6 +312,66 @@ class ReplicationServer(SelectorLoop):
             c.close(str(e))
             return
         self._more(c)
+
+    # -- the steady state: one topic, nothing but records ---------------------------------
+    def _steady(self, c: FollowerConn, req: Fetch) -> Replica | None:
+        """The replica of a one-topic fetch in the steady state, else None: this node
+        leads it in the fetch's epoch, on c's loop, and the follower holds its newest
+        channel states and epoch history. Then its answer is records and a high
+        watermark only, and the two functions below serve it in a few steps; anything
+        else takes the general path (``handle``, ``_fetch``), which answers the same."""
+        w = req.wants[0]
+        r = self.node.replicas.get(w.name)
+        if r is None or r.role != LEADER or w.epoch != r.epoch \
+                or r.topic.owner is not c.loop or r.chan_version > w.version:
+            return None
+        hist = r.history
+        if not hist.entries or w.hist != hist.mark():
+            return None
+        return r
+
+    def _steady_fetch(self, c: FollowerConn, req: Fetch) -> bool:
+        """A compact fetch just read (``_fetch(hold=True)`` in few steps): its
+        acknowledgement posted; held to the turn's end if records are there for it,
+        else parked. False: not the steady state (nothing done)."""
+        if c.parked is not None or req.wait_ms <= 0:
+            return False
+        r = self._steady(c, req)
+        if r is None:
+            return False
+        offset = req.wants[0].offset
+        written = r.topic.log.written
+        if offset > written:
+            return False
+        c.parked = req
+        r.acked(c.node, offset)
+        if offset < written:
+            c.held = True
+            c.loop.at_turn_end(c.answer_held)
+        else:
+            self._park(c, req)
+        return True
+
+    def _steady_answer(self, c: FollowerConn, req: Fetch) -> bool:
+        """Answer a parked compact fetch with the records it lacks (``_fetch(acked=True)``
+        in few steps). False: not the steady state, or no record to send (nothing
+        done)."""
+        r = self._steady(c, req)
+        if r is None or req.max_bytes <= 0:
+            return False
+        offset = req.wants[0].offset
+        written = r.topic.log.written
+        if offset >= written:
+            return False
+        read = self.reads.read(r, offset, written, req.max_bytes)
+        if read is None or not read[0]:
+            return False
+        n, raws, size = read
+        c.parked = None
+        c.held = False
+        c.send(encode_compact_one(offset, r.hw, size, raws))
+        r.sent(c.node, min(offset + n, written))
+        return True
 
     def _epoch_end(self, t: JsonObj) -> JsonObj:
         name = need_str(t.get("name"))
@@ -313,7 +401,7 @@ class ReplicationServer(SelectorLoop):
                 c.held = True
                 c.loop.at_turn_end(c.answer_held)
             else:
-                c.timer = c.loop.call_later(wait_ms * 1_000_000, self.unpark, c)
+                self._park(c, req)
             return False
         node = self.node
         budget = req.max_bytes
@@ -405,8 +493,7 @@ class ReplicationServer(SelectorLoop):
         if not any_data and wait_ms > 0 and not final:
             if again:
                 return False
-            c.parked = req
-            c.timer = c.loop.call_later(wait_ms * 1_000_000, self.unpark, c)
+            self._park(c, req)
             answered = False
         elif compact is not None:
             c.send(encode_compact_answer(compact, blobs))      # the steady state

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pybroker")
 MAX_REQUEST = 1024 * 1024     # a request frame (what a follower sends) at most
 RECV_BYTES = 64 * 1024        # one read (a fetch request is ~100 bytes)
+SEND_PIECES = 64              # buffers one sendmsg takes
 
 
 class ConnServer(Protocol):
@@ -39,7 +40,7 @@ class FollowerConn:
     """One follower's connection, owned by one event loop."""
 
     __slots__ = ("server", "loop", "sock", "reader", "out", "parked", "timer", "node",
-                 "rbuf", "writing", "closed", "held", "moves", "plan")
+                 "rbuf", "writing", "closed", "held", "moves", "plan", "deadline")
 
     def __init__(self, server: ConnServer, loop: EventLoop,
                  sock: socket.socket) -> None:
@@ -53,7 +54,8 @@ class FollowerConn:
         self.parked: Fetch | None = None
         self.held = False          # parked with records to send: answered this turn
         self.moves = 0             # to the loop owning its topics (at most MAX_MOVES)
-        self.timer: object = None
+        self.timer: object = None  # (the server's: one per connection, ``_park``)
+        self.deadline = 0          # of the parked fetch (monotonic ns)
         self.node = -1
         # the last JSON fetch read (a compact fetch is it again with new offsets)
         self.plan: Fetch | None = None
@@ -85,13 +87,32 @@ class FollowerConn:
         self.flush()
 
     def send(self, bufs: list[Buffer]) -> None:
-        self.out.extend(b for b in bufs if len(b))
-        self.flush()
+        if self.out or self.closed or len(bufs) > SEND_PIECES:
+            self.out.extend(b for b in bufs if len(b))
+            self.flush()
+            return
+        # nothing queued (the steady state): straight to the socket, the rest queued
+        try:
+            n = self.sock.sendmsg(bufs)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError:
+            self.close("write error")
+            return
+        for b in bufs:
+            size = len(b)
+            if n >= size:
+                n -= size
+            else:
+                self.out.append(memoryview(b)[n:] if n else b)
+                n = 0
+        if self.out:
+            self.flush()
 
     def flush(self) -> None:
         while self.out:
             try:
-                n = self.sock.sendmsg(list(islice(self.out, 64)))
+                n = self.sock.sendmsg(list(islice(self.out, SEND_PIECES)))
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:

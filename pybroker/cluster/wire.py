@@ -100,6 +100,19 @@ def encode_compact_answer(entries: Sequence[tuple[int, int, int]],
     return _frame(bytes(h), blobs)
 
 
+_ONE = struct.Struct(">IIBHQQI")     # a frame's header and a one-topic compact answer
+_ONE_HEAD = _ANSWER.size + _ENTRY.size
+
+
+def encode_compact_one(first: int, hw: int, size: int,
+                       blobs: Sequence[Buffer]) -> list[Buffer]:
+    """``encode_compact_answer`` of one topic, its records ``size`` bytes in blobs."""
+    if 4 + _ONE_HEAD + size > MAX_FRAME:
+        raise WireError(f"frame too large ({_ONE_HEAD} + {size} bytes)")
+    return [_ONE.pack(4 + _ONE_HEAD + size, _ONE_HEAD, COMPACT_ANSWER, 1, first, hw, size),
+            *blobs]
+
+
 def parse_compact_answer(raw: bytes | bytearray | memoryview,
                          blob_len: int) -> list[tuple[int, int, int]]:
     """The (first, hw, record bytes) entries of a COMPACT_ANSWER head whose blob is
@@ -218,5 +231,5 @@ def frame_need(buf: bytes | bytearray) -> int:
 
 __all__ = ["COMPACT_ANSWER", "COMPACT_FETCH", "MAX_FRAME", "MAX_TOPICS", "Buffer",
            "FrameReader", "WireError", "blob_span", "blob_view", "encode", "encode_compact_answer",
-           "encode_compact_fetch", "frame_need", "history_of", "is_json",
+           "encode_compact_fetch", "encode_compact_one", "frame_need", "history_of", "is_json",
            "parse_compact_answer", "parse_compact_fetch", "parse_head", "parse_header"]
