@@ -40,6 +40,7 @@ import logging
 import socket
 import threading
 import time
+from _thread import get_ident
 from collections import deque
 from typing import Any, Callable, Protocol, TypeVarTuple, Unpack
 
@@ -209,6 +210,7 @@ class SelectorLoop:
         self._again: dict[Pollable, None] = {}  # objects to read next turn (read_again)
         self._running = False
         self.thread: threading.Thread | None = None
+        self._ident: int | None = None     # self.thread's, while it runs (in_loop_thread)
         self.stopped = threading.Event()
 
     # -- any thread ---------------------------------------------------------------------
@@ -226,7 +228,8 @@ class SelectorLoop:
         self.call_soon_threadsafe(self._stop)
 
     def in_loop_thread(self) -> bool:
-        return threading.current_thread() is self.thread
+        # (the thread's ident while it runs this loop: a C call, not a Python one)
+        return get_ident() == self._ident
 
     # -- owner thread -------------------------------------------------------------------
     def call_later(self, delay_ns: int, fn: Callable[[Unpack[Ts]], object],
@@ -250,6 +253,8 @@ class SelectorLoop:
 
     def run(self) -> None:
         self._running = True
+        if threading.current_thread() is self.thread:
+            self._ident = get_ident()
         try:
             while self._running:
                 self.run_once()
@@ -260,6 +265,7 @@ class SelectorLoop:
             log.exception("%s: event loop crashed", self.name)
             self.on_crash()
         finally:
+            self._ident = None       # (an ident is reused once its thread ends)
             self.stopped.set()
 
     def run_once(self) -> None:

@@ -71,6 +71,7 @@ class Fetcher:
         self.sock: socket.socket | None = None
         self.connected = False
         self.out = bytearray()
+        self.writing = False      # registered for writing too (``_modify``)
         self.hdr = bytearray(8)
         self.scratch = memoryview(bytearray(RECV_BYTES))
         self.got = 0
@@ -305,6 +306,7 @@ class Fetcher:
         if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
             raise OSError(err, f"connect to {self.address} failed: {errno.errorcode.get(err)}")
         self.loop.selector.register(sock, selectors.EVENT_WRITE, self)
+        self.writing = True       # (connecting: registered for writing only)
         self.timer = self.loop.call_later(IO_SLACK_NS, self._late_connect)
 
     def _late_connect(self) -> None:
@@ -339,8 +341,9 @@ class Fetcher:
         self._modify()
 
     def _modify(self) -> None:
-        if self.sock is None:
-            return
+        if self.sock is None or bool(self.out) == self.writing:
+            return              # (registered so already: every round's fetch is sent whole)
+        self.writing = bool(self.out)
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.out else 0)
         try:
             self.loop.selector.modify(self.sock, events, self)

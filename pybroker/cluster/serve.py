@@ -29,7 +29,11 @@ Requests (one at a time per connection, answered in order):
 - a compact fetch (wire.COMPACT_FETCH, once a JSON answer said ``"compact": 1``): the
   connection's last JSON fetch, kept checked (pybroker.cluster.fetchreq.Fetch), with
   new offsets; answered compact (wire.COMPACT_ANSWER) when every topic's answer is
-  records and a high watermark only, else in JSON.
+  records and a high watermark only, else in JSON. The steady state of one topic (the
+  follower holds this epoch's history and the newest channel states, and the
+  connection is on the topic's owner loop) is served in few steps (``_steady_fetch``,
+  ``_steady_answer``), the same answer the general path would make; a parked fetch
+  waits under one timer per connection (``_park``), moved on only when it fires early.
 
 Budgets: ``max_bytes`` is capped at MAX_FETCH_BYTES per answer; a request frame over
 MAX_REQUEST (or a head over the wire's limit) drops the connection from its header, so a
