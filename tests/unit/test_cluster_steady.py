@@ -127,6 +127,12 @@ def _on_loop(loop: SelectorLoop, fn: Callable[[], None]) -> None:
     wait_until(lambda: bool(done), 5)
 
 
+def _posted(r: _Replica, end: int) -> None:
+    """The posts of a fetch answered with everything below ``end`` are in (they follow
+    its answer on the loop's thread)."""
+    wait_until(lambda: ("sent", end) in r.posts, 5)
+
+
 class _Follower:
     def __init__(self, srv: ReplicationServer) -> None:
         host, _, port = srv.address.rpartition(":")
@@ -163,6 +169,7 @@ def test_a_parked_compact_fetch_is_answered_compact_by_the_next_write(
     f = _Follower(srv)
     head = f.fetch(0, 0, r.history.mark())
     assert head["compact"] == 1
+    _posted(r, 2)
     for round_ in range(3):
         end = r.log.written
         r.posts.clear()
@@ -182,7 +189,9 @@ def test_a_parked_compact_fetch_is_answered_compact_by_the_next_write(
                          max_record_bytes=4096)
         check.head = check.written = end
         assert len(check.append_raw(bytes(blob), end)[0]) == len(bodies)
-        assert r.posts == [("acked", end), ("sent", end + len(bodies))]
+        # (posted just after the answer went out)
+        want = [("acked", end), ("sent", end + len(bodies))]
+        wait_until(lambda want=want: r.posts == want, 5)  # type: ignore[misc]
 
 
 def test_records_already_there_answer_a_compact_fetch_in_its_turn(
@@ -191,13 +200,14 @@ def test_records_already_there_answer_a_compact_fetch_in_its_turn(
     _on_loop(loop, lambda: r.write([b"x" * 30] * 3))
     f = _Follower(srv)
     f.fetch(0, 0, r.history.mark())
+    _posted(r, 3)
     _on_loop(loop, lambda: r.write([b"y" * 30] * 2))
     r.posts.clear()
     f.compact(3, 5000)               # records from 3 are there: answered at once
     raw, blob = f.answer(timeout=2)
     [(first, _, size)] = parse_compact_answer(raw, len(blob))
     assert (first, size) == (3, len(blob)) and size > 0
-    assert r.posts == [("acked", 3), ("sent", 5)]
+    wait_until(lambda: r.posts == [("acked", 3), ("sent", 5)], 5)
 
 
 def test_a_parked_fetch_with_nothing_to_send_is_answered_at_its_deadline(
