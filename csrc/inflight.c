@@ -2,6 +2,8 @@
  * inflight.c -- the in-flight table of nsqframe.h: offset -> flight slot, open
  * addressing with linear probing and backward-shift removal (no tombstones).
  */
+#include <string.h>
+
 #include "nsqframe.h"
 
 static inline uint32_t home(int64_t off, uint32_t mask)
@@ -183,4 +185,59 @@ void nsqf_if_rehash(const nsqf_inflight *from, nsqf_inflight *to)
     for (uint32_t i = 0; i < from->cap; i++)
         if (from->keys[i] >= 0)
             put(to, from->keys[i], from->slots[i]);
+}
+
+int nsqf_if_from(const nsqf_inflight *t, int64_t from, int64_t *out)
+{
+    int got = 0;
+    for (uint32_t i = 0; i < t->cap; i++) {
+        int64_t k = t->keys[i];
+        if (k >= 0 && k >= from)
+            out[got++] = k;
+    }
+    return got;
+}
+
+int64_t nsqf_sort_from(int64_t *a, int64_t *tmp, int64_t n, int64_t from)
+{
+    enum { BITS = 11, DIGITS = 1 << BITS };
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (a[i] >= from)
+            a[kept++] = a[i];
+    n = kept;
+    if (n <= 1)
+        return n;
+    int64_t lo = a[0], hi = a[0];
+    for (int64_t i = 1; i < n; i++) {
+        if (a[i] < lo)
+            lo = a[i];
+        if (a[i] > hi)
+            hi = a[i];
+    }
+    uint64_t span = (uint64_t)(hi - lo);
+    int64_t *src = a, *dst = tmp;
+    int64_t count[DIGITS];
+    for (int shift = 0; shift < 64 && (span >> shift) != 0; shift += BITS) {
+        memset(count, 0, sizeof(count));
+        for (int64_t i = 0; i < n; i++)
+            count[((uint64_t)(src[i] - lo) >> shift) & (DIGITS - 1)]++;
+        int64_t at = 0;
+        for (int d = 0; d < DIGITS; d++) {
+            int64_t c = count[d];
+            count[d] = at;
+            at += c;
+        }
+        for (int64_t i = 0; i < n; i++)
+            dst[count[((uint64_t)(src[i] - lo) >> shift) & (DIGITS - 1)]++] = src[i];
+        int64_t *swap = src;
+        src = dst;
+        dst = swap;
+    }
+    /* src is sorted (a or tmp): its first of each value, to a (m <= i: in place is safe) */
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (m == 0 || src[i] != a[m - 1])
+            a[m++] = src[i];
+    return m;
 }

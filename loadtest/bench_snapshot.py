@@ -15,7 +15,11 @@ Timed, with the broker's garbage collector settings (``runtime.py``: thresholds
 - ``made``: the pending entries made from it, on the thread that completes the state
   (the storage thread, which offers the GIL to the loops meanwhile);
 - ``listed``: what the loop did before (an entry list per message in flight, built on
-  the loop), for reference.
+  the loop), for reference;
+- ``rewind``: ``rewind(0)`` on the owner loop (every message in flight is at or after
+  it: its offsets go to ``skip``, sorted, and each is owed a replay); ``rewind
+  (before)``: what the rewind did before (the offsets listed from the table in Python,
+  sorted, and put in the ``replay`` set one by one), for reference.
 
 Then a topic holding ``--dpubs`` DPUBs an hour away, not yet read by its channel
 (core/dpubs.py): ``stats``, the channel's depth and deferred count as /stats reads them
@@ -32,6 +36,7 @@ import gc
 import statistics
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -105,13 +110,15 @@ def main() -> None:
     ap.add_argument("--dpubs", type=int, default=1_000_000)
     args = ap.parse_args()
     print(f"{args.in_flight:,} in flight; median of {args.runs} (min-max), ms")
-    print(f"{'shape':8s} {'loop':>20s} {'made':>20s} {'listed (before)':>20s}")
+    print(f"{'shape':8s} {'loop':>20s} {'made':>20s} {'listed (before)':>20s} "
+          f"{'rewind':>20s} {'rewind (before)':>20s}")
     for shape in ("rdy2500", "rdy1"):
         ch = channel(args.in_flight, shape)
         gc.collect()
         gc.set_threshold(25_000, 50, 100)
         gc.freeze()
-        rows: dict[str, list[float]] = {"loop": [], "made": [], "listed": []}
+        rows: dict[str, list[float]] = {"loop": [], "made": [], "listed": [],
+                                        "rewind": [], "rewind_before": []}
         for _ in range(args.runs):
             t0 = time.perf_counter()
             state, _ = ch.snapshot_parts(WALL, 0)
@@ -121,9 +128,20 @@ def main() -> None:
             listed = [[off, f.attempts, 0] for off, f in ch.in_flight.items()]
             t3 = time.perf_counter()
             del state, listed             # freed outside the timings
+            t4 = time.perf_counter()
+            ch.rewind(0)
+            t5 = time.perf_counter()
+            replay: set[int] = set()
+            held = [off for off in ch.in_flight if off >= 0]
+            replay.update(held)
+            skip = deque(sorted(set(held)))
+            t6 = time.perf_counter()
+            del replay, held, skip
             rows["loop"].append(1e3 * (t1 - t0))
             rows["made"].append(1e3 * (t2 - t1))
             rows["listed"].append(1e3 * (t3 - t2))
+            rows["rewind"].append(1e3 * (t5 - t4))
+            rows["rewind_before"].append(1e3 * (t6 - t5))
         gc.unfreeze()
         cells = [f"{statistics.median(v):6.1f} ({min(v):.1f}-{max(v):.1f})"
                  for v in rows.values()]

@@ -19,13 +19,14 @@ import array
 import bisect
 import functools
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from pybroker._native import BACKEND, _ffi, _lib
 
 CData = Any     # cffi's cdata: untyped, as _native's ffi and lib
 _C = BACKEND == "c" and hasattr(_lib, "nsqf_if_fin")
+_SORT = _C and hasattr(_lib, "nsqf_sort_from")
 MIN_CAP = 64          # table entries of a new table (a power of two)
 SMALL = 8             # at most this many flights or FINs: one call each, no arrays
 SHRINK_FROM = 4096    # a table this large or larger shrinks when 1/16 full
@@ -44,6 +45,12 @@ class FlightLike(Protocol):
 
 
 F = TypeVar("F", bound=FlightLike)
+
+
+def _sorted_from(offsets: Iterable[int], more: Iterable[int], offset: int
+                 ) -> array.array[int]:
+    return array.array("q", sorted({o for o in offsets if o >= offset}
+                                   | {o for o in more if o >= offset}))
 
 
 class _PureTable:
@@ -131,6 +138,9 @@ class _PureTable:
 
     def low(self) -> int:
         return min(self.where) if self.where else -1
+
+    def sorted_from(self, offset: int, more: array.array[int]) -> array.array[int]:
+        return _sorted_from(self.where, more, offset)
 
     def count(self) -> int:
         return len(self.where)
@@ -267,6 +277,24 @@ class _CTable:
 
     def low(self) -> int:
         return int(_lib.nsqf_if_min(self.t))
+
+    def sorted_from(self, offset: int, more: array.array[int]) -> array.array[int]:
+        """The table's offsets and ``more``'s at or after offset, ascending, once each
+        (two C calls: a pass over the table, then a radix sort; no Python object per
+        offset)."""
+        if not _SORT:            # (a compiled module built before nsqf_sort_from)
+            return _sorted_from(self.dump()[0], more, offset)
+        used = self.t.used
+        n = used + len(more)
+        a = _ffi.new("int64_t[]", max(n, 1))
+        got = _lib.nsqf_if_from(self.t, offset, a)
+        if len(more):
+            _ffi.memmove(a + got, more, 8 * len(more))
+        tmp = _ffi.new("int64_t[]", max(n, 1))
+        kept = _lib.nsqf_sort_from(a, tmp, got + len(more), offset)
+        out = array.array("q")
+        out.frombytes(_ffi.buffer(a, 8 * kept))
+        return out
 
     def count(self) -> int:
         return int(self.t.used)
@@ -534,6 +562,14 @@ class InFlight(Generic[F]):
 
     def items(self) -> list[tuple[int, F]]:
         return self.copy().items()
+
+    def sorted_from(self, offset: int, more: Sequence[int] = ()) -> array.array[int]:
+        """The offsets in flight at or after ``offset``, and those of ``more``, in
+        ascending order, each once (a rewind's: 250,000 in flight made and sorted in
+        Python took 30 ms)."""
+        extra = array.array("q", self._one)      # (C-level: no new object per offset)
+        extra.extend(more)
+        return self._t.sorted_from(offset, extra)
 
     def copy(self) -> InFlightCopy[F]:
         """What is in flight now, copied without a Python object per offset (C-level

@@ -32,10 +32,10 @@ class Flight:
     ``attempts`` counts this channel's deliveries of each of them in their current life
     (a record's stored attempts come on top)."""
 
-    __slots__ = ("client", "first", "n", "slot", "attempts", "delivery_ns", "handle")
+    __slots__ = ("client", "first", "n", "slot", "attempts", "delivery_ns", "handle", "gen")
 
     def __init__(self, client: Consumer | None, first: int, n: int, attempts: int,
-                 delivery_ns: int) -> None:
+                 delivery_ns: int, gen: int = 0) -> None:
         self.client = client
         self.first = first
         self.n = n
@@ -43,6 +43,7 @@ class Flight:
         self.attempts = attempts
         self.delivery_ns = delivery_ns
         self.handle: Handle | None = None
+        self.gen = gen       # the channel's rewinds before it went out (Lifecycle.gen)
 
 
 # A message waiting for its time: a REQ with a delay or a DPUB read at the cursor

@@ -22,9 +22,14 @@ itself is move the cursor over the records it read (each slice handed to ``_fly`
 A rewind moves the cursor back; the offsets the channel still holds at or after it go
 to ``skip`` (the cursor passes over them: each is delivered through its own state, so
 no message is ever delivered while another delivery of it is in flight), and those in
-flight or dying go to ``replay``: when that life ends by FIN or dead-lettering, the
+flight or dying are owed a replay: when that life ends by FIN or dead-lettering, the
 message is requeued once more with its attempts counted anew (the rewind's promise:
-everything from the offset on is delivered again after it).
+everything from the offset on is delivered again after it). The dying ones are listed
+in ``replay``; the ones in flight are not listed: a rewind is noted in ``rewinds``
+(with the count ``gen`` of rewinds so far, which each flight keeps from when it went
+out), and a FIN'd message is owed its replay if a rewind after its flight went out
+began at or before it (``_owed``). So a rewind costs a pass over the in-flight table
+in C and one sorted list (``skip``), not a Python object per message in flight.
 
 Ownership: the channel's owner loop calls everything here except ``expire`` (the queue
 scanners). ``lock`` guards the two timeout wheels only.
@@ -185,7 +190,10 @@ class Lifecycle:
         self.deferred_wheel: TimeoutWheel[Deferred] = TimeoutWheel()
         self.dying: dict[int, int] = {}    # dead-letter publish not yet confirmed
         self.skip: deque[int] = deque()    # held offsets at or after the cursor, sorted
-        self.replay: set[int] = set()      # in flight / dying when rewound over
+        self.replay: set[int] = set()      # dying when rewound over
+        self.gen = 0                       # rewinds so far (a flight keeps its value)
+        # (gen after it, offset) of each rewind that may concern a flight in flight
+        self.rewinds: list[tuple[int, int]] = []
         # only with max_attempts: offset -> (first, last) delivery (monotonic ns) of the
         # messages requeued at least once
         self.delivery_times: dict[int, tuple[int, int]] = {}
@@ -230,7 +238,7 @@ class Lifecycle:
                 now_ns: int) -> Flight:
         """Messages [first, first + n) in flight to c, not yet on the timeout wheel
         (``_fly`` puts it there; a dispatch pass may put several at once)."""
-        f = Flight(c, first, n, attempts, now_ns)
+        f = Flight(c, first, n, attempts, now_ns, self.gen)
         self.in_flight.add_flights((f,))
         c.in_flight_count += n
         return f
@@ -245,9 +253,10 @@ class Lifecycle:
         flights = []
         timeout = sends[0][0].msg_timeout_ns
         shared = True
+        gen = self.gen
         for c, n, _ in sends:
             c.in_flight_count += n
-            flights.append(Flight(c, first, n, 1, now_ns))
+            flights.append(Flight(c, first, n, 1, now_ns, gen))
             first += n
             if c.msg_timeout_ns != timeout:
                 shared = False
@@ -299,12 +308,23 @@ class Lifecycle:
     def _drop_flights(self, flights: list[Flight]) -> None:
         if not flights:
             return
+        if self.rewinds and not self.in_flight:
+            self.rewinds.clear()          # no flight is left that one concerns
         with self.lock:
             remove = self.in_flight_wheel.remove
             for f in flights:
                 if f.handle is not None:
                     remove(f.handle)
                     f.handle = None
+
+    def _owed(self, off: int, f: Flight) -> bool:
+        """Was off, in flight in f, rewound over since f went out?"""
+        for gen, at in reversed(self.rewinds):
+            if gen <= f.gen:
+                return False
+            if off >= at:
+                return True
+        return False
 
     def _replayed(self, off: int) -> None:
         """A rewound-over message's life ended (FIN, dead-lettered): once more, anew."""
@@ -315,10 +335,12 @@ class Lifecycle:
 
     def finish(self, client: Consumer, msg_id: bytes) -> int:
         """FIN: the message is done; returns its offset. Raises NotInFlight / NotOwner."""
+        # (owed asked before it leaves: the last one out of flight ends ``rewinds``)
+        owed = bool(self.rewinds) and self._owed(*self._held(client, msg_id))
         off = self._take(client, msg_id)[0]
         if self.delivery_times:
             self.delivery_times.pop(off, None)
-        if self.replay and off in self.replay:
+        if owed:
             self._replayed(off)
         return off
 
@@ -333,8 +355,17 @@ class Lifecycle:
         """finish_offsets for several consumers' batches at once (a turn's FINs read by
         the lane): the timeout wheel is changed under one taking of the lock. Returns
         each run's failures."""
+        owed: set[int] = set()
+        if self.rewinds:
+            # which were rewound over since they went out (asked before they leave)
+            get = self.in_flight.get
+            for client, offsets in runs:
+                for off in offsets:
+                    f = get(off)
+                    if f is not None and f.client is client and self._owed(off, f):
+                        owed.add(off)
         bads, emptied = self.in_flight.finish(runs)
-        replay = self.replay
+        replay = owed
         times = self.delivery_times
         out: list[list[tuple[int, BrokerError]]] = []
         for (client, offsets), bad in zip(runs, bads):
@@ -361,7 +392,7 @@ class Lifecycle:
         the same outcome, in the same order (the same offset named twice fails the
         second time as it would there), without a run per consumer. Returns the
         failures as (index, error)."""
-        if self.delivery_times or self.replay:
+        if self.delivery_times or self.rewinds:
             rest = list(range(len(offs)))   # their bookkeeping is finish_runs'
         else:
             gone, rest = self.in_flight.finish_singles(clients, offs)
@@ -407,7 +438,7 @@ class Lifecycle:
         if self.in_flight.live(f) > 1:
             # the others of its flight keep their deadline: this one gets a flight alone
             self.in_flight.pop(off)
-            single = Flight(client, off, 1, f.attempts, f.delivery_ns)
+            single = Flight(client, off, 1, f.attempts, f.delivery_ns, f.gen)
             self.in_flight.add_flights((single,))
             with self.lock:
                 single.handle = self.in_flight_wheel.add(deadline, single)
@@ -518,6 +549,7 @@ class Lifecycle:
         self.delivery_times.clear()
         self.skip.clear()
         self.replay.clear()
+        self.rewinds.clear()
         with self.lock:
             self.in_flight_wheel.clear()
             self.deferred_wheel.clear()
@@ -533,16 +565,19 @@ class Lifecycle:
         stay in flight and are owed one more delivery once FIN'd); requeued ones are
         ready at once, ahead of the replayed range. See the module docstring."""
         before = self._to_read()
-        held = [off for off in self.in_flight if off >= offset]
-        self.replay.update(held)
+        if self.in_flight:
+            # each FIN'd later is owed its replay if it went out before this (``_owed``)
+            self.gen += 1
+            self.rewinds.append((self.gen, offset))
         dying = [off for off in self.dying if off >= offset]
         self.replay.update(dying)
-        held += dying
+        held = dying
         held += [off for off in self.deferred if off >= offset]
         if self.requeued:
             held += [e[0] for e in self.requeued if e[0] >= offset]
             self.requeued = deque((off, a, 0) for off, a, _ in self.requeued)
-        self.skip = deque(sorted(set(held)))
+        # and every offset in flight from there on: sorted in C with the others
+        self.skip = deque(self.in_flight.sorted_from(offset, held))
         self.cursor = offset
         self.extra_count += max(0, self._to_read() - before)
 

@@ -485,6 +485,63 @@ def test_rewind_keeps_in_flight_in_flight_and_replays_it_after_fin() -> None:
     assert ch.depth(WALL) == 0 and not ch.in_flight and not ch.skip and not ch.replay
 
 
+def test_a_rewind_owes_a_replay_to_what_was_in_flight_from_its_offset_on() -> None:
+    """Owed: a message in flight at the rewind, at or after its offset, when that flight
+    ends by FIN (TOUCHed meanwhile too: its flight of one keeps when it went out). Not
+    owed: one before the offset, one REQ'd meanwhile (its redelivery is a new life), one
+    that went out after the rewind. Once nothing is in flight, no rewind is kept."""
+    t, ch = make()
+    c = Client(rdy=3)
+    ch.add_consumer(c, 0)
+    publish(t, 5)
+    ch.dispatch(0, WALL)                          # 0, 1, 2 in flight: one flight
+    ch.rewind(1)
+    assert list(ch.skip) == [1, 2] and ch.rewinds == [(1, 1)]
+    count = ch.message_count
+    ch.touch(c, c.got[2].id, S, 60 * S)           # 2 now a flight of its own
+    ch.requeue(c, c.got[1].id, 0, S, WALL)        # 1 back in the queue: not owed
+    ch.finish(c, c.got[0].id)                     # before the offset: not owed
+    assert ch.message_count == count and [e[:2] for e in ch.requeued] == [(1, 1)]
+    ch.finish(c, c.got[2].id)                     # owed: once more, anew
+    assert ch.message_count == count + 1 and [e[:2] for e in ch.requeued] == [(1, 1), (2, 0)]
+    assert not ch.in_flight and ch.rewinds == []
+    c.rdy = 1
+    for _ in range(10):                           # what went out after it: not owed
+        ch.dispatch(S, WALL)
+        if c.in_flight_count:
+            ch.finish(c, c.got[-1].id)
+    assert sorted((m.body, m.attempts) for m in c.got[3:]) == \
+        [(b"body1", 2), (b"body2", 1), (b"body3", 1), (b"body4", 1)]
+    assert ch.message_count == count + 1 and ch.depth(WALL) == 0
+
+
+def test_each_rewind_owes_what_was_in_flight_when_it_came() -> None:
+    """Two rewinds, flights before and between them: each FIN'd message is owed its
+    replay once if a rewind after its flight went out began at or before it."""
+    t, ch = make()
+    c = Client(rdy=3)
+    ch.add_consumer(c, 0)
+    publish(t, 5)
+    ch.dispatch(0, WALL)                          # 0, 1, 2 (before both rewinds)
+    ch.rewind(2)
+    c.rdy = 5
+    ch.dispatch(0, WALL)                          # 3, 4 (between them)
+    ch.rewind(4)
+    assert [m.body for m in c.got] == [b"body%d" % i for i in range(5)]
+    assert ch.rewinds == [(1, 2), (2, 4)] and list(ch.skip) == [4]
+    count = ch.message_count
+    owed = []
+    for m in c.got[:5]:
+        before = ch.message_count
+        if m.body == b"body2":
+            ch.finish(c, m.id)                    # (one FIN)
+        else:
+            ch.finish_offsets(c, [offset_of(m.id)])   # (a batch's path)
+        owed.append(ch.message_count - before)
+    assert owed == [0, 0, 1, 0, 1] and ch.message_count == count + 2
+    assert [e[:2] for e in ch.requeued] == [(2, 0), (4, 0)] and ch.rewinds == []
+
+
 def test_rewind_over_requeued_and_deferred_keeps_their_attempts() -> None:
     t, ch = make()
     c = Client(rdy=3)

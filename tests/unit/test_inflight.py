@@ -3,7 +3,7 @@ of offset -> flight, the structure it replaced: a Hypothesis state machine adds 
 of one and of many messages (a pass of more than SMALL flights takes the batched call),
 FINs runs of several clients (their own offsets, others', ones not in flight, twice the
 same), pops, takes timed-out flights and clears; after each step every reading of the
-table equals the dict's. Run on the C table and on the pure-Python one."""
+table equals the dict's (``sorted_from`` too, which a rewind takes). Run on the C table and on the pure-Python one."""
 from __future__ import annotations
 
 import pytest
@@ -183,6 +183,14 @@ class InFlightMachine(RuleBasedStateMachine):
                 assert then == mine
 
     @invariant()
+    def sorted_from_is_the_sorted_offsets_from_there(self) -> None:
+        more = [3, self.next, self.next, 0]
+        for at in (0, 1, self.next // 2, self.next + 1):
+            want = sorted({o for o in self.model if o >= at} | {o for o in more if o >= at})
+            got = self.t.sorted_from(at, more)
+            assert got.typecode == "q" and list(got) == want
+
+    @invariant()
     def same_as_the_dict(self) -> None:
         model = self.model
         assert len(self.t) == len(model) and bool(self.t) == bool(model)
@@ -255,3 +263,19 @@ def test_fins_of_many_clients_with_no_offset_on_a_new_table(pure: bool) -> None:
     # machine above: the C table's output arrays did not exist yet)
     t: InFlight[F] = InFlight(pure=pure)
     assert t.finish([(CLIENTS[0], [])] * 9) == ([[]] * 9, [])
+
+
+@pytest.mark.skipif(not mod._SORT, reason="the compiled module is not built")
+def test_the_radix_sort_keeps_the_offsets_from_there_once_each() -> None:
+    """nsqf_sort_from on spans that need one, two, three and six passes, repeats and an
+    offset past them all."""
+    import random
+    from pybroker._native import _ffi, _lib
+    rnd = random.Random(7)
+    for span in (100, 3000, 1 << 30, 1 << 62):
+        vals = [rnd.randrange(span) for _ in range(5000)] + [span // 2] * 3
+        for at in (0, span // 3, span + 1):
+            a = _ffi.new("int64_t[]", vals)
+            tmp = _ffi.new("int64_t[]", len(vals))
+            kept = _lib.nsqf_sort_from(a, tmp, len(vals), at)
+            assert list(_ffi.unpack(a, kept)) == sorted({v for v in vals if v >= at})
