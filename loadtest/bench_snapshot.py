@@ -19,7 +19,9 @@ Timed, with the broker's garbage collector settings (``runtime.py``: thresholds
 - ``rewind``: ``rewind(0)`` on the owner loop (every message in flight is at or after
   it: its offsets go to ``skip``, sorted, and each is owed a replay); ``rewind
   (before)``: what the rewind did before (the offsets listed from the table in Python,
-  sorted, and put in the ``replay`` set one by one), for reference.
+  sorted, and put in the ``replay`` set one by one), for reference;
+- ``empty``: ``empty()`` once at the end (/channel/empty, and a channel's delete,
+  which empties it before it closes its consumers).
 
 Then a topic holding ``--dpubs`` DPUBs an hour away, not yet read by its channel
 (core/dpubs.py): ``stats``, the channel's depth and deferred count as /stats reads them
@@ -111,7 +113,7 @@ def main() -> None:
     args = ap.parse_args()
     print(f"{args.in_flight:,} in flight; median of {args.runs} (min-max), ms")
     print(f"{'shape':8s} {'loop':>20s} {'made':>20s} {'listed (before)':>20s} "
-          f"{'rewind':>20s} {'rewind (before)':>20s}")
+          f"{'rewind':>20s} {'rewind (before)':>20s} {'empty':>9s}")
     for shape in ("rdy2500", "rdy1"):
         ch = channel(args.in_flight, shape)
         gc.collect()
@@ -142,10 +144,13 @@ def main() -> None:
             rows["listed"].append(1e3 * (t3 - t2))
             rows["rewind"].append(1e3 * (t5 - t4))
             rows["rewind_before"].append(1e3 * (t6 - t5))
+        t0 = time.perf_counter()
+        ch.empty()                        # once: it drops what the channel holds
+        emptied = 1e3 * (time.perf_counter() - t0)
         gc.unfreeze()
         cells = [f"{statistics.median(v):6.1f} ({min(v):.1f}-{max(v):.1f})"
                  for v in rows.values()]
-        print(f"{shape:8s} " + " ".join(f"{c:>20s}" for c in cells))
+        print(f"{shape:8s} " + " ".join(f"{c:>20s}" for c in cells) + f" {emptied:9.1f}")
     if args.dpubs:
         dpubs(args.dpubs, args.runs)
 

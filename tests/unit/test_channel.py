@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pybroker.core.channel import Channel
+from pybroker.core.lifecycle import Lifecycle
 from pybroker.core.flight import Consumer, offset_of
 from pybroker.core.topic import Topic
 from pybroker.errors import NotInFlight, NotOwner, TooManyConsumers
@@ -540,6 +541,31 @@ def test_each_rewind_owes_what_was_in_flight_when_it_came() -> None:
         owed.append(ch.message_count - before)
     assert owed == [0, 0, 1, 0, 1] and ch.message_count == count + 2
     assert [e[:2] for e in ch.requeued] == [(2, 0), (4, 0)] and ch.rewinds == []
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_empty_leaves_every_consumer_holding_nothing(told: bool) -> None:
+    """Flights of several messages and flights of one (TOUCHed), to two consumers:
+    after ``empty`` neither holds anything, whether the channel names its consumers
+    (Channel.empty) or the in-flight table counts them (Lifecycle.empty)."""
+    t, ch = make()
+    a, b = Client(rdy=4), Client(rdy=3)
+    ch.add_consumer(a, 0)
+    ch.add_consumer(b, 0)
+    publish(t, 10)
+    ch.dispatch(0, WALL)
+    ch.touch(a, a.got[1].id, S, 60 * S)
+    ch.touch(b, b.got[0].id, S, 60 * S)
+    assert a.in_flight_count + b.in_flight_count == len(ch.in_flight) == 7
+    if told:
+        ch.empty()
+    else:
+        Lifecycle.empty(ch)
+    assert (a.in_flight_count, b.in_flight_count) == (0, 0)
+    assert not ch.in_flight and ch.depth(WALL) == 0
+    publish(t, 2)
+    ch.dispatch(0, WALL)                      # each takes up to its RDY again
+    assert a.in_flight_count + b.in_flight_count == 2
 
 
 def test_rewind_over_requeued_and_deferred_keeps_their_attempts() -> None:
