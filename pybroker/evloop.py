@@ -37,6 +37,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import os
 import socket
 import threading
 import time
@@ -176,6 +177,8 @@ class CallQueue:
         self._w.close()
 
 
+# (Unix; elsewhere a spin just looks again)
+sched_yield: Callable[[], None] = getattr(os, "sched_yield", lambda: None)
 SPIN_MISSES = 4     # spins in a row that found nothing: stop spinning
 SPIN_PROBE = 64     # then one in this many sleeps spins again, to notice a fast client
 
@@ -189,6 +192,8 @@ class SelectorLoop:
     work and latency), and a client that answers at once (a producer's next PUB after
     its OK, a consumer's FIN) answers within that: 1.45x the round trips of one
     synchronous producer at the same CPU per message (docs/io.md). 0: sleep at once.
+    Between its looks a spin yields the core (``sched_yield``) to any thread waiting
+    for one.
     Spins that find nothing SPIN_MISSES times in a row (clients slower than the spin)
     stop it; one in SPIN_PROBE sleeps tries again."""
 
@@ -328,6 +333,11 @@ class SelectorLoop:
             events = poll(0)
             if events or monotonic_ns() >= end:
                 break
+            # a look that found nothing hands the core to a thread waiting for it, if
+            # any (the other processes of a machine where they outnumber its cores:
+            # a replicated topic's followers, its publishers), and returns at once
+            # if none: the spin costs others less and still never sleeps
+            sched_yield()
         if events:
             self._misses = self._sleeps = 0
             return events
