@@ -331,13 +331,17 @@ class SelectorLoop:
         end = monotonic_ns() + spin
         while True:
             events = poll(0)
-            if events or monotonic_ns() >= end:
+            if events:
                 break
             # a look that found nothing hands the core to a thread waiting for it, if
             # any (the other processes of a machine where they outnumber its cores:
             # a replicated topic's followers, its publishers), and returns at once
             # if none: the spin costs others less and still never sleeps
             sched_yield()
+            if monotonic_ns() >= end:
+                # (the time is read after the yield: a core given away for longer
+                # than the spin is a miss, whatever came meanwhile)
+                break
         if events:
             self._misses = self._sleeps = 0
             return events
