@@ -19,8 +19,6 @@ import array
 import bisect
 import functools
 import itertools
-from collections import Counter
-from operator import attrgetter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -31,7 +29,6 @@ _C = BACKEND == "c" and hasattr(_lib, "nsqf_if_fin")
 _SORT = _C and hasattr(_lib, "nsqf_sort_from")
 MIN_CAP = 64          # table entries of a new table (a power of two)
 SMALL = 8             # at most this many flights or FINs: one call each, no arrays
-_CLIENT = attrgetter("client")
 SHRINK_FROM = 4096    # a table this large or larger shrinks when 1/16 full
 
 
@@ -550,17 +547,6 @@ class InFlight(Generic[F]):
         if slot < 0 or slot >= len(self._flights) or self._flights[slot] is not f:
             return 0
         return int(self._t.live[slot])
-
-    def live_by_client(self) -> dict[object, int]:
-        """How many offsets are in flight to each client (the one-message flights
-        counted by ``Counter``, in C: a pass over 250,000 of them in Python, a call
-        each, took 42 ms)."""
-        counts: Counter[object] = Counter(map(_CLIENT, self._one.values()))
-        live = self._t.live
-        for f in self._flights:
-            if f is not None:
-                counts[f.client] += int(live[f.slot])
-        return counts
 
     def flights(self) -> list[F]:
         """The flights with something in flight."""

@@ -49,8 +49,8 @@ import logging
 import selectors
 import socket
 import threading
-from time import monotonic_ns
 from collections.abc import Callable
+from time import monotonic_ns
 from typing import TYPE_CHECKING, cast
 
 from pybroker.cluster.fetchreq import MAX_FETCH_BYTES, Fetch
@@ -181,6 +181,16 @@ class ReplicationServer(SelectorLoop):
         if final:
             self._fetch(c, req, final=True, acked=True)
         self._more(c)
+
+    def _wait(self, c: FollowerConn, req: Fetch, something: bool) -> None:
+        """A fetch just read, its acknowledgement posted: answered at the end of this
+        turn, after its writes, when it has ``something`` to be sent (``answer_held``),
+        else parked."""
+        if something:
+            c.held = True
+            c.loop.at_turn_end(c.answer_held)
+        else:
+            self._park(c, req)
 
     def _park(self, c: FollowerConn, req: Fetch) -> None:
         """Park a fetch until a write or its deadline. One timer per connection, moved
@@ -349,11 +359,7 @@ class ReplicationServer(SelectorLoop):
             return False
         c.parked = req
         r.acked(c.node, offset)
-        if offset < written:
-            c.held = True
-            c.loop.at_turn_end(c.answer_held)
-        else:
-            self._park(c, req)
+        self._wait(c, req, offset < written)
         return True
 
     def _steady_answer(self, c: FollowerConn, req: Fetch) -> bool:
@@ -401,11 +407,7 @@ class ReplicationServer(SelectorLoop):
         wait_ms = req.wait_ms
         if hold and wait_ms > 0 and not final:
             c.parked = req
-            if self._acknowledge(c, req):
-                c.held = True
-                c.loop.at_turn_end(c.answer_held)
-            else:
-                self._park(c, req)
+            self._wait(c, req, self._acknowledge(c, req))
             return False
         node = self.node
         budget = req.max_bytes

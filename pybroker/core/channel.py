@@ -22,7 +22,6 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from pybroker.core.deferred import Chunks
@@ -100,9 +99,10 @@ class Channel(Lifecycle):
             self.release_readers()
         return self._requeue_client(c)
 
-    def empty(self, consumers: Iterable[Consumer] | None = None) -> None:
-        """Lifecycle.empty; every consumer's in-flight count is its messages here."""
-        super().empty(self.consumers if consumers is None else consumers)
+    def empty(self) -> None:
+        """Drop every message the channel holds (Lifecycle._empty), its consumers
+        holding nothing in flight after."""
+        self._empty(self.consumers)
 
     def release_readers(self) -> None:
         """Close the log readers' files and drop their buffers (no one reads now)."""

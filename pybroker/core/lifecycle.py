@@ -40,7 +40,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pybroker._native.inflight import InFlight
 from pybroker.core.deferred import Chunks, DeferredSet
@@ -365,20 +365,19 @@ class Lifecycle:
                     if f is not None and f.client is client and self._owed(off, f):
                         owed.add(off)
         bads, emptied = self.in_flight.finish(runs)
-        replay = owed
         times = self.delivery_times
         out: list[list[tuple[int, BrokerError]]] = []
         for (client, offsets), bad in zip(runs, bads):
             failed: list[tuple[int, BrokerError]] = [
                 (i, NotOwner() if other else NotInFlight()) for i, other in bad] if bad else []
-            if times or replay:
+            if times or owed:
                 skip = {i for i, _ in bad}
                 for i, off in enumerate(offsets):
                     if i in skip:
                         continue
                     if times:
                         times.pop(off, None)
-                    if replay and off in replay:
+                    if owed and off in owed:
                         self._replayed(off)
             client.in_flight_count -= len(offsets) - len(failed)
             out.append(failed)
@@ -536,19 +535,14 @@ class Lifecycle:
         self.dead_letter_cycles += 1
 
     # -- admin: empty, rewind, commit ----------------------------------------------------
-    def empty(self, consumers: Iterable[Consumer] | None = None) -> None:
+    def _empty(self, consumers: Iterable[Consumer]) -> None:
         """Drop every queued, in-flight, requeued, deferred and dying message
-        (HTTP /channel/empty, channel delete). ``consumers``: every consumer of the
-        channel (Channel's): each then holds nothing in flight, since what a consumer
-        holds is on its one channel, and no pass over the messages in flight counts
-        them (250,000 counted a call each took 42 ms, counted by ``Counter`` 12)."""
-        if consumers is not None:
-            for c in consumers:
-                c.in_flight_count = 0
-        else:
-            for client, n in self.in_flight.live_by_client().items():
-                if client is not None:
-                    cast("Consumer", client).in_flight_count -= n
+        (``Channel.empty``: HTTP /channel/empty, channel delete). ``consumers``: every
+        consumer of the channel; each then holds nothing in flight, since what a consumer holds is on
+        its one channel (no pass over the messages in flight counts them: 250,000
+        counted a call each took 42 ms)."""
+        for c in consumers:
+            c.in_flight_count = 0
         self.in_flight.clear()
         self.requeued.clear()
         self.deferred.clear()
@@ -578,8 +572,7 @@ class Lifecycle:
             self.rewinds.append((self.gen, offset))
         dying = [off for off in self.dying if off >= offset]
         self.replay.update(dying)
-        held = dying
-        held += [off for off in self.deferred if off >= offset]
+        held = dying + [off for off in self.deferred if off >= offset]
         if self.requeued:
             held += [e[0] for e in self.requeued if e[0] >= offset]
             self.requeued = deque((off, a, 0) for off, a, _ in self.requeued)

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from pybroker.core.channel import Channel
-from pybroker.core.lifecycle import Lifecycle
 from pybroker.core.flight import Consumer, offset_of
 from pybroker.core.topic import Topic
 from pybroker.errors import NotInFlight, NotOwner, TooManyConsumers
@@ -95,15 +94,21 @@ def make(mem: int = 100) -> tuple[Topic, Channel]:
     return t, ch
 
 
-def two_at_rdy1(n: int) -> tuple[Topic, Channel, Client, Client]:
-    """A channel with two consumers at RDY 1, n messages published, one dispatch."""
+def two_consumers(n: int, rdy_a: int, rdy_b: int) -> tuple[Topic, Channel, Client, Client]:
+    """A channel with two consumers at these RDY counts, n messages published, one
+    dispatch."""
     t, ch = make()
-    a, b = Client(rdy=1), Client(rdy=1)
+    a, b = Client(rdy=rdy_a), Client(rdy=rdy_b)
     ch.add_consumer(a, 0)
     ch.add_consumer(b, 0)
     publish(t, n)
     ch.dispatch(0, WALL)
     return t, ch, a, b
+
+
+def two_at_rdy1(n: int) -> tuple[Topic, Channel, Client, Client]:
+    """A channel with two consumers at RDY 1, n messages published, one dispatch."""
+    return two_consumers(n, 1, 1)
 
 
 def test_rdy_caps_in_flight_and_fin_frees_a_slot() -> None:
@@ -295,12 +300,7 @@ def test_dpub_is_not_delivered_early_and_counts_as_deferred() -> None:
 def test_disconnect_requeues_in_flight_at_once_in_offset_order() -> None:
     """Requeued at once (not at their timeout), in offset order, behind the messages
     queued when the consumer went away (nsqd's requeue order)."""
-    t, ch = make()
-    a, b = Client(rdy=3), Client(rdy=0)
-    ch.add_consumer(a, 0)
-    ch.add_consumer(b, 0)
-    publish(t, 5)
-    ch.dispatch(0, WALL)
+    _, ch, a, b = two_consumers(5, 3, 0)
     assert ch.remove_consumer(a) == 3
     b.rdy = 10
     ch.dispatch(1, WALL)
@@ -543,24 +543,14 @@ def test_each_rewind_owes_what_was_in_flight_when_it_came() -> None:
     assert [e[:2] for e in ch.requeued] == [(2, 0), (4, 0)] and ch.rewinds == []
 
 
-@pytest.mark.parametrize("told", [True, False])
-def test_empty_leaves_every_consumer_holding_nothing(told: bool) -> None:
+def test_empty_leaves_every_consumer_holding_nothing() -> None:
     """Flights of several messages and flights of one (TOUCHed), to two consumers:
-    after ``empty`` neither holds anything, whether the channel names its consumers
-    (Channel.empty) or the in-flight table counts them (Lifecycle.empty)."""
-    t, ch = make()
-    a, b = Client(rdy=4), Client(rdy=3)
-    ch.add_consumer(a, 0)
-    ch.add_consumer(b, 0)
-    publish(t, 10)
-    ch.dispatch(0, WALL)
+    after ``empty`` neither holds anything."""
+    t, ch, a, b = two_consumers(10, 4, 3)
     ch.touch(a, a.got[1].id, S, 60 * S)
     ch.touch(b, b.got[0].id, S, 60 * S)
     assert a.in_flight_count + b.in_flight_count == len(ch.in_flight) == 7
-    if told:
-        ch.empty()
-    else:
-        Lifecycle.empty(ch)
+    ch.empty()
     assert (a.in_flight_count, b.in_flight_count) == (0, 0)
     assert not ch.in_flight and ch.depth(WALL) == 0
     publish(t, 2)
