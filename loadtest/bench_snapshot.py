@@ -21,7 +21,17 @@ Timed, with the broker's garbage collector settings (``runtime.py``: thresholds
   (before)``: what the rewind did before (the offsets listed from the table in Python,
   sorted, and put in the ``replay`` set one by one), for reference;
 - ``empty``: ``empty()`` once at the end (/channel/empty, and a channel's delete,
-  which empties it before it closes its consumers).
+  which empties it before it closes its consumers); ``a step``: the longest of the
+  steps that free what it dropped after (``Lifecycle.step``, one a turn).
+
+Then 100 consumers holding ``--in-flight`` messages leave the channel in one turn
+(their connections closed at once: ``EventLoop._requeue_leavers``), in both shapes
+(``rdy1`` here: the messages TOUCHed, each a flight of its own): ``leave``, the
+channel's flights listed for the pass (``Lifecycle.leave``); ``longest step`` and
+``steps``, the longest turn's step (``requeue_step``: SCAN_STEP flights looked
+through, LEAVE_STEP messages requeued; the first with ``leave``) and how many turns
+it took; ``one turn (before)``, a pass and a requeue per consumer in one turn, as
+before, for reference.
 
 Then a topic holding ``--dpubs`` DPUBs an hour away, not yet read by its channel
 (core/dpubs.py): ``stats``, the channel's depth and deferred count as /stats reads them
@@ -113,7 +123,7 @@ def main() -> None:
     args = ap.parse_args()
     print(f"{args.in_flight:,} in flight; median of {args.runs} (min-max), ms")
     print(f"{'shape':8s} {'loop':>20s} {'made':>20s} {'listed (before)':>20s} "
-          f"{'rewind':>20s} {'rewind (before)':>20s} {'empty':>9s}")
+          f"{'rewind':>20s} {'rewind (before)':>20s} {'empty':>9s} {'a step':>9s}")
     for shape in ("rdy2500", "rdy1"):
         ch = channel(args.in_flight, shape)
         gc.collect()
@@ -147,12 +157,77 @@ def main() -> None:
         t0 = time.perf_counter()
         ch.empty()                        # once: it drops what the channel holds
         emptied = 1e3 * (time.perf_counter() - t0)
+        freed = 0.0                       # its litter, freed a step a turn
+        while ch.later():
+            t0 = time.perf_counter()
+            ch.step()
+            freed = max(freed, 1e3 * (time.perf_counter() - t0))
         gc.unfreeze()
         cells = [f"{statistics.median(v):6.1f} ({min(v):.1f}-{max(v):.1f})"
                  for v in rows.values()]
-        print(f"{shape:8s} " + " ".join(f"{c:>20s}" for c in cells) + f" {emptied:9.1f}")
+        print(f"{shape:8s} " + " ".join(f"{c:>20s}" for c in cells)
+              + f" {emptied:9.1f} {freed:9.1f}")
+    leaving(args.in_flight, args.runs)
     if args.dpubs:
         dpubs(args.dpubs, args.runs)
+
+
+def fleet(n: int, shape: str) -> tuple[Channel, list[Client]]:
+    """A channel whose 100 consumers hold n messages in flight (TOUCHed, for
+    ``rdy1``: a flight each)."""
+    _, ch = published(n, 0)
+    consumers = [Client(n // 100) for _ in range(100)]
+    for c in consumers:
+        ch.add_consumer(c, 0)
+    while ch.dispatch(0, WALL):
+        pass
+    if shape == "rdy1":
+        for off in list(ch.in_flight):
+            f = ch.in_flight.get(off)
+            assert f is not None and f.client is not None
+            ch.touch(f.client, b"%016x" % off, 1, 3600 * S)
+    assert len(ch.in_flight) == n, (len(ch.in_flight), n)
+    return ch, consumers
+
+
+def leaving(n: int, runs: int) -> None:
+    print(f"\n100 consumers holding {n:,} leave in one turn; median of {runs} (min-max), ms")
+    print(f"{'shape':8s} {'leave':>18s} {'longest step':>18s} {'steps':>6s} "
+          f"{'one turn (before)':>20s}")
+    for shape in ("rdy2500", "rdy1"):
+        rows: dict[str, list[float]] = {"leave": [], "longest": [], "before": []}
+        steps = 0
+        for run in range(runs + 1):         # the last run: as before
+            ch, consumers = fleet(n, shape)
+            gc.collect()
+            gc.freeze()
+            for c in consumers:
+                assert ch.detach(c)
+            if run == runs:
+                t0 = time.perf_counter()
+                for c in consumers:
+                    ch._requeue_clients([c])
+                rows["before"].append(1e3 * (time.perf_counter() - t0))
+            else:
+                t0 = time.perf_counter()
+                assert ch.leave(consumers)
+                t1 = time.perf_counter()
+                longest, steps, more = 0.0, 0, True
+                while more:
+                    t2 = time.perf_counter()
+                    _, more = ch.requeue_step()
+                    longest = max(longest, 1e3 * (time.perf_counter() - t2)
+                                  + (1e3 * (t1 - t0) if not steps else 0))
+                    steps += 1
+                rows["leave"].append(1e3 * (t1 - t0))
+                rows["longest"].append(longest)
+            assert len(ch.requeued) == n and not ch.in_flight
+            gc.unfreeze()
+            del ch, consumers
+        cells = [f"{statistics.median(v):6.1f} ({min(v):.1f}-{max(v):.1f})"
+                 for v in (rows["leave"], rows["longest"])]
+        print(f"{shape:8s} " + " ".join(f"{c:>18s}" for c in cells)
+              + f" {steps:6d} {rows['before'][0]:20.1f}")
 
 
 def dpubs(n: int, runs: int) -> None:

@@ -518,8 +518,8 @@ class InFlight(Generic[F]):
                 return [f.first]
             return []
         slot = f.slot
-        if slot < 0 or self._flights[slot] is not f:
-            return []
+        if slot < 0 or slot >= len(self._flights) or self._flights[slot] is not f:
+            return []       # (a flight found before the table was cleared: none now)
         got = self._t.take(f.first, f.n, slot)
         if self._t.live[slot] == 0:
             self._release([slot])
@@ -530,6 +530,16 @@ class InFlight(Generic[F]):
         self._t.clear()
         self._flights = []
         self._free = []
+
+    def drop_all(self) -> list[dict[int, F] | list[F | None]]:
+        """``clear``, handing over the containers of its flights instead of freeing
+        them (the caller frees them a step at a time: a Python object per flight)."""
+        old: list[dict[int, F] | list[F | None]] = [self._one, self._flights]
+        self._one = {}
+        self._flights = []
+        self._free = []
+        self._t.clear()
+        return old
 
     # -- reading -----------------------------------------------------------------------
     def get(self, off: int) -> F | None:

@@ -91,13 +91,21 @@ class Channel(Lifecycle):
 
     def remove_consumer(self, c: Consumer) -> int:
         """Detach c and requeue its in-flight messages at once; returns how many."""
+        if not self.detach(c):
+            return 0
+        return self._requeue_clients((c,))
+
+    def detach(self, c: Consumer) -> bool:
+        """c is no consumer of this channel from now on (False: it was none); what it
+        holds in flight stays in flight until ``leave`` and ``requeue_step`` requeue
+        it (the loop's, from the end of the turn on: ``EventLoop.consumer_leaving``)."""
         try:
             self.consumers.remove(c)
         except ValueError:
-            return 0
+            return False
         if not self.consumers:
             self.release_readers()
-        return self._requeue_client(c)
+        return True
 
     def empty(self) -> None:
         """Drop every message the channel holds (Lifecycle._empty), its consumers
@@ -205,6 +213,12 @@ class Channel(Lifecycle):
         """Hand messages to ready consumers, round-robin; True if any were sent. At most
         DISPATCH_BUDGET messages (and DEAD_BATCH dead letters) per call: with more to
         do, the channel marks itself dirty again so the loop comes back to it."""
+        if self.leaving or self.litter:
+            # a step of what was left for later (consumers that left, an empty's
+            # litter), one a turn: the owner comes back while steps are left
+            _, more = self.step()
+            if more:
+                self.owner.mark_dirty(self)
         consumers = self.consumers
         if self.paused or not consumers:
             return False

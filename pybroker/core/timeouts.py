@@ -116,3 +116,12 @@ class TimeoutWheel(Generic[T]):
         self._keys.clear()
         self._buckets.clear()
         self._len = 0
+
+    def drop_all(self) -> dict[int, dict[int, T]]:
+        """``clear``, handing over its buckets instead of freeing them (the caller
+        frees them a step at a time)."""
+        old = self._buckets
+        self._buckets = {}
+        self._keys.clear()
+        self._len = 0
+        return old

@@ -77,8 +77,11 @@ def _channel_rewind(ch: Channel, offset: int) -> int:
 
 
 def _channel_empty(ch: Channel) -> None:
-    """On ch's owner loop: drop queued, in-flight, deferred and on-disk messages."""
+    """On ch's owner loop: drop queued, in-flight, deferred and on-disk messages (the
+    objects they were kept in are freed a step a turn: ``Lifecycle.step``)."""
     ch.empty()
+    if ch.later():
+        ch.owner.mark_dirty(ch)
 
 
 class Api:

@@ -639,8 +639,8 @@ class ClientConn:
         ch = self.channel
         if ch is not None:
             self.channel = None
-            if ch.remove_consumer(self):
-                self.loop.mark_dirty(ch)
+            if ch.detach(self):
+                self.loop.consumer_leaving(ch, self)
             self.loop.runtime.consumer_left(ch)
         try:
             self.sock.close()

@@ -122,6 +122,10 @@ class EventLoop(SelectorLoop):
         # connections whose commands a turn's budget left (Connection._run): run last
         # in the next turn, after every other connection's answers are written
         self._leftover: dict[Conn, None] = {}
+        # consumers that left a channel this loop owns, this turn: what they held in
+        # flight is requeued at the end of the turn, one pass per channel for all of
+        # them (consumer_leaving)
+        self._leaving: dict[Channel, list[Consumer]] = {}
 
     def __repr__(self) -> str:
         return f"EventLoop({self.name})"
@@ -162,6 +166,23 @@ class EventLoop(SelectorLoop):
 
     def mark_dirty(self, ch: Channel) -> None:
         self.dirty[ch] = None
+
+    def consumer_leaving(self, ch: Channel, c: Consumer) -> None:
+        """c was detached from ch (a channel this loop owns): what it holds in flight is
+        requeued from the end of this turn on, with what the others that leave ch in
+        this turn hold (``_requeue_leavers``)."""
+        if c.in_flight_count > 0:
+            self._leaving.setdefault(ch, []).append(c)
+
+    def _requeue_leavers(self) -> None:
+        """What the consumers that left hold in flight, requeued: their flights looked
+        for in one pass a channel for all that left in a turn, the pass and the
+        requeues a step a turn (``Lifecycle.step``, a few ms at most, which the
+        channel's dispatch takes first)."""
+        for ch, cs in self._leaving.items():
+            if not ch.deleted and ch.leave(cs):
+                self.dirty[ch] = None     # its dispatch takes the steps, one a turn
+        self._leaving = {}
 
     def deliver(self, sends: list[tuple[Consumer, int, int]], out: bytes | bytearray) -> None:
         """A dispatch pass's message frames (the layout: ``Owner.deliver``). Those of
@@ -250,7 +271,10 @@ class EventLoop(SelectorLoop):
         ch.empty()
         for c in list(ch.consumers):
             c.close("channel deleted")  # type: ignore[attr-defined]
-        self.dirty.pop(ch, None)
+        if ch.later():
+            self.dirty[ch] = None    # what the empty dropped is freed a step a turn
+        else:
+            self.dirty.pop(ch, None)
 
     # -- connections --------------------------------------------------------------------
     def add_connection(self, sock: socket.socket,
@@ -418,7 +442,8 @@ class EventLoop(SelectorLoop):
 
     def busy(self) -> bool:
         return bool(self.dirty or self.to_flush or self.publisher.busy() or self._handover
-                    or self.lane.taken or self.direct or self._turn_end or self._leftover)
+                    or self.lane.taken or self.direct or self._turn_end or self._leftover
+                    or self._leaving)
 
     def run_later(self, conn: Conn) -> None:
         """Run conn's commands left by its budget last in the next turn
@@ -457,6 +482,8 @@ class EventLoop(SelectorLoop):
         answers to other loops), dispatch dirty channels, wake other loops' channels,
         flush connections."""
         self._turn += 1
+        if self._leaving:
+            self._requeue_leavers()
         if self.lane.taken:
             self.lane.run()
         self.lane_on = self.lane.enabled()
@@ -487,6 +514,8 @@ class EventLoop(SelectorLoop):
             for ch in dirty:
                 if not ch.deleted:
                     ch.dispatch(now, wall)
+                elif ch.later() and ch.step()[1]:
+                    self.dirty[ch] = None     # a deleted channel's litter, freed
         if self._wake_remote:
             remote, self._wake_remote = self._wake_remote, {}
             for owner, chans in remote.items():

@@ -431,3 +431,29 @@ def test_disconnected_consumer_in_flight_requeued_at_once(broker: BrokerProcess,
     assert sorted(m.body for m in again) == [b"a", b"b", b"c"]
     assert {m.id for m in again} == {m.id for m in got}
     assert all(m.attempts == 2 for m in again)
+
+
+def test_consumers_leaving_together_all_requeued(broker: BrokerProcess,
+                                                 connect: Connect) -> None:
+    """pybroker only, as above: a fleet that leaves at once has what it held requeued,
+    each message once, also when that is more than a turn requeues (4,096 messages:
+    ``EventLoop._requeue_leavers``) and when some were TOUCHed (flights of one)."""
+    topic = unique_name()
+    fleet = [consumer(connect, broker, topic, rdy=2000) for _ in range(3)]
+    fleet[0].mpub(topic, [b"%d" % i for i in range(6000)])
+    held = [c.read_messages(2000, timeout=10) for c in fleet]
+    for m in held[1][:50]:
+        fleet[1].touch(m.id)
+    fleet[1].nop()
+    for c in fleet:
+        c.close()
+    d = consumer(connect, broker, topic, rdy=2500)
+    again: list[wire.Message] = []
+    while len(again) < 6000:
+        got = d.read_messages(min(2500, 6000 - len(again)), timeout=10)
+        d.send(b"".join(wire.fin(m.id) for m in got))
+        again += got
+    d.expect_nothing(0.3)
+    assert sorted(int(m.body) for m in again) == list(range(6000))
+    assert {m.id for m in again} == {m.id for ms in held for m in ms}
+    assert all(m.attempts == 2 for m in again)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pybroker.core import lifecycle
 from pybroker.core.channel import Channel
 from pybroker.core.flight import Consumer, offset_of
 from pybroker.core.topic import Topic
@@ -306,6 +307,122 @@ def test_disconnect_requeues_in_flight_at_once_in_offset_order() -> None:
     ch.dispatch(1, WALL)
     assert [m.body for m in b.got] == [b"body%d" % i for i in (3, 4, 0, 1, 2)]
     assert [m.attempts for m in b.got] == [1, 1, 2, 2, 2]
+
+
+def test_consumers_leaving_in_one_turn_requeued_a_step_at_a_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Consumers that leave in one turn (``EventLoop._requeue_leavers``): detached at
+    once, their flights looked for in one pass for all of them (an idle one adds no
+    work), then looked through and requeued a bounded step at a time; a flight that
+    timed out in between is not requeued twice, and every message comes back once,
+    with its attempt counted."""
+    monkeypatch.setattr(lifecycle, "SCAN_STEP", 2)
+    monkeypatch.setattr(lifecycle, "LEAVE_STEP", 2)
+    t, ch = make()
+    a, b, c, idle = Client(rdy=3), Client(rdy=3), Client(rdy=2), Client(rdy=5)
+    for x in (a, b, c):
+        ch.add_consumer(x, 0)
+    publish(t, 8)
+    ch.dispatch(0, WALL)
+    ch.add_consumer(idle, 0)
+    assert [x.in_flight_count for x in (a, b, c, idle)] == [3, 3, 2, 0]
+    ch.touch(a, a.got[0].id, 1, 60 * S)        # a flight of one message of its own
+    for x in (a, b, c, idle):
+        assert ch.detach(x)
+    assert not ch.detach(a) and ch.consumers == []
+    assert not ch.leave([idle])                # nothing in flight: no work at all
+    assert ch.leave([a, b, c, idle])
+    assert len(ch.in_flight) == 8              # in flight until requeued
+    # 4 flights, looked through 2 a step: the first step requeues nothing
+    assert ch.requeue_step() == (0, True)
+    # c's flight times out before its step comes
+    timed_out, _ = ch.expire(WALL + 11 * S)
+    (cf,) = [f for f in timed_out if f.client is c]
+    ch.requeue_expired([cf], [])
+    steps = []
+    more = True
+    while more:
+        n, more = ch.requeue_step()
+        steps.append(n)
+    assert sum(steps) == 6 and max(steps) <= 3   # a's and b's; a step: 2 messages,
+    #                                              or the one flight it begins with
+    assert [x.in_flight_count for x in (a, b, c)] == [0, 0, 0] and len(ch.in_flight) == 0
+    assert ch.requeue_step() == (0, False)
+    d = Client(rdy=10)
+    ch.add_consumer(d, 0)
+    ch.dispatch(2, WALL)
+    assert sorted(m.body for m in d.got) == sorted(b"body%d" % i for i in range(8))
+    assert all(m.attempts == 2 for m in d.got)
+
+
+def test_empty_drops_what_consumers_that_left_held() -> None:
+    """/channel/empty while the requeues of consumers that left are under way: their
+    messages are dropped with the rest, and the steps left do nothing."""
+    t, ch, a, b = two_consumers(6, 3, 3)
+    for x in (a, b):
+        ch.detach(x)
+    assert ch.leave([a, b])
+    ch.empty()
+    assert ch.requeue_step() == (0, False)
+    d = Client(rdy=10)
+    ch.add_consumer(d, 0)
+    ch.dispatch(1, WALL)
+    assert d.got == [] and ch.depth(WALL) == 0
+
+
+def test_free_some_frees_a_budget_of_entries_nested_ones_too() -> None:
+    """``free_some``: each call drops its budget of entries, the last container's
+    first; a timer bucket of more than a few entries joins the litter, freed the same
+    way (its entries on budgets of their own); nothing is left after enough calls."""
+    from collections import deque
+
+    litter: list[lifecycle.Litter] = [list(range(10)), deque(range(5)), set(range(7)),
+                                      {i: object() for i in range(20)}]
+    sizes = []
+    while litter:
+        before = sum(len(x) for x in litter)
+        lifecycle.free_some(litter, 16)
+        sizes.append(before - sum(len(x) for x in litter))
+    assert sizes == [16, 16, 10]
+    buckets = {b: {i: object() for i in range(100)} for b in range(3)}
+    litter = [buckets]
+    calls = 0
+    while litter:
+        lifecycle.free_some(litter, 16)
+        calls += 1
+        assert all(len(x) <= 100 for x in litter[1:])
+    assert calls == -(-303 // 16)   # the 3 buckets and their 300 entries, 16 a call
+
+
+def test_empty_frees_what_it_dropped_a_step_at_a_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """/channel/empty hands what it dropped (flights, their timers, requeued and
+    skipped offsets) to steps (``Lifecycle.step``, one a turn from the channel's
+    dispatch); the channel works at once, and the steps end."""
+    monkeypatch.setattr(lifecycle, "FREE_STEP", 4)
+    t, ch = make()
+    c = Client(rdy=1)
+    ch.add_consumer(c, 0)
+    publish(t, 30)
+    for _ in range(20):             # 20 flights of one message, each its own timer
+        c.in_flight_count = 0
+        ch.dispatch(0, WALL)
+    ch.rewind(0)
+    c.in_flight_count = 20
+    ch.empty()
+    assert c.in_flight_count == 0 and len(ch.in_flight) == 0 and ch.depth(WALL) == 0
+    assert ch.later() and ch.litter
+    steps = 0
+    while ch.later():
+        ch.step()
+        steps += 1
+        assert steps < 100
+    assert steps >= 10 and ch.litter == []
+    publish(t, 2)
+    c.in_flight_count = 0
+    c.rdy = 5
+    ch.dispatch(1, WALL)
+    assert [m.body for m in c.got[-2:]] == [b"body0", b"body1"]
 
 
 def test_max_consumers() -> None:

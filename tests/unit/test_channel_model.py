@@ -399,6 +399,26 @@ class ChannelModel(RuleBasedStateMachine):
             self._requeue(off, f.attempts, self.released)
         self.requeues += len(mine)
 
+    @rule()
+    def all_leave_together(self) -> None:
+        """Every consumer leaves in one turn (``EventLoop._requeue_leavers``): each
+        detached, what they held looked for in one pass and requeued by a step (the
+        model's few fit one), in offset order; then they connect again."""
+        gone = sorted(self.clients.values(), key=lambda c: c.name)
+        mine = sorted(off for c in gone for off in self._held_by(c))
+        for c in gone:
+            assert self.ch.detach(c)
+        assert self.ch.leave(gone) == bool(mine)
+        assert self.ch.requeue_step() == (len(mine), False)
+        for c in gone:
+            del self.clients[c.name]
+            self._new_client(c.msg_timeout_ns // MS)
+        for off in mine:
+            f = self.flight.pop(off)
+            self.replay.discard(off)
+            self._requeue(off, f.attempts, self.released)
+        self.requeues += len(mine)
+
     @rule(data=st.data())
     def rewind(self, data: st.DataObject) -> None:
         offset = data.draw(st.integers(self.log.oldest, self.released))
