@@ -43,7 +43,8 @@ import threading
 import time
 from _thread import get_ident
 from collections import deque
-from typing import Any, Callable, Protocol, TypeVarTuple, Unpack
+from collections.abc import Generator
+from typing import Any, Callable, Protocol, TypeVar, TypeVarTuple, Unpack
 
 from pybroker.poller import EVENT_READ, EVENT_WRITE, Poller
 
@@ -54,6 +55,7 @@ TIMERS_PER_TURN = 64
 monotonic_ns = time.monotonic_ns
 Call = tuple[Callable[..., object], tuple[object, ...]]   # fn and its arguments
 Ts = TypeVarTuple("Ts")
+R = TypeVar("R")
 
 
 class Pollable(Protocol):
@@ -259,6 +261,29 @@ class SelectorLoop:
     def cancel(self, handle: Any) -> None:
         if handle is not None:
             self.timers.remove(handle)
+
+    def run_steps(self, steps: Generator[None, None, R],
+                  done: Callable[[R], object] | None = None,
+                  failed: Callable[[BaseException], object] | None = None) -> None:
+        """Work too long for one turn, as a generator that yields between steps (each
+        bounded by its own budget): its first step now, then one a turn (a timer of 0:
+        in the next turn, after what is waiting), then ``done(its return value)``. A
+        step that raises ends it: ``failed(the error)``, else the error logged. The one
+        driver of the loops' step-a-turn work (a checkpoint's snapshots, a /stats job, a
+        queue scan's requeues, a replica's channel states and takeover)."""
+        try:
+            next(steps)
+        except StopIteration as end:
+            if done is not None:
+                done(end.value)
+            return
+        except Exception as e:    # the loop goes on
+            if failed is not None:
+                failed(e)
+            else:
+                log.exception("%s: a step of %r failed", self.name, steps)
+            return
+        self.timers.add(monotonic_ns(), (self.run_steps, (steps, done, failed)))
 
     def read_again(self, obj: Pollable) -> None:
         """Call obj.on_readable() next turn even if its socket is not readable."""

@@ -759,8 +759,15 @@ class Replica:
         that do not fit what it holds leave it holding the version before, and it asks
         for every state again."""
         steps = take_steps(self.held, parts)
+        epoch = self.epoch
         if ops_of(parts) <= TAKE_STEP:
-            self._take_step(steps, version, paused, parts, self.epoch, done, False)
+            try:
+                while True:
+                    next(steps)
+            except StopIteration as end:
+                self._took_parts(end.value, version, paused, parts, epoch)
+            except Exception as e:
+                self._parts_failed(e)
             return done
         left = [2]
 
@@ -768,39 +775,36 @@ class Replica:
             left[0] -= 1
             if not left[0]:
                 done()
-        self._take_step(steps, version, paused, parts, self.epoch, both, True)
+
+        def took(held: dict[str, Held]) -> None:
+            self._took_parts(held, version, paused, parts, epoch)
+            both()
+
+        def failed(e: BaseException) -> None:
+            self._parts_failed(e)
+            both()
+        owner_loop(self.topic.owner).run_steps(steps, took, failed)
         return both
 
-    def _take_step(self, steps: Generator[None, None, dict[str, Held]], version: int,
-                   paused: tuple[bool, int] | None, parts: list[Part], epoch: int,
-                   done: Callable[[], None], stepped: bool) -> None:
-        try:
-            while True:
-                next(steps)
-                if stepped:
-                    owner_loop(self.topic.owner).call_later(
-                        0, self._take_step, steps, version, paused, parts, epoch, done,
-                        True)
-                    return
-        except StopIteration as end:
-            if self.role == FOLLOWER and self.epoch == epoch:   # (else not its now)
-                self.held = end.value
-                self.channels_raw = None
-                self.channels = {}
-                self.chan_from_leader = version
-                if paused is not None:
-                    self.paused_shipped, self.released_shipped = paused
-                self._follow_floors([p.floor for p in parts])
-        except ValueError as e:
+    def _took_parts(self, held: dict[str, Held], version: int,
+                    paused: tuple[bool, int] | None, parts: list[Part], epoch: int) -> None:
+        if self.role == FOLLOWER and self.epoch == epoch:   # (else not its now)
+            self.held = held
+            self.channels_raw = None
+            self.channels = {}
+            self.chan_from_leader = version
+            if paused is not None:
+                self.paused_shipped, self.released_shipped = paused
+            self._follow_floors([p.floor for p in parts])
+
+    def _parts_failed(self, e: BaseException) -> None:
+        if isinstance(e, ValueError):
             log.warning("CLUSTER: %s: the channel states shipped do not fit the ones "
                         "held (%s): asking for all of them", self.name, e)
-            self.chan_from_leader = 0
-        except Exception:       # a bug: the fetcher is never left waiting
-            log.exception("CLUSTER: %s: taking the channel states shipped failed",
-                          self.name)
-            self.chan_from_leader = 0
-        if stepped:
-            done()
+        else:       # a bug: the fetcher is never left waiting
+            log.error("CLUSTER: %s: taking the channel states shipped failed", self.name,
+                      exc_info=e)
+        self.chan_from_leader = 0
 
     def _follow_floors(self, floors: list[int]) -> None:
         """``_follow_floor`` with the floors the leader worked out (one per channel)."""
@@ -831,30 +835,40 @@ class Replica:
         if text is None or text.size <= INLINE_BYTES:
             self._install(run(steps), names, self.chan_from_leader)
             return
-        self.taking_over = self.epoch
+        self.taking_over = epoch = self.epoch
         log.info("CLUSTER: %s: taking its channels over in steps (%d bytes of states)",
                  self.name, text.size)
-        self._step(steps, self.epoch, names, self.chan_from_leader, time.monotonic_ns())
+        began, from_leader = time.monotonic_ns(), self.chan_from_leader
 
-    def _step(self, steps: Steps, epoch: int, names: list[str], from_leader: int,
-              began: int) -> None:
-        if self.taking_over != epoch or self.role != LEADER or self.epoch != epoch:
-            steps.close()
-            return      # the leadership went meanwhile: not its channels
-        try:
-            next(steps)
-        except StopIteration as done:
+        def built(chans: list[Channel] | None) -> None:
+            if chans is None:
+                return      # the leadership went meanwhile: not its channels
             log.info("CLUSTER: %s: channels built in %.0f ms", self.name,
                      (time.monotonic_ns() - began) / 1e6)
-            self._install(done.value, names, from_leader)
+            self._install(chans, names, from_leader)
             self._end_takeover(True)
-            return
-        except Exception:     # a bug: the follower's channels stay; no SUB waits forever
-            log.exception("CLUSTER: %s: building the channels taken over failed", self.name)
-            self._end_takeover(True)
-            return
-        owner_loop(self.topic.owner).call_later(0, self._step, steps, epoch, names,
-                                                from_leader, began)
+
+        def failed(e: BaseException) -> None:   # a bug: the follower's channels stay
+            log.error("CLUSTER: %s: building the channels taken over failed", self.name,
+                      exc_info=e)
+            self._end_takeover(True)        # (no SUB waits forever)
+        owner_loop(self.topic.owner).run_steps(self._while_leading(steps, epoch), built,
+                                               failed)
+
+    def _while_leading(self, steps: Steps, epoch: int
+                       ) -> Generator[None, None, list[Channel] | None]:
+        """steps while this replica still takes over as the leader of epoch; None when
+        the leadership went meanwhile."""
+        while True:
+            if self.taking_over != epoch or self.role != LEADER or self.epoch != epoch:
+                steps.close()
+                return None
+            try:
+                next(steps)
+            except StopIteration as done:
+                chans: list[Channel] = done.value
+                return chans
+            yield
 
     def after_takeover(self, then: Callable[[bool], None]) -> None:
         """``then(led)`` once the channels being built are in place (True), or the

@@ -34,13 +34,16 @@ class DpubIndex:
     truncation, from its end on): kept in a list read from ``_lo`` on, so that pruning
     the oldest is moving ``_lo`` (the list is cut once half of it is behind)."""
 
-    __slots__ = ("_offs", "_lo", "_at", "_dues")
+    __slots__ = ("_offs", "_lo", "_at", "_dues", "changes")
 
     def __init__(self, items: Iterable[tuple[int, int]] = ()) -> None:
         self._offs: list[int] = []
         self._lo = 0
         self._at: dict[int, int] = {}
         self._dues: dict[int, list[int]] = {}      # chunk -> its deliver-at times, sorted
+        # changes other than appends and pruning below an offset (a time changed, an
+        # offset deleted, all cleared): what was read of it before may be wrong now
+        self.changes = 0
         for off, at in items:
             self[off] = at
 
@@ -63,6 +66,7 @@ class DpubIndex:
         old = self._at.get(off)
         if old is not None:
             self._drop_due(off, old)
+            self.changes += 1
         else:
             offs = self._offs
             if len(offs) > self._lo and off < offs[-1]:
@@ -74,6 +78,7 @@ class DpubIndex:
 
     def __delitem__(self, off: int) -> None:
         at = self._at.pop(off)
+        self.changes += 1
         offs = self._offs
         if offs[-1] == off:
             offs.pop()
@@ -134,6 +139,7 @@ class DpubIndex:
         return end - lo
 
     def clear(self) -> None:
+        self.changes += 1
         self._offs, self._lo = [], 0
         self._at.clear()
         self._dues.clear()

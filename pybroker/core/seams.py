@@ -127,10 +127,15 @@ class Log(Protocol):
 
 
 class DeliverAt(Protocol):
-    """A topic's deferred publishes: offset -> deliver-at in wall-clock ns (a
-    sortedcontainers.SortedDict, whose package has no annotations); what a channel reads."""
+    """A topic's deferred publishes: offset -> deliver-at in wall-clock ns
+    (pybroker.core.dpubs.DpubIndex); what a channel reads. ``changes`` counts the
+    changes other than appends and pruning below an offset."""
+
+    changes: int
 
     def get(self, offset: int, default: int = 0, /) -> int: ...
+    def __contains__(self, offset: object) -> bool: ...
+    def __getitem__(self, offset: int) -> int: ...
 
 
 class TopicView(Protocol):

@@ -8,6 +8,7 @@ producers form a consistent view. ``Collected`` holds the assembled answer.
 """
 from __future__ import annotations
 
+import logging
 import time
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -18,6 +19,8 @@ from pybroker.core.statsdoc import ChannelStats, ClientStats, TopicStats
 from pybroker.http.gather import MISSING, Gather, Job, Later
 
 if TYPE_CHECKING:
+    from collections.abc import Generator
+
     from pybroker.core.channel import Channel
     from pybroker.core.seams import Owner
     from pybroker.core.topic import Topic
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
 
 _NAME = attrgetter("name")
 YIELD_TOPICS = 256   # topics a finish makes per hold of the GIL
+log = logging.getLogger("pybroker")
 STATS_STEP = 1_024   # channels a loop reads a turn for one /stats (about 6 ms)
 
 
@@ -59,7 +63,13 @@ def loop_snapshot(loop: EventLoop, chans: list[Channel], include_clients: bool, 
         _stats_step(loop, chans, 0, out, include_clients, topic_filter)
         return _loop_done(loop, out, topic_filter, want_producers)
     later = Later()
-    _stats_steps(loop, chans, 0, out, include_clients, topic_filter, want_producers, later)
+
+    def failed(e: BaseException) -> None:    # a bug: the request is answered all the same
+        log.error("HTTP: a /stats step on %s failed", loop.name, exc_info=e)
+        later.resolve(MISSING)
+    loop.run_steps(_stats_steps(loop, chans, out, include_clients, topic_filter),
+                   lambda _: later.resolve(_loop_done(loop, out, topic_filter, want_producers)),
+                   failed)
     return later
 
 
@@ -74,15 +84,14 @@ def _stats_step(loop: EventLoop, chans: list[Channel], at: int,
     return end
 
 
-def _stats_steps(loop: EventLoop, chans: list[Channel], at: int,
-                 out: dict[int, ChannelSnapshot], include_clients: bool, topic_filter: str,
-                 want_producers: bool, later: Later) -> None:
-    at = _stats_step(loop, chans, at, out, include_clients, topic_filter)
-    if at < len(chans):
-        loop.call_later(0, _stats_steps, loop, chans, at, out, include_clients, topic_filter,
-                        want_producers, later)
-    else:
-        later.resolve(_loop_done(loop, out, topic_filter, want_producers))
+def _stats_steps(loop: EventLoop, chans: list[Channel], out: dict[int, ChannelSnapshot],
+                 include_clients: bool, topic_filter: str) -> Generator[None, None, None]:
+    at = 0
+    while True:
+        at = _stats_step(loop, chans, at, out, include_clients, topic_filter)
+        if at >= len(chans):
+            return
+        yield
 
 
 def _loop_done(loop: EventLoop, out: dict[int, ChannelSnapshot], topic_filter: str,

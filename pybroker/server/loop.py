@@ -44,6 +44,8 @@ from pybroker.server.publish import Publisher
 from pybroker.server.sendchoice import SendChoice
 
 if TYPE_CHECKING:
+    from collections.abc import Generator
+
     from pybroker.core.flight import Consumer, Deferred, Flight
     from pybroker.core.seams import Owner
     from pybroker.server.ports import Conn, Loop, LoopServices
@@ -151,18 +153,25 @@ class EventLoop(SelectorLoop):
 
     def on_expired(self, ch: Channel, timed_out: list[Flight], due: list[Deferred]) -> None:
         """Queue-scanner results for a channel this loop owns: about EXPIRE_TURN
-        messages requeued a turn, the rest in the turns after (a timer of 0: run in the
-        next turn, after what is waiting)."""
-        i = n = 0
-        while i < len(timed_out) and (n < EXPIRE_TURN or not i):
-            n += timed_out[i].n
-            i += 1
-        j = min(len(due), max(0, EXPIRE_TURN - n)) if i == len(timed_out) else 0
-        ch.requeue_expired(timed_out[:i], due[:j])
-        if i < len(timed_out) or j < len(due):
-            self.call_later(0, self.on_expired, ch, timed_out[i:], due[j:])
-        if not ch.deleted:
-            self.dirty[ch] = None
+        messages requeued a turn, the rest in the turns after (``run_steps``)."""
+        self.run_steps(self._expire_steps(ch, timed_out, due))
+
+    def _expire_steps(self, ch: Channel, timed_out: list[Flight],
+                      due: list[Deferred]) -> Generator[None, None, None]:
+        i = j = 0
+        while True:
+            n, start = 0, i
+            while i < len(timed_out) and (n < EXPIRE_TURN or i == start):
+                n += timed_out[i].n
+                i += 1
+            k = min(len(due), j + max(0, EXPIRE_TURN - n)) if i == len(timed_out) else j
+            ch.requeue_expired(timed_out[start:i], due[j:k])
+            j = k
+            if not ch.deleted:
+                self.dirty[ch] = None
+            if i == len(timed_out) and j == len(due):
+                return
+            yield
 
     def mark_dirty(self, ch: Channel) -> None:
         self.dirty[ch] = None

@@ -19,10 +19,10 @@ behaviour but ``owner_loop`` (a cast).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Protocol, Union, cast
 
-from pybroker.evloop import Ts
+from pybroker.evloop import R, Ts
 
 if TYPE_CHECKING:
     import socket
@@ -172,6 +172,9 @@ class Loop(Protocol):
     def call_later(self, delay_ns: int, fn: Callable[[Unpack[Ts]], object],
                    *args: Unpack[Ts]) -> Timer: ...
     def cancel(self, handle: Timer | None) -> None: ...
+    def run_steps(self, steps: Generator[None, None, R],
+                  done: Callable[[R], object] | None = None,
+                  failed: Callable[[BaseException], object] | None = None) -> None: ...
     def call_soon_threadsafe(self, fn: Callable[[Unpack[Ts]], object],
                              *args: Unpack[Ts]) -> None: ...
     def read_again(self, conn: Conn) -> None: ...

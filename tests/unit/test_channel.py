@@ -697,6 +697,46 @@ def test_rewind_over_requeued_and_deferred_keeps_their_attempts() -> None:
     assert (c.got[-1].body, c.got[-1].attempts) == (b"body1", 2)
 
 
+def test_dpubs_held_in_skip_are_counted_once_and_kept_up_with() -> None:
+    """DPUBs not yet due ahead of the cursor count as deferred, except those a rewind
+    put in ``skip`` (held elsewhere, counted there): found once per skip, then kept up
+    with as the cursor passes skip's head, as time passes, and when the topic's DPUBs
+    change (/topic/empty); always what a pass over skip counts."""
+    t, ch = make()
+    c = Client(rdy=50)
+    ch.add_consumer(c, 0)
+    publish(t, 3)                                  # 0-2
+    publish(t, 4, defer_ns=3600 * S, ts=WALL)      # 3-6: read, deferred (held)
+    publish(t, 2, defer_ns=10 * S, ts=WALL)        # 7-8: due sooner
+    publish(t, 3)                                  # 9-11
+    ch.dispatch(0, WALL)
+    assert len(ch.deferred) == 6 and len(ch.in_flight) == 6
+    ch.rewind(0)
+    publish(t, 2, defer_ns=3600 * S, ts=WALL)      # 12-13: not read yet
+    assert list(ch.skip) == list(range(12))
+
+    def brute(wall: int) -> int:
+        return t.deferred_ahead(ch.cursor, wall) - sum(
+            1 for off in ch.skip if t.dpubs.get(off, 0) > wall)
+
+    for wall in (WALL, WALL + 20 * S):
+        assert ch._dpubs_ahead(wall) == brute(wall)
+    assert ch._dpubs_ahead(WALL) == 2              # 12 and 13 only
+    assert ch.deferred_count(WALL) == 6 + 2
+    found = ch._skip_dpubs
+    c.rdy = 100
+    ch.dispatch(1, WALL)               # the cursor passes skip, then defers 12 and 13
+    assert ch.cursor == 14 and not ch.skip
+    assert ch._dpubs_ahead(WALL) == brute(WALL) == 0
+    assert ch.deferred_count(WALL) == 8
+    ch.rewind(0)                                   # a new skip: found again
+    assert ch._dpubs_ahead(WALL) == brute(WALL)
+    assert ch._skip_dpubs is not found
+    t.empty()                                      # the topic's DPUBs cleared
+    publish(t, 2, defer_ns=3600 * S, ts=WALL)
+    assert ch._dpubs_ahead(WALL) == brute(WALL) == 2
+
+
 def test_a_rewind_is_saved_and_restored_with_what_it_skips() -> None:
     t, ch = make()
     c = Client(rdy=2)

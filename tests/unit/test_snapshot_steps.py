@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pytest
 
@@ -34,10 +34,19 @@ def test_a_checkpoint_snapshots_a_step_of_channels_a_turn(
     per_call: list[int] = []
     steps = storage._snapshot_steps
 
-    def counted(*args: object) -> None:
-        before = len(args[3])  # type: ignore[arg-type]
-        steps(*args)  # type: ignore[arg-type]
-        per_call.append(len(args[3]) - before)  # type: ignore[arg-type]
+    def counted(lp: object, topics: list[object], out: list[storage.Snap]
+                ) -> Generator[None, None, None]:
+        """The steps, the channels each one snapshots counted."""
+        gen = steps(lp, topics, out)  # type: ignore[arg-type]
+        while True:
+            before = len(out)
+            try:
+                next(gen)
+            except StopIteration:
+                per_call.append(len(out) - before)
+                return
+            per_call.append(len(out) - before)
+            yield
 
     monkeypatch.setattr(storage, "_snapshot_steps", counted)
     answers: queue.Queue[list[storage.Snap]] = queue.Queue()

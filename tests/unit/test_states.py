@@ -13,6 +13,8 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+
+from pybroker.evloop import SelectorLoop
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
@@ -327,16 +329,6 @@ def test_states_of_another_size_than_said_take_over_no_channel(
         caplog.clear()
 
 
-class _Loop:
-    """A topic's owner loop whose later calls the test runs itself."""
-
-    def __init__(self) -> None:
-        self.later: list[tuple[Any, tuple[Any, ...]]] = []
-
-    def call_later(self, delay_ns: int, fn: Any, *args: Any) -> None:
-        self.later.append((fn, args))
-
-
 def test_an_answer_of_many_channels_is_taken_a_step_a_turn(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Past TAKE_STEP op pairs (here 40), a follower takes the parts a step a turn, each
@@ -346,21 +338,23 @@ def test_an_answer_of_many_channels_is_taken_a_step_a_turn(
     monkeypatch.setattr(replica_mod, "TAKE_STEP", 40)
     shipped = {f"ch{k}": _encoded(_chunks(10), PartTexts()) for k in range(12)}
     t = make_topic(mem=100)
-    loop = _Loop()
+    loop = SelectorLoop("states-test")       # turned by the test
     t.owner = cast(Any, loop)
     r = Replica(cast(Any, None), t, EpochHistory())
     r.role, r.epoch = FOLLOWER, 3
     parts = parts_of(*_answer(shipped, None))
     assert ops_of(parts) > 40
     told: list[int] = []
-    done = r._take_parts(parts, 9, None, lambda: told.append(1))
-    done()                                   # the records appended
-    turns = 0
-    while loop.later:
-        assert not told and r.chan_from_leader == 0
-        fn, args = loop.later.pop()
-        fn(*args)
-        turns += 1
+    try:
+        done = r._take_parts(parts, 9, None, lambda: told.append(1))
+        done()                               # the records appended
+        turns = 0
+        while not told:
+            assert r.chan_from_leader == 0 and turns < 1000
+            loop.run_once()
+            turns += 1
+    finally:
+        loop.close()
     assert told == [1] and r.chan_from_leader == 9
     assert turns >= ops_of(parts) // 40 - 1
     assert set(r.held) == set(shipped)
