@@ -197,6 +197,53 @@ class CallQueue:
 sched_yield: Callable[[], None] = getattr(os, "sched_yield", lambda: None)
 SPIN_MISSES = 4     # spins in a row that found nothing: stop spinning
 SPIN_PROBE = 64     # then one in this many sleeps spins again, to notice a fast client
+# how long turns took (their work, from the events on: not the sleep or the spin
+# before), counted in these buckets (upper bounds, ns; /metrics'
+# pybroker_loop_turn_seconds): a turn's budget is 20 ms
+TURN_BUCKETS_NS = (1_000_000, 5_000_000, 10_000_000, 20_000_000, 50_000_000,
+                   100_000_000, 500_000_000)
+SLOW_TURN_NS = 100_000_000      # a turn this long is logged (a warning), at most
+SLOW_LOG_EVERY_NS = 10_000_000_000    # once this often per loop
+
+
+class TurnTimes:
+    """How long a loop's turns took: how many, their total, and how many fell in each
+    of TURN_BUCKETS_NS past the first (and past the last), the longest; the loop's
+    thread writes it, and /metrics reads it there too. Two clock reads a turn."""
+
+    __slots__ = ("turns", "total_ns", "over", "longest_ns", "_logged_ns")
+
+    def __init__(self) -> None:
+        self.turns = 0
+        self.total_ns = 0
+        # over[i]: turns longer than TURN_BUCKETS_NS[i] and at most the next bound
+        # (the last: longer than the last bound)
+        self.over = [0] * len(TURN_BUCKETS_NS)
+        self.longest_ns = 0
+        self._logged_ns = -SLOW_LOG_EVERY_NS
+
+    def copy(self) -> TurnTimes:
+        c = TurnTimes()
+        c.turns, c.total_ns, c.over = self.turns, self.total_ns, list(self.over)
+        c.longest_ns = self.longest_ns
+        return c
+
+    def took(self, name: str, start_ns: int, end_ns: int) -> None:
+        dt = end_ns - start_ns
+        self.turns += 1
+        self.total_ns += dt
+        if dt <= TURN_BUCKETS_NS[0]:
+            return
+        if dt > self.longest_ns:
+            self.longest_ns = dt
+        i = 1
+        while i < len(TURN_BUCKETS_NS) and dt > TURN_BUCKETS_NS[i]:
+            i += 1
+        self.over[i - 1] += 1
+        if dt > SLOW_TURN_NS and end_ns - self._logged_ns >= SLOW_LOG_EVERY_NS:
+            self._logged_ns = end_ns
+            log.warning("%s: a turn took %.0f ms (a turn's budget is 20 ms; turns over "
+                        "100 ms are logged at most every 10 s)", name, dt / 1e6)
 
 
 class SelectorLoop:
@@ -233,6 +280,7 @@ class SelectorLoop:
         self.thread: threading.Thread | None = None
         self._ident: int | None = None     # self.thread's, while it runs (in_loop_thread)
         self.stopped = threading.Event()
+        self.turn_times = TurnTimes()
 
     # -- any thread ---------------------------------------------------------------------
     def call_soon_threadsafe(self, fn: Callable[[Unpack[Ts]], object],
@@ -329,6 +377,7 @@ class SelectorLoop:
             events = self._spin(timeout)
         else:
             events = self.selector.poll(timeout)
+        start = monotonic_ns()
         self._active = bool(events)
         for obj, mask in events:
             if obj is None:
@@ -356,6 +405,7 @@ class SelectorLoop:
                 log.exception("%s: error in timer %r", self.name, fn)
         self._calls.run(self.name, CALLS_BUDGET_NS)
         self.end_of_turn()
+        self.turn_times.took(self.name, start, monotonic_ns())
 
     def _may_spin(self) -> bool:
         if self._misses < SPIN_MISSES:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from pybroker.core.snapshot import ChannelSnapshot, channel_snapshot, topic_stats
 from pybroker.core.stats import LatencyPart, e2e_result, producer_stats
 from pybroker.core.statsdoc import ChannelStats, ClientStats, TopicStats
+from pybroker.evloop import TurnTimes
 from pybroker.http.gather import MISSING, Gather, Job, Later
 
 if TYPE_CHECKING:
@@ -38,11 +39,11 @@ class LoopSnapshot:
     """What one loop reported: its channels' stats, its producers, its connections."""
 
     __slots__ = ("channels", "connections", "name", "owned", "producers", "sender",
-                 "sender_rounds")
+                 "sender_rounds", "turns")
 
     def __init__(self, name: str, channels: dict[int, ChannelSnapshot],
                  producers: list[ClientStats], connections: int, sender: bool,
-                 sender_rounds: int) -> None:
+                 sender_rounds: int, turns: TurnTimes) -> None:
         self.name = name
         self.channels = channels
         self.producers = producers
@@ -51,6 +52,7 @@ class LoopSnapshot:
         # who writes its passes to consumers at RDY 1-2 now (server/sendchoice.py)
         self.sender = sender
         self.sender_rounds = sender_rounds
+        self.turns = turns          # a copy of the loop's TurnTimes
 
 
 def loop_snapshot(loop: EventLoop, chans: list[Channel], include_clients: bool, topic_filter: str,
@@ -99,7 +101,8 @@ def _loop_done(loop: EventLoop, out: dict[int, ChannelSnapshot], topic_filter: s
     producers = producer_stats(loop.connections, topic_filter) if want_producers else []
     choice = loop.send_choice
     return LoopSnapshot(loop.name, out, producers, len(loop.connections),
-                        choice.use_sender and loop.sender.possible(), choice.rounds)
+                        choice.use_sender and loop.sender.possible(), choice.rounds,
+                        loop.turn_times.copy())
 
 
 class Collected:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from pybroker import NSQ_COMPAT_VERSION, __version__
 from pybroker.core.statsdoc import ChannelFigure, TopicFigure
+from pybroker.evloop import TURN_BUCKETS_NS, TurnTimes
 from pybroker.http.collect import Collected
 from pybroker.http.process import process_figures
 
@@ -66,6 +67,7 @@ def _labels(pairs: Iterable[tuple[str, str]]) -> str:
     return "{" + inner + "}" if inner else ""
 
 
+Labels = tuple[tuple[str, str], ...]
 Sample = tuple[Iterable[tuple[str, str]], int | float | bool]
 
 
@@ -87,6 +89,32 @@ class _Out:
         self.lines.append(f"# TYPE {name} {kind}")
         for labels, value in samples:
             self.lines.append(f"{name}{_labels(labels)} {_num(value)}")
+
+
+    def histogram(self, name: str, text: str,
+                  series: Iterable[tuple[Labels, list[tuple[str, int]], float, int]]) -> None:
+        """A histogram family: per series its labels, its cumulative (le, count)
+        buckets ending with +Inf, its sum and its count."""
+        self.lines.append(f"# HELP {name} {text}")
+        self.lines.append(f"# TYPE {name} histogram")
+        for labels, buckets, total, count in series:
+            for le, n in buckets:
+                self.lines.append(f"{name}_bucket{_labels((*labels, ('le', le)))} {n}")
+            self.lines.append(f"{name}_sum{_labels(labels)} {_num(total)}")
+            self.lines.append(f"{name}_count{_labels(labels)} {count}")
+
+
+def _turn_buckets(turns: TurnTimes) -> list[tuple[str, int]]:
+    """TurnTimes as cumulative Prometheus buckets (le in seconds, then +Inf)."""
+    out: list[tuple[str, int]] = []
+    above = sum(turns.over)             # turns past the first bound
+    n = turns.turns - above
+    out.append((_num(TURN_BUCKETS_NS[0] / 1e9), n))
+    for i in range(1, len(TURN_BUCKETS_NS)):
+        n += turns.over[i - 1]
+        out.append((_num(TURN_BUCKETS_NS[i] / 1e9), n))
+    out.append(("+Inf", turns.turns))
+    return out
 
 
 def render(stats: Collected, health: str, start_time: int, http: HttpFigures) -> bytes:
@@ -127,6 +155,14 @@ def render(stats: Collected, health: str, start_time: int, http: HttpFigures) ->
     o.family("nsq_loop_sender_rounds_total", "counter",
              "Rounds of measuring both ways of writing such passes (loop_sender auto).",
              [((("loop", s.name),), s.sender_rounds) for s in loops])
+    o.histogram("pybroker_loop_turn_seconds",
+                "How long each loop thread's turns took (their work, not the wait for "
+                "events; a turn's budget is 20 ms).",
+                [((("loop", s.name),), _turn_buckets(s.turns), s.turns.total_ns / 1e9,
+                  s.turns.turns) for s in loops])
+    o.family("pybroker_loop_turn_longest_seconds", "gauge",
+             "Each loop thread's longest turn since the start (counted from 1 ms on).",
+             [((("loop", s.name),), s.turns.longest_ns / 1e9) for s in loops])
     o.family("nsq_producers", "gauge", "Connected clients that have published.",
              [((), len(stats.producers or ()))])
     o.family("nsq_http_connections", "gauge", "Open HTTP connections.",

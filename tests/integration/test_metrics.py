@@ -116,6 +116,39 @@ def test_metrics_loop_connections_count_clients(broker: BrokerProcess) -> None:
     wait_until(lambda: total() <= before, what="the connections to go")
 
 
+def test_metrics_time_each_loops_turns(broker: BrokerProcess) -> None:
+    """pybroker_loop_turn_seconds: a histogram per loop thread (parsed by
+    prometheus_client), its buckets cumulative up to +Inf = its count, which grows with
+    the turns traffic makes; the longest turn beside it."""
+    def turns() -> dict[str, float]:
+        samples, types = scrape(broker)
+        assert types["pybroker_loop_turn_seconds"] == "histogram"
+        counts = _per_loop(samples, "pybroker_loop_turn_seconds_count")
+        for loop, n in counts.items():
+            buckets = sorted(((float(dict(k[1])["le"]), v) for k, v in samples.items()
+                              if k[0] == "pybroker_loop_turn_seconds_bucket"
+                              and dict(k[1])["loop"] == loop))
+            assert [le for le, _ in buckets] == [0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5,
+                                                 float("inf")]
+            assert all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:]))
+            assert buckets[-1][1] == n
+            assert samples[("pybroker_loop_turn_seconds_sum", (("loop", loop),))] >= 0
+            assert samples[("pybroker_loop_turn_longest_seconds", (("loop", loop),))] >= 0
+        return counts
+
+    before = turns()
+    assert before and all(n > 0 for n in before.values())
+    assert broker.tcp_address
+    c = WireClient.connect(broker.tcp_address)
+    try:
+        for _ in range(20):
+            c.pub(unique_name("turns"), b"x")
+    finally:
+        c.close()
+    wait_until(lambda: sum(turns().values()) >= sum(before.values()) + 20,
+               what="the turns of 20 publishes counted")
+
+
 def test_metrics_method_and_paused(broker: BrokerProcess) -> None:
     with pytest.raises(urllib.error.HTTPError) as e:
         http(broker, "POST", "/metrics")

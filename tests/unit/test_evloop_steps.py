@@ -4,6 +4,7 @@ value; a step that raises ends it with ``failed`` (or a log line), the loop goin
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Generator
 
 import pytest
@@ -60,5 +61,44 @@ def test_a_failing_step_ends_it_and_the_loop_goes_on(caplog: pytest.LogCaptureFi
         loop.call_later(0, after.append, 1)
         loop.run_once()
         assert after == [1] and done == []
+    finally:
+        loop.close()
+
+
+def _busy(ms: float) -> None:
+    end = time.perf_counter() + ms / 1000
+    while time.perf_counter() < end:
+        pass
+
+
+def test_turn_times_count_each_turn_in_its_bucket_and_log_slow_ones(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``SelectorLoop.turn_times`` (/metrics' pybroker_loop_turn_seconds): every turn
+    counted, its work timed from its events on; a turn past 1 ms in its bucket and the
+    longest kept; one past 100 ms logged, then not again for 10 s."""
+    loop = SelectorLoop("test-turns")
+    try:
+        tt = loop.turn_times
+        for _ in range(5):
+            loop.call_soon_threadsafe(lambda: None)
+            loop.run_once()
+        assert tt.turns == 5 and sum(tt.over) == 0 and tt.longest_ns == 0
+        loop.call_soon_threadsafe(_busy, 7)
+        loop.run_once()
+        # (5, 10] ms, or the next bucket on a busy machine
+        assert tt.over[0] == 0 and sum(tt.over[1:3]) == 1 == sum(tt.over)
+        assert tt.longest_ns >= 7e6
+        with caplog.at_level(logging.WARNING, logger="pybroker"):
+            loop.call_soon_threadsafe(_busy, 120)     # (100, 500] ms: logged
+            loop.run_once()
+            loop.call_soon_threadsafe(_busy, 110)     # again, within 10 s: not
+            loop.run_once()
+        assert tt.over[5] == 2 and sum(tt.over) == 3 and tt.turns == 8
+        assert tt.longest_ns >= 120e6 and tt.total_ns >= 237e6
+        assert caplog.text.count("a turn took") == 1
+        copy = tt.copy()
+        loop.call_soon_threadsafe(lambda: None)
+        loop.run_once()
+        assert copy.turns == 8 and tt.turns == 9 and copy.over == tt.over
     finally:
         loop.close()
