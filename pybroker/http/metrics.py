@@ -155,14 +155,15 @@ def render(stats: Collected, health: str, start_time: int, http: HttpFigures) ->
     o.family("nsq_loop_sender_rounds_total", "counter",
              "Rounds of measuring both ways of writing such passes (loop_sender auto).",
              [((("loop", s.name),), s.sender_rounds) for s in loops])
+    turns = [(s.name, s.turns) for s in loops] + [("http", http["turns"])]
     o.histogram("pybroker_loop_turn_seconds",
-                "How long each loop thread's turns took (their work, not the wait for "
-                "events; a turn's budget is 20 ms).",
-                [((("loop", s.name),), _turn_buckets(s.turns), s.turns.total_ns / 1e9,
-                  s.turns.turns) for s in loops])
+                "How long each loop thread's turns took, the HTTP server's as loop "
+                "\"http\" (their work, not the wait for events; a turn's budget is 20 ms).",
+                [((("loop", name),), _turn_buckets(t), t.total_ns / 1e9, t.turns)
+                 for name, t in turns])
     o.family("pybroker_loop_turn_longest_seconds", "gauge",
              "Each loop thread's longest turn since the start (counted from 1 ms on).",
-             [((("loop", s.name),), s.turns.longest_ns / 1e9) for s in loops])
+             [((("loop", name),), t.longest_ns / 1e9) for name, t in turns])
     o.family("nsq_producers", "gauge", "Connected clients that have published.",
              [((), len(stats.producers or ()))])
     o.family("nsq_http_connections", "gauge", "Open HTTP connections.",

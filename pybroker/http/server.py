@@ -344,7 +344,8 @@ class HttpServer(SelectorLoop):
         listener = self.runtime.listener
         return {"connections": len(self.conns), "requests": dict(self.requests),
                 "refused": {"tcp": listener.refused if listener is not None else 0,
-                            "http": self.admission.refused}}
+                            "http": self.admission.refused},
+                "turns": self.turn_times.copy()}
 
     def submit(self, conn: HttpConn, req: Request, gather: Gather[Response]) -> None:
         """Queue gather's jobs for their loops (posted at the end of this turn, one call

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from pybroker.core.broker import Broker
     from pybroker.core.channel import Channel
     from pybroker.core.topic import Topic
+    from pybroker.evloop import TurnTimes
     from pybroker.http.gather import Gather
     from pybroker.http.reader import LogReader
     from pybroker.http.request import Request
@@ -33,6 +34,7 @@ class HttpFigures(TypedDict):
     connections: int
     requests: dict[int, int]
     refused: dict[str, int]
+    turns: TurnTimes            # the HTTP thread's loop turns (a copy)
 
 
 class ServerView(Protocol):
