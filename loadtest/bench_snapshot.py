@@ -22,7 +22,7 @@ Timed, with the broker's garbage collector settings (``runtime.py``: thresholds
   sorted, and put in the ``replay`` set one by one), for reference;
 - ``empty``: ``empty()`` once at the end (/channel/empty, and a channel's delete,
   which empties it before it closes its consumers); ``a step``: the longest of the
-  steps that free what it dropped after (``Lifecycle.step``, one a turn).
+  steps that free what it dropped after (``lifecycle.freeing``, one a turn).
 
 Then 100 consumers holding ``--in-flight`` messages leave the channel in one turn
 (their connections closed at once: ``EventLoop._requeue_leavers``), in both shapes
@@ -54,6 +54,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pybroker.core.channel import Channel  # noqa: E402
+from pybroker.core.lifecycle import freeing  # noqa: E402
 from pybroker.core.topic import Topic  # noqa: E402
 from pybroker.storage.topiclog import TopicLog  # noqa: E402
 
@@ -155,13 +156,18 @@ def main() -> None:
             rows["rewind"].append(1e3 * (t5 - t4))
             rows["rewind_before"].append(1e3 * (t6 - t5))
         t0 = time.perf_counter()
-        ch.empty()                        # once: it drops what the channel holds
+        litter = ch.empty()               # once: it drops what the channel holds
         emptied = 1e3 * (time.perf_counter() - t0)
-        freed = 0.0                       # its litter, freed a step a turn
-        while ch.later():
+        freed = 0.0                       # what it dropped, freed a step a turn
+        steps = freeing(litter)
+        while True:
             t0 = time.perf_counter()
-            ch.step()
-            freed = max(freed, 1e3 * (time.perf_counter() - t0))
+            try:
+                next(steps)
+            except StopIteration:
+                break
+            finally:
+                freed = max(freed, 1e3 * (time.perf_counter() - t0))
         gc.unfreeze()
         cells = [f"{statistics.median(v):6.1f} ({min(v):.1f}-{max(v):.1f})"
                  for v in rows.values()]
@@ -205,8 +211,10 @@ def leaving(n: int, runs: int) -> None:
                 assert ch.detach(c)
             if run == runs:
                 t0 = time.perf_counter()
-                for c in consumers:
-                    ch._requeue_clients([c])
+                for c in consumers:          # a pass and the requeues each
+                    more = ch.leave([c])
+                    while more:
+                        _, more = ch.requeue_step()
                 rows["before"].append(1e3 * (time.perf_counter() - t0))
             else:
                 t0 = time.perf_counter()

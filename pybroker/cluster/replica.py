@@ -762,12 +762,11 @@ class Replica:
         epoch = self.epoch
         if ops_of(parts) <= TAKE_STEP:
             try:
-                while True:
-                    next(steps)
-            except StopIteration as end:
-                self._took_parts(end.value, version, paused, parts, epoch)
+                held = run(steps)
             except Exception as e:
                 self._parts_failed(e)
+            else:
+                self._took_parts(held, version, paused, parts, epoch)
             return done
         left = [2]
 

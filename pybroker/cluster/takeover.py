@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import mmap
 from collections.abc import Generator
-from typing import TYPE_CHECKING, NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple, TypeVar, cast
 
 from pybroker.jsonvalue import Json, Piece, loads_steps
 from pybroker.protocol.deadletter import dead_letter_settings
@@ -36,6 +36,7 @@ log = logging.getLogger("pybroker")
 INLINE_BYTES = 64 * 1024
 COPY_STEP = 4 << 20     # bytes of shipped states copied a step
 COPY_PIECES = 4096      # pieces of shipped states copied a step at most
+T = TypeVar("T")
 Steps = Generator[None, None, list["Channel"]]
 
 
@@ -123,13 +124,15 @@ def _copy(text: Text) -> Generator[None, None, bytes | mmap.mmap]:
     return m
 
 
-def run(steps: Steps) -> list[Channel]:
-    """All the steps at once."""
+def run(steps: Generator[None, None, T]) -> T:
+    """All the steps at once (small work; a loop takes larger one a turn:
+    ``run_steps``)."""
     while True:
         try:
             next(steps)
         except StopIteration as done:
-            return done.value            # type: ignore[no-any-return]
+            value: T = done.value
+            return value
 
 
 __all__ = ["INLINE_BYTES", "Steps", "Text", "build", "run", "states_of"]

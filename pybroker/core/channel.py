@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from pybroker.core.deferred import Chunks
 from pybroker.core.flight import Consumer, Deferred, Flight, offset_of
-from pybroker.core.lifecycle import ChannelState, Lifecycle
+from pybroker.core.lifecycle import ChannelState, Lifecycle, Litter
 from pybroker.errors import TooManyConsumers
 from pybroker.protocol.deadletter import (KEEP_CHANNEL, DeadLetterSettings, dead_letter_target,
                                           wrap)
@@ -96,10 +96,15 @@ class Channel(Lifecycle):
         self.consumers.append(c)
 
     def remove_consumer(self, c: Consumer) -> int:
-        """Detach c and requeue its in-flight messages at once; returns how many."""
-        if not self.detach(c):
+        """Detach c and requeue its in-flight messages at once (the steps of ``leave``
+        all taken now; the loop takes them a turn each); returns how many."""
+        if not self.detach(c) or not self.leave((c,)):
             return 0
-        return self._requeue_clients((c,))
+        n, more = 0, True
+        while more:
+            k, more = self.requeue_step()
+            n += k
+        return n
 
     def detach(self, c: Consumer) -> bool:
         """c is no consumer of this channel from now on (False: it was none); what it
@@ -113,10 +118,10 @@ class Channel(Lifecycle):
             self.release_readers()
         return True
 
-    def empty(self) -> None:
+    def empty(self) -> list[Litter]:
         """Drop every message the channel holds (Lifecycle._empty), its consumers
-        holding nothing in flight after."""
-        self._empty(self.consumers)
+        holding nothing in flight after; returns what to free (``freeing``)."""
+        return self._empty(self.consumers)
 
     def release_readers(self) -> None:
         """Close the log readers' files and drop their buffers (no one reads now)."""
@@ -233,12 +238,6 @@ class Channel(Lifecycle):
         """Hand messages to ready consumers, round-robin; True if any were sent. At most
         DISPATCH_BUDGET messages (and DEAD_BATCH dead letters) per call: with more to
         do, the channel marks itself dirty again so the loop comes back to it."""
-        if self.leaving or self.litter:
-            # a step of what was left for later (consumers that left, an empty's
-            # litter), one a turn: the owner comes back while steps are left
-            _, more = self.step()
-            if more:
-                self.owner.mark_dirty(self)
         consumers = self.consumers
         if self.paused or not consumers:
             return False

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, cast
 
 from pybroker import NSQ_COMPAT_VERSION, _native
 from pybroker.core import stats as core_stats
+from pybroker.core.lifecycle import freeing
 from pybroker.errors import ChannelNotFound, Exiting, TopicNotFound
 from pybroker.http import channelconfig, logread, process, statstext
 from pybroker.http.collect import Collected, plan_stats
@@ -78,10 +79,8 @@ def _channel_rewind(ch: Channel, offset: int) -> int:
 
 def _channel_empty(ch: Channel) -> None:
     """On ch's owner loop: drop queued, in-flight, deferred and on-disk messages (the
-    objects they were kept in are freed a step a turn: ``Lifecycle.step``)."""
-    ch.empty()
-    if ch.later():
-        ch.owner.mark_dirty(ch)
+    objects they were kept in are freed a step a turn: ``freeing``)."""
+    owner_loop(ch.owner).run_steps(freeing(ch.empty()))
 
 
 class Api:

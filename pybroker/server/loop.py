@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, cast, runtime_checkable
 
 from pybroker._native.batchio import C_FROM, SENDER_SPIN_NS, BatchIO, Sender
 from pybroker.core.channel import Channel
+from pybroker.core.lifecycle import freeing
 from pybroker.core.timeouts import TimeoutWheel
 from pybroker.evloop import Call, SelectorLoop
 from pybroker.protocol.encoder import ok_frames
@@ -128,6 +129,7 @@ class EventLoop(SelectorLoop):
         # flight is requeued at the end of the turn, one pass per channel for all of
         # them (consumer_leaving)
         self._leaving: dict[Channel, list[Consumer]] = {}
+        self._requeuing: set[Channel] = set()     # their steps under way (run_steps)
 
     def __repr__(self) -> str:
         return f"EventLoop({self.name})"
@@ -186,12 +188,25 @@ class EventLoop(SelectorLoop):
     def _requeue_leavers(self) -> None:
         """What the consumers that left hold in flight, requeued: their flights looked
         for in one pass a channel for all that left in a turn, the pass and the
-        requeues a step a turn (``Lifecycle.step``, a few ms at most, which the
-        channel's dispatch takes first)."""
+        requeues a step a turn (``Lifecycle.requeue_step``: a few ms at most)."""
         for ch, cs in self._leaving.items():
-            if not ch.deleted and ch.leave(cs):
-                self.dirty[ch] = None     # its dispatch takes the steps, one a turn
+            # (a channel whose steps run already: they take these too)
+            if not ch.deleted and ch.leave(cs) and ch not in self._requeuing:
+                self._requeuing.add(ch)
+                self.run_steps(self._requeue_steps(ch))
         self._leaving = {}
+
+    def _requeue_steps(self, ch: Channel) -> Generator[None, None, None]:
+        try:
+            while True:
+                requeued, more = ch.requeue_step()
+                if requeued and not ch.deleted:
+                    self.dirty[ch] = None
+                if not more:
+                    return
+                yield
+        finally:
+            self._requeuing.discard(ch)
 
     def deliver(self, sends: list[tuple[Consumer, int, int]], out: bytes | bytearray) -> None:
         """A dispatch pass's message frames (the layout: ``Owner.deliver``). Those of
@@ -277,13 +292,10 @@ class EventLoop(SelectorLoop):
         In that order: a consumer closed first has its messages in flight requeued,
         one consumer after another (62 ms for 100 consumers holding 250,000 in flights
         of 2,500, 497 ms as flights of one), only for them to be dropped."""
-        ch.empty()
+        self.run_steps(freeing(ch.empty()))    # what it held, freed a step a turn
         for c in list(ch.consumers):
             c.close("channel deleted")  # type: ignore[attr-defined]
-        if ch.later():
-            self.dirty[ch] = None    # what the empty dropped is freed a step a turn
-        else:
-            self.dirty.pop(ch, None)
+        self.dirty.pop(ch, None)
 
     # -- connections --------------------------------------------------------------------
     def add_connection(self, sock: socket.socket,
@@ -523,8 +535,6 @@ class EventLoop(SelectorLoop):
             for ch in dirty:
                 if not ch.deleted:
                     ch.dispatch(now, wall)
-                elif ch.later() and ch.step()[1]:
-                    self.dirty[ch] = None     # a deleted channel's litter, freed
         if self._wake_remote:
             remote, self._wake_remote = self._wake_remote, {}
             for owner, chans in remote.items():

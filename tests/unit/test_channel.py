@@ -397,8 +397,8 @@ def test_free_some_frees_a_budget_of_entries_nested_ones_too() -> None:
 def test_empty_frees_what_it_dropped_a_step_at_a_time(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """/channel/empty hands what it dropped (flights, their timers, requeued and
-    skipped offsets) to steps (``Lifecycle.step``, one a turn from the channel's
-    dispatch); the channel works at once, and the steps end."""
+    skipped offsets) to steps (``lifecycle.freeing``, one a turn on the owner loop's
+    ``run_steps``); the channel works at once, and the steps end."""
     monkeypatch.setattr(lifecycle, "FREE_STEP", 4)
     t, ch = make()
     c = Client(rdy=1)
@@ -409,15 +409,14 @@ def test_empty_frees_what_it_dropped_a_step_at_a_time(
         ch.dispatch(0, WALL)
     ch.rewind(0)
     c.in_flight_count = 20
-    ch.empty()
+    litter = ch.empty()
     assert c.in_flight_count == 0 and len(ch.in_flight) == 0 and ch.depth(WALL) == 0
-    assert ch.later() and ch.litter
+    assert litter
     steps = 0
-    while ch.later():
-        ch.step()
+    for _ in lifecycle.freeing(litter):
         steps += 1
         assert steps < 100
-    assert steps >= 10 and ch.litter == []
+    assert steps >= 10 and litter == []
     publish(t, 2)
     c.in_flight_count = 0
     c.rdy = 5
