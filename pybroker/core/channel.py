@@ -33,9 +33,8 @@ from pybroker.protocol.deadletter import (KEEP_CHANNEL, DeadLetterSettings, dead
                                           wrap)
 
 if TYPE_CHECKING:
-    from collections import deque
-
     from pybroker.core.seams import Batch, LogReader, Owner, TopicView
+    from pybroker.core.skip import Skip
     from pybroker.core.stats import LatencyWindow
 
 __all__ = ["Channel", "Consumer", "Deferred", "Flight", "offset_of"]
@@ -83,7 +82,7 @@ class Channel(Lifecycle):
         self._requeue_reader: LogReader | None = None
         # the DPUBs among skip's offsets (_skipped_dpubs): (that skip, the DPUBs'
         # changes then, their offsets, their deliver-at times)
-        self._skip_dpubs: tuple[deque[int], int, list[int], list[int]] | None = None
+        self._skip_dpubs: tuple[Skip, int, list[int], list[int]] | None = None
 
     def __repr__(self) -> str:
         return f"Channel({self.topic_name}/{self.name})"
@@ -365,7 +364,7 @@ class Channel(Lifecycle):
         if self.skip:
             self._pass_skipped()
             if self.skip:
-                released = min(released, self.skip[0])
+                released = min(released, self.skip.first())
         if self.requeued:
             mark = self.requeued[0][2]
             if mark <= self.cursor:

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from pybroker._native.inflight import InFlight
 from pybroker.core.deferred import Chunks, DeferredSet
 from pybroker.core.flight import Consumer, Deferred, Flight, offset_of
+from pybroker.core.skip import Skip
 from pybroker.core.timeouts import TimeoutWheel
 from pybroker.errors import BrokerError, NotInFlight, NotOwner
 from pybroker.jsonvalue import PartedList, PartTexts
@@ -72,7 +73,7 @@ FREE_STEP = 32_768
 
 
 # a container of what an empty dropped: flights by offset or by slot, timer buckets,
-# offsets skipped, requeued or owed a replay
+# offsets requeued or owed a replay
 Litter = dict[Any, Any] | list[Any] | deque[Any] | set[Any]
 
 
@@ -135,6 +136,8 @@ def deferred_states(state: ChannelState, deferred: Chunks,
     state["pending"] = PartedList(state["pending"], deferred, texts)
     if isinstance(state.get("deliveries"), MadeLater):
         state["deliveries"] = list(state["deliveries"])
+    if isinstance(state.get("skip"), MadeLater):
+        state["skip"] = list(state["skip"])
 
 
 class MadeLater(Sequence[Any]):
@@ -193,6 +196,11 @@ def _pending_of(key: tuple[Any, ...]) -> list[Any]:
     return out
 
 
+def _skip_of(key: tuple[Any, ...]) -> list[Any]:
+    """A snapshot's ``skip``: the offsets of its copy (``Skip.copy``)."""
+    return key[0].tolist()  # type: ignore[no-any-return]
+
+
 def _deliveries_of(key: tuple[Any, ...]) -> list[Any]:
     """A snapshot's ``deliveries``: first and last delivery (wall ms) of each
     requeued message that has them. The key holds the wall clock's lead on the
@@ -227,7 +235,7 @@ class ChannelState(TypedDict, total=False):
     # a deferred message's entry is the tuple it is kept as; a snapshot's are a MadeLater
     # until the thread that completes it reads them (``deferred_states``)
     pending: Sequence[Sequence[int]]
-    skip: list[int]
+    skip: Sequence[int]
     deliveries: Sequence[Sequence[int]]
     paused: bool
     floor: int
@@ -252,7 +260,7 @@ class Lifecycle:
         self.deferred = DeferredSet()
         self.deferred_wheel: TimeoutWheel[Deferred] = TimeoutWheel()
         self.dying: dict[int, int] = {}    # dead-letter publish not yet confirmed
-        self.skip: deque[int] = deque()    # held offsets at or after the cursor, sorted
+        self.skip = Skip()                 # held offsets at or after the cursor, sorted
         self.replay: set[int] = set()      # dying when rewound over
         self.gen = 0                       # rewinds so far (a flight keeps its value)
         # (gen after it, offset) of each rewind that may concern a flight in flight
@@ -340,7 +348,7 @@ class Lifecycle:
         """The cursor moves over held offsets a rewind left at it (delivered through
         their own states)."""
         skip = self.skip
-        while skip and skip[0] <= self.cursor:
+        while skip and skip.first() <= self.cursor:
             if skip.popleft() == self.cursor:
                 self.cursor += 1
 
@@ -348,8 +356,7 @@ class Lifecycle:
         """The cursor jumps forward to ``to`` (messages between are dropped or gone)."""
         if to > self.cursor:
             self.cursor = to
-            while self.skip and self.skip[0] < to:
-                self.skip.popleft()
+            self.skip.drop_below(to)
 
     # -- FIN: in flight -> finished ------------------------------------------------------
     def _held(self, client: Consumer, msg_id: bytes) -> tuple[int, Flight]:
@@ -652,10 +659,10 @@ class Lifecycle:
         (``freeing``: 250,000 one-message flights freed in one go took 11-21 ms)."""
         for c in consumers:
             c.in_flight_count = 0
-        litter: list[Litter] = [*self.in_flight.drop_all(), self.requeued, self.skip,
+        litter: list[Litter] = [*self.in_flight.drop_all(), self.requeued,
                                 self.replay, self.delivery_times]
         self.requeued = deque()
-        self.skip = deque()
+        self.skip = Skip()           # (one array: freed at once)
         self.replay = set()
         self.delivery_times = {}
         self.deferred.clear()
@@ -689,7 +696,7 @@ class Lifecycle:
             held += [e[0] for e in self.requeued if e[0] >= offset]
             self.requeued = deque((off, a, 0) for off, a, _ in self.requeued)
         # and every offset in flight from there on: sorted in C with the others
-        self.skip = deque(self.in_flight.sorted_from(offset, held))
+        self.skip = Skip(self.in_flight.sorted_from(offset, held))
         self.cursor = offset
         self.extra_count += max(0, self._to_read() - before)
 
@@ -709,6 +716,8 @@ class Lifecycle:
         state["pending"] = [*state["pending"], *(e for part in deferred for e in part)]
         if "deliveries" in state:
             state["deliveries"] = list(state["deliveries"])
+        if "skip" in state:
+            state["skip"] = list(state["skip"])
         return state
 
     def snapshot_parts(self, wall_ns: int, now_ns: int) -> tuple[ChannelState, Chunks]:
@@ -723,7 +732,7 @@ class Lifecycle:
                         _pending_of)
         state: ChannelState = {"cursor": self.cursor, "pending": pending}
         if self.skip:
-            state["skip"] = list(self.skip)
+            state["skip"] = MadeLater((self.skip.copy(),), _skip_of)
         if self.delivery_times:
             # first and last delivery (wall ms) of the requeued ones, for the envelope
             state["deliveries"] = MadeLater(
@@ -747,7 +756,7 @@ class Lifecycle:
         self.cursor = min(max(int(state.get("cursor", oldest)), oldest), max(written, oldest))
         self.start_offset = self.cursor
         skip = sorted({int(o) for o in state.get("skip", []) if int(o) >= self.cursor})
-        self.skip = deque(skip)
+        self.skip = Skip(skip)
         self.extra_count = -len(skip)      # message_count: what is left to read
         ahead = set(skip)
         # one pass in steps: a deferred message is deferred as it comes (any order); the

@@ -396,8 +396,8 @@ def test_free_some_frees_a_budget_of_entries_nested_ones_too() -> None:
 
 def test_empty_frees_what_it_dropped_a_step_at_a_time(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """/channel/empty hands what it dropped (flights, their timers, requeued and
-    skipped offsets) to steps (``lifecycle.freeing``, one a turn on the owner loop's
+    """/channel/empty hands what it dropped (flights, their timers, requeued
+    offsets) to steps (``lifecycle.freeing``, one a turn on the owner loop's
     ``run_steps``); the channel works at once, and the steps end."""
     monkeypatch.setattr(lifecycle, "FREE_STEP", 4)
     t, ch = make()
@@ -416,7 +416,7 @@ def test_empty_frees_what_it_dropped_a_step_at_a_time(
     for _ in lifecycle.freeing(litter):
         steps += 1
         assert steps < 100
-    assert steps >= 10 and litter == []
+    assert steps >= 5 and litter == []     # 20 flights of one message, 4 a step
     publish(t, 2)
     c.in_flight_count = 0
     c.rdy = 5
