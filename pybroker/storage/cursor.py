@@ -56,6 +56,8 @@ class LogFiles(LogBounds, Protocol):
     @property
     def _block_firsts(self) -> Sequence[int]: ...
     @property
+    def _front(self) -> int: ...
+    @property
     def _segs(self) -> Sequence[Segment]: ...
 
     def _set_aside(self, seg: Segment) -> None: ...
@@ -157,8 +159,9 @@ class LogCursor:
                 i = offset - first
                 return RecordBatch(offset, self._buf, self._pos[i:i + want], self._deferred)
             blocks = lg._blocks
-            if blocks and offset >= blocks[0].first:
-                b = blocks[bisect.bisect_right(lg._block_firsts, offset) - 1]
+            f = lg._front
+            if len(blocks) > f and offset >= blocks[f].first:
+                b = blocks[bisect.bisect_right(lg._block_firsts, offset, f) - 1]
                 i = offset - b.first
                 self._tail_reads += 1
                 if self._tail_reads >= TAIL_RELEASE and self._fd >= 0:
