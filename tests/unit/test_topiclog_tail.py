@@ -8,7 +8,6 @@ a truncation happen within each example: the same blocks live, the same ``oldest
 and from the files."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
