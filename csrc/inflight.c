@@ -241,3 +241,47 @@ int64_t nsqf_sort_from(int64_t *a, int64_t *tmp, int64_t n, int64_t from)
             a[m++] = src[i];
     return m;
 }
+
+void nsqf_sort_pairs(int64_t *keys, int32_t *vals, int64_t *tk, int32_t *tv, int64_t n)
+{
+    enum { BITS = 11, DIGITS = 1 << BITS };
+    if (n <= 1)
+        return;
+    int64_t lo = keys[0], hi = keys[0];
+    for (int64_t i = 1; i < n; i++) {
+        if (keys[i] < lo)
+            lo = keys[i];
+        if (keys[i] > hi)
+            hi = keys[i];
+    }
+    uint64_t span = (uint64_t)(hi - lo);
+    int64_t *sk = keys, *dk = tk;
+    int32_t *sv = vals, *dv = tv;
+    int64_t count[DIGITS];
+    for (int shift = 0; shift < 64 && (span >> shift) != 0; shift += BITS) {
+        memset(count, 0, sizeof(count));
+        for (int64_t i = 0; i < n; i++)
+            count[((uint64_t)(sk[i] - lo) >> shift) & (DIGITS - 1)]++;
+        int64_t at = 0;
+        for (int d = 0; d < DIGITS; d++) {
+            int64_t c = count[d];
+            count[d] = at;
+            at += c;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            int64_t j = count[((uint64_t)(sk[i] - lo) >> shift) & (DIGITS - 1)]++;
+            dk[j] = sk[i];
+            dv[j] = sv[i];
+        }
+        int64_t *swk = sk;
+        sk = dk;
+        dk = swk;
+        int32_t *swv = sv;
+        sv = dv;
+        dv = swv;
+    }
+    if (sk != keys) {
+        memcpy(keys, sk, (size_t)n * sizeof(int64_t));
+        memcpy(vals, sv, (size_t)n * sizeof(int32_t));
+    }
+}

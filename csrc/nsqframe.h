@@ -361,4 +361,10 @@ int nsqf_if_from(const nsqf_inflight *t, int64_t from, int64_t *out);
  * (250,000 offsets: about 2 ms). Returns how many are kept. */
 int64_t nsqf_sort_from(int64_t *a, int64_t *tmp, int64_t n, int64_t from);
 
+/* The n pairs (keys[i], vals[i]) sorted by key, ascending, in keys and vals (stable:
+ * equal keys keep their order); tk and tv have room for n; no allocation. The same
+ * radix sort as nsqf_sort_from (a table's dump in offset order, for a channel state's
+ * chunks: 250,000 pairs in about 2 ms). */
+void nsqf_sort_pairs(int64_t *keys, int32_t *vals, int64_t *tk, int32_t *tv, int64_t n);
+
 #endif /* NSQFRAME_H */

@@ -9,10 +9,15 @@ printed: each node's CPU over that window (% of one core), the state versions ma
 the bytes of states the leader shipped (to both followers) a second.
 
     python loadtest/bench_state_churn.py [--deferred 300000] [--runs 3]
+    python loadtest/bench_state_churn.py --in-flight 100000 [--runs 3]
 
 A leader encodes only the chunks of deferred messages that changed since the version
 before (jsonvalue.PartTexts), and ships a follower only the pieces it lacks
 (pybroker.cluster.states).
+``--in-flight N``: instead, N messages in flight (consumers at RDY 2,500 that do not
+FIN them; the message timeout, 60 s, is longer than the run) and one FIN a
+1/``--rate`` s, each followed by the delivery of one more: the other entries of a
+state, kept in chunks of offsets the same way (core/lifecycle.py ``pending_chunks``).
 ``--single``: one node instead, whose checkpoints write the state (every
 ``sync_timeout``, 2 s) the same way.
 """
@@ -61,13 +66,61 @@ def churn(address: str, args: argparse.Namespace, nodes: dict[int, BrokerProcess
         return cpu, v1 - v0, (b1 - b0) / el
 
 
+def churn_in_flight(address: str, args: argparse.Namespace,
+                    nodes: dict[int, BrokerProcess],
+                    shipping: Callable[[], tuple[int, int]]
+                    ) -> tuple[dict[int, float], int, float]:
+    """``churn`` with ``--in-flight`` messages in flight and a FIN (then a delivery)
+    every 1/``--rate`` s."""
+    per = 2500
+    with _connect(address) as p:
+        publish_and_subscribe(p, args.in_flight + EXTRA, 0)
+    conns = []
+    try:
+        held: list[bytes] = []
+        for _ in range(-(-args.in_flight // per)):
+            s = _connect(address)
+            conns.append(s)
+            s.sendall(f"SUB {TOPIC} ch\n".encode())
+            assert _frame(s) == (0, b"OK")
+            s.sendall(f"RDY {per}\n".encode())
+            got: list[bytes] = []
+            while len(got) < per:
+                kind, data = _frame(s)
+                if kind == 2:
+                    got.append(data[10:26])
+            if not held:
+                held = got
+        time.sleep(2)           # the states made of the deliveries above shipped
+        v0, b0 = shipping()
+        cpu0 = {i: b.cpu_s() for i, b in nodes.items()}
+        s = conns[0]
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < args.seconds:
+            s.sendall(b"FIN " + held.pop(0) + b"\n")
+            while True:
+                kind, data = _frame(s)
+                if kind == 2:
+                    held.append(data[10:26])
+                    break
+            time.sleep(1 / args.rate)
+        el = time.monotonic() - t0
+        cpu = {i: 100 * (b.cpu_s() - cpu0[i]) / el for i, b in nodes.items()}
+        v1, b1 = shipping()
+        return cpu, v1 - v0, (b1 - b0) / el
+    finally:
+        for s in conns:
+            s.close()
+
+
 def one_run(args: argparse.Namespace) -> tuple[float, float, int, float]:
     """(the leader's CPU %, the followers' mean CPU %, state versions made, bytes of
     states shipped a second); a single node: (its CPU %, 0, 0, 0)."""
+    run = churn_in_flight if args.in_flight else churn
     if args.single:
         b = BrokerProcess("pybroker", env=dict(os.environ)).start()
         try:
-            cpu, _, _ = churn(b.tcp_address, args, {1: b}, lambda: (0, 0))
+            cpu, _, _ = run(b.tcp_address, args, {1: b}, lambda: (0, 0))
             return cpu[1], 0.0, 0, 0.0
         finally:
             b.stop()
@@ -75,7 +128,7 @@ def one_run(args: argparse.Namespace) -> tuple[float, float, int, float]:
         def shipping() -> tuple[int, int]:
             rep = cs.replication(lead, TOPIC) or {}
             return int(rep.get("channel_states", 0)), int(rep.get("states_shipped_bytes", 0))
-        cpu, versions, rate = churn(leader.tcp_address, args, cs.nodes, shipping)
+        cpu, versions, rate = run(leader.tcp_address, args, cs.nodes, shipping)
         followers = [c for i, c in cpu.items() if i != lead]
         return cpu[lead], sum(followers) / len(followers), versions, rate
 
@@ -83,7 +136,9 @@ def one_run(args: argparse.Namespace) -> tuple[float, float, int, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--deferred", type=int, default=300_000)
-    ap.add_argument("--rate", type=float, default=20.0, help="requeues a second")
+    ap.add_argument("--in-flight", type=int, default=0,
+                    help="messages in flight instead of deferred ones (0: deferred)")
+    ap.add_argument("--rate", type=float, default=20.0, help="requeues (or FINs) a second")
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--etcd", default=os.environ.get("ETCD", "etcd"))
@@ -99,11 +154,13 @@ def main() -> None:
             print(f"run {k + 1}: leader {lc:.0f}% of a core, each follower {fc:.0f}%, "
                   f"{versions} state versions in {args.seconds:.0f} s, states shipped "
                   f"{rate / 1e6:.2f} MB/s", flush=True)
+    what = (f"{args.in_flight:,} in flight, {args.rate:g} FINs/s" if args.in_flight
+            else f"{args.deferred:,} deferred, {args.rate:g} requeues/s")
     if args.single:
-        print(f"{args.deferred:,} deferred, {args.rate:g} requeues/s, one node: median "
+        print(f"{what}, one node: median "
               f"{statistics.median(r[0] for r in runs):.0f}% of a core")
         return
-    print(f"{args.deferred:,} deferred, {args.rate:g} requeues/s: leader median "
+    print(f"{what}: leader median "
           f"{statistics.median(r[0] for r in runs):.0f}% of a core, followers "
           f"{statistics.median(r[1] for r in runs):.0f}%, versions "
           f"{statistics.median(r[2] for r in runs):.0f}, states shipped "

@@ -247,8 +247,8 @@ class PartTexts:
     __slots__ = ("_last", "_next", "made", "gen", "lits")
 
     def __init__(self) -> None:
-        self._last: dict[int, _Text] = {}
-        self._next: dict[int, _Text] = {}
+        self._last: dict[object, _Text] = {}
+        self._next: dict[object, _Text] = {}
         self.made = 0        # parts encoded (not found kept), in all: for the tests
         self.gen = 0         # the last keyed encoding (0: none)
         self.lits: dict[bytes, int] = {}    # its pieces between parts, by their bytes
@@ -261,10 +261,17 @@ class PartTexts:
 
     def text(self, part: Sequence[Any]) -> tuple[_Text, bool]:
         """The part's items as JSON (without the brackets), and whether it was
-        encoded now (else kept from the last encoding)."""
-        key = id(part)
-        got = self._last.get(key)
-        made = got is None or got.part is not part     # (an id may be another's now)
+        encoded now (else kept from the last encoding). A part with a ``key``
+        (``KeyedPart``) is made anew for each encoding: its text is kept while a part
+        of that key has the same items."""
+        key: object = getattr(part, "key", None)
+        if key is None:
+            key = id(part)
+            got = self._last.get(key)
+            made = got is None or got.part is not part     # (an id may be another's now)
+        else:
+            got = self._last.get(key)
+            made = got is None or got.part is not part and got.part != part
         if made:
             got = _Text(part, b", " + json.dumps(part)[1:-1].encode())
             self.made += 1
@@ -275,6 +282,19 @@ class PartTexts:
     def end(self) -> None:
         """The encoding is complete: keep what it met, forget the rest."""
         self._last, self._next = self._next, {}
+
+
+class KeyedPart(tuple):  # type: ignore[type-arg]
+    """A part of a PartedList made anew for each encoding (a chunk of a channel's
+    messages in flight, core/lifecycle.py), known from one encoding to the next by its
+    ``key`` rather than by its identity (PartTexts)."""
+
+    key: object
+
+    def __new__(cls, items: Iterable[Any], key: object) -> KeyedPart:
+        self = super().__new__(cls, items)
+        self.key = key
+        return self
 
 
 class _Text:

@@ -27,6 +27,7 @@ from pybroker._native import BACKEND, _ffi, _lib
 CData = Any     # cffi's cdata: untyped, as _native's ffi and lib
 _C = BACKEND == "c" and hasattr(_lib, "nsqf_if_fin")
 _SORT = _C and hasattr(_lib, "nsqf_sort_from")
+_SORT_PAIRS = _C and hasattr(_lib, "nsqf_sort_pairs")
 MIN_CAP = 64          # table entries of a new table (a power of two)
 SMALL = 8             # at most this many flights or FINs: one call each, no arrays
 SHRINK_FROM = 4096    # a table this large or larger shrinks when 1/16 full
@@ -45,6 +46,24 @@ class FlightLike(Protocol):
 
 
 F = TypeVar("F", bound=FlightLike)
+
+
+def sorted_pairs(offs: bytes, slots: bytes) -> tuple[array.array[int], array.array[int]]:
+    """A table's dump (int64 offsets, int32 slots, as ``dump_raw`` gives them) as two
+    arrays in offset order: one radix sort in C (``nsqf_sort_pairs``, no Python object
+    per entry; the GIL released meanwhile), else Python's sort."""
+    keys, vals = array.array("q"), array.array("i")
+    keys.frombytes(offs)
+    vals.frombytes(slots)
+    n = len(keys)
+    if n < 2:
+        return keys, vals
+    if not _SORT_PAIRS:
+        pairs = sorted(zip(keys, vals))
+        return array.array("q", (k for k, _ in pairs)), array.array("i", (v for _, v in pairs))
+    _lib.nsqf_sort_pairs(_ffi.from_buffer("int64_t[]", keys), _ffi.from_buffer("int32_t[]", vals),
+                         _ffi.new("int64_t[]", n), _ffi.new("int32_t[]", n), n)
+    return keys, vals
 
 
 def _sorted_from(offsets: Iterable[int], more: Iterable[int], offset: int
@@ -335,11 +354,12 @@ class InFlightCopy(Generic[F]):
         return len(self.one) + len(self.offs) // 8
 
     def items(self) -> list[tuple[int, F]]:
-        """(offset, flight) of each offset in flight, as ``InFlight.items`` had them."""
+        """(offset, flight) of each offset in flight, as ``InFlight.items`` had them:
+        the flights of one message first, in the order they went out, then the table's,
+        in offset order (so a sort of them all, by offset, has two runs to merge:
+        a channel state's chunks, core/lifecycle.py ``pending_chunks``)."""
         out = list(self.one.items())
-        offs, slots = array.array("q"), array.array("i")
-        offs.frombytes(self.offs)
-        slots.frombytes(self.slots)
+        offs, slots = sorted_pairs(self.offs, self.slots)
         flights = self.flights
         for off, slot in zip(offs, slots):
             f = flights[slot]

@@ -36,6 +36,7 @@ scanners). ``lock`` guards the two timeout wheels only.
 """
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -43,21 +44,17 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from pybroker._native.inflight import InFlight
-from pybroker.core.deferred import Chunks, DeferredSet
+from pybroker.core.deferred import CHUNK_BITS, Chunks, DeferredSet
 from pybroker.core.flight import Consumer, Deferred, Flight, offset_of
 from pybroker.core.skip import Skip
 from pybroker.core.timeouts import TimeoutWheel
 from pybroker.errors import BrokerError, NotInFlight, NotOwner
-from pybroker.jsonvalue import PartedList, PartTexts
+from pybroker.jsonvalue import KeyedPart, PartedList, PartTexts
 
 if TYPE_CHECKING:
     from pybroker.core.seams import TopicView
 
 _FIRST = itemgetter(0)
-
-
-def _first_offset(part: Sequence[Deferred]) -> int:
-    return part[0][0]
 
 
 RESTORE_STEP = 2048   # saved pending messages ``restore_steps`` takes per step
@@ -133,7 +130,11 @@ def deferred_states(state: ChannelState, deferred: Chunks,
     ``dumps_yielding`` without copying them into it; core/deferred.py). ``texts``: the
     chunks' JSON kept from the last encoding of this channel's state (by the thread
     that encodes it), so that only the chunks that changed are encoded again."""
-    state["pending"] = PartedList(state["pending"], deferred, texts)
+    if texts is None:
+        state["pending"] = PartedList(state["pending"], deferred)
+    else:
+        state["pending"] = PartedList((), [*pending_chunks(state["pending"]), *deferred],
+                                      texts)
     if isinstance(state.get("deliveries"), MadeLater):
         state["deliveries"] = list(state["deliveries"])
     if isinstance(state.get("skip"), MadeLater):
@@ -211,17 +212,42 @@ def _deliveries_of(key: tuple[Any, ...]) -> list[Any]:
             for off, (a, b) in times.items()]
 
 
+def pending_chunks(entries: Iterable[Sequence[int]]) -> list[KeyedPart]:
+    """A state's pending entries but the deferred ones (in flight, requeued, dying),
+    sorted and cut by offset into the chunks the deferred ones are kept in (CHUNK
+    offsets each), each keyed by its chunk and kind (``jsonvalue.KeyedPart``). So the
+    storage thread encodes again, and a leader ships again, only the chunks whose
+    entries changed since the last encoding: a replicated channel holding 100,000 in
+    flight, a few FINs a second, had its leader ship the whole list five times a
+    second (15 MB/s to two followers)."""
+    items = sorted(entries, key=_FIRST)
+    offs = [e[0] for e in items]
+    out: list[KeyedPart] = []
+    i, n = 0, len(items)
+    while i < n:
+        k = offs[i] >> CHUNK_BITS
+        j = bisect.bisect_left(offs, (k + 1) << CHUNK_BITS, i)
+        out.append(KeyedPart(items[i:j], ("pending", k)))
+        i = j
+    return out
+
+
 def state_floor(state: ChannelState) -> int:
     """The lowest offset a complete state still needs: its lowest pending offset, or its
-    cursor. The chunks of deferred messages (``deferred_states``) hold offsets apart
-    (each a range of CHUNK offsets): the lowest is in the chunk whose first message is
-    lowest, so a look at each chunk's first message and through one chunk finds it."""
+    cursor. The chunks of a complete state's ``pending`` (``deferred_states``: of the
+    deferred messages, and of the others) each hold a range of CHUNK offsets: the
+    lowest is in the lowest range, so a look at each chunk's first message and through
+    the chunks of that range (two at most: one of each kind) finds it."""
     cursor = state["cursor"]
     pending = state["pending"]
     low = min(min(map(_FIRST, pending), default=cursor), cursor)
-    lowest = min((p for p in getattr(pending, "parts", ()) if p), key=_first_offset,
-                 default=None)
-    return low if lowest is None else min(min(map(_FIRST, lowest)), low)
+    parts = [p for p in getattr(pending, "parts", ()) if p]
+    if parts:
+        k = min(p[0][0] for p in parts) >> CHUNK_BITS
+        for p in parts:
+            if p[0][0] >> CHUNK_BITS == k:
+                low = min(low, min(map(_FIRST, p)))
+    return low
 
 
 class ChannelState(TypedDict, total=False):

@@ -6,6 +6,8 @@ same), pops, takes timed-out flights and clears; after each step every reading o
 table equals the dict's (``sorted_from`` too, which a rewind takes). Run on the C table and on the pure-Python one."""
 from __future__ import annotations
 
+import array
+
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -279,3 +281,34 @@ def test_the_radix_sort_keeps_the_offsets_from_there_once_each() -> None:
             tmp = _ffi.new("int64_t[]", len(vals))
             kept = _lib.nsqf_sort_from(a, tmp, len(vals), at)
             assert list(_ffi.unpack(a, kept)) == sorted({v for v in vals if v >= at})
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_a_tables_dump_sorted_by_offset_keeps_each_offsets_slot(
+        pure: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sorted_pairs`` (nsqf_sort_pairs, else Python's sort) on spans that need one to
+    six passes, and the copy's items in offset order after the flights of one."""
+    import random
+    if not pure and not mod._SORT_PAIRS:
+        pytest.skip("the compiled module is not built")
+    if pure:
+        monkeypatch.setattr(mod, "_SORT_PAIRS", False)
+    rnd = random.Random(11)
+    for span in (1, 100, 3000, 1 << 30, 1 << 62):
+        for n in (0, 1, 2, 1000, 20_000):
+            keys = rnd.sample(range(span), min(n, span))
+            vals = [rnd.randrange(-(1 << 31), 1 << 31) for _ in keys]
+            k, v = mod.sorted_pairs(array.array("q", keys).tobytes(),
+                                    array.array("i", vals).tobytes())
+            assert list(zip(k, v)) == sorted(zip(keys, vals))
+    t: InFlight[F] = InFlight(pure=pure)
+    flights = [F(CLIENTS[k % 2], 10_000 - k * 7, 3) for k in range(500)]
+    t.add_flights(flights)
+    t.add_flights([F(CLIENTS[0], 20_000, 1)])
+    t.add_flights([F(CLIENTS[1], 20_001, 1)])
+    items = t.copy().items()
+    offs = [off for off, _ in items]
+    assert sorted(offs) == sorted(t)
+    table = [off for off, f in items if f.n > 1]
+    assert table == sorted(table)
+    assert all(f is t.get(off) for off, f in items)

@@ -218,6 +218,52 @@ def test_a_follower_that_holds_the_version_before_is_sent_the_changed_chunk_only
     assert b"".join(held["ch"].pieces) == b"".join(third.keyed.pieces)
 
 
+def test_a_follower_is_sent_only_the_chunks_of_messages_in_flight_that_changed() -> None:
+    """10,000 messages in flight, listed in no order (the pending entries but the
+    deferred ones: core/lifecycle.py ``pending_chunks``), then one FIN'd and another
+    delivered again with one more attempt: only those two chunks are encoded again and
+    sent, not the state; the follower's copy is the leader's."""
+    import random
+    rnd = random.Random(5)
+    memo = PartTexts()
+
+    def encoded(entries: list[tuple[int, int, int]]) -> states.Shipped:
+        listed = entries[:]
+        rnd.shuffle(listed)
+        state: ChannelState = {"cursor": 10_000, "pending": listed}
+        deferred_states(state, (), memo)
+        assert state_floor(state) == min(e[0] for e in entries)
+        return ship(dumps_keyed(state, memo), state_floor(state))
+
+    entries = [(off, 1, 0) for off in range(10_000)]
+    first = encoded(entries)
+    assert memo.made == 10                        # 1,024 offsets a chunk
+    held = take({}, parts_of(*_answer({"ch": first}, None)))
+    changed = [e for e in entries if e[0] != 10]
+    changed = [(o, 2, 0) if o == 9_500 else (o, a, d) for o, a, d in changed]
+    second = encoded(changed)
+    assert memo.made == 10 + 2
+    items, sent = _answer({"ch": second}, {"ch": first.keyed.gen})
+    held = take(held, parts_of(items, sent))
+    assert len(sent) < 30_000 and second.keyed.size > 130_000
+    assert b"".join(held["ch"].pieces) == b"".join(second.keyed.pieces)
+    text = json.loads(b"".join(second.keyed.pieces))
+    assert [tuple(e) for e in text["pending"]] == changed      # in offset order
+    assert encoded(changed).keyed.size == second.keyed.size and memo.made == 12
+
+
+def test_the_floor_looks_through_every_chunk_of_the_lowest_range() -> None:
+    """A chunk of deferred messages and one of the others in the same range of
+    offsets: the floor is the lowest of both, whichever chunk's first entry is lower."""
+    deferred = ((CHUNK + 50, 1, 10**18), (CHUNK + 3, 1, 10**18))
+    for pending, low in (([[CHUNK + 10, 1, 0], [5 * CHUNK, 1, 0]], CHUNK + 3),
+                         ([[CHUNK + 1, 1, 0]], CHUNK + 1),
+                         ([[9 * CHUNK, 1, 0]], CHUNK + 3)):
+        state: ChannelState = {"cursor": 10 * CHUNK, "pending": pending}
+        deferred_states(state, (deferred,), PartTexts())
+        assert state_floor(state) == low
+
+
 def _answer(shipped: dict[str, states.Shipped], held: dict[str, int] | None
             ) -> tuple[list[Any], memoryview]:
     items, pieces, _ = delta(shipped, held)
