@@ -1,4 +1,4 @@
-"""The command line (typer): flags -> Options -> server.runtime.run(); nothing else.
+"""The command line (typer): flags -> Options -> runtime.run(); nothing else.
 
 ``pybroker serve`` takes every nsqd option as a flag with nsqd's name (``--mem-queue-size``)
 and a TOML file with nsqd's config names (``-c conf/prod.toml``); flags override the file.

@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         # never reads the rest; said here rather than silently
         log.warning("ignoring the arguments after the flags, as nsqd does: %s",
                     " ".join(rest))
-    from pybroker.server.runtime import run
+    from pybroker.runtime import run
 
     return run(options, bound, banner=DROPIN_VERSION, prog=PROG)
 

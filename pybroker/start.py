@@ -2,7 +2,7 @@
 and flags, flags winning), every listener bound, then the runtime run.
 
 What it owns: the one start-up sequence both command lines end in (launch.py's plain
-route and cli.py's typer route), with its exit statuses. It sits above server.runtime
+route and cli.py's typer route), with its exit statuses. It sits above runtime
 and below the command lines, which import it; it imports neither of them.
 """
 from __future__ import annotations
@@ -37,6 +37,6 @@ def serve(config: str | None, flags: Mapping[str, object]) -> int:
     from pybroker.logfmt import setup_logging
 
     setup_logging(options.log_level, options.log_prefix)
-    from pybroker.server.runtime import run
+    from pybroker.runtime import run
 
     return run(options, bound)

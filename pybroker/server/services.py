@@ -1,6 +1,6 @@
 """What the parts above the event loops use of the Runtime, as typed Protocols.
 
-The Runtime (server/runtime.py) builds the threads and wires them together; a part is
+The Runtime (pybroker/runtime.py) builds the threads and wires them together; a part is
 given the Runtime only through the Protocol that names what it may use, so mypy checks
 every use and the dependencies are written down. The Protocols of the loops' own seams
 (``LoopServices``, ``StorageHost``, ``ClusterHooks``, a connection's ``Conn`` and a

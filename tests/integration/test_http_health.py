@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from pybroker.config import resolve
-from pybroker.server.runtime import Runtime
+from pybroker.runtime import Runtime
 
 
 @pytest.fixture

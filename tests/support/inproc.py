@@ -13,7 +13,7 @@ from typing import Any
 
 from pybroker.config import resolve
 from pybroker.evloop import SelectorLoop
-from pybroker.server.runtime import Runtime
+from pybroker.runtime import Runtime
 from pybroker.testing import wait_until
 
 

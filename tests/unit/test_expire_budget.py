@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from pybroker.server import loop as loop_mod
-from pybroker.server.runtime import Runtime
+from pybroker.runtime import Runtime
 from tests.support.inproc import temp_runtime, turn
 
 

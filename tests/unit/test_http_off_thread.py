@@ -16,7 +16,7 @@ from pybroker.http import response
 from pybroker.http.gather import Gather
 from pybroker.http.response import Response, ok_json_yielding
 from pybroker.http.server import HttpServer
-from pybroker.server.runtime import Runtime
+from pybroker.runtime import Runtime
 from tests.support.inproc import temp_runtime, turn
 
 

@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the HTTP API, built on the server's listeners and loops
     ("pybroker.http",),
     # the wiring of every thread (it starts the HTTP server too)
-    ("pybroker.server.runtime",),
+    ("pybroker.runtime",),
     # start-up: options resolved, listeners bound, the runtime run
     ("pybroker.start", "pybroker.nsqd_cli"),
     # the command lines

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 import pybroker.server.connection as connection
-from pybroker.server.runtime import Runtime
+from pybroker.runtime import Runtime
 from tests.support.inproc import connect, read_frame, temp_runtime, turn
 from tests.support.wire import FRAME_RESPONSE, pub
 

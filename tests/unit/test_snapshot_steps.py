@@ -13,7 +13,7 @@ import pytest
 import pybroker.server.storage as storage
 from pybroker.http import collect
 from pybroker.http.gather import Later
-from pybroker.server.runtime import Runtime
+from pybroker.runtime import Runtime
 from tests.support.inproc import temp_runtime, turn
 
 

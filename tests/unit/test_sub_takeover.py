@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pybroker.server.iostate import HELD, OPEN
-from pybroker.server.runtime import Runtime
+from pybroker.runtime import Runtime
 from tests.support.inproc import close_runtime, connect, read_frame, runtime, turn
 from tests.support.wire import FRAME_ERROR, FRAME_RESPONSE, pub, rdy, sub
 
