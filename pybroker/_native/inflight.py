@@ -42,6 +42,8 @@ class FlightLike(Protocol):
     def first(self) -> int: ...
     @property
     def n(self) -> int: ...
+    @property
+    def attempts(self) -> int: ...
     slot: int
 
 
@@ -356,8 +358,7 @@ class InFlightCopy(Generic[F]):
     def items(self) -> list[tuple[int, F]]:
         """(offset, flight) of each offset in flight, as ``InFlight.items`` had them:
         the flights of one message first, in the order they went out, then the table's,
-        in offset order (so a sort of them all, by offset, has two runs to merge:
-        a channel state's chunks, core/lifecycle.py ``pending_chunks``)."""
+        in offset order."""
         out = list(self.one.items())
         offs, slots = sorted_pairs(self.offs, self.slots)
         flights = self.flights
@@ -365,6 +366,17 @@ class InFlightCopy(Generic[F]):
             f = flights[slot]
             assert f is not None
             out.append((off, f))
+        return out
+
+    def entries(self) -> list[tuple[int, int, int]]:
+        """(offset, attempts, 0) of each offset in flight, a channel state's pending
+        entries, in the order of ``items`` (so a sort of them all by offset has two
+        runs to merge: core/lifecycle.py ``pending_chunks``), in one pass: 250,000 made
+        from ``items`` took a second pass of about 25 ms."""
+        out = [(off, f.attempts, 0) for off, f in self.one.items()]
+        offs, slots = sorted_pairs(self.offs, self.slots)
+        attempts = [0 if f is None else f.attempts for f in self.flights]
+        out += [(off, attempts[slot], 0) for off, slot in zip(offs, slots)]
         return out
 
 

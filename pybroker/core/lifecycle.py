@@ -191,7 +191,7 @@ def _pending_of(key: tuple[Any, ...]) -> list[Any]:
     dying; [offset, deliveries, 0] each (as tuples: untracked by the garbage
     collector once it has seen them)."""
     flying, requeued, dying = key
-    out: list[Any] = [(off, f.attempts, 0) for off, f in flying.items()]
+    out: list[Any] = flying.entries()
     out += [(off, a, 0) for off, a, _ in requeued]
     out += [(off, a, 0) for off, a in dying.items()]   # dead-lettered again if need be
     return out

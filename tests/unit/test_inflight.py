@@ -31,11 +31,12 @@ class Client:
 class F:
     """A flight as the table sees one."""
 
-    def __init__(self, client: Client | None, first: int, n: int) -> None:
+    def __init__(self, client: Client | None, first: int, n: int, attempts: int = 1) -> None:
         self.client = client
         self.first = first
         self.n = n
         self.slot = -1
+        self.attempts = attempts
 
     def __repr__(self) -> str:
         return f"F({self.client}, {self.first}+{self.n})"
@@ -302,7 +303,7 @@ def test_a_tables_dump_sorted_by_offset_keeps_each_offsets_slot(
                                     array.array("i", vals).tobytes())
             assert list(zip(k, v)) == sorted(zip(keys, vals))
     t: InFlight[F] = InFlight(pure=pure)
-    flights = [F(CLIENTS[k % 2], 10_000 - k * 7, 3) for k in range(500)]
+    flights = [F(CLIENTS[k % 2], 10_000 - k * 7, 3, 1 + k % 5) for k in range(500)]
     t.add_flights(flights)
     t.add_flights([F(CLIENTS[0], 20_000, 1)])
     t.add_flights([F(CLIENTS[1], 20_001, 1)])
@@ -312,3 +313,4 @@ def test_a_tables_dump_sorted_by_offset_keeps_each_offsets_slot(
     table = [off for off, f in items if f.n > 1]
     assert table == sorted(table)
     assert all(f is t.get(off) for off, f in items)
+    assert t.copy().entries() == [(off, f.attempts, 0) for off, f in items]
