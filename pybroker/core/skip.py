@@ -48,6 +48,18 @@ class Skip:
         """The lowest offset (IndexError when empty)."""
         return self._a[self._i]
 
+    def last(self) -> int:
+        """The highest offset (IndexError when empty)."""
+        if not self:
+            raise IndexError("empty skip")
+        return self._a[-1]
+
+    def between(self, lo: int, hi: int) -> Iterator[int]:
+        """The offsets from lo to hi, both included, ascending (two bisections)."""
+        a = self._a
+        i = bisect.bisect_left(a, lo, self._i)
+        return iter(memoryview(a)[i:bisect.bisect_right(a, hi, i)])
+
     def popleft(self) -> int:
         """Take the lowest offset off (IndexError when empty)."""
         off = self._a[self._i]

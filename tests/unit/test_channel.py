@@ -736,6 +736,31 @@ def test_dpubs_held_in_skip_are_counted_once_and_kept_up_with() -> None:
     assert ch._dpubs_ahead(WALL) == brute(WALL) == 2
 
 
+def test_dpubs_published_after_a_rewind_are_not_looked_for_in_its_skip() -> None:
+    """A rewind's skip wholly below the DPUBs (published after what it holds): none
+    of skip's offsets is looked up, and the count is what a pass over skip says."""
+    t, ch = make()
+    c = Client(rdy=50)
+    ch.add_consumer(c, 0)
+    publish(t, 30)
+    ch.dispatch(0, WALL)
+    ch.rewind(0)
+    publish(t, 5, defer_ns=3600 * S, ts=WALL)      # 30-34, not read yet
+    looked: list[int] = []
+
+    class Counting(type(t.dpubs)):  # type: ignore[misc]
+        __slots__ = ()
+
+        def __contains__(self, off: object) -> bool:
+            looked.append(off)  # type: ignore[arg-type]
+            return super().__contains__(off)
+
+    t.dpubs.__class__ = Counting
+    assert ch._dpubs_ahead(WALL) == 5 == t.deferred_ahead(ch.cursor, WALL) - sum(
+        1 for off in ch.skip if t.dpubs.get(off, 0) > WALL)
+    assert looked == [] and ch._skip_dpubs is not None and ch._skip_dpubs[2] == []
+
+
 def test_a_rewind_is_saved_and_restored_with_what_it_skips() -> None:
     t, ch = make()
     c = Client(rdy=2)

@@ -52,6 +52,15 @@ class SkipMachine(RuleBasedStateMachine):
         while self.model and self.model[0] < to:
             self.model.popleft()
 
+    @rule(lo=st.integers(-1, 420), hi=st.integers(-1, 420))
+    def between(self, lo: int, hi: int) -> None:
+        assert list(self.s.between(lo, hi)) == [o for o in self.model if lo <= o <= hi]
+        if self.model:
+            assert self.s.last() == self.model[-1]
+        else:
+            with pytest.raises(IndexError):
+                self.s.last()
+
     @rule()
     def copied(self) -> None:
         """A snapshot's copy, which later changes must not reach."""
