@@ -285,3 +285,16 @@ void nsqf_sort_pairs(int64_t *keys, int32_t *vals, int64_t *tk, int32_t *tv, int
         memcpy(vals, sv, (size_t)n * sizeof(int32_t));
     }
 }
+
+int nsqf_sort_order(int64_t *keys, int32_t *order, int64_t *tk, int32_t *tv, int64_t n)
+{
+    int in_order = 1;
+    for (int64_t i = 0; i < n; i++) {
+        order[i] = (int32_t)i;
+        if (i && keys[i] < keys[i - 1])
+            in_order = 0;
+    }
+    if (!in_order)
+        nsqf_sort_pairs(keys, order, tk, tv, n);
+    return in_order;
+}

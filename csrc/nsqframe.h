@@ -367,4 +367,9 @@ int64_t nsqf_sort_from(int64_t *a, int64_t *tmp, int64_t n, int64_t from);
  * chunks: 250,000 pairs in about 2 ms). */
 void nsqf_sort_pairs(int64_t *keys, int32_t *vals, int64_t *tk, int32_t *tv, int64_t n);
 
+/* keys sorted as nsqf_sort_pairs sorts them, and order[i] the index keys[i] had
+ * (n < 2^31): the permutation that sorts a list by those keys. Returns 1 when the
+ * keys were in order already (order is then 0, 1, ...; nothing was moved), else 0. */
+int nsqf_sort_order(int64_t *keys, int32_t *order, int64_t *tk, int32_t *tv, int64_t n);
+
 #endif /* NSQFRAME_H */

@@ -28,6 +28,7 @@ CData = Any     # cffi's cdata: untyped, as _native's ffi and lib
 _C = BACKEND == "c" and hasattr(_lib, "nsqf_if_fin")
 _SORT = _C and hasattr(_lib, "nsqf_sort_from")
 _SORT_PAIRS = _C and hasattr(_lib, "nsqf_sort_pairs")
+_SORT_ORDER = _C and hasattr(_lib, "nsqf_sort_order")
 MIN_CAP = 64          # table entries of a new table (a power of two)
 SMALL = 8             # at most this many flights or FINs: one call each, no arrays
 SHRINK_FROM = 4096    # a table this large or larger shrinks when 1/16 full
@@ -52,20 +53,50 @@ F = TypeVar("F", bound=FlightLike)
 
 def sorted_pairs(offs: bytes, slots: bytes) -> tuple[array.array[int], array.array[int]]:
     """A table's dump (int64 offsets, int32 slots, as ``dump_raw`` gives them) as two
-    arrays in offset order: one radix sort in C (``nsqf_sort_pairs``, no Python object
-    per entry; the GIL released meanwhile), else Python's sort."""
+    arrays in offset order (``sort_pairs``)."""
     keys, vals = array.array("q"), array.array("i")
     keys.frombytes(offs)
     vals.frombytes(slots)
+    sort_pairs(keys, vals)
+    return keys, vals
+
+
+def sort_order(keys: array.array[int]) -> array.array[int] | None:
+    """Sort keys (int64, 'q') in place and return the index each had ('i'): the
+    permutation that sorts a list by them, equal keys in their order; None when they
+    were in order already. One pass and, if need be, a radix sort in C
+    (``nsqf_sort_order``, the GIL released meanwhile), else Python's sort."""
+    n = len(keys)
+    if not _SORT_ORDER:
+        perm = sorted(range(n), key=keys.__getitem__)
+        if perm == list(range(n)):
+            return None
+        keys[:] = array.array("q", [keys[i] for i in perm])
+        return array.array("i", perm)
+    if n < 2:
+        return None
+    order = array.array("i", bytes(4 * n))
+    if _lib.nsqf_sort_order(_ffi.from_buffer("int64_t[]", keys),
+                            _ffi.from_buffer("int32_t[]", order),
+                            _ffi.new("int64_t[]", n), _ffi.new("int32_t[]", n), n):
+        return None
+    return order
+
+
+def sort_pairs(keys: array.array[int], vals: array.array[int]) -> None:
+    """Sort the pairs (keys[i], vals[i]) by key in place, equal keys in their order:
+    one radix sort in C (``nsqf_sort_pairs``: no Python object per entry, and the GIL
+    released meanwhile), else Python's sort. keys: int64 ('q'); vals: int32 ('i')."""
     n = len(keys)
     if n < 2:
-        return keys, vals
+        return
     if not _SORT_PAIRS:
-        pairs = sorted(zip(keys, vals))
-        return array.array("q", (k for k, _ in pairs)), array.array("i", (v for _, v in pairs))
+        order = sorted(range(n), key=keys.__getitem__)
+        keys[:] = array.array("q", [keys[i] for i in order])
+        vals[:] = array.array("i", [vals[i] for i in order])
+        return
     _lib.nsqf_sort_pairs(_ffi.from_buffer("int64_t[]", keys), _ffi.from_buffer("int32_t[]", vals),
                          _ffi.new("int64_t[]", n), _ffi.new("int32_t[]", n), n)
-    return keys, vals
 
 
 def _sorted_from(offsets: Iterable[int], more: Iterable[int], offset: int

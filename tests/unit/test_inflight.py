@@ -314,3 +314,28 @@ def test_a_tables_dump_sorted_by_offset_keeps_each_offsets_slot(
     assert table == sorted(table)
     assert all(f is t.get(off) for off, f in items)
     assert t.copy().entries() == [(off, f.attempts, 0) for off, f in items]
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_the_order_that_sorts_a_list_by_its_offsets(
+        pure: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sort_order`` (nsqf_sort_order, else Python's sort): the keys sorted in place
+    and the index each had, equal keys in their order; None for keys in order
+    already (a channel state's entries, core/lifecycle.py ``pending_chunks``)."""
+    import random
+    if not pure and not mod._SORT_ORDER:
+        pytest.skip("the compiled module is not built")
+    if pure:
+        monkeypatch.setattr(mod, "_SORT_ORDER", False)
+    rnd = random.Random(3)
+    for span in (1, 50, 3000, 1 << 40):
+        for n in (0, 1, 2, 1000):
+            keys = [rnd.randrange(span) for _ in range(n)]
+            a = array.array("q", keys)
+            order = mod.sort_order(a)
+            want = sorted(range(n), key=keys.__getitem__)      # stable
+            if want == list(range(n)):
+                assert order is None and list(a) == keys
+            else:
+                assert order is not None and list(order) == want
+                assert list(a) == [keys[i] for i in want]
