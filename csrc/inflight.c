@@ -198,51 +198,10 @@ int nsqf_if_from(const nsqf_inflight *t, int64_t from, int64_t *out)
     return got;
 }
 
-int64_t nsqf_sort_from(int64_t *a, int64_t *tmp, int64_t n, int64_t from)
-{
-    enum { BITS = 11, DIGITS = 1 << BITS };
-    int64_t kept = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (a[i] >= from)
-            a[kept++] = a[i];
-    n = kept;
-    if (n <= 1)
-        return n;
-    int64_t lo = a[0], hi = a[0];
-    for (int64_t i = 1; i < n; i++) {
-        if (a[i] < lo)
-            lo = a[i];
-        if (a[i] > hi)
-            hi = a[i];
-    }
-    uint64_t span = (uint64_t)(hi - lo);
-    int64_t *src = a, *dst = tmp;
-    int64_t count[DIGITS];
-    for (int shift = 0; shift < 64 && (span >> shift) != 0; shift += BITS) {
-        memset(count, 0, sizeof(count));
-        for (int64_t i = 0; i < n; i++)
-            count[((uint64_t)(src[i] - lo) >> shift) & (DIGITS - 1)]++;
-        int64_t at = 0;
-        for (int d = 0; d < DIGITS; d++) {
-            int64_t c = count[d];
-            count[d] = at;
-            at += c;
-        }
-        for (int64_t i = 0; i < n; i++)
-            dst[count[((uint64_t)(src[i] - lo) >> shift) & (DIGITS - 1)]++] = src[i];
-        int64_t *swap = src;
-        src = dst;
-        dst = swap;
-    }
-    /* src is sorted (a or tmp): its first of each value, to a (m <= i: in place is safe) */
-    int64_t m = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (m == 0 || src[i] != a[m - 1])
-            a[m++] = src[i];
-    return m;
-}
-
-void nsqf_sort_pairs(int64_t *keys, int32_t *vals, int64_t *tk, int32_t *tv, int64_t n)
+/* keys[0..n) sorted ascending, stably, in place, with vals (NULL: none) moved along:
+ * an LSD radix sort of each key less the lowest, 11 bits a pass and only as many passes
+ * as the widest difference needs; tk and tv (NULL with vals) have room for n. */
+static void radix(int64_t *keys, int32_t *vals, int64_t *tk, int32_t *tv, int64_t n)
 {
     enum { BITS = 11, DIGITS = 1 << BITS };
     if (n <= 1)
@@ -271,7 +230,8 @@ void nsqf_sort_pairs(int64_t *keys, int32_t *vals, int64_t *tk, int32_t *tv, int
         for (int64_t i = 0; i < n; i++) {
             int64_t j = count[((uint64_t)(sk[i] - lo) >> shift) & (DIGITS - 1)]++;
             dk[j] = sk[i];
-            dv[j] = sv[i];
+            if (sv != NULL)
+                dv[j] = sv[i];
         }
         int64_t *swk = sk;
         sk = dk;
@@ -282,8 +242,29 @@ void nsqf_sort_pairs(int64_t *keys, int32_t *vals, int64_t *tk, int32_t *tv, int
     }
     if (sk != keys) {
         memcpy(keys, sk, (size_t)n * sizeof(int64_t));
-        memcpy(vals, sv, (size_t)n * sizeof(int32_t));
+        if (vals != NULL)
+            memcpy(vals, sv, (size_t)n * sizeof(int32_t));
     }
+}
+
+int64_t nsqf_sort_from(int64_t *a, int64_t *tmp, int64_t n, int64_t from)
+{
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (a[i] >= from)
+            a[kept++] = a[i];
+    radix(a, NULL, tmp, NULL, kept);
+    /* the first of each value (m <= i: in place is safe) */
+    int64_t m = 0;
+    for (int64_t i = 0; i < kept; i++)
+        if (m == 0 || a[i] != a[m - 1])
+            a[m++] = a[i];
+    return m;
+}
+
+void nsqf_sort_pairs(int64_t *keys, int32_t *vals, int64_t *tk, int32_t *tv, int64_t n)
+{
+    radix(keys, vals, tk, tv, n);
 }
 
 int nsqf_sort_order(int64_t *keys, int32_t *order, int64_t *tk, int32_t *tv, int64_t n)
@@ -295,6 +276,6 @@ int nsqf_sort_order(int64_t *keys, int32_t *order, int64_t *tk, int32_t *tv, int
             in_order = 0;
     }
     if (!in_order)
-        nsqf_sort_pairs(keys, order, tk, tv, n);
+        radix(keys, order, tk, tv, n);
     return in_order;
 }

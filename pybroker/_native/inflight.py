@@ -67,14 +67,11 @@ def sort_order(keys: array.array[int]) -> array.array[int] | None:
     were in order already. One pass and, if need be, a radix sort in C
     (``nsqf_sort_order``, the GIL released meanwhile), else Python's sort."""
     n = len(keys)
-    if not _SORT_ORDER:
-        perm = sorted(range(n), key=keys.__getitem__)
-        if perm == list(range(n)):
-            return None
-        keys[:] = array.array("q", [keys[i] for i in perm])
-        return array.array("i", perm)
     if n < 2:
         return None
+    if not _SORT_ORDER:
+        perm = _python_sort(keys)
+        return None if perm is None else array.array("i", perm)
     order = array.array("i", bytes(4 * n))
     if _lib.nsqf_sort_order(_ffi.from_buffer("int64_t[]", keys),
                             _ffi.from_buffer("int32_t[]", order),
@@ -91,12 +88,22 @@ def sort_pairs(keys: array.array[int], vals: array.array[int]) -> None:
     if n < 2:
         return
     if not _SORT_PAIRS:
-        order = sorted(range(n), key=keys.__getitem__)
-        keys[:] = array.array("q", [keys[i] for i in order])
-        vals[:] = array.array("i", [vals[i] for i in order])
+        perm = _python_sort(keys)
+        if perm is not None:
+            vals[:] = array.array("i", [vals[i] for i in perm])
         return
     _lib.nsqf_sort_pairs(_ffi.from_buffer("int64_t[]", keys), _ffi.from_buffer("int32_t[]", vals),
                          _ffi.new("int64_t[]", n), _ffi.new("int32_t[]", n), n)
+
+
+def _python_sort(keys: array.array[int]) -> list[int] | None:
+    """keys sorted in place by Python's (stable) sort; the permutation, or None when
+    they were in order already (the pure-Python twin of the two above)."""
+    perm = sorted(range(len(keys)), key=keys.__getitem__)
+    if all(i == p for i, p in enumerate(perm)):
+        return None
+    keys[:] = array.array("q", [keys[i] for i in perm])
+    return perm
 
 
 def _sorted_from(offsets: Iterable[int], more: Iterable[int], offset: int
@@ -387,11 +394,11 @@ class InFlightCopy(Generic[F]):
         return len(self.one) + len(self.offs) // 8
 
     def items(self) -> list[tuple[int, F]]:
-        """(offset, flight) of each offset in flight, as ``InFlight.items`` had them:
-        the flights of one message first, in the order they went out, then the table's,
-        in offset order."""
+        """(offset, flight) of each offset in flight, as ``InFlight.items`` had them."""
         out = list(self.one.items())
-        offs, slots = sorted_pairs(self.offs, self.slots)
+        offs, slots = array.array("q"), array.array("i")
+        offs.frombytes(self.offs)
+        slots.frombytes(self.slots)
         flights = self.flights
         for off, slot in zip(offs, slots):
             f = flights[slot]
@@ -401,9 +408,10 @@ class InFlightCopy(Generic[F]):
 
     def entries(self) -> list[tuple[int, int, int]]:
         """(offset, attempts, 0) of each offset in flight, a channel state's pending
-        entries, in the order of ``items`` (so a sort of them all by offset has two
-        runs to merge: core/lifecycle.py ``pending_chunks``), in one pass: 250,000 made
-        from ``items`` took a second pass of about 25 ms."""
+        entries (core/lifecycle.py ``pending_chunks``), in one pass: the flights of one
+        message first, in the order they went out, then the table's in offset order
+        (sorted in C here, so that with no flight of one the entries need no sort
+        there)."""
         out = [(off, f.attempts, 0) for off, f in self.one.items()]
         offs, slots = sorted_pairs(self.offs, self.slots)
         attempts = [0 if f is None else f.attempts for f in self.flights]
@@ -589,10 +597,7 @@ class InFlight(Generic[F]):
         return got
 
     def clear(self) -> None:
-        self._one.clear()
-        self._t.clear()
-        self._flights = []
-        self._free = []
+        self.drop_all()
 
     def drop_all(self) -> list[dict[int, F] | list[F | None]]:
         """``clear``, handing over the containers of its flights instead of freeing

@@ -113,9 +113,7 @@ class TimeoutWheel(Generic[T]):
         return [item for b in self._keys for item in self._buckets[b].values()]
 
     def clear(self) -> None:
-        self._keys.clear()
-        self._buckets.clear()
-        self._len = 0
+        self.drop_all()
 
     def drop_all(self) -> dict[int, dict[int, T]]:
         """``clear``, handing over its buckets instead of freeing them (the caller

@@ -288,7 +288,8 @@ def test_the_radix_sort_keeps_the_offsets_from_there_once_each() -> None:
 def test_a_tables_dump_sorted_by_offset_keeps_each_offsets_slot(
         pure: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """``sorted_pairs`` (nsqf_sort_pairs, else Python's sort) on spans that need one to
-    six passes, and the copy's items in offset order after the flights of one."""
+    six passes, and the copy's entries: the table's in offset order after the flights
+    of one."""
     import random
     if not pure and not mod._SORT_PAIRS:
         pytest.skip("the compiled module is not built")
@@ -310,10 +311,14 @@ def test_a_tables_dump_sorted_by_offset_keeps_each_offsets_slot(
     items = t.copy().items()
     offs = [off for off, _ in items]
     assert sorted(offs) == sorted(t)
-    table = [off for off, f in items if f.n > 1]
-    assert table == sorted(table)
     assert all(f is t.get(off) for off, f in items)
-    assert t.copy().entries() == [(off, f.attempts, 0) for off, f in items]
+    entries = t.copy().entries()
+    by_off = dict(items)
+    table = [off for off, _, _ in entries if by_off[off].n > 1]
+    assert table == sorted(table)
+    assert entries == [(off, by_off[off].attempts, 0) for off, _, _ in entries]
+    assert sorted(entries) == sorted((off, f.attempts, 0) for off, f in items)
+    assert [off for off, _, _ in entries[:2]] == [20_000, 20_001]   # the flights of one
 
 
 @pytest.mark.parametrize("pure", [False, True])
