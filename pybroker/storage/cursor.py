@@ -51,12 +51,7 @@ class LogFiles(LogBounds, Protocol):
     for on damage. The cursor is the log's own reader, split off; it names the log's
     internals through this, so the log may import the cursor and not the reverse."""
 
-    @property
-    def _blocks(self) -> Sequence[Block]: ...
-    @property
-    def _block_firsts(self) -> Sequence[int]: ...
-    @property
-    def _front(self) -> int: ...
+    def _tail_block(self, offset: int) -> Block | None: ...
     @property
     def _segs(self) -> Sequence[Segment]: ...
 
@@ -158,10 +153,8 @@ class LogCursor:
                 self._tail_reads = 0
                 i = offset - first
                 return RecordBatch(offset, self._buf, self._pos[i:i + want], self._deferred)
-            blocks = lg._blocks
-            f = lg._front
-            if len(blocks) > f and offset >= blocks[f].first:
-                b = blocks[bisect.bisect_right(lg._block_firsts, offset, f) - 1]
+            b = lg._tail_block(offset)
+            if b is not None:
                 i = offset - b.first
                 self._tail_reads += 1
                 if self._tail_reads >= TAIL_RELEASE and self._fd >= 0:

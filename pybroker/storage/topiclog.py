@@ -593,6 +593,15 @@ class TopicLog:
             self.oldest = base
         return seg
 
+    def _tail_block(self, offset: int) -> _Block | None:
+        """The memory tail's block that holds offset (below ``written``), or None when
+        offset is older than the tail (the lock held: the log's reads and its cursors')."""
+        f = self._front
+        blocks = self._blocks
+        if len(blocks) > f and offset >= blocks[f].first:
+            return blocks[bisect.bisect_right(self._block_firsts, offset, f) - 1]
+        return None
+
     def _clear_tail(self) -> None:
         self._blocks.clear()
         self._block_firsts.clear()
@@ -657,10 +666,8 @@ class TopicLog:
                 raise OffsetOutOfRange(f"offset {offset} not in [{self.oldest}, {self.written}]")
             if offset == self.written:
                 return RecordBatch(offset, b"", (), 0)
-            f = self._front
-            if len(self._blocks) > f and offset >= self._blocks[f].first:
-                k = bisect.bisect_right(self._block_firsts, offset, f) - 1
-                b = self._blocks[k]
+            b = self._tail_block(offset)
+            if b is not None:
                 i = offset - b.first
                 j = min(len(b.pos), i + max(1, max_records))
                 return RecordBatch(offset, b.data, b.pos[i:j], b.deferred)
