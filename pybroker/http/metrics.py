@@ -83,20 +83,21 @@ class _Out:
     def __init__(self) -> None:
         self.lines: list[str] = []
 
-    def family(self, name: str, kind: str, text: str,
-               samples: Iterable[Sample]) -> None:
+    def _head(self, name: str, kind: str, text: str) -> None:
         self.lines.append(f"# HELP {name} {text}")
         self.lines.append(f"# TYPE {name} {kind}")
+
+    def family(self, name: str, kind: str, text: str,
+               samples: Iterable[Sample]) -> None:
+        self._head(name, kind, text)
         for labels, value in samples:
             self.lines.append(f"{name}{_labels(labels)} {_num(value)}")
-
 
     def histogram(self, name: str, text: str,
                   series: Iterable[tuple[Labels, list[tuple[str, int]], float, int]]) -> None:
         """A histogram family: per series its labels, its cumulative (le, count)
         buckets ending with +Inf, its sum and its count."""
-        self.lines.append(f"# HELP {name} {text}")
-        self.lines.append(f"# TYPE {name} histogram")
+        self._head(name, "histogram", text)
         for labels, buckets, total, count in series:
             for le, n in buckets:
                 self.lines.append(f"{name}_bucket{_labels((*labels, ('le', le)))} {n}")
