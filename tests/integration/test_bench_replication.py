@@ -92,40 +92,42 @@ def test_a_short_takeover_run_prints_its_figures() -> None:
     assert "5,000 deferred: longest round trip median" in proc.stdout, proc.stdout
 
 
+def _churn(*more: str) -> str:
+    """loadtest/bench_state_churn.py, one short run (1 s) with these arguments: its
+    output, the run having ended well."""
+    etcd = require_program("etcd", "to coordinate the bench's cluster (apt install "
+                           "etcd-server)")
+    script = str(project_root() / "loadtest" / "bench_state_churn.py")
+    proc = subprocess.run([sys.executable, script, "--runs", "1", "--seconds", "1",
+                           "--etcd", etcd, *more], capture_output=True, text=True,
+                          timeout=140, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+def _versions_shipped(out: str) -> None:
+    """A cluster run's line: the leader made new versions of the channel's state and
+    shipped them."""
+    m = re.search(r"^run 1: leader (\d+)% of a core, each follower (\d+)%, (\d+) state "
+                  r"versions in 1 s, states shipped ([0-9.]+) MB/s$", out, re.M)
+    assert m is not None and int(m.group(3)) >= 1 and float(m.group(4)) > 0, out
+
+
 def test_a_short_state_churn_run_prints_its_figures() -> None:
     """loadtest/bench_state_churn.py, one short run on a cluster and one on a single
     node: each node's CPU is printed, and the cluster's leader made new versions of
     the channel's state while its deferred messages changed, and shipped them."""
-    etcd = require_program("etcd", "to coordinate the bench's cluster (apt install "
-                           "etcd-server)")
-    script = str(project_root() / "loadtest" / "bench_state_churn.py")
-    args = ["--runs", "1", "--deferred", "5000", "--seconds", "1", "--etcd", etcd]
-    proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
-                          timeout=140, check=False)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    m = re.search(r"^run 1: leader (\d+)% of a core, each follower (\d+)%, (\d+) state "
-                  r"versions in 1 s, states shipped ([0-9.]+) MB/s$", proc.stdout, re.M)
-    assert m is not None and int(m.group(3)) >= 1 and float(m.group(4)) > 0, proc.stdout
-    proc = subprocess.run([sys.executable, script, *args, "--single"], capture_output=True,
-                          text=True, timeout=140, check=False)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    _versions_shipped(_churn("--deferred", "5000"))
+    out = _churn("--deferred", "5000", "--single")
     assert re.search(r"^5,000 deferred, 20 requeues/s, one node: median \d+% of a core$",
-                     proc.stdout, re.M), proc.stdout
+                     out, re.M), out
 
 
 def test_a_short_in_flight_churn_run_prints_its_figures() -> None:
     """``bench_state_churn.py --in-flight``: 5,000 messages held in flight by two
     consumers, one FIN'd (and one more delivered) 20 times a second: the leader made
     new versions of the channel's state and shipped them."""
-    etcd = require_program("etcd", "to coordinate the bench's cluster (apt install "
-                           "etcd-server)")
-    script = str(project_root() / "loadtest" / "bench_state_churn.py")
-    args = ["--runs", "1", "--in-flight", "5000", "--seconds", "1", "--etcd", etcd]
-    proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
-                          timeout=140, check=False)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    m = re.search(r"^run 1: leader (\d+)% of a core, each follower (\d+)%, (\d+) state "
-                  r"versions in 1 s, states shipped ([0-9.]+) MB/s$", proc.stdout, re.M)
-    assert m is not None and int(m.group(3)) >= 1 and float(m.group(4)) > 0, proc.stdout
+    out = _churn("--in-flight", "5000")
+    _versions_shipped(out)
     assert re.search(r"^5,000 in flight, 20 FINs/s: leader median \d+% of a core",
-                     proc.stdout, re.M), proc.stdout
+                     out, re.M), out

@@ -95,6 +95,18 @@ def make(mem: int = 100) -> tuple[Topic, Channel]:
     return t, ch
 
 
+def one_consumer(n: int, rdy: int, msg_timeout_ns: int = 10 * S
+                 ) -> tuple[Topic, Channel, Client]:
+    """A channel with one consumer at this RDY count, n messages published, one
+    dispatch."""
+    t, ch = make()
+    c = Client(rdy=rdy, msg_timeout_ns=msg_timeout_ns)
+    ch.add_consumer(c, 0)
+    publish(t, n)
+    ch.dispatch(0, WALL)
+    return t, ch, c
+
+
 def two_consumers(n: int, rdy_a: int, rdy_b: int) -> tuple[Topic, Channel, Client, Client]:
     """A channel with two consumers at these RDY counts, n messages published, one
     dispatch."""
@@ -113,11 +125,7 @@ def two_at_rdy1(n: int) -> tuple[Topic, Channel, Client, Client]:
 
 
 def test_rdy_caps_in_flight_and_fin_frees_a_slot() -> None:
-    t, ch = make()
-    c = Client(rdy=3)
-    ch.add_consumer(c, 0)
-    publish(t, 10)
-    ch.dispatch(0, WALL)
+    t, ch, c = one_consumer(10, 3)
     assert [m.attempts for m in c.got] == [1, 1, 1] and c.in_flight_count == 3
     ch.dispatch(0, WALL)
     assert len(c.got) == 3
@@ -251,11 +259,7 @@ def test_requeue_now_and_deferred_keep_timestamp_and_count_attempts() -> None:
 
 
 def test_timeout_requeues_and_counts() -> None:
-    t, ch = make()
-    c = Client(rdy=3, msg_timeout_ns=2 * S)
-    ch.add_consumer(c, 0)
-    publish(t, 3)
-    ch.dispatch(0, WALL)
+    t, ch, c = one_consumer(3, 3, msg_timeout_ns=2 * S)
     ch.finish(c, c.got[1].id)
     timed_out, due = ch.expire(2 * S)
     assert len(timed_out) == 1 and not due      # one flight of three
@@ -268,11 +272,7 @@ def test_timeout_requeues_and_counts() -> None:
 
 
 def test_touch_extends_but_not_past_max_msg_timeout() -> None:
-    t, ch = make()
-    c = Client(rdy=2, msg_timeout_ns=2 * S)
-    ch.add_consumer(c, 0)
-    publish(t, 2)
-    ch.dispatch(0, WALL)
+    t, ch, c = one_consumer(2, 2, msg_timeout_ns=2 * S)
     mid = c.got[0].id
     ch.touch(c, mid, 1 * S, max_msg_timeout_ns=4 * S)   # deadline 3 s (its own flight)
     timed_out, _ = ch.expire(2 * S)
@@ -487,11 +487,7 @@ def test_empty_and_rewind() -> None:
 
 
 def test_snapshot_restores_pending_state() -> None:
-    t, ch = make()
-    c = Client(rdy=3)
-    ch.add_consumer(c, 0)
-    publish(t, 6)
-    ch.dispatch(0, WALL)
+    t, ch, c = one_consumer(6, 3)
     ch.finish(c, c.got[1].id)
     ch.requeue(c, c.got[2].id, 5 * S, 0, WALL)
     snap = ch.snapshot(WALL, 0)
@@ -529,11 +525,7 @@ def test_a_saved_cursor_past_the_log_end_restarts_at_the_end() -> None:
 # -- nsqd's requeue order ---------------------------------------------------------------
 def test_timed_out_message_goes_behind_the_queued_ones() -> None:
     """nsqd: PUB A, PUB B; a RDY 1 consumer lets A time out -> B, then A (attempts 2)."""
-    t, ch = make()
-    c = Client(rdy=1, msg_timeout_ns=S)
-    ch.add_consumer(c, 0)
-    publish(t, 2)
-    ch.dispatch(0, WALL)
+    t, ch, c = one_consumer(2, 1, msg_timeout_ns=S)
     assert [(m.body, m.attempts) for m in c.got] == [(b"body0", 1)]
     ch.requeue_expired(*ch.expire(S))
     ch.dispatch(S, WALL + S)
@@ -564,11 +556,7 @@ def test_req_waits_behind_at_most_mem_queue_size_messages(tmp_path: Path) -> Non
 
 
 def test_due_deferred_message_goes_behind_the_queued_ones() -> None:
-    t, ch = make()
-    c = Client(rdy=1)
-    ch.add_consumer(c, 0)
-    publish(t, 1)
-    ch.dispatch(0, WALL)
+    t, ch, c = one_consumer(1, 1)
     ch.requeue(c, c.got[0].id, S, 0, WALL)
     publish(t, 2, prefix=b"new")
     ch.requeue_expired(*ch.expire(S))       # due: behind new0 and new1
@@ -582,11 +570,7 @@ def test_due_deferred_message_goes_behind_the_queued_ones() -> None:
 def test_rewind_keeps_in_flight_in_flight_and_replays_it_after_fin() -> None:
     """The wedge of issue 22: the FIN works, in_flight_count drops to 0, and the RDY 1
     consumer gets the message again (anew), then the rest."""
-    t, ch = make()
-    c = Client(rdy=1)
-    ch.add_consumer(c, 0)
-    publish(t, 3)
-    ch.dispatch(0, WALL)
+    t, ch, c = one_consumer(3, 1)
     ch.rewind(0)
     ch.dispatch(0, WALL)
     assert len(c.got) == 1 and len(ch.in_flight) == 1     # not sent again meanwhile
@@ -607,11 +591,7 @@ def test_a_rewind_owes_a_replay_to_what_was_in_flight_from_its_offset_on() -> No
     ends by FIN (TOUCHed meanwhile too: its flight of one keeps when it went out). Not
     owed: one before the offset, one REQ'd meanwhile (its redelivery is a new life), one
     that went out after the rewind. Once nothing is in flight, no rewind is kept."""
-    t, ch = make()
-    c = Client(rdy=3)
-    ch.add_consumer(c, 0)
-    publish(t, 5)
-    ch.dispatch(0, WALL)                          # 0, 1, 2 in flight: one flight
+    t, ch, c = one_consumer(5, 3)  # 0, 1, 2 in flight: one flight
     ch.rewind(1)
     assert list(ch.skip) == [1, 2] and ch.rewinds == [(1, 1)]
     count = ch.message_count
@@ -635,11 +615,7 @@ def test_a_rewind_owes_a_replay_to_what_was_in_flight_from_its_offset_on() -> No
 def test_each_rewind_owes_what_was_in_flight_when_it_came() -> None:
     """Two rewinds, flights before and between them: each FIN'd message is owed its
     replay once if a rewind after its flight went out began at or before it."""
-    t, ch = make()
-    c = Client(rdy=3)
-    ch.add_consumer(c, 0)
-    publish(t, 5)
-    ch.dispatch(0, WALL)                          # 0, 1, 2 (before both rewinds)
+    t, ch, c = one_consumer(5, 3)  # 0, 1, 2 (before both rewinds)
     ch.rewind(2)
     c.rdy = 5
     ch.dispatch(0, WALL)                          # 3, 4 (between them)
@@ -675,11 +651,7 @@ def test_empty_leaves_every_consumer_holding_nothing() -> None:
 
 
 def test_rewind_over_requeued_and_deferred_keeps_their_attempts() -> None:
-    t, ch = make()
-    c = Client(rdy=3)
-    ch.add_consumer(c, 0)
-    publish(t, 3)
-    ch.dispatch(0, WALL)
+    t, ch, c = one_consumer(3, 3)
     ch.requeue(c, c.got[0].id, 0, 0, WALL)
     ch.requeue(c, c.got[1].id, 5 * S, 0, WALL)
     ch.rewind(0)
@@ -739,11 +711,7 @@ def test_dpubs_held_in_skip_are_counted_once_and_kept_up_with() -> None:
 def test_dpubs_published_after_a_rewind_are_not_looked_for_in_its_skip() -> None:
     """A rewind's skip wholly below the DPUBs (published after what it holds): none
     of skip's offsets is looked up, and the count is what a pass over skip says."""
-    t, ch = make()
-    c = Client(rdy=50)
-    ch.add_consumer(c, 0)
-    publish(t, 30)
-    ch.dispatch(0, WALL)
+    t, ch, c = one_consumer(30, 50)
     ch.rewind(0)
     publish(t, 5, defer_ns=3600 * S, ts=WALL)      # 30-34, not read yet
     looked: list[int] = []
@@ -762,11 +730,7 @@ def test_dpubs_published_after_a_rewind_are_not_looked_for_in_its_skip() -> None
 
 
 def test_a_rewind_is_saved_and_restored_with_what_it_skips() -> None:
-    t, ch = make()
-    c = Client(rdy=2)
-    ch.add_consumer(c, 0)
-    publish(t, 4)
-    ch.dispatch(0, WALL)                # 0, 1 in flight
+    t, ch, c = one_consumer(4, 2)  # 0, 1 in flight
     ch.rewind(0)
     snap = ch.snapshot(WALL, 0)
     assert snap["cursor"] == 0 and snap["skip"] == [0, 1]
@@ -781,11 +745,7 @@ def test_a_rewind_is_saved_and_restored_with_what_it_skips() -> None:
 
 
 def test_commit_forward_passes_what_a_rewind_skips() -> None:
-    t, ch = make()
-    c = Client(rdy=1)
-    ch.add_consumer(c, 0)
-    publish(t, 5)
-    ch.dispatch(0, WALL)
+    t, ch, c = one_consumer(5, 1)
     ch.rewind(0)
     assert list(ch.skip) == [0]
     assert ch.commit(3) == 3 and not ch.skip and ch.commit(1) == 3
@@ -803,11 +763,7 @@ def test_a_snapshot_shares_the_deferred_messages_while_they_are_unchanged() -> N
     """snapshot_parts builds again only what changed since the last snapshot; what it
     returned is never changed afterwards (the storage thread reads it while the loop
     goes on)."""
-    t, ch = make()
-    c = Client(rdy=5)
-    ch.add_consumer(c, 0)
-    publish(t, 5)
-    ch.dispatch(0, WALL)
+    t, ch, c = one_consumer(5, 5)
     for m in c.got[:3]:
         ch.requeue(c, m.id, 60 * S, 0, WALL)
     _, first = ch.snapshot_parts(WALL, 0)
