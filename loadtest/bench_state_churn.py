@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,72 +44,72 @@ from pybroker.bench.brokers import BrokerProcess  # noqa: E402
 EXTRA = 5_000          # messages published after the deferred ones, to requeue meanwhile
 
 
+Figures = tuple[dict[int, float], int, float]
+
+
+def window(args: argparse.Namespace, nodes: dict[int, BrokerProcess],
+           shipping: Callable[[], tuple[int, int]], change: Callable[[], None]) -> Figures:
+    """After 2 s (the states made of what came before written or shipped), ``change()``
+    every 1/``--rate`` s for ``--seconds``: each node's CPU over that window (% of a
+    core), the versions of the states made meanwhile and the bytes of states shipped a
+    second (``shipping``: the leader's version and bytes shipped so far)."""
+    time.sleep(2)
+    v0, b0 = shipping()
+    cpu0 = {i: b.cpu_s() for i, b in nodes.items()}
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < args.seconds:
+        change()
+        time.sleep(1 / args.rate)
+    el = time.monotonic() - t0
+    cpu = {i: 100 * (b.cpu_s() - cpu0[i]) / el for i, b in nodes.items()}
+    v1, b1 = shipping()
+    return cpu, v1 - v0, (b1 - b0) / el
+
+
+def next_message(s: socket.socket) -> bytes:
+    """The id of the next message delivered on s (other frames skipped)."""
+    while True:
+        kind, data = _frame(s)
+        if kind == 2:
+            return data[10:26]
+
+
 def churn(address: str, args: argparse.Namespace, nodes: dict[int, BrokerProcess],
-          shipping: Callable[[], tuple[int, int]]) -> tuple[dict[int, float], int, float]:
-    """Defer ``--deferred`` messages, then one more every 1/``--rate`` s for
-    ``--seconds``: each node's CPU over that window (% of a core), the versions of
-    the states made meanwhile and the bytes of states shipped a second (``shipping``:
-    the leader's version and bytes shipped so far)."""
+          shipping: Callable[[], tuple[int, int]]) -> Figures:
+    """Defer ``--deferred`` messages, then one more every 1/``--rate`` s (``window``)."""
     defer_all(address, args.deferred)
     with _connect(address) as s:
         publish_and_subscribe(s, EXTRA, 1)
-        time.sleep(2)           # the states made of the deferrals above written or shipped
-        v0, b0 = shipping()
-        cpu0 = {i: b.cpu_s() for i, b in nodes.items()}
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < args.seconds:
-            kind, data = _frame(s)
-            if kind == 2:
-                s.sendall(b"REQ " + data[10:26] + b" 3600000\n")
-                time.sleep(1 / args.rate)
-        el = time.monotonic() - t0
-        cpu = {i: 100 * (b.cpu_s() - cpu0[i]) / el for i, b in nodes.items()}
-        v1, b1 = shipping()
-        return cpu, v1 - v0, (b1 - b0) / el
+        return window(args, nodes, shipping,
+                      lambda: s.sendall(b"REQ " + next_message(s) + b" 3600000\n"))
 
 
 def churn_in_flight(address: str, args: argparse.Namespace,
                     nodes: dict[int, BrokerProcess],
-                    shipping: Callable[[], tuple[int, int]]
-                    ) -> tuple[dict[int, float], int, float]:
-    """``churn`` with ``--in-flight`` messages in flight and a FIN (then a delivery)
-    every 1/``--rate`` s."""
+                    shipping: Callable[[], tuple[int, int]]) -> Figures:
+    """``--in-flight`` messages in flight (consumers at RDY 2,500), then a FIN and the
+    delivery that follows every 1/``--rate`` s (``window``)."""
     per = 2500
     with _connect(address) as p:
         publish_and_subscribe(p, args.in_flight + EXTRA, 0)
-    conns = []
+    conns: list[socket.socket] = []
     try:
-        held: list[bytes] = []
+        held: deque[bytes] = deque()
         for _ in range(-(-args.in_flight // per)):
             s = _connect(address)
             conns.append(s)
             s.sendall(f"SUB {TOPIC} ch\n".encode())
             assert _frame(s) == (0, b"OK")
             s.sendall(f"RDY {per}\n".encode())
-            got: list[bytes] = []
-            while len(got) < per:
-                kind, data = _frame(s)
-                if kind == 2:
-                    got.append(data[10:26])
+            got = [next_message(s) for _ in range(per)]
             if not held:
-                held = got
-        time.sleep(2)           # the states made of the deliveries above shipped
-        v0, b0 = shipping()
-        cpu0 = {i: b.cpu_s() for i, b in nodes.items()}
-        s = conns[0]
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < args.seconds:
-            s.sendall(b"FIN " + held.pop(0) + b"\n")
-            while True:
-                kind, data = _frame(s)
-                if kind == 2:
-                    held.append(data[10:26])
-                    break
-            time.sleep(1 / args.rate)
-        el = time.monotonic() - t0
-        cpu = {i: 100 * (b.cpu_s() - cpu0[i]) / el for i, b in nodes.items()}
-        v1, b1 = shipping()
-        return cpu, v1 - v0, (b1 - b0) / el
+                held.extend(got)
+        first = conns[0]
+
+        def fin_one() -> None:
+            first.sendall(b"FIN " + held.popleft() + b"\n")
+            held.append(next_message(first))
+        return window(args, nodes, shipping, fin_one)
     finally:
         for s in conns:
             s.close()
