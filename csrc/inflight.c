@@ -279,3 +279,12 @@ int nsqf_sort_order(int64_t *keys, int32_t *order, int64_t *tk, int32_t *tv, int
         radix(keys, order, tk, tv, n);
     return in_order;
 }
+
+void nsqf_gather_i32(const int32_t *table, int64_t ntable, const int32_t *idx,
+                     int32_t *out, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        int32_t k = idx[i];
+        out[i] = k >= 0 && k < ntable ? table[k] : 0;
+    }
+}

@@ -372,4 +372,10 @@ void nsqf_sort_pairs(int64_t *keys, int32_t *vals, int64_t *tk, int32_t *tv, int
  * keys were in order already (order is then 0, 1, ...; nothing was moved), else 0. */
 int nsqf_sort_order(int64_t *keys, int32_t *order, int64_t *tk, int32_t *tv, int64_t n);
 
+/* out[i] = table[idx[i]] for each of the n indexes (0 for an index outside the
+ * ntable entries): a table's dump of slots turned into a value of each slot's flight
+ * (its attempts, for a channel state's entries) without a Python object per entry. */
+void nsqf_gather_i32(const int32_t *table, int64_t ntable, const int32_t *idx,
+                     int32_t *out, int64_t n);
+
 #endif /* NSQFRAME_H */

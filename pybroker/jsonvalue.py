@@ -259,6 +259,11 @@ class PartTexts:
     def begin(self) -> None:
         self._next = {}
 
+    def last_part(self, key: object) -> Sequence[Any] | None:
+        """The part of this key the last encoding met (its text kept), or None."""
+        got = self._last.get(key)
+        return None if got is None else got.part
+
     def text(self, part: Sequence[Any]) -> tuple[_Text, bool]:
         """The part's items as JSON (without the brackets), and whether it was
         encoded now (else kept from the last encoding). A part with a ``key``
@@ -290,10 +295,15 @@ class KeyedPart(tuple):  # type: ignore[type-arg]
     ``key`` rather than by its identity (PartTexts)."""
 
     key: object
+    # what its items are made from, as bytes, when its maker says (None: not said):
+    # a maker that finds the part kept for its key has this ``sig`` gives that part
+    # again instead of making the items (core/lifecycle.py ``pending_chunks``)
+    sig: bytes | None
 
     def __new__(cls, items: Iterable[Any], key: object) -> KeyedPart:
         self = super().__new__(cls, items)
         self.key = key
+        self.sig = None
         return self
 
 

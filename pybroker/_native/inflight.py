@@ -29,6 +29,7 @@ _C = BACKEND == "c" and hasattr(_lib, "nsqf_if_fin")
 _SORT = _C and hasattr(_lib, "nsqf_sort_from")
 _SORT_PAIRS = _C and hasattr(_lib, "nsqf_sort_pairs")
 _SORT_ORDER = _C and hasattr(_lib, "nsqf_sort_order")
+_GATHER = _C and hasattr(_lib, "nsqf_gather_i32")
 MIN_CAP = 64          # table entries of a new table (a power of two)
 SMALL = 8             # at most this many flights or FINs: one call each, no arrays
 SHRINK_FROM = 4096    # a table this large or larger shrinks when 1/16 full
@@ -94,6 +95,22 @@ def sort_pairs(keys: array.array[int], vals: array.array[int]) -> None:
         return
     _lib.nsqf_sort_pairs(_ffi.from_buffer("int64_t[]", keys), _ffi.from_buffer("int32_t[]", vals),
                          _ffi.new("int64_t[]", n), _ffi.new("int32_t[]", n), n)
+
+
+def gather(table: array.array[int], idx: array.array[int]) -> array.array[int]:
+    """table[i] for each i of idx, 0 for an i outside the table (int32 arrays, 'i'):
+    one call in C (``nsqf_gather_i32``, the GIL released meanwhile), else a Python
+    pass."""
+    n = len(idx)
+    if not _GATHER:
+        size = len(table)
+        return array.array("i", [table[k] if 0 <= k < size else 0 for k in idx])
+    out = array.array("i", bytes(4 * n))
+    if n:
+        _lib.nsqf_gather_i32(_ffi.from_buffer("int32_t[]", table) if table else _ffi.NULL,
+                             len(table), _ffi.from_buffer("int32_t[]", idx),
+                             _ffi.from_buffer("int32_t[]", out), n)
+    return out
 
 
 def _python_sort(keys: array.array[int]) -> list[int] | None:
@@ -417,6 +434,19 @@ class InFlightCopy(Generic[F]):
         attempts = [0 if f is None else f.attempts for f in self.flights]
         out += [(off, attempts[slot], 0) for off, slot in zip(offs, slots)]
         return out
+
+    def columns(self) -> tuple[array.array[int], array.array[int]]:
+        """The offsets in flight ('q') and the attempts of each ('i'), in no order
+        (the flights of one first, then the table's): ``entries`` as two arrays, with
+        no Python object per entry in the table (its attempts gathered in C)."""
+        offs = array.array("q", self.one)
+        attempts = array.array("i", [f.attempts for f in self.one.values()])
+        offs.frombytes(self.offs)
+        slots = array.array("i")
+        slots.frombytes(self.slots)
+        of_slot = array.array("i", [0 if f is None else f.attempts for f in self.flights])
+        attempts += gather(of_slot, slots)
+        return offs, attempts
 
 
 class InFlight(Generic[F]):

@@ -474,8 +474,7 @@ class Replica:
             for gone in [n for n in texts if n not in self.topic.channels]:
                 del texts[gone]
             memo = texts.setdefault(name, PartTexts())
-            full = cast("ChannelState", dict(st))
-            full["pending"] = list(st["pending"])
+            full = cast("ChannelState", dict(st))     # (st stays as the loop made it)
             deferred_states(full, deferred, memo)
             floor = state_floor(full)
             # in pieces, never joined: 35 MB of states (1,000,000 deferred messages)

@@ -41,10 +41,11 @@ import bisect
 import threading
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from itertools import repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from pybroker._native.inflight import InFlight, sort_order
+from pybroker._native.inflight import InFlight, sort_order, sort_pairs
 from pybroker.core.deferred import CHUNK_BITS, Chunks, DeferredSet
 from pybroker.core.flight import Consumer, Deferred, Flight, offset_of
 from pybroker.core.skip import Skip
@@ -135,8 +136,8 @@ def deferred_states(state: ChannelState, deferred: Chunks,
     if texts is None:
         state["pending"] = PartedList(state["pending"], deferred)
     else:
-        state["pending"] = PartedList((), [*pending_chunks(state["pending"]), *deferred],
-                                      texts)
+        state["pending"] = PartedList((), [*pending_chunks(state["pending"], texts),
+                                           *deferred], texts)
     if isinstance(state.get("deliveries"), MadeLater):
         state["deliveries"] = list(state["deliveries"])
     if isinstance(state.get("skip"), MadeLater):
@@ -152,18 +153,23 @@ class MadeLater(Sequence[Any]):
     take a few. Equal to another MadeLater of an equal key (the loop compares snapshots
     to find a changed one without making either), and to a list of its items."""
 
-    __slots__ = ("key", "_make", "_items")
+    __slots__ = ("key", "make", "_items")
 
     def __init__(self, key: tuple[Any, ...],
                  make: Callable[[tuple[Any, ...]], list[Any]]) -> None:
         self.key = key
-        self._make = make
+        self.make = make
         self._items: list[Any] | None = None
+
+    @property
+    def made(self) -> list[Any] | None:
+        """The items, if made already (else None)."""
+        return self._items
 
     def items(self) -> list[Any]:
         got = self._items
         if got is None:
-            got = self._items = self._make(self.key)   # (two threads: the same list)
+            got = self._items = self.make(self.key)   # (two threads: the same list)
         return got
 
     def __len__(self) -> int:
@@ -199,6 +205,18 @@ def _pending_of(key: tuple[Any, ...]) -> list[Any]:
     return out
 
 
+def _pending_columns(key: tuple[Any, ...]) -> tuple[array.array[int], array.array[int]]:
+    """``_pending_of`` as two arrays, in no order: the offsets ('q') and the attempts
+    of each ('i')."""
+    flying, requeued, dying = key
+    offs, attempts = flying.columns()
+    offs.extend([off for off, _, _ in requeued])
+    attempts.extend([a for _, a, _ in requeued])
+    offs.extend(dying)
+    attempts.extend(dying.values())
+    return offs, attempts
+
+
 def _skip_of(key: tuple[Any, ...]) -> list[Any]:
     """A snapshot's ``skip``: the offsets of its copy (``Skip.copy``)."""
     return key[0].tolist()  # type: ignore[no-any-return]
@@ -214,14 +232,26 @@ def _deliveries_of(key: tuple[Any, ...]) -> list[Any]:
             for off, (a, b) in times.items()]
 
 
-def pending_chunks(entries: Iterable[Sequence[int]]) -> list[KeyedPart]:
+def pending_chunks(entries: Iterable[Sequence[int]],
+                   texts: PartTexts | None = None) -> list[KeyedPart]:
     """A state's pending entries but the deferred ones (in flight, requeued, dying),
     sorted and cut by offset into the chunks the deferred ones are kept in (CHUNK
     offsets each), each keyed by its chunk and kind (``jsonvalue.KeyedPart``). So the
     storage thread encodes again, and a leader ships again, only the chunks whose
     entries changed since the last encoding: a replicated channel holding 100,000 in
     flight, a few FINs a second, had its leader ship the whole list five times a
-    second (15 MB/s to two followers)."""
+    second (15 MB/s to two followers).
+
+    A snapshot's own entries (a MadeLater of ``_pending_of``) are taken as two arrays
+    instead (``_pending_columns``), and with ``texts`` a chunk whose offsets and
+    attempts are those of the part the last encoding kept for its key is that part
+    again: only the chunks that changed are made as Python tuples. Made whole at each
+    version, 250,000 in flight cost a leader's storage thread 30% of a core (five
+    versions a second)."""
+    if isinstance(entries, MadeLater) and entries.make is _pending_of \
+            and entries.made is None:
+        offs, attempts = _pending_columns(entries.key)
+        return _column_chunks(offs, attempts, texts)
     listed = entries if isinstance(entries, list) else list(entries)
     n = len(listed)
     # sorted in C by offset, with each entry's index: a sort of the entries by Python
@@ -240,6 +270,32 @@ def pending_chunks(entries: Iterable[Sequence[int]]) -> list[KeyedPart]:
         k = offs[i] >> CHUNK_BITS
         j = bisect.bisect_left(offs, (k + 1) << CHUNK_BITS, i)
         out.append(KeyedPart(items[i:j], ("pending", k)))
+        i = j
+    return out
+
+
+def _column_chunks(offs: array.array[int], attempts: array.array[int],
+                   texts: PartTexts | None) -> list[KeyedPart]:
+    """``pending_chunks`` of entries (offset, attempts, 0) given as two arrays in no
+    order: sorted in C, and each chunk made as tuples only when the part kept for its
+    key has other offsets or attempts (``KeyedPart.sig``: their bytes)."""
+    sort_pairs(offs, attempts)
+    ob, ab = memoryview(offs).cast("B"), memoryview(attempts).cast("B")
+    n = len(offs)
+    out: list[KeyedPart] = []
+    i = 0
+    while i < n:
+        k = offs[i] >> CHUNK_BITS
+        j = bisect.bisect_left(offs, (k + 1) << CHUNK_BITS, i)
+        key = ("pending", k)
+        sig = ob[8 * i:8 * j].tobytes() + ab[4 * i:4 * j].tobytes()
+        last = texts.last_part(key) if texts is not None else None
+        if isinstance(last, KeyedPart) and last.sig == sig:
+            out.append(last)
+        else:
+            part = KeyedPart(zip(offs[i:j], attempts[i:j], repeat(0, j - i)), key)
+            part.sig = sig
+            out.append(part)
         i = j
     return out
 

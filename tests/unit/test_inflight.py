@@ -344,3 +344,33 @@ def test_the_order_that_sorts_a_list_by_its_offsets(
             else:
                 assert order is not None and list(order) == want
                 assert list(a) == [keys[i] for i in want]
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_a_copys_columns_are_its_entries_as_two_arrays(
+        pure: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gather`` (nsqf_gather_i32, else a Python pass): each index's value, 0 for one
+    outside the table; ``InFlightCopy.columns``: the offsets and attempts of
+    ``entries``, as arrays (the table's attempts gathered by slot)."""
+    import random
+    if not pure and not mod._GATHER:
+        pytest.skip("the compiled module is not built")
+    if pure:
+        monkeypatch.setattr(mod, "_GATHER", False)
+    rnd = random.Random(17)
+    for size in (0, 1, 7, 5000):
+        table = array.array("i", [rnd.randrange(-(1 << 31), 1 << 31) for _ in range(size)])
+        idx = array.array("i", [rnd.randrange(-3, size + 3) for _ in range(2000)])
+        want = [table[k] if 0 <= k < size else 0 for k in idx]
+        assert list(mod.gather(table, idx)) == want
+        assert list(mod.gather(table, array.array("i"))) == []
+    t: InFlight[F] = InFlight(pure=pure)
+    t.add_flights([F(CLIENTS[k % 2], 50_000 - k * 9, 4, 1 + k % 7) for k in range(300)])
+    t.add_flights([F(CLIENTS[0], 90_000 + k, 1, 2 + k % 3) for k in range(40)])
+    for off in list(t)[::5]:
+        t.pop(off)                  # holes in the flights, and flights of one gone
+    copy = t.copy()
+    offs, attempts = copy.columns()
+    assert offs.typecode == "q" and attempts.typecode == "i"
+    assert sorted(zip(offs, attempts, [0] * len(offs))) == sorted(copy.entries())
+    assert len(offs) == len(copy) > 0
