@@ -314,6 +314,69 @@ def test_a_snapshots_entries_are_made_only_for_the_chunks_that_changed(
     assert memo.made == made
 
 
+class PendingColumnsModel(RuleBasedStateMachine):
+    """Messages put in flight (flights of one and of many), finished, requeued and
+    dying, at random, and the state encoded after each step from a snapshot's
+    MadeLater (the columns and the parts kept from the last encoding) and from the
+    list it stands for, afresh: the two always write the same JSON and floor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from pybroker._native.inflight import InFlight
+        from pybroker.core.flight import Flight
+        self.flight = Flight
+        self.t: InFlight[Any] = InFlight()
+        self.requeued: dict[int, int] = {}
+        self.dying: dict[int, int] = {}
+        self.memo = PartTexts()
+
+    def _free(self, first: int, n: int) -> bool:
+        return not any(o in self.t or o in self.requeued or o in self.dying
+                       for o in range(first, first + n))
+
+    @rule(first=st.integers(0, 6 * CHUNK), n=st.sampled_from([1, 1, 3, 40]),
+          attempts=st.integers(1, 70_000))
+    def deliver(self, first: int, n: int, attempts: int) -> None:
+        if self._free(first, n):
+            self.t.add_flights([self.flight(None, first, n, min(attempts, 65_535), 0)])
+
+    @precondition(lambda self: len(self.t) > 0)
+    @rule(data=st.data(), to=st.sampled_from(["fin", "requeue", "dying"]))
+    def finish(self, data: st.DataObject, to: str) -> None:
+        off = data.draw(st.sampled_from(sorted(self.t)))
+        f, _ = self.t.pop(off)
+        if to == "requeue":
+            self.requeued[off] = f.attempts
+        elif to == "dying":
+            self.dying[off] = f.attempts
+
+    @precondition(lambda self: len(self.requeued) > 0)
+    @rule(data=st.data())
+    def redeliver(self, data: st.DataObject) -> None:
+        off = data.draw(st.sampled_from(sorted(self.requeued)))
+        a = self.requeued.pop(off)
+        self.t.add_flights([self.flight(None, off, 1, min(a + 1, 65_535), 0)])
+
+    @rule()
+    def encode(self) -> None:
+        from pybroker.core.lifecycle import MadeLater, _pending_of
+        key = (self.t.copy(), tuple((o, a, 0) for o, a in self.requeued.items()),
+               dict(self.dying))
+        got, want = [], []
+        for pending, memo in ((MadeLater(key, _pending_of), self.memo),
+                              (_pending_of(key), PartTexts())):
+            state: ChannelState = {"cursor": 7 * CHUNK, "pending": pending}
+            deferred_states(state, (), memo)
+            (got if memo is self.memo else want).append(
+                (b"".join(dumps_keyed(state, memo).pieces), state_floor(state)))
+        assert got == want
+
+
+TestPendingColumns = PendingColumnsModel.TestCase
+TestPendingColumns.settings = settings(max_examples=40, stateful_step_count=40,
+                                       deadline=None)
+
+
 def test_the_floor_looks_through_every_chunk_of_the_lowest_range() -> None:
     """A chunk of deferred messages and one of the others in the same range of
     offsets: the floor is the lowest of both, whichever chunk's first entry is lower."""
