@@ -5,6 +5,7 @@ min-insync 2 (a real etcd, ``$ETCD`` or ``etcd`` on PATH), and nsqd as a referen
 
     python loadtest/bench_replication.py [--seconds 3] [--runs 3] [--connections 4]
                                          [--depth 1] [--size 200] [--batch 100]
+                                         [--writer python|bench_writer]
                                          [--durability memory|fsync] [--failovers 3]
                                          [--handovers 0]
                                          [--lease-ttl 3s] [--nsqd PATH | --no-nsqd]
@@ -61,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_durability import build_command, publish_for  # noqa: E402
+from bench_io import _tool  # noqa: E402
 
 from pybroker.bench.brokers import BrokerProcess  # noqa: E402
 from pybroker.config import split_hostport  # noqa: E402
@@ -207,6 +209,20 @@ class ClusterSetting:
             b.stop()
 
 
+def publish(args: argparse.Namespace, scenario: str, b: BrokerProcess, topic: str,
+            seconds: float) -> tuple[int, float]:
+    """Publish to ``topic`` on b for ``seconds`` (``--writer``): messages, seconds."""
+    if args.writer == "bench_writer":
+        batch = 1 if scenario == "PUB" else args.batch
+        rate, dur = _tool(["bench_writer", f"--nsqd-tcp-address={b.tcp_address}",
+                           f"--topic={topic}", f"--runfor={seconds}s", f"--size={args.size}",
+                           f"--batch-size={batch}"], seconds, args.connections)
+        return round(rate * dur), dur
+    cmd, per = build_command(scenario, topic, args.size, args.batch)
+    return publish_for(split_hostport(b.tcp_address), cmd, per, args.connections,
+                       args.depth, seconds)
+
+
 def throughput(args: argparse.Namespace, settings: dict[str, Any]) -> None:
     results: dict[tuple[str, str], list[tuple[float, float, float, float]]] = {}
     for run in range(args.runs):
@@ -220,17 +236,15 @@ def throughput(args: argparse.Namespace, settings: dict[str, Any]) -> None:
                     _post(b, "/topic/create?" + urllib.parse.urlencode({"topic": topic}))
                     _post(b, "/channel/create?" + urllib.parse.urlencode(
                         {"topic": topic, "channel": "ch"}))
-                cmd, per = build_command(scenario, topic, args.size, args.batch)
-                addr = split_hostport(b.tcp_address)
-                publish_for(addr, cmd, per, args.connections, args.depth, args.warmup)
+                publish(args, scenario, b, topic, args.warmup)
                 all0 = s.cpu_s() if isinstance(s, ClusterSetting) else b.cpu_s()
                 cpu0 = b.cpu_s()
                 me0 = os.times()
-                n, elapsed = publish_for(addr, cmd, per, args.connections, args.depth,
-                                         args.seconds)
+                n, elapsed = publish(args, scenario, b, topic, args.seconds)
                 me1 = os.times()
                 cpu = b.cpu_s() - cpu0
-                client = (me1.user - me0.user) + (me1.system - me0.system)
+                # this process's threads, or the bench_writer it ran (a child)
+                client = sum(me1[k] - me0[k] for k in range(4))
                 allc = (s.cpu_s() if isinstance(s, ClusterSetting) else b.cpu_s()) - all0
                 results.setdefault((scenario, name), []).append(
                     (n / elapsed, 1e6 * cpu / max(n, 1), 1e6 * allc / max(n, 1),
@@ -239,7 +253,7 @@ def throughput(args: argparse.Namespace, settings: dict[str, Any]) -> None:
                      topic)
                 print(f"  run {run + 1} {scenario:4} {name:22} {n / elapsed:10.0f} msg/s",
                       flush=True)
-    print(f"\nthroughput ({args.connections} connections, depth {args.depth}, "
+    print(f"\nthroughput ({args.writer}, {args.connections} connections, depth {args.depth}, "
           f"{args.size} B, MPUB of {args.batch}, durability {args.durability}; "
           f"median of {args.runs})")
     cores = os.cpu_count() or 1
@@ -388,6 +402,9 @@ def main() -> None:
     p.add_argument("--size", type=int, default=200)
     p.add_argument("--batch", type=int, default=100)
     p.add_argument("--durability", choices=("memory", "fsync"), default="memory")
+    p.add_argument("--writer", choices=("python", "bench_writer"), default="python",
+                   help="the load generator: this process's threads, or nsq's "
+                        "bench_writer (GOMAXPROCS=--connections, --depth 1)")
     p.add_argument("--failovers", type=int, default=3)
     p.add_argument("--handovers", type=int, default=0,
                    help="rounds of the leader's log writes failing (a test fault plan)")
@@ -398,6 +415,12 @@ def main() -> None:
     args = p.parse_args()
     if not args.etcd:
         sys.exit("no etcd (apt install etcd-server, or --etcd PATH)")
+    if args.writer == "bench_writer":
+        if not shutil.which("bench_writer"):
+            sys.exit("no bench_writer on PATH (. ../shared/nsq/env.sh)")
+        if args.depth != 1:
+            sys.exit("--writer bench_writer has one command in flight a connection: "
+                     "--depth 1")
     etcd = Etcd(args.etcd)
     settings: dict[str, Any] = {}
     try:

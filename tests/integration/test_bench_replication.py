@@ -76,6 +76,31 @@ def test_a_short_run_prints_the_table() -> None:
                      proc.stdout, re.M), proc.stdout[-2000:]
 
 
+def test_a_short_run_with_nsqs_bench_writer_prints_the_table() -> None:
+    """``--writer bench_writer``: nsq's own load generator publishes (its CPU counted
+    as the client's), and a --depth it cannot keep is refused with a clear message."""
+    etcd = require_program("etcd", "to coordinate the bench's cluster (apt install "
+                           "etcd-server)")
+    require_program("bench_writer", "nsq's load generator (. ../shared/nsq/env.sh)")
+    base = [sys.executable, str(BENCH), "--runs", "1", "--seconds", "0.5", "--warmup",
+            "0.2", "--failovers", "0", "--no-nsqd", "--etcd", etcd, "--writer",
+            "bench_writer", "--connections", "2"]
+    proc = subprocess.run(base + ["--depth", "2"], capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert proc.returncode != 0 and "--depth 1" in proc.stderr, proc.stderr
+    proc = subprocess.run(base, capture_output=True, text=True, timeout=140, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "throughput (bench_writer, 2 connections" in proc.stdout, proc.stdout
+    rows = {(m.group(1), m.group(2)): (float(m.group(3)), float(m.group(4)))
+            for m in re.finditer(r"^(PUB|MPUB)\s+pybroker (single node|RF3 insync2)\s+"
+                                 r"(\d+)\s+\S+\s+\S+\s+\S+\s+\S+\s+([\d.]+)",
+                                 proc.stdout, re.M)}
+    assert set(rows) == {(s, n) for s in ("PUB", "MPUB")
+                         for n in ("single node", "RF3 insync2")}, proc.stdout
+    # messages published, and bench_writer's CPU (a child process) counted as the client's
+    assert all(rate > 0 and client > 0 for rate, client in rows.values()), rows
+
+
 def test_a_short_takeover_run_prints_its_figures() -> None:
     """loadtest/bench_takeover.py, one run with states large enough to be built in
     steps (over 64 KB): the longest round trip and the build's time are printed."""
