@@ -295,11 +295,94 @@ static uint32_t get_u32(const uint8_t *p)
            (uint32_t)p[3];
 }
 
-/* CRC-32 as zlib computes it (crc32(0, p, n)), slicing by 8. */
-static uint32_t crc32_of(const uint8_t *p, size_t n)
-{
-    uint32_t c = 0xFFFFFFFFu;
+/* CRC-32 by carry-less multiplication (x86-64 with PCLMULQDQ and SSE4.1, chosen at
+ * run time): the buffer is folded 64 bytes a step into four 128-bit lanes, the lanes
+ * into one, then 16 bytes a step, and the 128 bits left are reduced to the 32-bit
+ * remainder (Barrett). The method is Intel's "Fast CRC Computation for Generic
+ * Polynomials Using PCLMULQDQ Instruction" (2009), in its bit-reflected form. Each
+ * constant follows from zlib's polynomial P = 0x104C11DB7 alone: FOLD(e) is x^e mod P,
+ * its 32 bits reflected, shifted left by one (so FOLD(544) = 0x154442BD4); P_R is P
+ * reflected over 33 bits and MU_R floor(x^64 / P) reflected over 33 bits
+ * (tests/unit/test_crc32.py derives them again). About three to four times the
+ * sliced tables' speed on a 200-byte record. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define NSQF_CLMUL 1
 
+#define FOLD_512_PLUS_32 0x154442BD4ull   /* fold by four lanes: 4 * 128 + 32 */
+#define FOLD_512_MINUS_32 0x1C6E41596ull  /*                     4 * 128 - 32 */
+#define FOLD_128_PLUS_32 0x1751997D0ull   /* fold by one lane:   128 + 32 */
+#define FOLD_128_MINUS_32 0x0CCAA009Eull  /*                     128 - 32 */
+#define FOLD_64 0x163CD6124ull            /* 64 bits to 32: x^64 */
+#define P_R 0x1DB710641ull
+#define MU_R 0x1F7011641ull
+
+__attribute__((target("pclmul,sse4.1")))
+static inline __m128i clmul_fold(__m128i acc, __m128i k, __m128i next)
+{
+    /* acc's low half times k's low, its high half times k's high, and the next 16
+     * bytes: acc moved 128 bits further on, modulo P */
+    return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(acc, k, 0x00),
+                                       _mm_clmulepi64_si128(acc, k, 0x11)), next);
+}
+
+/* The CRC register (not inverted) after n bytes of p, n >= 64 and a multiple of 16. */
+__attribute__((target("pclmul,sse4.1")))
+static uint32_t crc32_clmul(const uint8_t *p, size_t n, uint32_t c)
+{
+    const __m128i by4 = _mm_set_epi64x((long long)FOLD_512_MINUS_32,
+                                       (long long)FOLD_512_PLUS_32);
+    const __m128i by1 = _mm_set_epi64x((long long)FOLD_128_MINUS_32,
+                                       (long long)FOLD_128_PLUS_32);
+    const __m128i low32 = _mm_set_epi32(0, -1, 0, -1);
+    __m128i a = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_cvtsi32_si128((int)c));
+    __m128i b = _mm_loadu_si128((const __m128i *)(p + 16));
+    __m128i d = _mm_loadu_si128((const __m128i *)(p + 32));
+    __m128i e = _mm_loadu_si128((const __m128i *)(p + 48));
+    size_t at = 64;
+
+    for (; at + 64 <= n; at += 64) {
+        a = clmul_fold(a, by4, _mm_loadu_si128((const __m128i *)(p + at)));
+        b = clmul_fold(b, by4, _mm_loadu_si128((const __m128i *)(p + at + 16)));
+        d = clmul_fold(d, by4, _mm_loadu_si128((const __m128i *)(p + at + 32)));
+        e = clmul_fold(e, by4, _mm_loadu_si128((const __m128i *)(p + at + 48)));
+    }
+    a = clmul_fold(a, by1, b);
+    a = clmul_fold(a, by1, d);
+    a = clmul_fold(a, by1, e);
+    for (; at + 16 <= n; at += 16)
+        a = clmul_fold(a, by1, _mm_loadu_si128((const __m128i *)(p + at)));
+
+    /* 128 bits to 64: the low half times x^(128-32), on the high half */
+    a = _mm_xor_si128(_mm_srli_si128(a, 8), _mm_clmulepi64_si128(a, by1, 0x10));
+    /* 64 to 32: the low 32 bits times x^64, on the rest */
+    a = _mm_xor_si128(_mm_srli_si128(a, 4),
+                      _mm_clmulepi64_si128(_mm_and_si128(a, low32),
+                                           _mm_cvtsi64_si128((long long)FOLD_64), 0x00));
+    /* Barrett: q = (low 32 bits * MU) mod x^32, remainder = a ^ q * P */
+    {
+        const __m128i pm = _mm_set_epi64x((long long)MU_R, (long long)P_R);
+        __m128i q = _mm_and_si128(_mm_clmulepi64_si128(_mm_and_si128(a, low32), pm, 0x10),
+                                  low32);
+        a = _mm_xor_si128(a, _mm_clmulepi64_si128(q, pm, 0x00));
+    }
+    return (uint32_t)_mm_extract_epi32(a, 1);
+}
+
+static int clmul_ok = -1;   /* unknown until the first CRC of 64 bytes or more */
+static int crc_use_clmul = 1;
+
+static int have_clmul(void)
+{
+    if (clmul_ok < 0)       /* (a race writes the same answer) */
+        clmul_ok = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    return clmul_ok;
+}
+#endif
+
+/* The CRC register after n bytes of p, the sliced tables (8 bytes a step). */
+static uint32_t crc32_tables(const uint8_t *p, size_t n, uint32_t c)
+{
     while (n >= 8) {
         uint32_t lo = c ^ ((uint32_t)p[0] | ((uint32_t)p[1] << 8) |
                            ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24));
@@ -314,7 +397,39 @@ static uint32_t crc32_of(const uint8_t *p, size_t n)
     }
     while (n--)
         c = crc_table[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
-    return c ^ 0xFFFFFFFFu;
+    return c;
+}
+
+/* CRC-32 as zlib computes it (crc32(0, p, n)). */
+static uint32_t crc32_of(const uint8_t *p, size_t n)
+{
+    uint32_t c = 0xFFFFFFFFu;
+#ifdef NSQF_CLMUL
+    if (n >= 64 && crc_use_clmul && have_clmul()) {
+        size_t whole = n & ~(size_t)15;
+        c = crc32_clmul(p, whole, c);
+        p += whole;
+        n -= whole;
+    }
+#endif
+    return crc32_tables(p, n, c) ^ 0xFFFFFFFFu;
+}
+
+uint32_t nsqf_crc32(const uint8_t *p, size_t n)
+{
+    return crc32_of(p, n);
+}
+
+int nsqf_crc_clmul(int use)
+{
+#ifdef NSQF_CLMUL
+    if (use >= 0)
+        crc_use_clmul = use;
+    return crc_use_clmul && have_clmul();
+#else
+    (void)use;
+    return 0;
+#endif
 }
 
 static const char HEX[] = "0123456789abcdef";
