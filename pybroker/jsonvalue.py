@@ -295,7 +295,8 @@ class KeyedPart(tuple):  # type: ignore[type-arg]
     ``key`` rather than by its identity (PartTexts)."""
 
     key: object
-    # what its items are made from, as bytes, when its maker says (None: not said):
+    # what its items are made from, as bytes, when its maker says (None: not said; 12
+    # bytes an entry for a channel's pending chunks, kept with the text in PartTexts):
     # a maker that finds the part kept for its key has this ``sig`` gives that part
     # again instead of making the items (core/lifecycle.py ``pending_chunks``)
     sig: bytes | None
