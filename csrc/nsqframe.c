@@ -374,8 +374,10 @@ static int crc_use_clmul = 1;
 
 static int have_clmul(void)
 {
-    if (clmul_ok < 0)       /* (a race writes the same answer) */
+    if (clmul_ok < 0) {     /* (a race writes the same answer) */
+        __builtin_cpu_init();   /* (idempotent; needed where no constructor ran it) */
         clmul_ok = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    }
     return clmul_ok;
 }
 #endif
