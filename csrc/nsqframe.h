@@ -375,6 +375,9 @@ int nsqf_sort_order(int64_t *keys, int32_t *order, int64_t *tk, int32_t *tv, int
 /* out[i] = table[idx[i]] for each of the n indexes (0 for an index outside the
  * ntable entries): a table's dump of slots turned into a value of each slot's flight
  * (its attempts, for a channel state's entries) without a Python object per entry. */
+void nsqf_gather_i32(const int32_t *table, int64_t ntable, const int32_t *idx,
+                     int32_t *out, int64_t n);
+
 /* CRC-32 as zlib.crc32 computes it: by carry-less multiplication where the CPU has it
  * (x86-64 with PCLMULQDQ and SSE4.1) and the buffer is 64 bytes or more, else by
  * tables sliced by 8; every record's checksum is made and checked this way. */
@@ -383,8 +386,5 @@ uint32_t nsqf_crc32(const uint8_t *p, size_t n);
 /* Whether CRCs use carry-less multiplication now (1) or the tables (0); use >= 0
  * first turns that way on or off (the tests compare the two), -1 only asks. */
 int nsqf_crc_clmul(int use);
-
-void nsqf_gather_i32(const int32_t *table, int64_t ntable, const int32_t *idx,
-                     int32_t *out, int64_t n);
 
 #endif /* NSQFRAME_H */
