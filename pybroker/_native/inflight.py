@@ -431,8 +431,7 @@ class InFlightCopy(Generic[F]):
         there)."""
         out = [(off, f.attempts, 0) for off, f in self.one.items()]
         offs, slots = sorted_pairs(self.offs, self.slots)
-        attempts = [0 if f is None else f.attempts for f in self.flights]
-        out += [(off, attempts[slot], 0) for off, slot in zip(offs, slots)]
+        out += zip(offs, gather(self._slot_attempts(), slots), itertools.repeat(0))
         return out
 
     def columns(self) -> tuple[array.array[int], array.array[int]]:
@@ -444,9 +443,12 @@ class InFlightCopy(Generic[F]):
         offs.frombytes(self.offs)
         slots = array.array("i")
         slots.frombytes(self.slots)
-        of_slot = array.array("i", [0 if f is None else f.attempts for f in self.flights])
-        attempts += gather(of_slot, slots)
+        attempts += gather(self._slot_attempts(), slots)
         return offs, attempts
+
+    def _slot_attempts(self) -> array.array[int]:
+        """The attempts of each slot's flight (0 for a free slot)."""
+        return array.array("i", [0 if f is None else f.attempts for f in self.flights])
 
 
 class InFlight(Generic[F]):

@@ -264,14 +264,17 @@ def pending_chunks(entries: Iterable[Sequence[int]],
         offs.extend([e[0] for e in listed[at:at + ARRAY_SLICE]])
     order = sort_order(offs)
     items = listed if order is None else [listed[i] for i in order]
-    out: list[KeyedPart] = []
-    i = 0
+    return [KeyedPart(items[i:j], key) for key, i, j in _chunk_spans(offs)]
+
+
+def _chunk_spans(offs: array.array[int]) -> Iterator[tuple[tuple[str, int], int, int]]:
+    """Of sorted offsets, each chunk's key and its [i, j) (one bisection a chunk)."""
+    i, n = 0, len(offs)
     while i < n:
         k = offs[i] >> CHUNK_BITS
         j = bisect.bisect_left(offs, (k + 1) << CHUNK_BITS, i)
-        out.append(KeyedPart(items[i:j], ("pending", k)))
+        yield ("pending", k), i, j
         i = j
-    return out
 
 
 def _column_chunks(offs: array.array[int], attempts: array.array[int],
@@ -281,13 +284,8 @@ def _column_chunks(offs: array.array[int], attempts: array.array[int],
     key has other offsets or attempts (``KeyedPart.sig``: their bytes)."""
     sort_pairs(offs, attempts)
     ob, ab = memoryview(offs).cast("B"), memoryview(attempts).cast("B")
-    n = len(offs)
     out: list[KeyedPart] = []
-    i = 0
-    while i < n:
-        k = offs[i] >> CHUNK_BITS
-        j = bisect.bisect_left(offs, (k + 1) << CHUNK_BITS, i)
-        key = ("pending", k)
+    for key, i, j in _chunk_spans(offs):
         sig = ob[8 * i:8 * j].tobytes() + ab[4 * i:4 * j].tobytes()
         last = texts.last_part(key) if texts is not None else None
         if isinstance(last, KeyedPart) and last.sig == sig:
@@ -296,7 +294,6 @@ def _column_chunks(offs: array.array[int], attempts: array.array[int],
             part = KeyedPart(zip(offs[i:j], attempts[i:j], repeat(0, j - i)), key)
             part.sig = sig
             out.append(part)
-        i = j
     return out
 
 
