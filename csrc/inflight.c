@@ -288,3 +288,23 @@ void nsqf_gather_i32(const int32_t *table, int64_t ntable, const int32_t *idx,
         out[i] = k >= 0 && k < ntable ? table[k] : 0;
     }
 }
+
+int64_t nsqf_intersect_i64(const int64_t *a, int64_t na, const int64_t *b,
+                           const int64_t *vb, int64_t nb, int64_t *out_k, int64_t *out_v)
+{
+    int64_t i = 0, j = 0, n = 0;
+    while (i < na && j < nb) {
+        if (a[i] < b[j]) {
+            i++;
+        } else if (a[i] > b[j]) {
+            j++;
+        } else {
+            out_k[n] = a[i];
+            out_v[n] = vb[j];
+            n++;
+            i++;
+            j++;
+        }
+    }
+    return n;
+}

@@ -378,6 +378,13 @@ int nsqf_sort_order(int64_t *keys, int32_t *order, int64_t *tk, int32_t *tv, int
 void nsqf_gather_i32(const int32_t *table, int64_t ntable, const int32_t *idx,
                      int32_t *out, int64_t n);
 
+/* The keys of a (na of them, ascending, each once) that b (nb, ascending, each once)
+ * holds too, in out_k, and beside each the value vb has for it in b, in out_v (room
+ * for the smaller of na and nb in each): one merge, linear in na + nb (a channel's
+ * skipped offsets against its topic's DPUBs). Returns how many. */
+int64_t nsqf_intersect_i64(const int64_t *a, int64_t na, const int64_t *b,
+                           const int64_t *vb, int64_t nb, int64_t *out_k, int64_t *out_v);
+
 /* CRC-32 as zlib.crc32 computes it: by carry-less multiplication where the CPU has it
  * (x86-64 with PCLMULQDQ and SSE4.1) and the buffer is 64 bytes or more, else by
  * tables sliced by 8; every record's checksum is made and checked this way. */

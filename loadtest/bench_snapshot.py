@@ -33,6 +33,13 @@ through, LEAVE_STEP messages requeued; the first with ``leave``) and how many tu
 it took; ``one turn (before)``, a pass and a requeue per consumer in one turn, as
 before, for reference.
 
+Then ``rewind(0)`` over ``--in-flight`` messages held elsewhere: ``requeued`` (each
+REQ'd at once, behind the queue) and ``deferred`` (each REQ'd for an hour).
+
+Then a channel that read ``--in-flight`` DPUBs an hour away (each deferred by it),
+rewound to 0: the first /stats after the rewind (``first``: depth and deferred count,
+which find the DPUBs among the rewind's ``skip``) and the next one (``next``).
+
 Then a topic holding ``--dpubs`` DPUBs an hour away, not yet read by its channel
 (core/dpubs.py): ``stats``, the channel's depth and deferred count as /stats reads them
 on the owner loop; ``counted`` (before, for reference), those DPUBs counted one by one;
@@ -174,6 +181,8 @@ def main() -> None:
         print(f"{shape:8s} " + " ".join(f"{c:>20s}" for c in cells)
               + f" {emptied:9.1f} {freed:9.1f}")
     leaving(args.in_flight, args.runs)
+    rewind_held(args.in_flight, args.runs)
+    rewound_dpubs(args.in_flight, args.runs)
     if args.dpubs:
         dpubs(args.dpubs, args.runs)
 
@@ -236,6 +245,59 @@ def leaving(n: int, runs: int) -> None:
                  for v in (rows["leave"], rows["longest"])]
         print(f"{shape:8s} " + " ".join(f"{c:>18s}" for c in cells)
               + f" {steps:6d} {rows['before'][0]:20.1f}")
+
+
+def rewind_held(n: int, runs: int) -> None:
+    """``rewind(0)`` over n messages requeued (REQ 0, each behind the queue) or deferred
+    (REQ of an hour), every one at or after the offset: each goes to ``skip`` and the
+    requeued ones are made ready at once."""
+    print(f"\nrewind(0) over {n:,} messages held elsewhere; median of {runs} (min-max), ms")
+    for kind, delay in (("requeued", 0), ("deferred", 3600 * S)):
+        ch, _ = fleet(n, "rdy2500")
+        for off in list(ch.in_flight):
+            f = ch.in_flight.get(off)
+            assert f is not None and f.client is not None
+            ch.requeue(f.client, b"%016x" % off, delay, 1, WALL)
+        assert len(ch.requeued if not delay else ch.deferred) == n
+        gc.collect()
+        gc.freeze()
+        took = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            ch.rewind(0)
+            took.append(1e3 * (time.perf_counter() - t0))
+        assert len(ch.skip) == n
+        gc.unfreeze()
+        print(f"{kind:8s} {statistics.median(took):6.1f} ({min(took):.1f}-{max(took):.1f})")
+        del ch
+
+
+def rewound_dpubs(n: int, runs: int) -> None:
+    """A channel that read n DPUBs an hour away (each deferred by it), rewound to 0:
+    the first /stats after the rewind (its depth and deferred count, which find the
+    DPUBs among skip's offsets), and the next ones."""
+    t, ch = published(n, 3600 * S)
+    c = Client(n)
+    ch.add_consumer(c, 0)
+    for _ in range(n):              # each call defers a batch (it sends nothing)
+        if ch.cursor >= n:
+            break
+        ch.dispatch(0, WALL)
+    assert len(ch.deferred) == n
+    gc.collect()
+    gc.freeze()
+    rows: dict[str, list[float]] = {"first": [], "next": []}
+    for _ in range(runs):
+        ch.rewind(0)
+        for key in ("first", "next"):
+            t0 = time.perf_counter()
+            assert ch.depth(WALL) == 0 and ch.deferred_count(WALL) == n
+            rows[key].append(1e3 * (time.perf_counter() - t0))
+    gc.unfreeze()
+    print(f"\n{n:,} DPUBs an hour away, read (deferred) by the channel, then rewind(0): "
+          "/stats's depth and deferred count; median (min-max), ms")
+    print(" ".join(f"{k} {statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})"
+                   for k, v in rows.items()))
 
 
 def dpubs(n: int, runs: int) -> None:

@@ -19,12 +19,14 @@ consumers. The queue-scanner threads call ``expire`` only.
 """
 from __future__ import annotations
 
+import array
 import bisect
 import itertools
 import logging
 import random
 from typing import TYPE_CHECKING
 
+from pybroker._native.inflight import sort_order
 from pybroker.core.deferred import Chunks
 from pybroker.core.flight import Consumer, Deferred, Flight, offset_of
 from pybroker.core.lifecycle import ChannelState, Lifecycle, Litter
@@ -39,6 +41,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Channel", "Consumer", "Deferred", "Flight", "offset_of"]
 
+# skipped DPUBs a sorted block of their deliver-at times covers (_skipped_dpubs): a
+# count walks at most one block and bisects each of the others
+DUE_BLOCK = 4096
 log = logging.getLogger("pybroker")
 # the most records one dispatch reads per consumer turn (bounds the work of one call)
 READ_BATCH = 2500
@@ -81,8 +86,10 @@ class Channel(Lifecycle):
         self._reader: LogReader | None = None
         self._requeue_reader: LogReader | None = None
         # the DPUBs among skip's offsets (_skipped_dpubs): (that skip, the DPUBs'
-        # changes then, their offsets, their deliver-at times)
-        self._skip_dpubs: tuple[Skip, int, list[int], list[int]] | None = None
+        # changes then, their offsets, their deliver-at times, and those times sorted
+        # in blocks of DUE_BLOCK)
+        self._skip_dpubs: tuple[Skip, int, array.array[int], array.array[int],
+                                list[array.array[int]]] | None = None
 
     def __repr__(self) -> str:
         return f"Channel({self.topic_name}/{self.name})"
@@ -185,24 +192,33 @@ class Channel(Lifecycle):
         """How many of skip's offsets are DPUBs not yet due. The DPUBs among them are
         found once per skip (after a rewind or a restore it only loses its head, as
         the cursor passes it) and per change of the topic's DPUBs other than appends,
-        then counted from the cursor on: /stats asks this twice per channel, and a pass
-        over a skip of 250,000 offsets is about 13-25 ms (bounded here to the span of
-        the DPUBs)."""
+        with their deliver-at times also sorted in blocks of DUE_BLOCK; then counted
+        from the cursor on: the block the cursor is in walked, each block after it one
+        bisection. /stats asks this twice per channel: a walk over the times of
+        250,000 skipped DPUBs took 10 ms a call."""
         dp = self.topic.dpubs
         found = self._skip_dpubs
         if found is None or found[0] is not self.skip or found[1] != dp.changes:
             # only skip's offsets within the DPUBs' span are looked up (a rewind's
             # skip is often wholly below DPUBs published since: then none)
             skip = self.skip
-            offs: list[int] = []
+            offs, dues = array.array("q"), array.array("q")
             if dp and skip:
                 lo = max(skip.first(), dp.peekitem(0)[0])
                 hi = min(skip.last(), dp.peekitem(-1)[0])
-                offs = [off for off in skip.between(lo, hi) if off in dp]
-            found = self._skip_dpubs = (self.skip, dp.changes, offs,
-                                        [dp[off] for off in offs])
-        _, _, offs, dues = found
-        return sum(1 for at in dues[bisect.bisect_left(offs, self.cursor):] if at > wall_ns)
+                if lo <= hi:
+                    offs, dues = dp.among(skip.span(lo, hi))
+            blocks = [dues[i:i + DUE_BLOCK] for i in range(0, len(dues), DUE_BLOCK)]
+            for block in blocks:
+                sort_order(block)       # in place, in C
+            found = self._skip_dpubs = (self.skip, dp.changes, offs, dues, blocks)
+        _, _, offs, dues, blocks = found
+        i = bisect.bisect_left(offs, self.cursor)
+        b = i // DUE_BLOCK + 1          # the blocks wholly from the cursor on
+        n = sum(1 for at in dues[i:b * DUE_BLOCK] if at > wall_ns)
+        for block in blocks[b:]:
+            n += len(block) - bisect.bisect_right(block, wall_ns)
+        return n
 
     def depth(self, wall_ns: int) -> int:
         """Queued messages: released and not yet handed out, plus requeued ones (not in
@@ -375,8 +391,8 @@ class Channel(Lifecycle):
                 released = min(released, self.skip.first())
         if self.requeued:
             mark = self.requeued[0][2]
-            if mark <= self.cursor:
-                return 0       # the cursor moved past its mark: the requeued one goes first
+            if mark <= self.cursor or self.ready_head:
+                return 0   # past its mark (or a rewind made it ready): the requeued one first
             released = min(released, mark)   # its turn comes there
         if self.cursor >= released:
             return 0
@@ -453,7 +469,7 @@ class Channel(Lifecycle):
         if reader is None:
             reader = self._requeue_reader = log.cursor(REQUEUE_MIN_READ)
         while self.requeued and sent < room and self.head_ready():
-            off, attempts, _ = self.requeued.popleft()
+            off, attempts, _ = self._pop_requeued()
             popped += 1
             if batch is None or not batch.first <= off < batch.first + batch.n:
                 batch = None

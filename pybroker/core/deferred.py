@@ -23,7 +23,10 @@ changed (other threads read it).
 """
 from __future__ import annotations
 
+import array
 from collections.abc import Generator, Iterator
+
+from pybroker._native.inflight import pack_offsets
 
 from pybroker.core.flight import Deferred
 
@@ -98,6 +101,14 @@ class DeferredSet:
         if not self._chunks:
             return None
         return min(self._chunks[min(self._chunks)])
+
+    def offsets_from(self, offset: int, out: array.array[int]) -> None:
+        """Add to ``out`` the offsets held in the chunks that reach ``offset`` or past
+        it (a few below it too: the caller drops them), packed a chunk at a time."""
+        low = offset >> CHUNK_BITS
+        for key, chunk in self._chunks.items():
+            if key >= low:
+                out.frombytes(pack_offsets(chunk, len(chunk)))
 
     def freeze_steps(self, per_step: int) -> Generator[None, None, None]:
         """Make the chunk tuples the next snapshot needs, about per_step messages a

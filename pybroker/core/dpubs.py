@@ -19,8 +19,11 @@ the part of sortedcontainers.SortedDict the broker used, which it replaces: prun
 """
 from __future__ import annotations
 
+import array
 import bisect
 from collections.abc import Iterable, Iterator
+
+from pybroker._native.inflight import intersect
 
 
 CHUNK_BITS = 12
@@ -31,13 +34,16 @@ class DpubIndex:
     """offset -> deliver-at (wall ns), in offset order, with ``not_due``.
 
     Offsets come in rising order (a topic's publishes, a follower's appends; after a
-    truncation, from its end on): kept in a list read from ``_lo`` on, so that pruning
-    the oldest is moving ``_lo`` (the list is cut once half of it is behind)."""
+    truncation, from its end on): kept in an array read from ``_lo`` on, so that
+    pruning the oldest is moving ``_lo`` (the array is cut once half of it is behind),
+    with their deliver-at times beside them in a second array (``among``: a merge in
+    C)."""
 
-    __slots__ = ("_offs", "_lo", "_at", "_dues", "changes")
+    __slots__ = ("_offs", "_ats", "_lo", "_at", "_dues", "changes")
 
     def __init__(self, items: Iterable[tuple[int, int]] = ()) -> None:
-        self._offs: list[int] = []
+        self._offs = array.array("q")
+        self._ats = array.array("q")      # _ats[i]: the deliver-at of _offs[i]
         self._lo = 0
         self._at: dict[int, int] = {}
         self._dues: dict[int, list[int]] = {}      # chunk -> its deliver-at times, sorted
@@ -64,15 +70,18 @@ class DpubIndex:
 
     def __setitem__(self, off: int, at: int) -> None:
         old = self._at.get(off)
+        offs = self._offs
         if old is not None:
             self._drop_due(off, old)
             self.changes += 1
+            self._ats[bisect.bisect_left(offs, off, self._lo)] = at
+        elif len(offs) > self._lo and off < offs[-1]:
+            i = bisect.bisect_left(offs, off, self._lo)    # (out of order: not expected)
+            offs.insert(i, off)
+            self._ats.insert(i, at)
         else:
-            offs = self._offs
-            if len(offs) > self._lo and off < offs[-1]:
-                bisect.insort(offs, off, self._lo)      # (out of order: not expected)
-            else:
-                offs.append(off)
+            offs.append(off)
+            self._ats.append(at)
         self._at[off] = at
         bisect.insort(self._dues.setdefault(off >> CHUNK_BITS, []), at)
 
@@ -82,8 +91,10 @@ class DpubIndex:
         offs = self._offs
         if offs[-1] == off:
             offs.pop()
+            self._ats.pop()
         else:
-            del offs[bisect.bisect_left(offs, off, self._lo)]
+            i = bisect.bisect_left(offs, off, self._lo)
+            del offs[i], self._ats[i]
         self._drop_due(off, at)
         self._settle()
 
@@ -96,10 +107,23 @@ class DpubIndex:
 
     def _settle(self) -> None:
         if not self._at:
-            self._offs, self._lo = [], 0
+            self._offs, self._ats, self._lo = array.array("q"), array.array("q"), 0
         elif self._lo > 1024 and self._lo * 2 > len(self._offs):
-            del self._offs[:self._lo]
+            del self._offs[:self._lo], self._ats[:self._lo]
             self._lo = 0
+
+    def among(self, offsets: memoryview | array.array[int]
+              ) -> tuple[array.array[int], array.array[int]]:
+        """Those of ``offsets`` (int64s, ascending, each once) that are DPUBs here, and
+        their deliver-at times: one merge in C over the DPUBs within their span (a
+        lookup each of 250,000 offsets of a rewind's skip took 65 ms; this, about 1)."""
+        mv = memoryview(offsets)
+        offs = self._offs
+        if not mv.nbytes or len(offs) <= self._lo:
+            return array.array("q"), array.array("q")
+        a = bisect.bisect_left(offs, mv[0], self._lo)
+        b = bisect.bisect_right(offs, mv[-1], a)
+        return intersect(mv, offs[a:b], self._ats[a:b])
 
     def irange(self, lo: int | None = None, hi: int | None = None,
                inclusive: tuple[bool, bool] = (True, True)) -> Iterator[int]:
@@ -140,19 +164,19 @@ class DpubIndex:
 
     def clear(self) -> None:
         self.changes += 1
-        self._offs, self._lo = [], 0
+        self._offs, self._ats, self._lo = array.array("q"), array.array("q"), 0
         self._at.clear()
         self._dues.clear()
 
     def keys(self) -> list[int]:
-        return self._offs[self._lo:]
+        return self._offs[self._lo:].tolist()
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._offs[self._lo:])
 
     def items(self) -> list[tuple[int, int]]:
-        at = self._at
-        return [(off, at[off]) for off in self._offs[self._lo:]]
+        lo = self._lo
+        return list(zip(self._offs[lo:], self._ats[lo:]))
 
     def not_due(self, lo: int, hi: int, wall_ns: int) -> int:
         """How many DPUBs in [lo, hi) are due after ``wall_ns``."""

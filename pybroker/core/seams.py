@@ -12,6 +12,7 @@ checks it where the runtime hands them to the core (``Broker(...)``, its log fac
 """
 from __future__ import annotations
 
+import array
 import threading
 from collections.abc import Callable, Sequence
 from collections.abc import Mapping
@@ -138,6 +139,8 @@ class DeliverAt(Protocol):
     def __getitem__(self, offset: int) -> int: ...
     def __bool__(self) -> bool: ...
     def peekitem(self, index: int = 0) -> tuple[int, int]: ...
+    def among(self, offsets: memoryview | array.array[int]
+              ) -> tuple[array.array[int], array.array[int]]: ...
 
 
 class TopicView(Protocol):

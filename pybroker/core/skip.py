@@ -56,9 +56,13 @@ class Skip:
 
     def between(self, lo: int, hi: int) -> Iterator[int]:
         """The offsets from lo to hi, both included, ascending (two bisections)."""
+        return iter(self.span(lo, hi))
+
+    def span(self, lo: int, hi: int) -> memoryview:
+        """``between`` as a view of the int64s (no Python object per offset)."""
         a = self._a
         i = bisect.bisect_left(a, lo, self._i)
-        return iter(memoryview(a)[i:bisect.bisect_right(a, hi, i)])
+        return memoryview(a)[i:bisect.bisect_right(a, hi, i)]
 
     def popleft(self) -> int:
         """Take the lowest offset off (IndexError when empty)."""

@@ -6,12 +6,14 @@ with the tests' own codec (tests/support/wire.py).
 """
 from __future__ import annotations
 
+import array
 import gc
 import struct
 from pathlib import Path
 
 import pytest
 
+from pybroker.core import channel as channel_mod
 from pybroker.core import lifecycle
 from pybroker.core.channel import Channel
 from pybroker.core.flight import Consumer, offset_of
@@ -668,6 +670,26 @@ def test_rewind_over_requeued_and_deferred_keeps_their_attempts() -> None:
     assert (c.got[-1].body, c.got[-1].attempts) == (b"body1", 2)
 
 
+def test_requeued_before_a_rewind_go_at_once_and_one_requeued_after_it_waits() -> None:
+    """A rewind makes the requeued messages it finds ready at once, ahead of the range
+    it replays (counted at the head of the FIFO, ``ready_head``, not made again); one
+    requeued after it waits behind the messages queued ahead of it, as any REQ does."""
+    t, ch, c = one_consumer(6, 3)                # 0-2 in flight, 3-5 queued
+    ch.requeue(c, c.got[0].id, 0, 0, WALL)       # each behind 3-5 when requeued
+    ch.requeue(c, c.got[1].id, 0, 0, WALL)
+    ch.rewind(0)
+    assert ch.ready_head == 2 and list(ch.skip) == [0, 1, 2]
+    ch.requeue(c, c.got[2].id, 0, 0, WALL)       # after it: behind 3-5 again
+    c.rdy = 10
+    ch.dispatch(0, WALL)
+    assert [(m.body, m.attempts) for m in c.got[3:]] == [
+        (b"body0", 2), (b"body1", 2), (b"body3", 1), (b"body4", 1), (b"body5", 1),
+        (b"body2", 2)]
+    assert ch.ready_head == 0 and not ch.requeued
+    ch.rewind(0)                                 # nothing requeued: nothing counted
+    assert ch.ready_head == 0
+
+
 def test_dpubs_held_in_skip_are_counted_once_and_kept_up_with() -> None:
     """DPUBs not yet due ahead of the cursor count as deferred, except those a rewind
     put in ``skip`` (held elsewhere, counted there): found once per skip, then kept up
@@ -708,6 +730,32 @@ def test_dpubs_held_in_skip_are_counted_once_and_kept_up_with() -> None:
     assert ch._dpubs_ahead(WALL) == brute(WALL) == 2
 
 
+@pytest.mark.parametrize("block", [1, 2, 3, 4096])
+def test_dpubs_in_skip_counted_by_blocks_as_a_pass_over_skip_counts_them(
+        monkeypatch: pytest.MonkeyPatch, block: int) -> None:
+    """The deliver-at times of the DPUBs in skip, sorted in blocks (DUE_BLOCK): the
+    block the cursor is in walked, the others bisected; at every cursor position and
+    time, what a pass over skip counts."""
+    monkeypatch.setattr(channel_mod, "DUE_BLOCK", block)
+    t, ch = make()
+    c = Client(rdy=100)
+    ch.add_consumer(c, 0)
+    for k in range(6):                   # plain messages and DPUBs due at 10-60 s
+        publish(t, 2)
+        publish(t, 3, defer_ns=(6 - k) * 10 * S, ts=WALL)
+    ch.dispatch(0, WALL)
+    assert len(ch.deferred) == 18 and len(ch.in_flight) == 12
+    ch.rewind(0)
+    end = t.released
+    walls = [WALL + k * 5 * S for k in range(14)]
+    for at in range(end + 1):
+        ch._advance(at)
+        for wall in walls:
+            assert ch._skipped_dpubs(wall) == sum(
+                1 for off in ch.skip if t.dpubs.get(off, 0) > wall), (at, wall)
+    assert ch._skipped_dpubs(WALL) == 0
+
+
 def test_dpubs_published_after_a_rewind_are_not_looked_for_in_its_skip() -> None:
     """A rewind's skip wholly below the DPUBs (published after what it holds): none
     of skip's offsets is looked up, and the count is what a pass over skip says."""
@@ -723,10 +771,14 @@ def test_dpubs_published_after_a_rewind_are_not_looked_for_in_its_skip() -> None
             looked.append(off)  # type: ignore[arg-type]
             return super().__contains__(off)
 
+        def among(self, offsets: memoryview) -> tuple[array.array[int], array.array[int]]:
+            looked.extend(offsets)
+            return super().among(offsets)  # type: ignore[no-any-return]
+
     t.dpubs.__class__ = Counting
     assert ch._dpubs_ahead(WALL) == 5 == t.deferred_ahead(ch.cursor, WALL) - sum(
         1 for off in ch.skip if t.dpubs.get(off, 0) > WALL)
-    assert looked == [] and ch._skip_dpubs is not None and ch._skip_dpubs[2] == []
+    assert looked == [] and ch._skip_dpubs is not None and not ch._skip_dpubs[2]
 
 
 def test_a_rewind_is_saved_and_restored_with_what_it_skips() -> None:

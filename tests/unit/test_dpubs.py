@@ -5,6 +5,8 @@ makes (publishes in rising order, a truncation's removal from the end, pruning f
 start in steps, clearing), with chunks small enough to be crossed often."""
 from __future__ import annotations
 
+import array
+
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -74,6 +76,12 @@ class DpubMachine(RuleBasedStateMachine):
             assert self.d.not_due(lo, hi, wall) == want, (lo, hi, wall)
         assert list(self.d.irange(10, 60, inclusive=(True, False))) == \
             sorted(o for o in model if 10 <= o < 60)
+        # a rewind's skip against them: the DPUBs among its offsets, with their times
+        for asked in ([], [5], list(range(0, self.next + 3, 3)), sorted(model)[1::2],
+                      list(range(self.next, self.next + 9))):
+            offs, ats = self.d.among(memoryview(array.array("q", asked)))
+            want = [o for o in asked if o in model]
+            assert list(offs) == want and list(ats) == [model[o] for o in want]
 
 
 @pytest.fixture

@@ -190,7 +190,7 @@ class InFlightMachine(RuleBasedStateMachine):
         more = [3, self.next, self.next, 0]
         for at in (0, 1, self.next // 2, self.next + 1):
             want = sorted({o for o in self.model if o >= at} | {o for o in more if o >= at})
-            got = self.t.sorted_from(at, more)
+            got = self.t.sorted_from(at, array.array("q", more))
             assert got.typecode == "q" and list(got) == want
 
     @invariant()
