@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_durability import build_command  # noqa: E402
-from bench_takeover import _connect, _frame, defer_all  # noqa: E402
+from bench_takeover import _answer, _connect, defer_all  # noqa: E402
 
 from pybroker.bench.brokers import BrokerProcess  # noqa: E402
 
@@ -48,7 +48,7 @@ def one_run(args: argparse.Namespace) -> tuple[float, float, float]:
                 while not stop.is_set():
                     t0 = time.perf_counter()
                     s.sendall(cmd)
-                    assert _frame(s) == (0, b"OK")
+                    assert _answer(s) == (0, b"OK")
                     k = phase[0]
                     worst[k] = max(worst[k], time.perf_counter() - t0)
                     stop.wait(0.002)
