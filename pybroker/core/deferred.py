@@ -39,7 +39,7 @@ Chunks = tuple[tuple[Deferred, ...], ...]
 class DeferredSet:
     """offset -> Deferred, in chunks; ``snapshot`` shares the unchanged chunks."""
 
-    __slots__ = ("_chunks", "_frozen", "_len", "_snap")
+    __slots__ = ("_chunks", "_frozen", "_len", "_snap", "_offs", "_stale")
 
     def __init__(self) -> None:
         self._chunks: dict[int, dict[int, Deferred]] = {}
@@ -47,6 +47,12 @@ class DeferredSet:
         self._frozen: dict[int, tuple[Deferred, ...]] = {}
         self._len = 0
         self._snap: Chunks | None = ()
+        # chunk key -> its offsets as int64s (a rewind's listing: ``offsets_from``),
+        # appended to as messages come; a removal makes the chunk's stale (made again
+        # from the chunk when next asked for), so that messages deferred and waiting,
+        # the common case, are listed by a copy of bytes
+        self._offs: dict[int, array.array[int]] = {}
+        self._stale: set[int] = set()
 
     def __len__(self) -> int:
         return self._len
@@ -71,6 +77,13 @@ class DeferredSet:
             chunk = self._chunks[key] = {}
         if d[0] not in chunk:
             self._len += 1
+            offs = self._offs.get(key)
+            if offs is None:
+                if not chunk:
+                    self._offs[key] = array.array("q", (d[0],))
+                    self._stale.discard(key)
+            elif key not in self._stale:
+                offs.append(d[0])
         chunk[d[0]] = d
         self._frozen.pop(key, None)
         self._snap = None
@@ -83,8 +96,12 @@ class DeferredSet:
         if chunk is None or chunk.get(d[0]) is not d:
             return False
         del chunk[d[0]]
-        if not chunk:
+        if chunk:
+            self._stale.add(key)
+        else:
             del self._chunks[key]
+            self._offs.pop(key, None)
+            self._stale.discard(key)
         self._len -= 1
         self._frozen.pop(key, None)
         self._snap = None
@@ -93,6 +110,8 @@ class DeferredSet:
     def clear(self) -> None:
         self._chunks.clear()
         self._frozen.clear()
+        self._offs.clear()
+        self._stale.clear()
         self._len = 0
         self._snap = ()
 
@@ -104,11 +123,18 @@ class DeferredSet:
 
     def offsets_from(self, offset: int, out: array.array[int]) -> None:
         """Add to ``out`` the offsets held in the chunks that reach ``offset`` or past
-        it (a few below it too: the caller drops them), packed a chunk at a time."""
+        it (a few below it too: the caller drops them): each chunk's int64s as kept, or
+        made again from the chunk if a removal made them stale."""
         low = offset >> CHUNK_BITS
+        stale, kept = self._stale, self._offs
         for key, chunk in self._chunks.items():
             if key >= low:
-                out.frombytes(pack_offsets(chunk, len(chunk)))
+                offs = kept.get(key)
+                if offs is None or key in stale:
+                    offs = kept[key] = array.array("q")
+                    offs.frombytes(pack_offsets(chunk, len(chunk)))
+                    stale.discard(key)
+                out += offs
 
     def freeze_steps(self, per_step: int) -> Generator[None, None, None]:
         """Make the chunk tuples the next snapshot needs, about per_step messages a

@@ -8,7 +8,7 @@ import json
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from pybroker.core.deferred import CHUNK, CHUNK_BITS, Chunks, DeferredSet
 from pybroker.core.lifecycle import ChannelState, deferred_states, state_floor
@@ -50,6 +50,14 @@ class DeferredSetModel(RuleBasedStateMachine):
         if held is not None and d is held:
             del self.model[off]
             self.touched.add(off >> CHUNK_BITS)
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def discard_held(self, data: st.DataObject) -> None:
+        """One held (offsets drawn at random are seldom held)."""
+        off = data.draw(st.sampled_from(sorted(self.model)))
+        assert self.s.discard(self.model.pop(off))
+        self.touched.add(off >> CHUNK_BITS)
 
     @rule()
     def clear(self) -> None:
