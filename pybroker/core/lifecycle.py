@@ -31,9 +31,10 @@ in ``replay``; the ones in flight are not listed: a rewind is noted in ``rewinds
 out), and a FIN'd message is owed its replay if a rewind after its flight went out
 began at or before it (``_owed``). So a rewind costs a pass over the in-flight table
 in C and one sorted list (``skip``), not a Python object per message in flight; the
-offsets held elsewhere are packed into that list's input a C call per container (or
-per chunk of deferred ones), and the requeued entries it makes ready at once are
-counted (``ready_head``), not rewritten.
+offsets held elsewhere are kept as int64s beside their containers (``_rq_offs`` for
+the requeued FIFO, ``DeferredSet.offsets_from`` a chunk of deferred ones) and copied
+into that list's input, and the requeued entries it makes ready at once are counted
+(``ready_head``), not rewritten.
 
 Ownership: the channel's owner loop calls everything here except ``expire`` (the queue
 scanners). ``lock`` guards the two timeout wheels only.
@@ -49,7 +50,7 @@ from itertools import repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from pybroker._native.inflight import InFlight, pack_offsets, sort_order, sort_pairs
+from pybroker._native.inflight import InFlight, sort_order, sort_pairs
 from pybroker.core.deferred import CHUNK_BITS, Chunks, DeferredSet
 from pybroker.core.flight import Consumer, Deferred, Flight, offset_of
 from pybroker.core.skip import Skip
@@ -353,6 +354,9 @@ class Lifecycle:
         self.in_flight_wheel: TimeoutWheel[Flight] = TimeoutWheel()
         self.requeued: deque[tuple[int, int, int]] = deque()   # (offset, attempts, mark)
         self.ready_head = 0      # requeued entries at the head ready at once (a rewind's)
+        # the offsets of ``requeued`` as int64s, from ``_rq_head`` on (a rewind's listing)
+        self._rq_offs = array.array("q")
+        self._rq_head = 0
         self.deferred = DeferredSet()
         self.deferred_wheel: TimeoutWheel[Deferred] = TimeoutWheel()
         self.dying: dict[int, int] = {}    # dead-letter publish not yet confirmed
@@ -385,6 +389,7 @@ class Lifecycle:
 
     def _requeue(self, off: int, attempts: int, mark: int) -> None:
         self.requeued.append((off, attempts, mark))
+        self._rq_offs.append(off)
 
     def head_ready(self) -> bool:
         """The first requeued message may go now."""
@@ -395,11 +400,20 @@ class Lifecycle:
         """The first requeued entry, taken off the FIFO."""
         if self.ready_head:
             self.ready_head -= 1
+        head = self._rq_head = self._rq_head + 1
+        if head >= 4096 and 2 * head >= len(self._rq_offs):
+            del self._rq_offs[:head]        # (amortized: at least as many since)
+            self._rq_head = 0
         return self.requeued.popleft()
+
+    def requeued_offsets(self) -> array.array[int]:
+        """The offsets of ``requeued``, in its order (a copy of int64s)."""
+        return self._rq_offs[self._rq_head:]
 
     def requeue_imported(self, offsets: Sequence[int]) -> None:
         """Import (nsqd data): these offsets are queued for this channel, ready now."""
         self.requeued.extend((off, 0, 0) for off in offsets)
+        self._rq_offs.extend(offsets)
 
     # -- deliver: queued / requeued -> in flight ---------------------------------------
     def _fly(self, c: Consumer, first: int, n: int, attempts: int, now_ns: int,
@@ -765,6 +779,7 @@ class Lifecycle:
                                 self.replay, self.delivery_times]
         self.requeued = deque()
         self.ready_head = 0
+        self._rq_offs, self._rq_head = array.array("q"), 0
         self.skip = Skip()           # (one array: freed at once)
         self.replay = set()
         self.delivery_times = {}
@@ -801,7 +816,7 @@ class Lifecycle:
         held = array.array("q", dying)
         self.deferred.offsets_from(offset, held)
         if self.requeued:
-            held.frombytes(pack_offsets(map(_FIRST, self.requeued), len(self.requeued)))
+            held += self.requeued_offsets()
             self.ready_head = len(self.requeued)     # ready at once, ahead of the range
         # and every offset in flight from there on: sorted in C with the others
         self.skip = Skip(self.in_flight.sorted_from(offset, held))

@@ -690,6 +690,35 @@ def test_requeued_before_a_rewind_go_at_once_and_one_requeued_after_it_waits() -
     assert ch.ready_head == 0
 
 
+def test_the_requeued_offsets_kept_as_int64s_follow_the_fifo() -> None:
+    """``requeued_offsets`` (a rewind's listing) is the FIFO's offsets in its order
+    while messages are requeued and taken, past the point where the int64s taken are
+    cut off (4,096 and half of them), and a rewind then skips exactly those."""
+    t = make_topic(mem=20_000)
+    ch, _ = t.get_channel("c")
+    c = Client(rdy=10_000)
+    ch.add_consumer(c, 0)
+    publish(t, 10_000)
+    ch.dispatch(0, WALL)
+    for m in c.got[::-1]:                     # all requeued, last first
+        ch.requeue(c, m.id, 0, 0, WALL)
+    c.rdy = 0
+    taken = 0
+    for step in (1000, 3000, 2500, 1, 2000):
+        c.rdy += step
+        while ch.dispatch(0, WALL):
+            pass
+        taken += step
+        assert len(ch.requeued) == 10_000 - taken
+        assert list(ch.requeued_offsets()) == [e[0] for e in ch.requeued]
+    for m in c.got[10_000:10_000 + 500]:      # some requeued again, at the tail
+        ch.requeue(c, m.id, 0, 0, WALL)
+    assert list(ch.requeued_offsets()) == [e[0] for e in ch.requeued]
+    ch.rewind(0)
+    assert list(ch.skip) == list(range(10_000))
+    assert ch.ready_head == len(ch.requeued)
+
+
 def test_dpubs_held_in_skip_are_counted_once_and_kept_up_with() -> None:
     """DPUBs not yet due ahead of the cursor count as deferred, except those a rewind
     put in ``skip`` (held elsewhere, counted there): found once per skip, then kept up

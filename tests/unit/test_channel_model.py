@@ -516,6 +516,7 @@ class ChannelModel(RuleBasedStateMachine):
         ch = self.ch
         held = {e[0] for e in ch.requeued}
         assert len(held) == len(ch.requeued), "an offset requeued twice"
+        assert list(ch.requeued_offsets()) == [e[0] for e in ch.requeued]
         assert set(ch.in_flight) == set(self.flight)
         assert held == {e[0] for e in self.requeued}
         assert set(ch.deferred) == set(self.deferred)
