@@ -390,10 +390,9 @@ class Channel(Lifecycle):
             if self.skip:
                 released = min(released, self.skip.first())
         if self.requeued:
-            mark = self.requeued[0][2]
-            if mark <= self.cursor or self.ready_head:
-                return 0   # past its mark (or a rewind made it ready): the requeued one first
-            released = min(released, mark)   # its turn comes there
+            if self.head_ready():
+                return 0       # its turn has come: the requeued one goes first
+            released = min(released, self.requeued[0][2])   # its turn comes there
         if self.cursor >= released:
             return 0
         want = min(room, READ_BATCH, released - self.cursor)

@@ -75,15 +75,11 @@ class DeferredSet:
         chunk = self._chunks.get(key)
         if chunk is None:
             chunk = self._chunks[key] = {}
+            self._offs[key] = array.array("q")
         if d[0] not in chunk:
             self._len += 1
-            offs = self._offs.get(key)
-            if offs is None:
-                if not chunk:
-                    self._offs[key] = array.array("q", (d[0],))
-                    self._stale.discard(key)
-            elif key not in self._stale:
-                offs.append(d[0])
+            if key not in self._stale:
+                self._offs[key].append(d[0])
         chunk[d[0]] = d
         self._frozen.pop(key, None)
         self._snap = None
@@ -100,7 +96,7 @@ class DeferredSet:
             self._stale.add(key)
         else:
             del self._chunks[key]
-            self._offs.pop(key, None)
+            del self._offs[key]
             self._stale.discard(key)
         self._len -= 1
         self._frozen.pop(key, None)
@@ -129,12 +125,10 @@ class DeferredSet:
         stale, kept = self._stale, self._offs
         for key, chunk in self._chunks.items():
             if key >= low:
-                offs = kept.get(key)
-                if offs is None or key in stale:
-                    offs = kept[key] = array.array("q")
-                    offs.frombytes(pack_offsets(chunk, len(chunk)))
+                if key in stale:
+                    kept[key] = array.array("q", pack_offsets(chunk, len(chunk)))
                     stale.discard(key)
-                out += offs
+                out += kept[key]
 
     def freeze_steps(self, per_step: int) -> Generator[None, None, None]:
         """Make the chunk tuples the next snapshot needs, about per_step messages a

@@ -75,6 +75,9 @@ LEAVE_STEP = 4096
 # objects a step frees of what ``_empty`` dropped (``freeing``) (a flight of one message and its
 # timer entry cost about 0.1-0.2 us to free: 250,000 took 11-21 ms in one go)
 FREE_STEP = 32_768
+# offsets of requeued messages taken that ``_rq_offs`` keeps at most before it cuts
+# them off (once they are half of it)
+RQ_CUT = 4096
 
 
 # a container of what an empty dropped: flights by offset or by slot, timer buckets,
@@ -401,7 +404,7 @@ class Lifecycle:
         if self.ready_head:
             self.ready_head -= 1
         head = self._rq_head = self._rq_head + 1
-        if head >= 4096 and 2 * head >= len(self._rq_offs):
+        if head >= RQ_CUT and 2 * head >= len(self._rq_offs):
             del self._rq_offs[:head]        # (amortized: at least as many since)
             self._rq_head = 0
         return self.requeued.popleft()

@@ -54,12 +54,9 @@ class Skip:
             raise IndexError("empty skip")
         return self._a[-1]
 
-    def between(self, lo: int, hi: int) -> Iterator[int]:
-        """The offsets from lo to hi, both included, ascending (two bisections)."""
-        return iter(self.span(lo, hi))
-
     def span(self, lo: int, hi: int) -> memoryview:
-        """``between`` as a view of the int64s (no Python object per offset)."""
+        """The offsets from lo to hi, both included, ascending, as a view of the
+        int64s (two bisections; no Python object per offset)."""
         a = self._a
         i = bisect.bisect_left(a, lo, self._i)
         return memoryview(a)[i:bisect.bisect_right(a, hi, i)]

@@ -97,11 +97,11 @@ def make(mem: int = 100) -> tuple[Topic, Channel]:
     return t, ch
 
 
-def one_consumer(n: int, rdy: int, msg_timeout_ns: int = 10 * S
+def one_consumer(n: int, rdy: int, msg_timeout_ns: int = 10 * S, mem: int = 100
                  ) -> tuple[Topic, Channel, Client]:
     """A channel with one consumer at this RDY count, n messages published, one
     dispatch."""
-    t, ch = make()
+    t, ch = make(mem)
     c = Client(rdy=rdy, msg_timeout_ns=msg_timeout_ns)
     ch.add_consumer(c, 0)
     publish(t, n)
@@ -694,12 +694,7 @@ def test_the_requeued_offsets_kept_as_int64s_follow_the_fifo() -> None:
     """``requeued_offsets`` (a rewind's listing) is the FIFO's offsets in its order
     while messages are requeued and taken, past the point where the int64s taken are
     cut off (4,096 and half of them), and a rewind then skips exactly those."""
-    t = make_topic(mem=20_000)
-    ch, _ = t.get_channel("c")
-    c = Client(rdy=10_000)
-    ch.add_consumer(c, 0)
-    publish(t, 10_000)
-    ch.dispatch(0, WALL)
+    t, ch, c = one_consumer(10_000, 10_000, mem=20_000)
     for m in c.got[::-1]:                     # all requeued, last first
         ch.requeue(c, m.id, 0, 0, WALL)
     c.rdy = 0

@@ -54,7 +54,7 @@ class SkipMachine(RuleBasedStateMachine):
 
     @rule(lo=st.integers(-1, 420), hi=st.integers(-1, 420))
     def between(self, lo: int, hi: int) -> None:
-        assert list(self.s.between(lo, hi)) == [o for o in self.model if lo <= o <= hi]
+        assert list(self.s.span(lo, hi)) == [o for o in self.model if lo <= o <= hi]
         if self.model:
             assert self.s.last() == self.model[-1]
         else:
