@@ -7,8 +7,12 @@ min-insync 2 (a real etcd, ``$ETCD`` or ``etcd`` on PATH), and nsqd as a referen
                                          [--depth 1] [--size 200] [--batch 100]
                                          [--writer python|bench_writer]
                                          [--durability memory|fsync] [--failovers 3]
+                                         [--max-insync 0]
                                          [--handovers 0]
                                          [--lease-ttl 3s] [--nsqd PATH | --no-nsqd]
+
+``--max-insync 2`` runs the cluster with ``--max-insync-replicas=2`` (docs/replication.md,
+"At most N in sync"): an OK waits for two copies, the third replica follows lazily.
 
 Throughput: every run publishes to a fresh topic with one channel and no consumer, over
 ``--connections`` raw sockets (``--depth`` commands in flight each), PUB then MPUB
@@ -149,13 +153,15 @@ class Etcd:
 
 
 class ClusterSetting:
-    """Three nodes, RF 3, min-insync 2."""
+    """Three nodes, RF 3, min-insync 2 (and max-insync ``args.max_insync``, 0: none)."""
 
     def __init__(self, etcd: Etcd, args: argparse.Namespace,
                  env: dict[int, dict[str, str]] | None = None) -> None:
+        self.members = getattr(args, "max_insync", 0) or 3
         self.nodes = {i: BrokerProcess("pybroker", [
             f"--node-id={i}", f"--cluster-etcd={etcd.url}", "--cluster-address=127.0.0.1:0",
             "--replication-factor=3", "--min-insync-replicas=2",
+            f"--max-insync-replicas={getattr(args, 'max_insync', 0)}",
             f"--cluster-lease-ttl={args.lease_ttl}", f"--durability={args.durability}",
             ], env=(env or {}).get(i)) for i in (1, 2, 3)}
         for b in self.nodes.values():
@@ -186,10 +192,13 @@ class ClusterSetting:
                 return t.get("replication")
         return None
 
-    def leader(self, topic: str, members: int = 3) -> int | None:
+    def leader(self, topic: str, members: int | None = None) -> int | None:
+        """The node leading ``topic`` with a full in-sync set (``members``; default:
+        three, or the cap of ``--max-insync``)."""
+        want = self.members if members is None else members
         for i in self.nodes:
             r = self.replication(i, topic)
-            if r and r["role"] == "leader" and len(r["isr"]) >= members:
+            if r and r["role"] == "leader" and len(r["isr"]) >= want:
                 return i
         return None
 
@@ -409,6 +418,8 @@ def main() -> None:
     p.add_argument("--handovers", type=int, default=0,
                    help="rounds of the leader's log writes failing (a test fault plan)")
     p.add_argument("--lease-ttl", default="3s")
+    p.add_argument("--max-insync", type=int, default=0,
+                   help="the cluster's --max-insync-replicas (0: every caught-up replica)")
     p.add_argument("--nsqd", default=os.environ.get("NSQD") or shutil.which("nsqd"))
     p.add_argument("--no-nsqd", action="store_true")
     p.add_argument("--etcd", default=os.environ.get("ETCD") or shutil.which("etcd"))
@@ -426,7 +437,8 @@ def main() -> None:
     try:
         settings["pybroker single node"] = BrokerProcess(
             "pybroker", [f"--durability={args.durability}"]).start()
-        settings["pybroker RF3 insync2"] = ClusterSetting(etcd, args)
+        name = "pybroker RF3 insync2" + (f" max{args.max_insync}" if args.max_insync else "")
+        settings[name] = ClusterSetting(etcd, args)
         if args.nsqd and not args.no_nsqd:
             settings["nsqd"] = BrokerProcess("nsqd", [],
                                              nsqd_path=args.nsqd).start()

@@ -261,6 +261,11 @@ SPECS: tuple[OptionSpec, ...] = (
                "the fewest in-sync replicas (the leader included) a publish is answered "
                "with: every in-sync replica holds it before OK; fewer in sync: "
                "publishes fail", 1, 64),
+    OptionSpec("max_insync_replicas", "int", 0,
+               "the most in-sync replicas (the leader included) a topic keeps; 0: every "
+               "replica that is caught up. The others follow lazily (a fetch every 2 ms) "
+               "and one joins when a member leaves: an OK waits for fewer copies, and an "
+               "acknowledged message survives fewer lost machines", 0, 64),
     OptionSpec("cluster_lease_ttl", "duration", 5 * S,
                "etcd lease of a node's membership and leaderships: a dead leader is "
                "replaced after about this long", 1 * S, 300 * S),
@@ -403,6 +408,9 @@ def _check(v: Options) -> None:
     if v.cluster_etcd:
         if v.min_insync_replicas > v.replication_factor:
             raise ConfigError("min_insync_replicas: must not exceed replication_factor")
+        if 0 < v.max_insync_replicas < v.min_insync_replicas:
+            raise ConfigError("max_insync_replicas: must be 0 (every caught-up replica) "
+                              "or at least min_insync_replicas")
         try:
             split_hostport(v.cluster_address)
         except ValueError as e:

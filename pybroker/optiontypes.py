@@ -86,4 +86,5 @@ class OptionFields:
     cluster_address: str
     replication_factor: int
     min_insync_replicas: int
+    max_insync_replicas: int
     cluster_lease_ttl: int  # ns

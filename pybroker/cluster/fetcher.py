@@ -21,6 +21,13 @@ the connection before anything is allocated for it; its body is read straight in
 buffer of its size; a leader answers at most FETCH_BYTES of records per fetch, so one
 round's appends hold the loop a few milliseconds at most; a failed connection is
 retried after ``RETRY_NS``.
+
+With ``max_insync_replicas`` set, a follower outside a full in-sync set is not waited
+for by any OK, so once an answer finds it near the leader's end (under half a fetch's
+budget) it rests ``LAZY_NS`` before the next fetch: its records come a few milliseconds
+late, in bigger rounds, and neither it nor the leader wakes for every publish. It is
+eager again as soon as the set has room (then it must catch up to join it) or it is a
+member.
 """
 from __future__ import annotations
 
@@ -56,6 +63,7 @@ IDLE_NS = 200_000_000          # nothing to follow: look again this often
 FETCH_BYTES = 2 * 1024 * 1024
 RECV_BYTES = 256 * 1024
 MAPPED_BODY = 4 * 1024 * 1024   # answers this large are received into an anonymous mapping
+LAZY_NS = 2_000_000            # a follower no OK waits for fetches at most this often
 
 
 class Fetcher:
@@ -87,6 +95,7 @@ class Fetcher:
         # (a compact fetch repeats it with new offsets)
         self.compact_ok = False
         self.plan: list[tuple[Replica, int, int, list[int]]] = []
+        self.rest_until = 0       # monotonic ns: a lazy follower's next fetch (0: at once)
 
     def __repr__(self) -> str:
         return f"fetch-from-{self.leader}"
@@ -124,6 +133,12 @@ class Fetcher:
             return
         self.loop.cancel(self.idle)
         self.idle = None
+        if self.rest_until:
+            rest = self.rest_until - time.monotonic_ns()
+            if rest > 0:
+                self.idle = self.loop.call_later(rest, self.step)
+                return
+            self.rest_until = 0
         topics = self._following()
         if not topics or not self.address:
             self.idle = self.loop.call_later(IDLE_NS, self.step)
@@ -187,6 +202,9 @@ class Fetcher:
         assert self.asked is not None
         kind, topics = self.asked
         self.asked = None
+        if kind == "fetch" and self._lazy(topics, len(blob)):
+            # before the appends: one done at once asks for the next fetch from there
+            self.rest_until = time.monotonic_ns() + LAZY_NS
         if not is_json(raw):
             if kind != "fetch":
                 raise WireError(f"a compact answer to {kind}")
@@ -196,6 +214,15 @@ class Fetcher:
         else:
             self._apply(parse_head(raw), blob, topics)
         self.step()
+
+    def _lazy(self, topics: list[Replica], size: int) -> bool:
+        """No OK waits for this node on any of these topics: the in-sync sets are
+        capped (``max_insync``), full and without it, and the answer found it near
+        the leader's end."""
+        cap = self.node.max_insync
+        me = self.node.id
+        return bool(cap) and size < FETCH_BYTES // 2 and all(
+            me not in r.isr and len(r.isr) >= cap for r in topics)
 
     def _cut(self, head: JsonObj, todo: list[Replica]) -> None:
         by_name = {t.get("name"): t for t in need_objs(head.get("topics"))}

@@ -54,6 +54,7 @@ class ClusterNode:
         self.options = o
         self.id = int(o.id)
         self.min_insync = int(o.min_insync_replicas)
+        self.max_insync = int(o.max_insync_replicas)    # 0: every caught-up replica
         self.factor = int(o.replication_factor)
         ttl_ns = int(o.cluster_lease_ttl)
         self.lease = LeaseClock(ttl_ns)

@@ -152,6 +152,7 @@ class ReplicaHost(Protocol):
 
     id: int
     min_insync: int
+    max_insync: int                 # the most in-sync replicas a topic keeps (0: all)
     lag_ns: int                     # not caught up this long: out of the in-sync set
     ship_ns: int                    # channel states are snapshot this often
     durable: bool                   # fsync mode: a follower acknowledges synced records

@@ -176,7 +176,8 @@ class Replica:
             self.local_end = end
             now = time.monotonic_ns()
             self.lead = LeaderState(self.node.id, epoch, set(isr), self.node.min_insync,
-                                    self.node.lag_ns, self.hw, end, now)
+                                    self.node.lag_ns, self.hw, end, now,
+                                    self.node.max_insync)
             # what an earlier leadership of this node shipped is not this one's
             self._forget_shipped()     # what an earlier leadership shipped
             self._take_over()
@@ -389,10 +390,9 @@ class Replica:
         lead = self.lead
         if lead is None or self.isr_asked:
             return
-        drop = lead.lagging(now, self.node.live)
-        add = lead.caught_up(self.node.assigned.get(self.name, []), now, self.node.live)
-        if drop or add:
-            new = sorted((set(lead.isr) - drop) | add)
+        change = lead.isr_change(self.node.assigned.get(self.name, []), now, self.node.live)
+        if change is not None:
+            new = sorted(change)
             self.isr_asked = True
             log.info("CLUSTER: %s: in-sync replicas %s -> %s", self.name,
                      sorted(lead.isr), new)

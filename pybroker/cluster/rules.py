@@ -169,11 +169,12 @@ class LeaderState:
     """The ISR and high watermark of one topic this node leads (its owner loop)."""
 
     def __init__(self, me: int, epoch: int, isr: set[int], min_insync: int, lag_ns: int,
-                 hw: int, epoch_start: int, now_ns: int) -> None:
+                 hw: int, epoch_start: int, now_ns: int, max_insync: int = 0) -> None:
         self.me = me
         self.epoch = epoch
         self.isr = frozenset(isr | {me})
         self.min_insync = min_insync
+        self.max_insync = max_insync      # the most members the set keeps (0: no cap)
         self.lag_ns = lag_ns
         self.hw = hw
         self.epoch_start = epoch_start
@@ -267,6 +268,30 @@ class LeaderState:
                 if n not in self.isr and n in replicas and f.connected and f.acked >= need
                 and now_ns - f.caught_up_ns <= self.lag_ns
                 and (live is None or n in live)}
+
+    def isr_change(self, replicas: list[int], now_ns: int,
+                   live: set[int] | None = None) -> set[int] | None:
+        """The in-sync set to ask for, or None when it stays as it is: lagging members
+        out, caught-up followers in while the set has room (``max_insync``; 0: every
+        one). A set over the cap (an older one from etcd, or the cap just set) gives up
+        the members holding least. Who is a member never decides what an OK promises:
+        every member holds what was acknowledged, and only members are elected, so
+        the cap changes how many copies an OK waits for, never the rules."""
+        keep = set(self.isr) - self.lagging(now_ns, live)
+        add = self.caught_up(replicas, now_ns, live)
+        if self.max_insync:
+            def held(n: int) -> tuple[int, int]:
+                f = self.followers.get(n)
+                return (f.acked if f is not None else -1, -n)
+            room = self.max_insync - len(keep)
+            if room < 0:
+                out = sorted((n for n in keep if n != self.me), key=held)[:-room]
+                keep.difference_update(out)
+                add = set()
+            else:
+                add = set(sorted(add, key=held, reverse=True)[:room])
+        new = keep | add
+        return new if new != self.isr else None
 
     def lag(self, own_end: int) -> dict[int, int]:
         """Messages each follower is behind the leader's log end."""

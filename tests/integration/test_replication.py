@@ -534,6 +534,61 @@ def test_killed_follower_restarts_and_catches_up(cluster: Cluster) -> None:
     assert r is not None and r["lag"][str(f)]["messages"] == 0
 
 
+def test_a_capped_in_sync_set_takes_the_third_replica_in_when_a_member_goes(
+        make_cluster: Callable[..., Cluster]) -> None:
+    """--max-insync-replicas=2 (docs/replication.md, "At most N in sync"): the in-sync
+    set keeps the leader and one follower, and the third replica, outside it, holds the
+    records all the same. Under 8 publishers and 4 consumers: the member follower killed
+    with -9, the third takes its place and publishes go on; the killed one back, it
+    catches up outside the full set; then the leader killed, the member left leads with
+    the other in sync. No acknowledged message lost, consumers served within 10 s."""
+    c = make_cluster("--max-insync-replicas=2")
+    lead = _create(c, members=2)
+    r = c.replication(lead, TOPIC)
+    assert r is not None
+    member = next(i for i in r["isr"] if i != lead)
+    outside = next(i for i in c.nodes if i not in r["isr"])
+
+    def isr() -> set[int]:
+        return set((c.replication(lead, TOPIC) or {}).get("isr", []))
+
+    def holds(i: int, end: int) -> bool:
+        return int((c.replication(i, TOPIC) or {}).get("log_end", 0)) >= end
+
+    cons, pubs = _traffic(c, "with two in sync")
+    try:
+        end = int(c.replication(lead, TOPIC)["log_end"])     # type: ignore[index]
+        wait_until(lambda: holds(outside, end), 10, 0.05,
+                   what="the replica outside the set to hold the records")
+        c.nodes[member].kill9()
+        acked_before = pubs.count()
+        wait_until(lambda: isr() == {lead, outside}, 20, 0.05,
+                   what="the third replica to take the killed member's place")
+        wait_until(lambda: pubs.count() >= acked_before + 100, 30,
+                   what="publishes acknowledged with the new member")
+        c.nodes[member].start()
+        end = int(c.replication(lead, TOPIC)["log_end"])     # type: ignore[index]
+        wait_until(lambda: holds(member, end), 20, 0.05,
+                   what="the restarted replica to catch up outside the set")
+        assert isr() == {lead, outside}
+        killed_at = time.monotonic()
+        c.nodes[lead].kill9()
+        acked_before = pubs.count()
+        new = wait_until(lambda: c.leader(TOPIC, exclude=(lead,)), 15, 0.05,
+                         what="a new leader")
+        assert new == outside            # the only live member of the set
+        wait_until(lambda: pubs.count() >= acked_before + 100, 30,
+                   what="publishes acknowledged by the new leader")
+        first = wait_until(lambda: cons.first_after(killed_at, lead), 15, 0.05,
+                           what="a message delivered by the new leader")
+        assert isinstance(first, float) and first - killed_at < 10, first - killed_at
+    finally:
+        acked = pubs.stop()
+    _every_acknowledged_delivered(cons, acked)
+    r = c.replication(outside, TOPIC)
+    assert r is not None and set(r["isr"]) == {outside, member}, r
+
+
 def test_topics_owned_by_two_loops_replicate(
         make_cluster: Callable[..., Cluster]) -> None:
     """With two event loops a node's topics are spread over both: each loop fetches

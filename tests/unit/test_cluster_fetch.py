@@ -55,6 +55,7 @@ class _Replica:
         self.chan_from_leader = 0
         self.hw = 0
         self.history = EpochHistory([(1, 0)])
+        self.isr: list[int] = [LEADER, 3]        # etcd's in-sync set, as last read
         self.topic = _Topic()
         self.applied: list[tuple[int, bytes, int]] = []
         self.chans: list[object] = []
@@ -74,6 +75,7 @@ class _Replica:
 
 class _Node:
     id = 3
+    max_insync = 0          # --max-insync-replicas (0: every caught-up replica)
 
 
 class _Leader:
@@ -145,9 +147,10 @@ def loop() -> Iterator[SelectorLoop]:
     lp.close()
 
 
-def _fetching(loop: SelectorLoop, leader: _Leader) -> tuple[Fetcher, _Replica]:
-    rep = _Replica()
-    f = Fetcher(_Node(), loop, LEADER)  # type: ignore[arg-type]
+def _fetching(loop: SelectorLoop, leader: _Leader, node: _Node | None = None,
+              rep: _Replica | None = None) -> tuple[Fetcher, _Replica]:
+    rep = rep or _Replica()
+    f = Fetcher(node or _Node(), loop, LEADER)  # type: ignore[arg-type]
     loop.call_soon_threadsafe(f.assign, [rep], leader.address)  # type: ignore[arg-type]
     return f, rep
 
@@ -179,6 +182,45 @@ def test_records_are_applied_and_the_next_fetch_acknowledges_them(
         assert offsets == [0, 5, 10, 15]          # each names what the last one applied
         assert [a[0] for a in rep.applied] == [0, 5, 10] and rep.hw == 15
         assert all(r["op"] == "fetch" and r["node"] == 3 for r in leader.requests)
+    finally:
+        _stop(loop, f)
+        leader.close()
+
+
+@pytest.mark.parametrize("cap, isr, lazy", [
+    (0, [LEADER, 5], False),          # no cap: every follower fetches at once
+    (2, [LEADER, 3], False),          # a member of the capped set: at once
+    (2, [LEADER], False),             # the set has room: at once (it must catch up)
+    (2, [LEADER, 5], True),           # outside a full capped set: rests LAZY_NS
+])
+def test_a_follower_outside_a_full_capped_set_rests_between_fetches(
+        loop: SelectorLoop, monkeypatch: pytest.MonkeyPatch, cap: int, isr: list[int],
+        lazy: bool) -> None:
+    """--max-insync-replicas: a follower no OK waits for (outside a full in-sync set)
+    sends its next fetch LAZY_NS after an answer that found it near the leader's end;
+    any other fetches again at once. The leader answers every fetch at once here; the
+    rest is made 50 ms so that ten rounds tell the two apart on a busy machine too."""
+    monkeypatch.setattr(fetcher_mod, "LAZY_NS", 50_000_000)
+    rounds = 10
+
+    def answer(conn: socket.socket, head: dict[str, object], i: int) -> None:
+        if i <= rounds:
+            conn.sendall(b"".join(_records(head, 1)))
+
+    node = _Node()
+    node.max_insync = cap
+    rep = _Replica()
+    rep.isr = isr
+    leader = _Leader(answer)
+    t0 = time.monotonic()
+    f, _ = _fetching(loop, leader, node, rep)
+    try:
+        wait_until(lambda: len(leader.requests) > rounds, 10, what="the fetches")
+        took = time.monotonic() - t0
+        offsets = [r["topics"][0]["offset"] for r in leader.requests]  # type: ignore[index]
+        assert offsets == list(range(rounds + 1))    # each acknowledges the last answer
+        rests = rounds * 0.05
+        assert (took >= rests) if lazy else (took < rests), took
     finally:
         _stop(loop, f)
         leader.close()

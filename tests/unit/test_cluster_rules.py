@@ -47,6 +47,8 @@ class Node:
 
 
 class ReplicationRules(RuleBasedStateMachine):
+    MAX_INSYNC = 0        # the in-sync set's cap (max_insync_replicas; 0: none)
+
     def __init__(self) -> None:
         super().__init__()
         self.nodes = {n: Node(n) for n in NODES}
@@ -73,7 +75,7 @@ class ReplicationRules(RuleBasedStateMachine):
         n.read_ver = self.state_ver
         n.history.begin(self.epoch, len(n.log))
         n.lead = LeaderState(c, self.epoch, set(self.isr), MIN_INSYNC, LAG_NS, n.hw,
-                             len(n.log), self.now)
+                             len(n.log), self.now, self.MAX_INSYNC)
         n.lease_valid = True
         n.following = None
 
@@ -142,10 +144,8 @@ class ReplicationRules(RuleBasedStateMachine):
         if n is None or n.lead is None or self.asked is not None:
             return
         live = {i for i in NODES if self.nodes[i].alive}
-        drop = n.lead.lagging(self.now, live)
-        add = n.lead.caught_up(list(NODES), self.now, live)
-        if drop or add:
-            new = (set(n.lead.isr) - drop) | add
+        new = n.lead.isr_change(list(NODES), self.now, live)
+        if new is not None:
             n.lead.asking(new)
             if n.read_ver != self.state_ver:
                 # the state moved on since it read it: refused (Coordinator._state_read)
@@ -315,6 +315,25 @@ class ReplicationRules(RuleBasedStateMachine):
 TestReplicationRules = ReplicationRules.TestCase
 TestReplicationRules.settings = settings(max_examples=300, stateful_step_count=60,
                                          deadline=None)
+
+
+class CappedReplicationRules(ReplicationRules):
+    """The same rules with the in-sync set capped at two (max_insync_replicas=2): the
+    third replica follows outside it and joins when a member leaves."""
+
+    MAX_INSYNC = 2
+
+    @invariant()
+    def the_cap_holds_once_the_leader_has_asked(self) -> None:
+        n = self.valid_leader()
+        if n is not None and n.lead is not None and self.asked is None \
+                and n.lead.isr_change(list(NODES), self.now, None) is None:
+            assert len(n.lead.isr) <= self.MAX_INSYNC, n.lead.isr
+
+
+TestCappedReplicationRules = CappedReplicationRules.TestCase
+TestCappedReplicationRules.settings = settings(max_examples=150, stateful_step_count=60,
+                                               deadline=None)
 
 
 def test_lease_clock_stops_before_the_ttl() -> None:
@@ -568,3 +587,37 @@ def test_a_leader_that_had_not_heard_does_not_write_a_lost_member_back() -> None
     m.campaign(3)
     m.acknowledged_records_are_kept()
     assert m.leader is None
+
+
+def _leader(isr: set[int], cap: int, held: dict[int, int], now: int = 0) -> LeaderState:
+    """Node 1 leading with ``isr``, capped at ``cap``; each follower in ``held`` has
+    fetched, holding that much, at time 0 (the leader's log ends at 10)."""
+    lead = LeaderState(1, 1, isr, MIN_INSYNC, LAG_NS, 0, 0, now, cap)
+    for node, acked in held.items():
+        lead.fetched(node, acked, 10, 0)
+        lead.answered(node, acked)
+    return lead
+
+
+def test_a_capped_set_gives_up_the_members_holding_least() -> None:
+    """Three in sync under a cap of two (the set etcd had, or the cap just set): the
+    member holding least leaves (the leader never); at a tie, the higher id."""
+    assert _leader({1, 2, 3}, 2, {2: 10, 3: 7}).isr_change([1, 2, 3], 0) == {1, 2}
+    assert _leader({1, 2, 3}, 2, {2: 10, 3: 10}).isr_change([1, 2, 3], 0) == {1, 2}
+    assert _leader({1, 2}, 2, {2: 10, 3: 10}).isr_change([1, 2, 3], 0) is None
+    # no cap: the caught-up follower joins
+    assert _leader({1, 2}, 0, {2: 10, 3: 10}).isr_change([1, 2, 3], 0) == {1, 2, 3}
+
+
+def test_a_capped_set_takes_a_follower_in_when_a_member_leaves() -> None:
+    """A member that stopped fetching leaves and the follower outside takes its place
+    in the same change (publishes are never refused for the swap); with room for one,
+    the one holding most joins."""
+    lead = _leader({1, 2}, 2, {2: 10, 3: 10})
+    lead.fetched(3, 10, 10, LAG_NS + 1)          # 3 fetches on; 2 fell silent
+    assert lead.isr_change([1, 2, 3], LAG_NS + 1) == {1, 3}
+    lead = _leader({1}, 2, {2: 10, 3: 10})
+    lead.hw = 10
+    assert lead.isr_change([1, 2, 3], 0) == {1, 2}
+    lead = _leader({1}, 2, {2: 9, 3: 10})
+    assert lead.isr_change([1, 2, 3], 0) == {1, 3}

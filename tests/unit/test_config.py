@@ -90,6 +90,9 @@ def test_tls_min_version_spellings(raw: str) -> None:
     ({"auth_http_request_method": "put"}, {}, "auth_http_request_method: must be post or get"),
     ({"snappy": "maybe"}, {}, "snappy: expected true or false"),
     ({}, {"loop_sender": "sometimes"}, "loop_sender: 'sometimes' is not \"auto\""),
+    ({"cluster_etcd": "http://127.0.0.1:2379", "min_insync_replicas": 3,
+      "max_insync_replicas": 2}, {}, "max_insync_replicas: must be 0"),
+    ({}, {"max_insync_replicas": "65"}, "--max-insync-replicas: 65 is out of range"),
 ])
 def test_bad_values_name_the_key(file: dict, flags: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as e:
