@@ -408,9 +408,10 @@ def _check(v: Options) -> None:
     if v.cluster_etcd:
         if v.min_insync_replicas > v.replication_factor:
             raise ConfigError("min_insync_replicas: must not exceed replication_factor")
-        if 0 < v.max_insync_replicas < v.min_insync_replicas:
+        if 0 < v.max_insync_replicas < max(2, v.min_insync_replicas):
             raise ConfigError("max_insync_replicas: must be 0 (every caught-up replica) "
-                              "or at least min_insync_replicas")
+                              "or at least min_insync_replicas and 2 (with 1 no follower "
+                              "could be elected when the leader is lost)")
         try:
             split_hostport(v.cluster_address)
         except ValueError as e:

@@ -93,6 +93,8 @@ def test_tls_min_version_spellings(raw: str) -> None:
     ({"cluster_etcd": "http://127.0.0.1:2379", "min_insync_replicas": 3,
       "max_insync_replicas": 2}, {}, "max_insync_replicas: must be 0"),
     ({}, {"max_insync_replicas": "65"}, "--max-insync-replicas: 65 is out of range"),
+    ({"cluster_etcd": "http://127.0.0.1:2379", "min_insync_replicas": 1,
+      "max_insync_replicas": 1}, {}, "with 1 no follower could be elected"),
 ])
 def test_bad_values_name_the_key(file: dict, flags: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as e:
