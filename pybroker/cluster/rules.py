@@ -274,7 +274,9 @@ class LeaderState:
         """The in-sync set to ask for, or None when it stays as it is: lagging members
         out, caught-up followers in while the set has room (``max_insync``; 0: every
         one). A set over the cap (an older one from etcd, or the cap just set) gives up
-        the members holding least. Who is a member never decides what an OK promises:
+        the members holding least, once each has fetched from this leader (else a
+        member not heard from yet, alive, could go before a dead one, which only
+        leaves as lagging). Who is a member never decides what an OK promises:
         every member holds what was acknowledged, and only members are elected, so
         the cap changes how many copies an OK waits for, never the rules."""
         keep = set(self.isr) - self.lagging(now_ns, live)
@@ -285,8 +287,9 @@ class LeaderState:
                 return (f.acked if f is not None else -1, -n)
             room = self.max_insync - len(keep)
             if room < 0:
-                out = sorted((n for n in keep if n != self.me), key=held)[:-room]
-                keep.difference_update(out)
+                others = [n for n in keep if n != self.me]
+                if all(n in self.followers for n in others):
+                    keep.difference_update(sorted(others, key=held)[:-room])
                 add = set()
             else:
                 add = set(sorted(add, key=held, reverse=True)[:room])
