@@ -435,18 +435,19 @@ def main() -> None:
     etcd = Etcd(args.etcd)
     settings: dict[str, Any] = {}
     try:
-        settings["pybroker single node"] = BrokerProcess(
-            "pybroker", [f"--durability={args.durability}"]).start()
-        name = "pybroker RF3 insync2" + (f" max{args.max_insync}" if args.max_insync else "")
-        settings[name] = ClusterSetting(etcd, args)
-        if args.nsqd and not args.no_nsqd:
-            settings["nsqd"] = BrokerProcess("nsqd", [],
-                                             nsqd_path=args.nsqd).start()
-        throughput(args, settings)
-    finally:
-        for s in settings.values():
-            s.stop()
-    try:
+        try:
+            settings["pybroker single node"] = BrokerProcess(
+                "pybroker", [f"--durability={args.durability}"]).start()
+            name = "pybroker RF3 insync2" + (f" max{args.max_insync}" if args.max_insync
+                                             else "")
+            settings[name] = ClusterSetting(etcd, args)
+            if args.nsqd and not args.no_nsqd:
+                settings["nsqd"] = BrokerProcess("nsqd", [],
+                                                 nsqd_path=args.nsqd).start()
+            throughput(args, settings)
+        finally:
+            for s in settings.values():
+                s.stop()
         if args.failovers > 0:
             failover(args, etcd)
         if args.handovers > 0:
