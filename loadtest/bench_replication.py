@@ -157,11 +157,12 @@ class ClusterSetting:
 
     def __init__(self, etcd: Etcd, args: argparse.Namespace,
                  env: dict[int, dict[str, str]] | None = None) -> None:
-        self.members = getattr(args, "max_insync", 0) or 3
+        cap = getattr(args, "max_insync", 0)    # (bench_takeover's args have none)
+        self.members = cap or 3
         self.nodes = {i: BrokerProcess("pybroker", [
             f"--node-id={i}", f"--cluster-etcd={etcd.url}", "--cluster-address=127.0.0.1:0",
             "--replication-factor=3", "--min-insync-replicas=2",
-            f"--max-insync-replicas={getattr(args, 'max_insync', 0)}",
+            f"--max-insync-replicas={cap}",
             f"--cluster-lease-ttl={args.lease_ttl}", f"--durability={args.durability}",
             ], env=(env or {}).get(i)) for i in (1, 2, 3)}
         for b in self.nodes.values():

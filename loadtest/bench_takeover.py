@@ -133,7 +133,7 @@ def led_topic(etcd_path: str) -> Iterator[tuple[ClusterSetting, BrokerProcess, i
         etcd.stop()
 
 
-def one_run(args: argparse.Namespace) -> tuple[float, float]:
+def one_run(args: argparse.Namespace) -> tuple[float, float, int]:
     """(the longest PUB round trip on a surviving node, ms; the build time, ms)."""
     with led_topic(args.etcd) as (cs, leader, lead):
         defer_all(leader.tcp_address, args.deferred)

@@ -282,9 +282,8 @@ class LeaderState:
         keep = set(self.isr) - self.lagging(now_ns, live)
         add = self.caught_up(replicas, now_ns, live)
         if self.max_insync:
-            def held(n: int) -> tuple[int, int]:
-                f = self.followers.get(n)
-                return (f.acked if f is not None else -1, -n)
+            def held(n: int) -> tuple[int, int]:      # (every n ranked has fetched)
+                return (self.followers[n].acked, -n)
             room = self.max_insync - len(keep)
             if room < 0:
                 others = [n for n in keep if n != self.me]
