@@ -1158,9 +1158,10 @@ def test_a_follower_behind_the_leaders_oldest_record_begins_again_there(
     assert status == 200 and int(doc["end_offset"]) == 301, doc
 
 
-@pytest.mark.parametrize("fault", ["write_enospc", "fsync_eio"])
+@pytest.mark.parametrize("fault, cap", [("write_enospc", 0), ("fsync_eio", 0),
+                                        ("write_enospc", 2)])
 def test_a_leader_whose_disk_fails_hands_its_leadership_over(tmp_path: Path,
-                                                             fault: str) -> None:
+                                                             fault: str, cap: int) -> None:
     """The leader's log stops taking writes (ENOSPC on pwrite, memory mode) or fsyncs
     (EIO, fsync mode) from the fault plan, under 8 publishers and 4 consumers. Before,
     it kept leading and failed every publish while two in-sync followers stood by. Now
@@ -1168,14 +1169,18 @@ def test_a_leader_whose_disk_fails_hands_its_leadership_over(tmp_path: Path,
     one etcd transaction (``Replica.storage_failed``, ``Coordinator._resign``); an
     in-sync follower is elected, publishes (also those sent to the old leader, which
     forwards them) are acknowledged again, and no acknowledged message is lost. Once
-    its disk works the old leader catches up and rejoins the in-sync set."""
+    its disk works the old leader catches up and rejoins the in-sync set. With the set
+    capped at two (``cap``) the heir is its one other member, and the replica outside
+    the set joins it; the old leader, back, catches up outside the full set."""
+    extra = [f"--max-insync-replicas={cap}"]
     if fault == "write_enospc":
-        c, flags = _faulty_cluster(tmp_path, "op=pwrite kind=ENOSPC")
+        c, flags = _faulty_cluster(tmp_path, "op=pwrite kind=ENOSPC", extra=extra)
     else:
         c, flags = _faulty_cluster(tmp_path, "op=fsync kind=EIO",
-                                   extra=["--durability=fsync"])
+                                   extra=["--durability=fsync", *extra])
+    members = cap or 3
     try:
-        old = _create(c)
+        old = _create(c, members=members)
         cons, pubs = _traffic(c, "before the disk fails")
         try:
             failed_at = time.monotonic()
@@ -1206,7 +1211,7 @@ def test_a_leader_whose_disk_fails_hands_its_leadership_over(tmp_path: Path,
         print(f"{fault}: handed over in {handed_in:.2f}s, {len(acked)} acknowledged, "
               f"{pubs.failed} refused")
         flags[old].unlink()
-        wait_until(lambda: c.settled(TOPIC, 3) == new, 30, 0.05,
+        wait_until(lambda: c.settled(TOPIC, members) == new, 30, 0.05,
                    what="the old leader to catch up and rejoin once its disk works")
         wait_until(lambda: len({(c.replication(i, TOPIC) or {}).get("log_end")
                                 for i in c.nodes}) == 1, 15, 0.05,
