@@ -161,7 +161,13 @@ class ReplicationServer(SelectorLoop):
         for c in conns:
             req = c.parked
             if req is not None and name in req.names:
-                self.unpark(c, final=False)
+                loop.when_idle(c, self._answer_idle, c, loop)
+
+    def _answer_idle(self, c: FollowerConn, loop: EventLoop) -> None:
+        """The loop's idle moment after a fetch found records, or records were written
+        for a parked one (``when_idle``): answered with every write since."""
+        if c.loop is loop and not c.closed and c.parked is not None:
+            self.unpark(c, final=c.held)
 
     def unpark(self, c: FollowerConn, final: bool = True) -> None:
         """Answer a parked fetch: at its deadline (``final``: even with nothing to
@@ -183,12 +189,12 @@ class ReplicationServer(SelectorLoop):
         self._more(c)
 
     def _wait(self, c: FollowerConn, req: Fetch, something: bool) -> None:
-        """A fetch just read, its acknowledgement posted: answered at the end of this
-        turn, after its writes, when it has ``something`` to be sent (``answer_held``),
-        else parked."""
+        """A fetch just read, its acknowledgement posted: answered at the loop's next
+        idle moment, after the writes of the turns until then, when it has
+        ``something`` to be sent (held), else parked."""
         if something:
             c.held = True
-            c.loop.at_turn_end(c.answer_held)
+            c.loop.when_idle(c, self._answer_idle, c, c.loop)
         else:
             self._park(c, req)
 

@@ -1,8 +1,8 @@
 """FollowerConn: one follower's connection to the leader's replication server
 (pybroker.cluster.serve), owned by one event loop at a time: non-blocking reads into one
 kept buffer, frames (pybroker.cluster.wire) handed to the server one request at a
-time, answers written with ``sendmsg`` uncopied; a fetch held to the end of its turn
-is answered there (``answer_held``, after the turn's writes). Budget: a request frame
+time, answers written with ``sendmsg`` uncopied (a fetch that found records is held
+until its loop's next idle moment: pybroker.cluster.serve). Budget: a request frame
 over MAX_REQUEST drops the connection from its header.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ class FollowerConn:
         self.reader = FrameReader(MAX_REQUEST)
         self.out: deque[Buffer] = deque()   # (a frame may be many pieces: popped left)
         self.parked: Fetch | None = None
-        self.held = False          # parked with records to send: answered this turn
+        self.held = False          # parked with records to send: answered when idle
         self.moves = 0             # to the loop owning its topics (at most MAX_MOVES)
         self.timer: object = None  # (the server's: one per connection, ``_park``)
         self.deadline = 0          # of the parked fetch (monotonic ns)
@@ -131,12 +131,6 @@ class FollowerConn:
                 self.loop.selector.modify(self.sock, events, self)
             except (KeyError, ValueError):
                 pass
-
-    def answer_held(self) -> None:
-        """The end of the turn the held fetch was read in, after the turn's writes
-        (``EventLoop.at_turn_end``): answered now if no write answered it."""
-        if self.held and not self.closed:
-            self.server.unpark(self)
 
     def close(self, why: str) -> None:
         if self.closed:

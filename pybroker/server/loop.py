@@ -29,7 +29,7 @@ import logging
 import selectors
 import socket
 import time
-from typing import TYPE_CHECKING, Callable, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 from pybroker._native.batchio import C_FROM, SENDER_SPIN_NS, BatchIO, Sender
 from pybroker.core.channel import Channel
@@ -120,8 +120,6 @@ class EventLoop(SelectorLoop):
         self.direct: list[tuple[Conn, int, int]] = []
         # channels of other loops with new records: told once per turn
         self._wake_remote: dict[Owner[Channel], dict[Channel, None]] = {}
-        # run at the end of this turn, after its publishes' writes (at_turn_end)
-        self._turn_end: list[Callable[[], None]] = []
         # connections whose commands a turn's budget left (Connection._run): run last
         # in the next turn, after every other connection's answers are written
         self._leftover: dict[Conn, None] = {}
@@ -463,7 +461,7 @@ class EventLoop(SelectorLoop):
 
     def busy(self) -> bool:
         return bool(self.dirty or self.to_flush or self.publisher.busy() or self._handover
-                    or self.lane.taken or self.direct or self._turn_end or self._leftover
+                    or self.lane.taken or self.direct or self._leftover
                     or self._leaving)
 
     def run_later(self, conn: Conn) -> None:
@@ -471,11 +469,6 @@ class EventLoop(SelectorLoop):
         (``Connection.run_leftover``): a client that floods commands is served after
         the others' answers are written, not before them."""
         self._leftover[conn] = None
-
-    def at_turn_end(self, fn: Callable[[], None]) -> None:
-        """Run fn() at the end of this turn, after the writes of the turn's publishes
-        (a follower's fetch answered with what they appended too)."""
-        self._turn_end.append(fn)
 
     def on_error(self, obj: object) -> None:
         log.exception("[%s] unexpected error; closing the connection", obj)
@@ -520,13 +513,6 @@ class EventLoop(SelectorLoop):
             self._write_all({}, direct)
         if lane.fins:
             lane.run_fins()
-        while self._turn_end:
-            fns, self._turn_end = self._turn_end, []
-            for fn in fns:
-                try:
-                    fn()
-                except Exception:    # a bug: never into the rest of the turn
-                    log.exception("%s: an end-of-turn call failed", self.name)
         if self.dirty:
             now = monotonic_ns()
             wall = time.time_ns()

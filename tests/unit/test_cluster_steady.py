@@ -42,26 +42,6 @@ def test_a_one_topic_answer_is_the_general_encoders_bytes(first: int, hw: int,
                                                                    blobs))
 
 
-class _TurnLoop(SelectorLoop):
-    """A selector loop with the server loop's ``at_turn_end``."""
-
-    def __init__(self) -> None:
-        super().__init__("test-steady")
-        self._ends: list[Callable[[], None]] = []
-
-    def at_turn_end(self, fn: Callable[[], None]) -> None:
-        self._ends.append(fn)
-
-    def busy(self) -> bool:
-        return bool(self._ends)
-
-    def end_of_turn(self) -> None:
-        while self._ends:
-            fns, self._ends = self._ends, []
-            for fn in fns:
-                fn()
-
-
 class _Replica:
     """What the server reads of a topic this node leads."""
 
@@ -104,7 +84,7 @@ class _Node:
 
 @pytest.fixture
 def setting() -> Iterator[tuple[SelectorLoop, _Replica, ReplicationServer]]:
-    loop = _TurnLoop()
+    loop = SelectorLoop("test-steady")
     loop.start()
     r = _Replica(loop)
     srv = ReplicationServer(_Node(loop, r), "127.0.0.1:0")  # type: ignore[arg-type]

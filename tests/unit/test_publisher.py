@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from pybroker import evloop
 from pybroker.errors import Exiting
 from pybroker.server.loop import EventLoop
 from pybroker.server.publish import SLICE, publish_now
@@ -364,12 +365,15 @@ def test_the_lanes_answers_go_out_with_the_turn_and_before_what_follows(
     client.close()
 
 
-def test_turn_end_calls_run_after_the_turns_writes_in_the_same_turn(
-        memory: Harness, caplog: pytest.LogCaptureFixture) -> None:
-    """EventLoop.at_turn_end: what a replication leader answers a follower's held fetch
-    with. The call sees the records the turn's publishes appended already written; a
-    call it adds runs in the same turn; one that raises is logged, the rest still run;
-    the next turn runs none again."""
+def test_idle_calls_run_after_the_writes_of_the_turns_before(
+        memory: Harness, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SelectorLoop.when_idle on the event loop: what a replication leader answers a
+    follower's fetch at. A turn with work (one that does not sleep) leaves the calls
+    deferred; the next turn that finds nothing to read runs them, and they see the
+    records the publishes before appended already written; one that raises is logged,
+    the rest still run; a call deferred while they run waits for the next idle turn."""
+    monkeypatch.setattr(evloop, "IDLE_MAX_NS", 10**12)   # (only idleness runs them)
     h = memory
     t = h.name_owned_by(h.a, "t")
     topic = h.rt.broker.get_topic(t)
@@ -380,16 +384,17 @@ def test_turn_end_calls_run_after_the_turns_writes_in_the_same_turn(
 
     def first() -> None:
         seen.append(("first", topic.log.written))
-        h.a.at_turn_end(lambda: seen.append(("added", topic.log.written)))
+        h.a.when_idle("added", lambda: seen.append(("added", topic.log.written)))
 
     h.publish(h.a, t, "p", 3)
-    h.a.at_turn_end(broken)
-    h.a.at_turn_end(first)
-    assert h.a.busy()                 # a turn with calls owed does not sleep
-    with caplog.at_level(logging.ERROR):
-        h.turn(h.a)
-    assert seen == [("first", 3), ("added", 3)]
-    assert "an end-of-turn call failed" in caplog.text
+    h.a.when_idle("broken", broken)
+    h.a.when_idle("first", first)
+    h.turn(h.a)                       # (a call queued: the turn does not sleep)
+    assert seen == []
     assert h.results["p"][0] == "ok"
-    h.turn(h.a)
-    assert len(seen) == 2
+    with caplog.at_level(logging.ERROR):
+        h.a.run_once()               # nothing to read: a look, then the calls
+    assert seen == [("first", 3)]
+    assert "error in an idle call" in caplog.text
+    h.a.run_once()
+    assert seen == [("first", 3), ("added", 3)]
