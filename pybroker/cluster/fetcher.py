@@ -48,6 +48,7 @@ from pybroker.cluster.wire import (MAX_TOPICS, Buffer, WireError, blob_span, blo
                                    encode, encode_compact_fetch, history_of, is_json,
                                    parse_compact_answer, parse_head, parse_header)
 from pybroker.config import split_hostport
+from pybroker.evloop import REPLY_SPIN_NS
 from pybroker.server.services import owner_loop
 
 if TYPE_CHECKING:
@@ -96,6 +97,7 @@ class Fetcher:
         self.compact_ok = False
         self.plan: list[tuple[Replica, int, int, list[int]]] = []
         self.rest_until = 0       # monotonic ns: a lazy follower's next fetch (0: at once)
+        self.flowing = False      # the last answer carried records (and no rest follows)
 
     def __repr__(self) -> str:
         return f"fetch-from-{self.leader}"
@@ -164,6 +166,8 @@ class Fetcher:
             self._send_frame(encode_compact_fetch(
                 self.node.id, WAIT_MS, FETCH_BYTES, [r.topic.log.written for r in topics]),
                 ("fetch", topics), WAIT_MS * 1_000_000)
+            if self.flowing:
+                self.loop.spin_for(REPLY_SPIN_NS)
             return
         self.plan = plan
         fetch: list[Json] = [{"name": r.name, "epoch": epoch, "offset": r.topic.log.written,
@@ -202,9 +206,13 @@ class Fetcher:
         assert self.asked is not None
         kind, topics = self.asked
         self.asked = None
+        # records came: more are likely on their way (the next fetch looks for its
+        # answer before sleeping), unless this follower rests
+        self.flowing = len(blob) > 0
         if kind == "fetch" and self._lazy(topics, len(blob)):
             # before the appends: one done at once asks for the next fetch from there
             self.rest_until = time.monotonic_ns() + LAZY_NS
+            self.flowing = False
         if not is_json(raw):
             if kind != "fetch":
                 raise WireError(f"a compact answer to {kind}")

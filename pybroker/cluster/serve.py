@@ -21,11 +21,12 @@ Requests (one at a time per connection, answered in order):
   (``"parts"``, pybroker.cluster.states; Replica.states_for), else all of them as one
   JSON object made off the loops, in the blob (``"states": [at, length]``, with each
   channel's floor in ``"floors"``; Replica.shipped_states). It
-  is sent at the end of the turn the fetch was read in, after that turn's writes
-  (``notify``: a write answers it with its records too; else
-  ``EventLoop.at_turn_end``), never a turn later: a follower answered late would stay
-  a write behind the others. With no record to send, the request
-  waits (long poll) until a write or ``wait_ms`` (at most MAX_WAIT_MS);
+  is sent at the loop's next idle moment (``SelectorLoop.when_idle``: a look finds no
+  event, at most IDLE_MAX_NS later), after the writes of the turns until then, so that
+  one answer carries the publishes that arrive together; every follower's answer waits
+  for the same moment (none stays a write behind the others). With no record to send,
+  the request waits (long poll) until a write (then it is answered at the next idle
+  moment too) or ``wait_ms`` (at most MAX_WAIT_MS);
 - a compact fetch (wire.COMPACT_FETCH, once a JSON answer said ``"compact": 1``): the
   connection's last JSON fetch, kept checked (pybroker.cluster.fetchreq.Fetch), with
   new offsets; answered compact (wire.COMPACT_ANSWER) when every topic's answer is
@@ -62,7 +63,7 @@ from pybroker.cluster.wire import (MAX_TOPICS, WireError, encode, encode_compact
                                    encode_compact_one, is_json, parse_compact_fetch,
                                    parse_head)
 from pybroker.config import split_hostport
-from pybroker.evloop import SelectorLoop
+from pybroker.evloop import REPLY_SPIN_NS, SelectorLoop
 from pybroker.server.services import owner_loop
 
 if TYPE_CHECKING:
@@ -352,8 +353,8 @@ class ReplicationServer(SelectorLoop):
 
     def _steady_fetch(self, c: FollowerConn, req: Fetch) -> bool:
         """A compact fetch just read (``_fetch(hold=True)`` in few steps): its
-        acknowledgement posted; held to the turn's end if records are there for it,
-        else parked. False: not the steady state (nothing done)."""
+        acknowledgement posted; held to the loop's next idle moment if records are
+        there for it, else parked. False: not the steady state (nothing done)."""
         if c.parked is not None or req.wait_ms <= 0:
             return False
         r = self._steady(c, req)
@@ -387,6 +388,9 @@ class ReplicationServer(SelectorLoop):
         c.held = False
         c.send(encode_compact_one(offset, r.hw, size, raws))
         r.sent(c.node, min(offset + n, written))
+        if c.node in r.isr:
+            # publishes wait for its acknowledgement: look for it before sleeping
+            c.loop.spin_for(REPLY_SPIN_NS)
         return True
 
     def _epoch_end(self, t: JsonObj) -> JsonObj:
@@ -404,9 +408,9 @@ class ReplicationServer(SelectorLoop):
         """Answer a fetch (True), or leave it to wait for records (False): parked
         here unless ``again`` (it is parked already; its acknowledgement was posted).
         ``hold``: a fetch just read: its acknowledgement is posted now and, when it has
-        something to be sent, it is answered at the end of this turn, after its writes
-        (``notify``, else ``at_turn_end``), so that the answer also carries what this
-        turn's publishes append; else it is parked. ``acked``: it was parked, and its
+        something to be sent, it is answered at the loop's next idle moment
+        (``when_idle``), so that the answer also carries what the publishes until then
+        append; else it is parked. ``acked``: it was parked, and its
         acknowledgement was posted then; only what the answer sent is posted now. A
         compact fetch is answered compact unless a topic's answer carries more than
         records and a high watermark."""

@@ -170,13 +170,13 @@ def test_spinning_stops_for_a_peer_slower_than_the_spin() -> None:
     spins = [0]
 
     def count_spins(loop: SelectorLoop) -> None:
-        spin = loop._spin
+        spin = loop._spin_or_sleep
 
         def counting(timeout: float | None) -> list[tuple[object, int]]:
             spins[0] += 1
             return spin(timeout)  # type: ignore[return-value]
 
-        loop._spin = counting     # type: ignore[method-assign]
+        loop._spin_or_sleep = counting     # type: ignore[method-assign]
 
     with echoing(200_000, count_spins) as (_, echo, b):
         n = 100
@@ -210,3 +210,98 @@ def test_a_nap_cap_wakes_a_loop_that_has_nothing_to_do() -> None:
         loop.stop()
         assert loop.stopped.wait(5)
         loop.close()
+
+
+class Asker:
+    """Sends a request after each reply and says a reply is coming (spin_for)."""
+
+    def __init__(self, loop: SelectorLoop, sock: socket.socket, n: int,
+                 expect_ns: int) -> None:
+        self.loop, self.sock, self.left, self.expect_ns = loop, sock, n, expect_ns
+        self.done = threading.Event()
+
+    def ask(self) -> None:
+        self.sock.sendall(b"?")
+        self.loop.spin_for(self.expect_ns)
+
+    def on_readable(self) -> None:
+        if not self.sock.recv(64):
+            return
+        self.left -= 1
+        if self.left:
+            self.ask()
+        else:
+            self.done.set()
+
+    def on_writable(self) -> None:
+        pass
+
+
+REPLYING_PEER = """
+import socket, sys, time
+s = socket.socket(fileno=int(sys.argv[1]))
+s.settimeout(10)
+for i in range(int(sys.argv[2])):
+    assert s.recv(64) == b"?"
+    time.sleep(float(sys.argv[3]))    # longer than the spin
+    s.sendall(b"!")
+"""
+
+
+def _exchanges(spin_ns: int, expect_ns: int, n: int, delay_s: float
+               ) -> list[tuple[int, bool]]:
+    """n request/reply exchanges with a peer that replies after delay_s; each look
+    the loop made before sleeping: (how long it might look, found something)."""
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    loop = SelectorLoop("test-reply", spin_ns=spin_ns)
+    asker = Asker(loop, a, n, expect_ns)
+    loop.selector.register(a, EVENT_READ, asker)
+    looks: list[tuple[int, bool]] = []
+    spin = loop._spin
+
+    def recording(timeout: float | None, ns: int) -> list[tuple[object, int]]:
+        got = spin(timeout, ns)
+        looks.append((ns, bool(got)))
+        return got  # type: ignore[return-value]
+
+    loop._spin = recording     # type: ignore[method-assign]
+    loop.start()
+    try:
+        peer = subprocess.Popen([sys.executable, "-c", REPLYING_PEER, str(b.fileno()),
+                                 str(n), str(delay_s)], pass_fds=[b.fileno()])
+        loop.call_soon_threadsafe(asker.ask)
+        assert asker.done.wait(30)
+        assert peer.wait(10) == 0
+    finally:
+        loop.stop()
+        assert loop.stopped.wait(5)
+        loop.close()
+        a.close()
+        b.close()
+    return looks
+
+
+def test_a_reply_said_to_be_coming_is_looked_for_past_the_spin() -> None:
+    """spin_for(ns): a reply that comes 20 ms after the request, far past the spin
+    (200 us), is found by a look without sleeping when one is expected within 2 s."""
+    n = 10
+    looks = _exchanges(200_000, 2_000_000_000, n, 0.02)
+    waits = [found for ns, found in looks if ns == 2_000_000_000]
+    assert len(waits) == n and all(waits), looks
+
+
+def test_replies_that_keep_coming_late_stop_the_long_looks() -> None:
+    """Replies 20 ms late to looks of 2 ms: after SPIN_MISSES misses in a row the loop
+    sleeps at once, looking again only to probe (one sleep in SPIN_PROBE)."""
+    from pybroker.evloop import SPIN_MISSES, SPIN_PROBE
+
+    n = 30
+    looks = _exchanges(200_000, 2_000_000, n, 0.02)
+    long_looks = [found for ns, found in looks if ns == 2_000_000]
+    assert not any(long_looks)
+    assert SPIN_MISSES <= len(long_looks) <= SPIN_MISSES + n // SPIN_PROBE + 1, looks
+
+
+def test_a_loop_without_a_spin_never_looks() -> None:
+    assert _exchanges(0, 2_000_000_000, 5, 0.001) == []
