@@ -97,7 +97,8 @@ class Fetcher:
         self.compact_ok = False
         self.plan: list[tuple[Replica, int, int, list[int]]] = []
         self.rest_until = 0       # monotonic ns: a lazy follower's next fetch (0: at once)
-        self.flowing = False      # the last answer carried records (and no rest follows)
+        self.flowing = False      # the last answer carried records, soon (no rest follows)
+        self.asked_ns = 0         # when the last request was sent (monotonic ns)
 
     def __repr__(self) -> str:
         return f"fetch-from-{self.leader}"
@@ -185,7 +186,8 @@ class Fetcher:
         self.asked = asked
         # one watchdog timer, moved on only when it fires (not set and cancelled per
         # exchange: an exchange is a few hundred microseconds under load)
-        self.deadline = time.monotonic_ns() + wait_ns + IO_SLACK_NS
+        self.asked_ns = time.monotonic_ns()
+        self.deadline = self.asked_ns + wait_ns + IO_SLACK_NS
         if self.timer is None:
             self.timer = self.loop.call_later(wait_ns + IO_SLACK_NS, self._late)
         for b in frame:
@@ -206,9 +208,10 @@ class Fetcher:
         assert self.asked is not None
         kind, topics = self.asked
         self.asked = None
-        # records came: more are likely on their way (the next fetch looks for its
-        # answer before sleeping), unless this follower rests
-        self.flowing = len(blob) > 0
+        # records came soon after it asked: more are likely on their way as soon
+        # (the next fetch looks for its answer before sleeping), unless it rests
+        self.flowing = len(blob) > 0 and \
+            time.monotonic_ns() - self.asked_ns < REPLY_SPIN_NS
         if kind == "fetch" and self._lazy(topics, len(blob)):
             # before the appends: one done at once asks for the next fetch from there
             self.rest_until = time.monotonic_ns() + LAZY_NS

@@ -364,6 +364,7 @@ class ReplicationServer(SelectorLoop):
         written = r.topic.log.written
         if offset > written:
             return False
+        c.quick = monotonic_ns() - c.answered_ns < REPLY_SPIN_NS
         c.parked = req
         r.acked(c.node, offset)
         self._wait(c, req, offset < written)
@@ -388,8 +389,10 @@ class ReplicationServer(SelectorLoop):
         c.held = False
         c.send(encode_compact_one(offset, r.hw, size, raws))
         r.sent(c.node, min(offset + n, written))
-        if c.node in r.isr:
-            # publishes wait for its acknowledgement: look for it before sleeping
+        c.answered_ns = monotonic_ns()
+        if c.quick and c.node in r.isr:
+            # publishes wait for its acknowledgement, and the last one came soon
+            # after its records: look for it before sleeping
             c.loop.spin_for(REPLY_SPIN_NS)
         return True
 

@@ -40,7 +40,8 @@ class FollowerConn:
     """One follower's connection, owned by one event loop."""
 
     __slots__ = ("server", "loop", "sock", "reader", "out", "parked", "timer", "node",
-                 "rbuf", "writing", "closed", "held", "moves", "plan", "deadline")
+                 "rbuf", "writing", "closed", "held", "moves", "plan", "deadline",
+                 "answered_ns", "quick")
 
     def __init__(self, server: ConnServer, loop: EventLoop,
                  sock: socket.socket) -> None:
@@ -56,6 +57,8 @@ class FollowerConn:
         self.moves = 0             # to the loop owning its topics (at most MAX_MOVES)
         self.timer: object = None  # (the server's: one per connection, ``_park``)
         self.deadline = 0          # of the parked fetch (monotonic ns)
+        self.answered_ns = 0       # when the last records were sent (monotonic ns)
+        self.quick = False         # the fetch after them came within REPLY_SPIN_NS
         self.node = -1
         # the last JSON fetch read (a compact fetch is it again with new offsets)
         self.plan: Fetch | None = None

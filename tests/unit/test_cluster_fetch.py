@@ -309,6 +309,58 @@ def test_once_the_leader_takes_compact_fetches_the_steady_state_is_compact(
         leader.close()
 
 
+class _Looking(SelectorLoop):
+    """A loop that notes each ``spin_for`` (with the offset the fetch just sent named)."""
+
+    def __init__(self, rep: _Replica) -> None:
+        super().__init__("test-fetch-looks", spin_ns=50_000)
+        self.rep = rep
+        self.looks: list[tuple[int, int]] = []
+
+    def spin_for(self, ns: int) -> None:
+        self.looks.append((self.rep.topic.log.written, ns))
+        super().spin_for(ns)
+
+
+def test_a_follower_looks_for_an_answer_only_while_records_come_soon() -> None:
+    """After an answer that carried records within REPLY_SPIN_NS of its fetch, the next
+    fetch says a reply is coming (the loop looks for it before sleeping); after one
+    that came later, or carried nothing, it does not."""
+    from pybroker.evloop import REPLY_SPIN_NS
+
+    def answer(conn: socket.socket, head: dict[str, object], i: int) -> None:
+        if i == 1:       # JSON, prompt, 5 records: the leader takes compact fetches
+            conn.sendall(b"".join(_records(head, 5, compact=True)))
+            return
+        at = head["offsets"][0]  # type: ignore[index]
+        if i in (2, 3, 5):       # prompt, 5 records
+            conn.sendall(b"".join(encode_compact_answer([(at, at + 5, 50)], [b"r" * 50])))
+        elif i == 4:             # empty, prompt
+            conn.sendall(b"".join(encode_compact_answer([(at, at, 0)], [])))
+        elif i == 6:             # 5 records, but late
+            time.sleep(20 * REPLY_SPIN_NS / 1e9)
+            conn.sendall(b"".join(encode_compact_answer([(at, at + 5, 50)], [b"r" * 50])))
+
+    rep = _Replica()
+    lp = _Looking(rep)
+    lp.start()
+    leader = _Leader(answer)
+    f, _ = _fetching(lp, leader, rep=rep)
+    try:
+        wait_until(lambda: len(leader.requests) >= 7, 10, what="seven fetches")
+        assert [r["op"] for r in leader.requests[:7]] == ["fetch"] + ["compact"] * 6
+        # fetches 2, 3 (answers 1, 2 prompt), 4 (answer 3), not 5 (answer 4 empty),
+        # 6 (answer 5), not 7 (answer 6 late)
+        assert lp.looks == [(5, REPLY_SPIN_NS), (10, REPLY_SPIN_NS),
+                            (15, REPLY_SPIN_NS), (20, REPLY_SPIN_NS)]
+    finally:
+        _stop(lp, f)
+        leader.close()
+        lp.stop()
+        assert lp.stopped.wait(5)
+        lp.close()
+
+
 def test_a_trickled_answer_is_cut_at_its_deadline(loop: SelectorLoop,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fetcher_mod, "WAIT_MS", 100)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from pybroker.cluster.replica import LEADER
 from pybroker.cluster.rules import EpochHistory
+from pybroker.cluster import serve as serve_mod
 from pybroker.cluster.serve import ReplicationServer
 from pybroker.cluster.wire import (FrameReader, encode, encode_compact_answer,
                                    encode_compact_fetch, encode_compact_one, is_json,
@@ -57,6 +58,7 @@ class _Replica:
                             max_record_bytes=4096)
         self.topic = type("T", (), {"log": self.log, "owner": loop})()
         self.posts: list[tuple[str, int]] = []      # what the server posted, in order
+        self.isr = [1, FOLLOWER_NODE]               # the in-sync set
 
     def write(self, bodies: list[bytes]) -> None:
         self.log.append(bodies, time.time_ns())
@@ -82,9 +84,21 @@ class _Node:
         self.replicas = {"t": r}
 
 
+class _Looking(SelectorLoop):
+    """Notes each ``spin_for`` the server asks of it."""
+
+    def __init__(self) -> None:
+        super().__init__("test-steady", spin_ns=50_000)
+        self.looks: list[int] = []
+
+    def spin_for(self, ns: int) -> None:
+        self.looks.append(ns)
+        super().spin_for(ns)
+
+
 @pytest.fixture
-def setting() -> Iterator[tuple[SelectorLoop, _Replica, ReplicationServer]]:
-    loop = SelectorLoop("test-steady")
+def setting() -> Iterator[tuple[_Looking, _Replica, ReplicationServer]]:
+    loop = _Looking()
     loop.start()
     r = _Replica(loop)
     srv = ReplicationServer(_Node(loop, r), "127.0.0.1:0")  # type: ignore[arg-type]
@@ -231,3 +245,39 @@ def test_a_follower_whose_history_differs_is_answered_by_the_general_path(
     [t] = head["topics"]
     assert t["history"] == [[1, 0], [3, 0]] and t["first"] == 2
     assert t["blob"] == [0, len(blob)] and len(blob) > 0
+
+
+@pytest.mark.parametrize("member, pause_s, looks", [
+    (True, 0.0, 2),        # a member that fetches again at once: looked for
+    (False, 0.0, 0),       # a follower outside the in-sync set: no OK waits for it
+    (True, 0.3, 0),        # a member slower than the look: not looked for
+])
+def test_the_leader_looks_for_a_prompt_members_next_fetch(
+        setting: tuple[_Looking, _Replica, ReplicationServer],
+        monkeypatch: pytest.MonkeyPatch, member: bool, pause_s: float,
+        looks: int) -> None:
+    """After answering an in-sync member whose last fetch followed the records before
+    within REPLY_SPIN_NS (made 100 ms here, for a busy machine), the leader's loop looks
+    for its next fetch (its acknowledgement) before sleeping: from the second steady
+    answer on, since the first follows a JSON one."""
+    monkeypatch.setattr(serve_mod, "REPLY_SPIN_NS", 100_000_000)
+    loop, r, srv = setting
+    if not member:
+        r.isr = [1]
+    _on_loop(loop, lambda: r.write([b"a" * 20]))
+    f = _Follower(srv)
+    f.fetch(0, 0, r.history.mark())
+    _posted(r, 1)
+    for round_ in range(3):
+        end = r.log.written
+        f.compact(end, 5000)
+        wait_until(lambda end=end: ("acked", end) in r.posts, 5)  # type: ignore[misc]
+
+        def write_and_tell(round_: int = round_) -> None:
+            r.write([b"r%d" % round_ * 8])
+            srv.notify("t")
+        _on_loop(loop, write_and_tell)
+        f.answer()
+        time.sleep(pause_s)
+    _posted(r, 4)
+    assert loop.looks == [100_000_000] * looks
