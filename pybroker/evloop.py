@@ -213,14 +213,14 @@ sched_yield: Callable[[], None] = getattr(os, "sched_yield", lambda: None)
 # when_idle: its calls run once a look finds no event for this long (at most the
 # spin), or this long after the first was deferred, whichever comes first. 4
 # producers at depth 1 on a replicated topic: a leader's answer to its follower carries
-# 2.9 publishes (not 1.6) and the three nodes' CPU a message falls 22 %
+# 3.6 publishes (not 2.0) and the three nodes' CPU a message falls 30 %
 # (docs/replication.md, "Answers when the loop is idle")
 IDLE_LOOK_NS = 10_000
 IDLE_MAX_NS = 300_000
 # spin_for's usual length: a replication round's reply (a follower's acknowledgement,
 # a leader's answer while records flow) comes within it under load. PUB 4 x 1 on a
-# replicated topic, both sides looking: 1.31x the rate at about the same CPU a message
-# (docs/replication.md, "Looking for a reply that is coming")
+# replicated topic, both sides looking: 1.2x the rate, for the member follower's CPU
+# spent looking (docs/replication.md, "Looking for a reply that is coming")
 REPLY_SPIN_NS = 1_000_000
 SPIN_MISSES = 4     # spins in a row that found nothing: stop spinning
 SPIN_PROBE = 64     # then one in this many sleeps spins again, to notice a fast client
@@ -297,10 +297,10 @@ class SelectorLoop:
         self._misses = 0          # spins in a row that found nothing
         self._sleeps = 0          # sleeps since spinning stopped (for the probe)
         self._idle: dict[object, Call] = {}   # key -> call (when_idle)
+        self._idle_since = 0      # when the first of them was deferred
         self._reply_ns = 0        # spin_for: the next sleep looks this long first
         self._reply_misses = 0    # such looks in a row that found nothing
-        self._reply_sleeps = 0
-        self._idle_since = 0      # when the first of them was deferred
+        self._reply_sleeps = 0    # sleeps since they stopped (for the probe)
         # the longest a turn may sleep in poll now (seconds; None: no cap), for work a
         # subclass must come back to soon though no event or timer may call it
         self.nap_cap: float | None = None

@@ -28,6 +28,10 @@ budget) it rests ``LAZY_NS`` before the next fetch: its records come a few milli
 late, in bigger rounds, and neither it nor the leader wakes for every publish. It is
 eager again as soon as the set has room (then it must catch up to join it) or it is a
 member.
+
+While records flow (the last answer carried some and came within ``REPLY_SPIN_NS`` of
+its fetch), a compact fetch tells the loop its answer is coming (``spin_for``): the loop
+looks for it before sleeping, a wake-up saved on the round's path.
 """
 from __future__ import annotations
 

@@ -250,17 +250,17 @@ def test_a_follower_whose_history_differs_is_answered_by_the_general_path(
 @pytest.mark.parametrize("member, pause_s, looks", [
     (True, 0.0, 2),        # a member that fetches again at once: looked for
     (False, 0.0, 0),       # a follower outside the in-sync set: no OK waits for it
-    (True, 0.3, 0),        # a member slower than the look: not looked for
+    (True, 0.8, 0),        # a member slower than the look: not looked for
 ])
 def test_the_leader_looks_for_a_prompt_members_next_fetch(
         setting: tuple[_Looking, _Replica, ReplicationServer],
         monkeypatch: pytest.MonkeyPatch, member: bool, pause_s: float,
         looks: int) -> None:
     """After answering an in-sync member whose last fetch followed the records before
-    within REPLY_SPIN_NS (made 100 ms here, for a busy machine), the leader's loop looks
+    within REPLY_SPIN_NS (made 250 ms here, for a busy machine), the leader's loop looks
     for its next fetch (its acknowledgement) before sleeping: from the second steady
     answer on, since the first follows a JSON one."""
-    monkeypatch.setattr(serve_mod, "REPLY_SPIN_NS", 100_000_000)
+    monkeypatch.setattr(serve_mod, "REPLY_SPIN_NS", 250_000_000)
     loop, r, srv = setting
     if not member:
         r.isr = [1]
@@ -280,4 +280,4 @@ def test_the_leader_looks_for_a_prompt_members_next_fetch(
         f.answer()
         time.sleep(pause_s)
     _posted(r, 4)
-    assert loop.looks == [100_000_000] * looks
+    assert loop.looks == [250_000_000] * looks
