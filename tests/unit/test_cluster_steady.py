@@ -280,4 +280,5 @@ def test_the_leader_looks_for_a_prompt_members_next_fetch(
         f.answer()
         time.sleep(pause_s)
     _posted(r, 4)
+    _on_loop(loop, lambda: None)    # (the look follows the post, in the same turn)
     assert loop.looks == [250_000_000] * looks
