@@ -233,6 +233,29 @@ SLOW_TURN_NS = 100_000_000      # a turn this long is logged (a warning), at mos
 SLOW_LOG_EVERY_NS = 10_000_000_000    # once this often per loop
 
 
+class _Looks:
+    """Whether looks of one kind (the spin, or spin_for's) are worth making: SPIN_MISSES
+    misses in a row stop them; then one sleep in SPIN_PROBE looks again."""
+
+    __slots__ = ("misses", "sleeps")
+
+    def __init__(self) -> None:
+        self.misses = 0           # looks in a row that found nothing
+        self.sleeps = 0           # sleeps since they stopped (for the probe)
+
+    def worth(self) -> bool:
+        if self.misses < SPIN_MISSES:
+            return True
+        self.sleeps += 1
+        return self.sleeps % SPIN_PROBE == 0
+
+    def found(self, events: object) -> None:
+        if events:
+            self.misses = self.sleeps = 0
+        else:
+            self.misses += 1
+
+
 class TurnTimes:
     """How long a loop's turns took: how many, their total, and how many fell in each
     of TURN_BUCKETS_NS past the first (and past the last), the longest; the loop's
@@ -294,13 +317,11 @@ class SelectorLoop:
         self.name = name
         self.spin_ns = spin_ns
         self._active = False      # the last turn had events (a spin may follow it)
-        self._misses = 0          # spins in a row that found nothing
-        self._sleeps = 0          # sleeps since spinning stopped (for the probe)
+        self._spins = _Looks()    # the spin's
         self._idle: dict[object, Call] = {}   # key -> call (when_idle)
         self._idle_since = 0      # when the first of them was deferred
         self._reply_ns = 0        # spin_for: the next sleep looks this long first
-        self._reply_misses = 0    # such looks in a row that found nothing
-        self._reply_sleeps = 0    # sleeps since they stopped (for the probe)
+        self._reply_looks = _Looks()
         # the longest a turn may sleep in poll now (seconds; None: no cap), for work a
         # subclass must come back to soon though no event or timer may call it
         self.nap_cap: float | None = None
@@ -426,20 +447,17 @@ class SelectorLoop:
             if not events:
                 self._idle_turn()
                 return
-        elif timeout != 0 and self._reply_ns and self._may_wait_reply():
+        elif timeout != 0 and self._reply_ns and self._reply_looks.worth():
             ns, self._reply_ns = self._reply_ns, 0
-            events = self._spin(timeout, ns)
-            if events:
-                self._reply_misses = self._reply_sleeps = 0
-            else:
-                self._reply_misses += 1
-                events = self._sleep_after(timeout, ns)
-        elif timeout != 0 and self._active and self.spin_ns and self._may_spin():
-            events = self._spin_or_sleep(timeout)
+            events = self._look_then_sleep(timeout, ns, self._reply_looks)
+        elif timeout == 0:
+            events = self.selector.poll(0)
         else:
-            if timeout != 0:
-                self._reply_ns = 0
-            events = self.selector.poll(timeout)
+            self._reply_ns = 0         # (none, or not worth looking for: forgotten)
+            if self._active and self.spin_ns and self._spins.worth():
+                events = self._spin_or_sleep(timeout)
+            else:
+                events = self.selector.poll(timeout)
         start = monotonic_ns()
         self._active = bool(events)
         for obj, mask in events:
@@ -501,35 +519,18 @@ class SelectorLoop:
             except Exception:
                 log.exception("%s: error in an idle call %r", self.name, fn)
 
-    def _may_spin(self) -> bool:
-        if self._misses < SPIN_MISSES:
-            return True
-        self._sleeps += 1
-        return self._sleeps % SPIN_PROBE == 0
-
-    def _may_wait_reply(self) -> bool:
-        if self._reply_misses < SPIN_MISSES:
-            return True
-        self._reply_sleeps += 1
-        if self._reply_sleeps % SPIN_PROBE == 0:
-            return True
-        self._reply_ns = 0
-        return False
-
     def _spin_or_sleep(self, timeout: float | None) -> list[tuple[Pollable | None, int]]:
         """poll(timeout), but first look without sleeping until something is ready or
         spin_ns (at most the timeout) has passed."""
-        events = self._spin(timeout, self.spin_ns)
-        if events:
-            self._misses = self._sleeps = 0
-            return events
-        self._misses += 1
-        return self._sleep_after(timeout, self.spin_ns)
+        return self._look_then_sleep(timeout, self.spin_ns, self._spins)
 
-    def _sleep_after(self, timeout: float | None,
-                     spun_ns: int) -> list[tuple[Pollable | None, int]]:
-        return self.selector.poll(None if timeout is None
-                                  else max(0.0, timeout - spun_ns / 1e9))
+    def _look_then_sleep(self, timeout: float | None, ns: int,
+                         looks: _Looks) -> list[tuple[Pollable | None, int]]:
+        events = self._spin(timeout, ns)
+        looks.found(events)
+        if events:
+            return events
+        return self.selector.poll(None if timeout is None else max(0.0, timeout - ns / 1e9))
 
     def _spin(self, timeout: float | None, ns: int) -> list[tuple[Pollable | None, int]]:
         """Events, looked for without sleeping for up to ns (at most the timeout); each
