@@ -9,12 +9,15 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pybroker.config import resolve
-from pybroker.evloop import SelectorLoop
+from pybroker.evloop import Pollable, SelectorLoop
+from pybroker.poller import EVENT_READ
 from pybroker.runtime import Runtime
 from pybroker.testing import wait_until
+
+P = TypeVar("P", bound=Pollable)
 
 
 def runtime(tmp: Path, **options: str) -> Runtime:
@@ -89,3 +92,24 @@ def read_frame(sock: socket.socket, got: bytearray,
     ftype, data = int.from_bytes(got[4:8], "big"), bytes(got[8:4 + size])
     del got[:4 + size]
     return ftype, data
+
+
+@contextmanager
+def watching(loop: SelectorLoop, handler_of: Callable[[socket.socket], P]
+             ) -> Iterator[tuple[P, socket.socket]]:
+    """loop started, its thread reading one end of a socketpair (non-blocking) through
+    ``handler_of(end)``: (the handler, the other end, for the test); the loop stopped
+    and closed, and both ends, after."""
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    handler = handler_of(a)
+    loop.selector.register(a, EVENT_READ, handler)
+    loop.start()
+    try:
+        yield handler, b
+    finally:
+        loop.stop()
+        assert loop.stopped.wait(5)
+        loop.close()
+        a.close()
+        b.close()

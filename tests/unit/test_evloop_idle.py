@@ -13,8 +13,8 @@ import pytest
 
 from pybroker import evloop
 from pybroker.evloop import SelectorLoop
-from pybroker.poller import EVENT_READ
 from pybroker.testing import wait_until
+from tests.support.inproc import watching
 
 
 class Sipper:
@@ -46,20 +46,9 @@ class Recording(SelectorLoop):
 
 @pytest.fixture
 def setting() -> Iterator[tuple[Recording, Sipper, socket.socket]]:
-    a, b = socket.socketpair()
-    a.setblocking(False)
     loop = Recording()
-    sipper = Sipper(a)
-    loop.selector.register(a, EVENT_READ, sipper)
-    loop.start()
-    try:
+    with watching(loop, Sipper) as (sipper, b):
         yield loop, sipper, b
-    finally:
-        loop.stop()
-        assert loop.stopped.wait(5)
-        loop.close()
-        a.close()
-        b.close()
 
 
 def test_an_idle_loop_runs_the_last_call_of_each_key_then_ends_the_turn(

@@ -17,8 +17,8 @@ import pytest
 
 from pybroker.config import ConfigError, resolve
 from pybroker.evloop import SelectorLoop
-from pybroker.poller import EVENT_READ
 from pybroker.testing import wait_until
+from tests.support.inproc import watching
 
 SPIN_NS = 20_000_000       # 20 ms: a peer answers within it even on a loaded machine
 
@@ -51,21 +51,10 @@ def thread_cpu_s(t: threading.Thread) -> float:
 def echoing(spin_ns: int, before_start: Callable[[SelectorLoop], None] = lambda _: None
             ) -> Iterator[tuple[SelectorLoop, Echo, socket.socket]]:
     """A loop thread echoing one end of a socketpair; the other end for the test."""
-    a, b = socket.socketpair()
-    a.setblocking(False)
     loop = SelectorLoop("test-spin", spin_ns=spin_ns)
-    echo = Echo(a)
-    loop.selector.register(a, EVENT_READ, echo)
     before_start(loop)
-    loop.start()
-    try:
+    with watching(loop, Echo) as (echo, b):
         yield loop, echo, b
-    finally:
-        loop.stop()
-        assert loop.stopped.wait(5)
-        loop.close()
-        a.close()
-        b.close()
 
 
 @pytest.fixture(params=[SPIN_NS])
@@ -252,11 +241,7 @@ def _exchanges(spin_ns: int, expect_ns: int, n: int, delay_s: float
                ) -> list[tuple[int, bool]]:
     """n request/reply exchanges with a peer that replies after delay_s; each look
     the loop made before sleeping: (how long it might look, found something)."""
-    a, b = socket.socketpair()
-    a.setblocking(False)
     loop = SelectorLoop("test-reply", spin_ns=spin_ns)
-    asker = Asker(loop, a, n, expect_ns)
-    loop.selector.register(a, EVENT_READ, asker)
     looks: list[tuple[int, bool]] = []
     spin = loop._spin
 
@@ -266,19 +251,12 @@ def _exchanges(spin_ns: int, expect_ns: int, n: int, delay_s: float
         return got  # type: ignore[return-value]
 
     loop._spin = recording     # type: ignore[method-assign]
-    loop.start()
-    try:
+    with watching(loop, lambda a: Asker(loop, a, n, expect_ns)) as (asker, b):
         peer = subprocess.Popen([sys.executable, "-c", REPLYING_PEER, str(b.fileno()),
                                  str(n), str(delay_s)], pass_fds=[b.fileno()])
         loop.call_soon_threadsafe(asker.ask)
         assert asker.done.wait(30)
         assert peer.wait(10) == 0
-    finally:
-        loop.stop()
-        assert loop.stopped.wait(5)
-        loop.close()
-        a.close()
-        b.close()
     return looks
 
 
