@@ -530,9 +530,11 @@ int nsqf_log_scan(const uint8_t *buf, size_t len, uint64_t first, int check_crc,
     return n;
 }
 
-/* nsqf_log_frames: see nsqframe.h. */
-int64_t nsqf_log_frames(uint8_t *out, size_t cap, const uint8_t *buf,
-                        const uint32_t *pos, uint32_t n, int32_t attempts)
+/* The frames of nsqf_log_frames and nsqf_log_frames_each: attempts from adds when
+ * given (stored + adds[i]), else from attempts (< 0: stored + 1). */
+static int64_t log_frames(uint8_t *out, size_t cap, const uint8_t *buf,
+                          const uint32_t *pos, uint32_t n, int32_t attempts,
+                          const uint32_t *adds)
 {
     uint64_t total = 0;
     uint32_t i;
@@ -546,12 +548,14 @@ int64_t nsqf_log_frames(uint8_t *out, size_t cap, const uint8_t *buf,
         const uint8_t *r = buf + pos[i];
         uint32_t plen = get_u32(r + 4);       /* payload: deliver_at + message */
         uint32_t mlen = plen - 8;             /* nsqd's message encoding */
-        uint32_t a;
+        uint64_t a;
 
         put_u32(o, mlen + 4);
         put_u32(o + 4, 2u);
         memcpy(o + 8, r + 24, mlen);
-        if (attempts < 0)
+        if (adds != NULL)
+            a = ((uint32_t)r[32] << 8 | r[33]) + (uint64_t)adds[i];
+        else if (attempts < 0)
             a = ((uint32_t)r[32] << 8 | r[33]) + 1u;
         else
             a = (uint32_t)attempts;
@@ -562,6 +566,22 @@ int64_t nsqf_log_frames(uint8_t *out, size_t cap, const uint8_t *buf,
         o += 8 + (size_t)mlen;
     }
     return (int64_t)total;
+}
+
+
+/* nsqf_log_frames: see nsqframe.h. */
+int64_t nsqf_log_frames(uint8_t *out, size_t cap, const uint8_t *buf,
+                        const uint32_t *pos, uint32_t n, int32_t attempts)
+{
+    return log_frames(out, cap, buf, pos, n, attempts, NULL);
+}
+
+
+/* nsqf_log_frames_each: see nsqframe.h. */
+int64_t nsqf_log_frames_each(uint8_t *out, size_t cap, const uint8_t *buf,
+                             const uint32_t *pos, const uint32_t *adds, uint32_t n)
+{
+    return log_frames(out, cap, buf, pos, n, 0, adds);
 }
 
 

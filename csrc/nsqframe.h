@@ -7,6 +7,7 @@
  *   nsqf_log_build       once per publish: the topic log records of its messages
  *   nsqf_log_scan        once per read from disk (and recovery): find and check records
  *   nsqf_log_frames      once per delivery batch: message frames from log records
+ *   nsqf_log_frames_each once per redelivery batch: the same, attempts per record
  *   nsqf_mpub_split      once per MPUB: validate and split the body into parts
  *   nsqf_if_*            the in-flight table: once per flight, per FIN batch, per timeout
  *
@@ -192,6 +193,15 @@ int nsqf_log_scan(const uint8_t *buf, size_t len, uint64_t first, int check_crc,
  */
 int64_t nsqf_log_frames(uint8_t *out, size_t cap, const uint8_t *buf,
                         const uint32_t *pos, uint32_t n, int32_t attempts);
+
+/*
+ * The same frames, each record's attempts its stored attempts plus adds[i]
+ * (clamped to 65535): one call for a batch of redeliveries, each message with the
+ * deliveries its channel counted since it was written.
+ * Returns: bytes written to out[0, cap), or NSQF_E_CAPACITY.
+ */
+int64_t nsqf_log_frames_each(uint8_t *out, size_t cap, const uint8_t *buf,
+                             const uint32_t *pos, const uint32_t *adds, uint32_t n);
 
 /* ---- the publish lane (server/lane.py) ------------------------------------------
  * One call per loop turn over the bytes just received from every publishing

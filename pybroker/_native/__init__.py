@@ -72,6 +72,7 @@ __all__ = [
     "c_backend",
     "log_build",
     "log_frames",
+    "log_frames_each",
     "log_scan",
     "mpub_parts",
     "mpub_split",
@@ -279,6 +280,19 @@ def c_log_scan(buf: bytes | memoryview, first: int, check_crc: bool, max_payload
 def c_log_frames(buf: bytes | memoryview, pos: Sequence[int],
                  attempts: int) -> bytes | bytearray:
     """nsqf_log_frames; same contract as _pure.log_frames."""
+    return _frames(buf, pos, attempts, None)
+
+
+def c_log_frames_each(buf: bytes | memoryview, pos: Sequence[int],
+                      adds: Sequence[int]) -> bytes | bytearray:
+    """nsqf_log_frames_each; same contract as _pure.log_frames_each."""
+    if len(adds) != len(pos):
+        raise ValueError("log_frames_each: one add a record")
+    return _frames(buf, pos, 0, adds)
+
+
+def _frames(buf: bytes | memoryview, pos: Sequence[int], attempts: int,
+            adds: Sequence[int] | None) -> bytes | bytearray:
     n = len(pos)
     if n == 0:
         return b""
@@ -293,7 +307,13 @@ def c_log_frames(buf: bytes | memoryview, pos: Sequence[int],
     with _ffi.from_buffer("uint8_t[]", buf) as bp, \
             _ffi.from_buffer("uint8_t[]", out) as op, \
             _ffi.from_buffer("uint32_t[]", pos_a) as pp:
-        r = _lib.nsqf_log_frames(op, total, bp, pp, n, attempts)
+        if adds is None:
+            r = _lib.nsqf_log_frames(op, total, bp, pp, n, attempts)
+        else:
+            adds_a = adds if isinstance(adds, array.array) and adds.typecode == "I" \
+                else array.array("I", adds)
+            with _ffi.from_buffer("uint32_t[]", adds_a) as ap:
+                r = _lib.nsqf_log_frames_each(op, total, bp, pp, ap, n)
     if r < 0:
         raise ValueError(f"cannot frame log records (code {r})")
     if r != total:
@@ -311,6 +331,7 @@ class CBackend:
     log_build = staticmethod(c_log_build)
     log_scan = staticmethod(c_log_scan)
     log_frames = staticmethod(c_log_frames)
+    log_frames_each = staticmethod(c_log_frames_each)
     ffi: Any = _ffi
     lib: Any = _lib
 
@@ -476,12 +497,15 @@ class Scanner:
 log_build: Callable[..., tuple[bytes | bytearray, Sequence[int]]]
 log_scan: Callable[..., tuple[Sequence[int], int, tuple[int, int, int]]]
 log_frames: Callable[..., bytes | bytearray]
+log_frames_each: Callable[..., bytes | bytearray]
 mpub_parts: Callable[..., tuple[Sequence[int], Sequence[int]]]
 if BACKEND == "c":
     mpub_split = c_mpub_split
     mpub_parts = c_mpub_parts
     log_build, log_scan, log_frames = c_log_build, c_log_scan, c_log_frames
+    log_frames_each = c_log_frames_each
 else:
     mpub_split = _pure.mpub_split
     mpub_parts = _pure.mpub_parts
     log_build, log_scan, log_frames = _pure.log_build, _pure.log_scan, _pure.log_frames
+    log_frames_each = _pure.log_frames_each

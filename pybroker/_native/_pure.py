@@ -289,11 +289,25 @@ def log_scan(buf: bytes | memoryview, first: int, check_crc: bool, max_payload: 
 def log_frames(buf: bytes | memoryview, pos: Sequence[int], attempts: int) -> bytes:
     """Message frames for the records starting at buf[p] for p in pos; attempts < 0:
     each record's stored attempts + 1."""
+    return _frames(buf, pos, [1] * len(pos) if attempts < 0 else None, attempts)
+
+
+def log_frames_each(buf: bytes | memoryview, pos: Sequence[int],
+                    adds: Sequence[int]) -> bytes:
+    """Message frames as log_frames makes them, record i's attempts its stored
+    attempts + adds[i]."""
+    if len(adds) != len(pos):
+        raise ValueError("log_frames_each: one add a record")
+    return _frames(buf, pos, adds, 0)
+
+
+def _frames(buf: bytes | memoryview, pos: Sequence[int], adds: Sequence[int] | None,
+            attempts: int) -> bytes:
     out = []
-    for p in pos:
+    for k, p in enumerate(pos):
         plen = int.from_bytes(buf[p + 4:p + 8], "big")
         msg = bytearray(buf[p + 24:p + REC_HEADER + plen])
-        a = int.from_bytes(msg[8:10], "big") + 1 if attempts < 0 else attempts
+        a = int.from_bytes(msg[8:10], "big") + adds[k] if adds is not None else attempts
         msg[8:10] = min(a, 0xFFFF).to_bytes(2, "big")
         out.append(struct.pack(">ii", len(msg) + 4, 2) + bytes(msg))
     return b"".join(out)

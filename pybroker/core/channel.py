@@ -456,6 +456,10 @@ class Channel(Lifecycle):
         log = self.topic.log
         sent = popped = 0
         frames: list[bytes | bytearray] = []
+        # the records of ``batch`` flown so far, and each one's attempts beyond its
+        # stored count: framed in one call when the batch changes or the pass ends
+        idx: list[int] = []
+        adds: list[int] = []
         deadline = now_ns + c.msg_timeout_ns
         target = self.dead_letter_topic
         limit = self.max_attempts if target is not None else 0
@@ -471,6 +475,10 @@ class Channel(Lifecycle):
             off, attempts, _ = self._pop_requeued()
             popped += 1
             if batch is None or not batch.first <= off < batch.first + batch.n:
+                if idx:
+                    assert batch is not None
+                    frames.append(batch.frames_each(idx, adds))
+                    idx, adds = [], []
                 batch = None
                 if off >= log.oldest:   # else dropped from an ephemeral log meanwhile
                     try:
@@ -483,14 +491,15 @@ class Channel(Lifecycle):
                     self.delivery_times.pop(off, None)   # gone, or damaged and skipped
                     continue
             i = off - batch.first
-            stored = batch.stored_attempts(i)
-            if limit and attempts + 1 + stored > limit:
+            if limit and attempts + 1 + batch.stored_attempts(i) > limit:
                 assert target is not None
                 env = self._envelope(off, attempts, batch, i, target, now_ns, wall_ns)
                 if env is None:
-                    if not self._cycle(off, attempts + 1 + stored == limit + 1):
-                        self._fly_requeued(c, batch, i, off, attempts, now_ns, deadline,
-                                           frames)
+                    if not self._cycle(off, attempts + 1 + batch.stored_attempts(i)
+                                       == limit + 1):
+                        self._fly(c, off, 1, attempts + 1, now_ns, deadline)
+                        idx.append(i)
+                        adds.append(attempts + 1)
                         sent += 1
                     continue
                 dead.append(off)
@@ -501,13 +510,18 @@ class Channel(Lifecycle):
                     more = bool(self.requeued)
                     break
                 continue
-            self._fly_requeued(c, batch, i, off, attempts, now_ns, deadline, frames)
+            self._fly(c, off, 1, attempts + 1, now_ns, deadline)
+            idx.append(i)
+            adds.append(attempts + 1)
             sent += 1
+        if idx:
+            assert batch is not None
+            frames.append(batch.frames_each(idx, adds))
         batch = None
         if not self.requeued:
             reader.release()    # until the next requeue: no descriptor, no buffer
         if sent:
-            c.send_frames(b"".join(frames), sent)
+            c.send_frames(frames[0] if len(frames) == 1 else b"".join(frames), sent)
         if dead and target is not None:  # dead letters only with a target
             self.owner.dead_letter(self, target, dead, bodies)
         return sent, popped, more
@@ -521,9 +535,3 @@ class Channel(Lifecycle):
                 break
             n += 1
         return n
-
-    def _fly_requeued(self, c: Consumer, batch: Batch, i: int, off: int, attempts: int,
-                      now_ns: int, deadline: int,
-                      frames: list[bytes | bytearray]) -> None:
-        self._fly(c, off, 1, attempts + 1, now_ns, deadline)
-        frames.append(batch.frames(i, i + 1, attempts + 1 + batch.stored_attempts(i)))

@@ -46,6 +46,13 @@ class RecordBatch:
         record's stored attempts + 1."""
         return _native.log_frames(self.buf, self.pos[i:j], -1 if attempts is None else attempts)
 
+    def frames_each(self, idx: Sequence[int], adds: Sequence[int]) -> bytes | bytearray:
+        """NSQ message frames for records idx (in that order), one C call: record
+        idx[k]'s attempts its stored attempts + adds[k] (redeliveries, each with its
+        own count)."""
+        pos = self.pos
+        return _native.log_frames_each(self.buf, [pos[i] for i in idx], adds)
+
     def end_of(self, i: int) -> int:
         """Where record i ends in buf."""
         p = self.pos[i]

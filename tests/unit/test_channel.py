@@ -524,6 +524,22 @@ def test_a_saved_cursor_past_the_log_end_restarts_at_the_end() -> None:
         [(b"body1", 3), (b"body0", 1), (b"body1", 1)]
 
 
+def test_one_pass_redelivers_requeued_runs_each_with_its_attempts() -> None:
+    """Requeued messages read together are framed together (one call a run of
+    offsets), each with its own count: two runs (0-1, 3-4) in one pass."""
+    t, ch = make()
+    publish(t, 5)
+    again = t.new_channel("c2", cursor=0)
+    again.restore({"cursor": 5, "pending": [[0, 3, 0], [1, 1, 0], [3, 5, 0], [4, 2, 0]]},
+                  0, WALL)
+    c = Client(rdy=10)
+    again.add_consumer(c, 0)
+    again.dispatch(0, WALL)
+    assert [(m.body, m.attempts) for m in c.got] == \
+        [(b"body0", 4), (b"body1", 2), (b"body3", 6), (b"body4", 3)]
+    assert c.in_flight_count == 4
+
+
 # -- nsqd's requeue order ---------------------------------------------------------------
 def test_timed_out_message_goes_behind_the_queued_ones() -> None:
     """nsqd: PUB A, PUB B; a RDY 1 consumer lets A time out -> B, then A (attempts 2)."""

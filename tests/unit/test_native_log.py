@@ -75,3 +75,19 @@ class TestLogCodec:
         assert backend.log_frames(buf, pos, 70000) == \
             frame(3, 11, 65535, b"one") + frame(4, 12, 65535, b"two!")
         assert backend.log_frames(buf, [], -1) == b""
+
+    def test_frames_each(self, backend: ModuleType) -> None:
+        # each record's attempts: its stored count plus its own add, in the order given
+        one = record(3, 11, b"one", attempts=2)
+        buf = one + record(4, 12, b"two!")
+        pos = [0, len(one)]
+        assert backend.log_frames_each(buf, pos, [1, 1]) == backend.log_frames(buf, pos, -1)
+        assert backend.log_frames_each(buf, pos, [4, 0]) == \
+            frame(3, 11, 6, b"one") + frame(4, 12, 0, b"two!")
+        assert backend.log_frames_each(buf, pos[::-1], [7, 1]) == \
+            frame(4, 12, 7, b"two!") + frame(3, 11, 3, b"one")
+        assert backend.log_frames_each(buf, pos, [70000, 2 ** 32 - 1]) == \
+            frame(3, 11, 65535, b"one") + frame(4, 12, 65535, b"two!")
+        assert backend.log_frames_each(buf, [], []) == b""
+        with pytest.raises(ValueError):
+            backend.log_frames_each(buf, pos, [1])

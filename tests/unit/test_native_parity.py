@@ -171,6 +171,9 @@ class TestLogParity:
             assert (list(cs[0]), cs[1], cs[2]) == (ps[0], ps[1], ps[2])
         a = min(attempts, 65535) if attempts >= 0 else -1
         assert C.log_frames(c_recs, c_pos, a) == _pure.log_frames(p_recs, p_pos, a)
+        adds = [(attempts + k) % 70000 for k in range(len(p_pos))]
+        assert C.log_frames_each(c_recs, c_pos, adds) == \
+            _pure.log_frames_each(p_recs, p_pos, adds)
 
     @SETTINGS
     @given(st.binary(max_size=300), st.integers(0, 5), st.booleans())
@@ -211,6 +214,7 @@ def test_backend_selection() -> None:
     assert impl is not None
     assert _native.mpub_split is impl.mpub_split
     assert _native.log_frames is impl.log_frames
+    assert _native.log_frames_each is impl.log_frames_each
     assert _native.Scanner(10, 10, 10).scan(b"NOP\n") == ([(0, 3, 0, 0)], 4, (0, 4, 0, 0))
 
 
