@@ -3,7 +3,7 @@
 that REQs every message until it has been delivered ``--attempts`` times.
 
     python loadtest/bench_dead_letters.py [--messages 5000] [--attempts 5] [--runs 3]
-                                          [--rdy 200] [--fsync]
+                                          [--rdy 200] [--fsync] [--nsqd PATH]
 
 Settings, each a broker started here (ephemeral ports, its own temporary data dir,
 stopped by PID):
@@ -12,6 +12,9 @@ stopped by PID):
   when it arrives with ``attempts == --attempts`` and REQs it before;
 - ``dead-letter``: ``max_attempts = --attempts``; the consumer REQs everything, and the
   broker dead-letters each message instead of its (attempts+1)-th delivery.
+- ``nsqd`` (with ``--nsqd PATH``, and without ``--fsync``, which nsqd does not have):
+  a real nsqd beside them, as ``unlimited``: the same redelivery path measured against
+  nsqd's.
 
 Both see the same deliveries (messages x attempts); the dead-letter setting also
 publishes one envelope per message to ``<topic>.dead`` (and syncs it with ``--fsync``).
@@ -121,7 +124,7 @@ def one_run(b: BrokerProcess, name: str, run: int, args: argparse.Namespace) -> 
     urllib.request.urlopen(req, timeout=10).read()
     publish(b.tcp_address, topic, args.messages)
     t = threading.Thread(target=consume, args=(b.tcp_address, topic, args.attempts,
-                                               name == "unlimited", args.rdy, stop, counts),
+                                               name != "dead-letter", args.rdy, stop, counts),
                          daemon=True)
     t0 = time.monotonic()
     t.start()
@@ -148,12 +151,18 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rdy", type=int, default=200)
     ap.add_argument("--fsync", action="store_true", help="--durability=fsync")
+    ap.add_argument("--nsqd", default="", help="an nsqd binary: its unlimited setting beside")
     args = ap.parse_args()
+    if args.nsqd and args.fsync:
+        ap.error("--nsqd: nsqd has no fsync durability to compare with --fsync")
     common = ["--durability=fsync"] if args.fsync else []
     settings = {"unlimited": common,
                 "dead-letter": common + [f"--max-attempts={args.attempts}"]}
     brokers = {name: BrokerProcess("pybroker", flags).start()
                for name, flags in settings.items()}
+    if args.nsqd:
+        settings["nsqd"] = []
+        brokers["nsqd"] = BrokerProcess("nsqd", [], nsqd_path=args.nsqd).start()
     results: dict[str, list[float]] = {name: [] for name in settings}
     try:
         for run in range(args.runs):
@@ -168,6 +177,9 @@ def main() -> None:
     for name, rates in results.items():
         print(f"{name:<12} {statistics.median(rates):>22,.0f} "
               f"{min(rates):>9,.0f}-{max(rates):<10,.0f}")
+    if "nsqd" in results:
+        ratios = [u / n for u, n in zip(results["unlimited"], results["nsqd"])]
+        print(f"unlimited/nsqd: {statistics.median(ratios):.2f}x (median of the runs' ratios)")
 
 
 if __name__ == "__main__":
