@@ -721,23 +721,74 @@ int nsqf_pub_lane(const uint8_t *buf, const uint32_t *starts, const uint32_t *le
 
 
 /*
+ * One REQ line of the FIN lane at p (left bytes): its length, with *off and *ms,
+ * or 0 when it is not one.
+ */
+static size_t req_line(const uint8_t *p, size_t left, int64_t *off, int64_t *ms)
+{
+    uint64_t v = 0, t = 0;
+    size_t k;
+
+    if (left < 23 || p[0] != 'R' || p[1] != 'E' || p[2] != 'Q' || p[3] != ' '
+            || p[20] != ' ')
+        return 0;
+    for (k = 4; k < 20; k++) {
+        int d = hex_lower(p[k]);
+        if (d < 0)
+            return 0;
+        v = (v << 4) | (uint64_t)d;
+    }
+    if (v > (uint64_t)INT64_MAX)
+        return 0;
+    for (k = 21; k < left && k < 21 + 18 && p[k] >= '0' && p[k] <= '9'; k++)
+        t = t * 10 + (uint64_t)(p[k] - '0');
+    if (k == 21 || k >= left || p[k] != '\n')
+        return 0;
+    *off = (int64_t)v;
+    *ms = (int64_t)t;
+    return k + 1;
+}
+
+
+/*
  * nsqf_fin_lane: see nsqframe.h.
  */
 int nsqf_fin_lane(const uint8_t *buf, const uint32_t *starts, const uint32_t *lens_in,
-                  int n, int64_t *offs, int cap, uint32_t *res)
+                  int n, int64_t *offs, int64_t *ms, int cap, uint32_t *res)
 {
     int got = 0, i;
 
     for (i = 0; i < n; i++) {
-        size_t used = 0;
-        int k;
+        const uint8_t *p = buf + starts[i];
+        size_t len = lens_in[i], pos = 0;
+        int k = 0, slow = len == 0;
 
-        if (lens_in[i] == 0 || lens_in[i] % 21 != 0 || (int)(lens_in[i] / 21) > cap - got) {
-            res[i] = NSQF_FIN_LANE_SLOW;
-            continue;
+        while (!slow && pos < len) {
+            size_t used = 0, step;
+            int f;
+
+            if (got + k >= cap) {
+                slow = 1;
+                break;
+            }
+            f = nsqf_scan_fins(p + pos, len - pos, offs + got + k, cap - got - k, &used);
+            if (f > 0) {
+                int j;
+                for (j = 0; j < f; j++)
+                    ms[got + k + j] = -1;
+                k += f;
+                pos += used;
+                continue;
+            }
+            step = req_line(p + pos, len - pos, offs + got + k, ms + got + k);
+            if (step == 0) {
+                slow = 1;
+                break;
+            }
+            k++;
+            pos += step;
         }
-        k = nsqf_scan_fins(buf + starts[i], lens_in[i], offs + got, cap - got, &used);
-        if (used != lens_in[i]) {
+        if (slow) {
             res[i] = NSQF_FIN_LANE_SLOW;
             continue;
         }

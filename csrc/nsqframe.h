@@ -237,16 +237,20 @@ int nsqf_pub_lane(const uint8_t *buf, const uint32_t *starts, const uint32_t *le
                   uint32_t *offs, uint32_t *lens, uint32_t parts_cap, uint32_t *res);
 
 /*
- * The FIN lane: connection i's bytes are buf[starts[i], starts[i] + lens_in[i]).
- * When they are nothing but whole FIN lines (as nsqf_scan_fins parses them),
- * their offsets are stored at offs[at, at + count) in connection order and
- * res[i] = count; otherwise res[i] = NSQF_FIN_LANE_SLOW and nothing is stored.
- * Returns: the number of offsets stored (at most cap; a connection that would
- * pass cap is SLOW).
+ * The FIN lane (FINs and REQs): connection i's bytes are buf[starts[i], starts[i] +
+ * lens_in[i]). When they are nothing but whole FIN lines (as nsqf_scan_fins parses
+ * them) and REQ lines ("REQ " + 16 lowercase hex digits of a value up to INT64_MAX
+ * + " " + 1 to 18 decimal digits + "\n"), each line's offset is stored at
+ * offs[at + k] and its timeout in ms at ms[at + k] (-1 for a FIN), in connection
+ * order, and res[i] = how many lines; otherwise res[i] = NSQF_FIN_LANE_SLOW and
+ * nothing is stored (a REQ line of any other shape, even one the general path
+ * answers with an error, goes that way).
+ * Returns: the number of lines stored (at most cap; a connection that would pass
+ * cap is SLOW).
  */
 #define NSQF_FIN_LANE_SLOW 4294967295
 int nsqf_fin_lane(const uint8_t *buf, const uint32_t *starts, const uint32_t *lens_in,
-                  int n, int64_t *offs, int cap, uint32_t *res);
+                  int n, int64_t *offs, int64_t *ms, int cap, uint32_t *res);
 
 /*
  * Batched socket I/O (csrc/nsqio.c): a loop turn's many small reads and writes in

@@ -446,27 +446,30 @@ class PubLane:
 class FinLane:
     """The FIN lane's scan (nsqf_fin_lane; csrc/nsqframe.h): one call per loop turn over
     the bytes every subscribed connection sent. Owned by one event loop. ``scan(buf,
-    starts, lens, n)`` returns (res, offsets, stored): res[i] = how many FINs connection
-    i's bytes are (FIN_LANE_SLOW: not only FINs), their offsets in connection order."""
+    starts, lens, n)`` returns (res, offsets, timeouts, stored): res[i] = how many FIN
+    and REQ lines connection i's bytes are (FIN_LANE_SLOW: not only those), their
+    offsets and REQ timeouts in ms (-1 for a FIN) in connection order."""
 
-    __slots__ = ("_offs", "_res", "_views")
+    __slots__ = ("_offs", "_ms", "_res", "_views")
 
     def __init__(self, cap: int) -> None:
         self._offs = array.array("q", bytes(8 * cap))
+        self._ms = array.array("q", bytes(8 * cap))
         self._res = array.array("I")
-        self._views = _LaneViews(self._res, ("int64_t[]", self._offs))
+        self._views = _LaneViews(self._res, ("int64_t[]", self._offs),
+                                 ("int64_t[]", self._ms))
 
     def scan(self, buf: bytearray, starts: "array.array[int]", lens: "array.array[int]",
-             n: int) -> "tuple[Sequence[int], Sequence[int], int]":
+             n: int) -> "tuple[Sequence[int], Sequence[int], Sequence[int], int]":
         """The buffer must not change size while this scanner reads it."""
         if BACKEND != "c":
             return _pure.fin_lane(buf, starts, lens, n, len(self._offs))
-        op, rp = self._views.arrays(n)
+        op, mp, rp = self._views.arrays(n)
         with _ffi.from_buffer("uint32_t[]", starts) as sp, \
                 _ffi.from_buffer("uint32_t[]", lens) as lp:
-            got = _lib.nsqf_fin_lane(self._views.buffer(buf), sp, lp, n, op,
+            got = _lib.nsqf_fin_lane(self._views.buffer(buf), sp, lp, n, op, mp,
                                      len(self._offs), rp)
-        return self._res, self._offs, got
+        return self._res, self._offs, self._ms, got
 
 
 class Scanner:

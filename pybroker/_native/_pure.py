@@ -419,19 +419,48 @@ FIN_LANE_SLOW = 0xFFFFFFFF
 
 
 def fin_lane(buf: bytes | bytearray | memoryview, starts: Sequence[int],
-             lens_in: Sequence[int], n: int, cap: int) -> tuple[list[int], list[int], int]:
-    """nsqf_fin_lane's spec: (res, offsets, offsets stored)."""
+             lens_in: Sequence[int], n: int, cap: int
+             ) -> tuple[list[int], list[int], list[int], int]:
+    """nsqf_fin_lane's spec: (res, offsets, timeouts (-1: a FIN), lines stored)."""
     res = [0] * n
     offs: list[int] = []
+    ms: list[int] = []
     for i in range(n):
-        ln = lens_in[i]
-        if ln == 0 or ln % 21 or ln // 21 > cap - len(offs):
+        data = bytes(buf[starts[i]:starts[i] + lens_in[i]])
+        lines = _ack_lines(data, cap - len(offs))
+        if lines is None:
             res[i] = FIN_LANE_SLOW
             continue
-        got, used = scan_fins(bytes(buf[starts[i]:starts[i] + ln]))
-        if used != ln:
-            res[i] = FIN_LANE_SLOW
+        res[i] = len(lines)
+        offs += [off for off, _ in lines]
+        ms += [t for _, t in lines]
+    return res, offs, ms, len(offs)
+
+
+def _ack_lines(data: bytes, room: int) -> list[tuple[int, int]] | None:
+    """A connection's bytes as FIN and REQ lines, (offset, timeout or -1), at most
+    room of them; None: not only such lines."""
+    if not data:
+        return None
+    out: list[tuple[int, int]] = []
+    pos = 0
+    while pos < len(data):
+        if len(out) >= room:
+            return None
+        fins, used = scan_fins(data[pos:])
+        if fins:
+            if len(out) + len(fins) > room:
+                return None
+            out += [(off, -1) for off in fins]
+            pos += used
             continue
-        res[i] = len(got)
-        offs += got
-    return res, offs, len(offs)
+        end = data.find(b"\n", pos)
+        line = data[pos:end] if end >= 0 else b""
+        parts = line.split(b" ")
+        if (len(parts) != 3 or parts[0] != b"REQ" or len(parts[1]) != 16
+                or not _HEX_LOWER.issuperset(parts[1]) or int(parts[1], 16) >= 1 << 63
+                or not 1 <= len(parts[2]) <= 18 or not parts[2].isdigit()):
+            return None
+        out.append((int(parts[1], 16), int(parts[2])))
+        pos = end + 1
+    return out

@@ -480,7 +480,9 @@ class Lifecycle:
     # -- FIN: in flight -> finished ------------------------------------------------------
     def _held(self, client: Consumer, msg_id: bytes) -> tuple[int, Flight]:
         """The offset and flight of a message client holds; raises NotInFlight/NotOwner."""
-        off = offset_of(msg_id)
+        return self._held_at(client, offset_of(msg_id))
+
+    def _held_at(self, client: Consumer, off: int) -> tuple[int, Flight]:
         f = self.in_flight.get(off)
         if f is None:
             raise NotInFlight()
@@ -489,7 +491,10 @@ class Lifecycle:
         return off, f
 
     def _take(self, client: Consumer, msg_id: bytes) -> tuple[int, Flight]:
-        off, f = self._held(client, msg_id)
+        return self._take_at(client, offset_of(msg_id))
+
+    def _take_at(self, client: Consumer, off: int) -> tuple[int, Flight]:
+        off, f = self._held_at(client, off)
         emptied = self.in_flight.pop(off)[1]
         client.in_flight_count -= 1
         if emptied:
@@ -599,7 +604,13 @@ class Lifecycle:
     def requeue(self, client: Consumer, msg_id: bytes, delay_ns: int, now_ns: int,
                 wall_ns: int) -> None:
         """REQ: to the tail of the queue now (delay 0) or after delay_ns."""
-        off, f = self._take(client, msg_id)
+        self.requeue_at(client, offset_of(msg_id), delay_ns, now_ns, wall_ns)
+
+    def requeue_at(self, client: Consumer, off: int, delay_ns: int, now_ns: int,
+                   wall_ns: int) -> None:
+        """requeue of the message at offset ``off`` (-1: none; as the FIN lane reads
+        REQs: server/lane.py)."""
+        off, f = self._take_at(client, off)
         self.requeue_count += 1
         self.replay.discard(off)
         if self.max_attempts:

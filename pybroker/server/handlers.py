@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pybroker import NSQ_COMPAT_VERSION, _native
+from pybroker.core.flight import offset_of
 from pybroker.core.snapshot import record_latency
 from pybroker.errors import (AuthDisabled, BadBody, BadChannel, BadTopic, BrokerError,
                              ClientError, DpubFailed, Exiting, FinFailed, IdentifyFailed,
@@ -37,7 +38,7 @@ from pybroker.protocol.names import is_valid_name
 from pybroker.protocol.wire import MSG_ID_LENGTH
 from pybroker.server import auth as authd
 from pybroker.server import upgrade
-from pybroker.server.iostate import HELD
+from pybroker.server.iostate import HELD, OPEN
 from pybroker.server.ports import Parts
 
 if TYPE_CHECKING:
@@ -357,6 +358,42 @@ def fins_read(ch: "Channel", runs: list[tuple[Conn, Sequence[int], int]],
     runs[0][0].loop.mark_dirty(ch)
 
 
+def acks_read(c: Conn, offsets: Sequence[int], ms: Sequence[int], start: int,
+              raw: memoryview) -> None:
+    """FIN and REQ lines the lane read for one connection (ms[i]: line i's REQ timeout,
+    -1 for a FIN; its input ``raw[start:]``), run in their order as the general path
+    runs them: each run of FINs at once, each REQ as ``req`` does once parsed, an
+    E_FIN_FAILED or E_REQ_FAILED for each failure."""
+    ch = c.channel
+    assert ch is not None
+    at = start
+    i = 0
+    n = len(offsets)
+    while i < n and c.io is OPEN:
+        if ms[i] < 0:
+            j = i + 1
+            while j < n and ms[j] < 0:
+                j += 1
+            run = offsets[i:j]
+            failed = ch.finish_offsets(c, run)
+            _finished(c, ch, run, failed)
+            c.loop.mark_dirty(ch)
+            for k, e in failed:
+                _fin_failed(c, bytes(raw[at + 21 * k + 4:at + 21 * k + 20]), e)
+            at += 21 * (j - i)
+            i = j
+            continue
+        mid = bytes(raw[at + 4:at + 20])
+        try:
+            _requeue(c, mid, offsets[i], ms[i])
+        except ClientError as err:      # E_REQ_FAILED: not fatal
+            c.log_nonfatal(err)
+            c.send_frame(encode_error(err.payload()))
+        # the line: "REQ " + id + " " + its digits + "\n"
+        at += 22 + len(bytes(raw[at + 21:at + 40]).split(b"\n", 1)[0])
+        i += 1
+
+
 def fins_read_singles(ch: "Channel", conns: list[Conn], offsets: Sequence[int],
                       starts: Sequence[int], raw: memoryview) -> None:
     """fins_read when each connection sent one FIN (a turn's consumers at RDY 1):
@@ -415,17 +452,24 @@ def req(c: Conn, cmd: Command) -> None:
     ms = _base10(p[2])
     if ms is None:
         raise Invalid(f"REQ could not parse timeout {raw_text(p[2])}")
+    _requeue(c, mid, offset_of(mid), ms)
+
+
+def _requeue(c: Conn, mid: bytes, off: int, ms: int) -> None:
+    """REQ of message ``mid`` (at offset ``off``, -1: none) with a timeout of ``ms``,
+    parsed (by the decoder, or by the FIN lane: ``acks_read``)."""
     # matches nsqd: a REQ timeout out of 0..max_req_timeout is clamped, not rejected
     delay_ns = min(max(_ms_duration(ms), 0), c.opts.max_req_timeout)
-    assert c.channel is not None
+    ch = c.channel
+    assert ch is not None
     try:
-        c.channel.requeue(c, mid, delay_ns, monotonic_ns(), time.time_ns())
+        ch.requeue_at(c, off, delay_ns, monotonic_ns(), time.time_ns())
     except BrokerError as e:
         raise ReqFailed(f"REQ {raw_text(mid)} failed {e}") from None
     if delay_ns and c.loop.durable:
         c.loop.runtime.storage.request_checkpoint()   # the due time, saved soon
     c.requeue_count += 1
-    c.loop.mark_dirty(c.channel)
+    c.loop.mark_dirty(ch)
 
 
 def touch(c: Conn, cmd: Command) -> None:

@@ -37,7 +37,7 @@ from pybroker._native.batchio import EAGAIN, BatchIO
 from pybroker.errors import Exiting
 from pybroker.protocol.names import is_valid_name
 from pybroker.protocol.wire import MAX_LINE
-from pybroker.server.handlers import fins_read, fins_read_singles
+from pybroker.server.handlers import acks_read, fins_read, fins_read_singles
 from pybroker.server.iostate import OPEN
 from pybroker.server.ports import LANE_FIN, LANE_PUB
 from pybroker.server.publish import LANE_MPUB
@@ -87,8 +87,9 @@ class Lane:
         lane's steady state now (``Conn.lane_kind``) are read the general way at once;
         then the publishers (``_publish``). The subscribed connections are kept for
         ``run_fins``, after the Publisher's writes and the OKs they allow: their bytes
-        one C call (``nsqf_fin_lane``) finds to be nothing but FINs or not
-        (``_finish``). Then the channels dispatch."""
+        one C call (``nsqf_fin_lane``) finds to be nothing but FIN and REQ lines or
+        not (``_finish``; docs/io.md, "REQs in the FIN lane"). Then the channels
+        dispatch."""
         taken, self.taken = self.taken, []
         pubs: list[Conn] = []
         fins: list[Conn] = []
@@ -112,7 +113,7 @@ class Lane:
         self.fins = fins
 
     def run_fins(self) -> None:
-        """The subscribed connections ``run`` kept: read, their FINs finished."""
+        """The subscribed connections ``run`` kept: read, their FINs and REQs run."""
         fins, self.fins = self.fins, []
         self._read_all(fins, self._finish)
 
@@ -156,11 +157,13 @@ class Lane:
     def _finish(self, batch: list[Conn], starts: array.array[int],
                 lens: array.array[int]) -> None:
         n = len(batch)
-        res, offs, _ = self.fin_scanner.scan(self.buf, starts, lens, n)
+        res, offs, ms, stored = self.fin_scanner.scan(self.buf, starts, lens, n)
         view = self.view
         now = monotonic_ns()
         ch = batch[0].channel
-        if n > 1 and res[:n].count(1) == n and all(c.channel is ch for c in batch):
+        reqs = stored > 0 and max(ms[:stored]) >= 0        # REQ lines among them
+        if n > 1 and not reqs and res[:n].count(1) == n and \
+                all(c.channel is ch for c in batch):
             # the steady state at RDY 1: one FIN each, one channel
             assert ch is not None     # LANE_FIN: subscribed
             for conn in batch:
@@ -177,6 +180,11 @@ class Lane:
                 conn.take_input(bytes(view[start:start + lens[i]]))
                 continue
             conn.last_read_ns = now
+            if reqs and max(ms[at:at + k]) >= 0:
+                # REQs too: this connection's lines in their order, now
+                acks_read(conn, offs[at:at + k], ms[at:at + k], start, view)
+                at += k
+                continue
             ch = conn.channel
             assert ch is not None     # LANE_FIN: subscribed
             run = (conn, offs[at:at + k], start)

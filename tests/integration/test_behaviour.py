@@ -356,6 +356,48 @@ def test_fatal_error_closes_and_non_fatal_does_not(any_broker: BrokerProcess,
     c.expect_error("E_BAD_TOPIC")  # and the server closes the connection
 
 
+def test_fins_and_reqs_sent_together_act_in_their_order(any_broker: BrokerProcess,
+                                                       connect: Connect) -> None:
+    """A consumer's FINs and REQs in one write (pybroker reads such a write in one pass:
+    docs/io.md, "REQs in the FIN lane") act line by line: a REQ of a message FINed or
+    requeued by an earlier line fails with E_REQ_FAILED naming it, in order, and the
+    lines after it still act (a redelivery, a deferral, a FIN, a failed FIN naming
+    its own message)."""
+    topic = unique_name()
+    c = consumer(connect, any_broker, topic, rdy=4)
+    c.mpub(topic, [b"%d" % i for i in range(4)])
+    m = sorted(c.read_messages(4), key=lambda x: x.body)
+    c.rdy(0)            # no redelivery between the lines (nsqd's pump runs beside them)
+    c.assert_alive()
+    c.send(wire.fin(m[0].id) + wire.req(m[1].id) + wire.req(m[0].id) + wire.req(m[1].id)
+           + wire.req(m[2].id, 60_000) + wire.fin(m[3].id) + wire.fin(m[0].id))
+    errors = []
+    while len(errors) < 3:
+        ftype, data = c.read_frame(5)
+        if ftype == wire.FRAME_MESSAGE:
+            c.pending.append(wire.parse_message(data))
+        else:
+            errors.append(data)
+    assert [e[:len(b"E_REQ_FAILED REQ ") + 16] for e in errors] == \
+        [b"E_REQ_FAILED REQ " + m[0].id, b"E_REQ_FAILED REQ " + m[1].id,
+         b"E_FIN_FAILED FIN " + m[0].id]
+    c.assert_alive()
+    c.rdy(1)
+    again = c.read_message()
+    assert (again.body, again.attempts) == (b"1", 2)
+    c.fin(again.id)
+    c.expect_nothing(0.3)       # the third is deferred for a minute
+
+    def settled() -> dict[str, int] | None:
+        st = channel_stats(any_broker, topic, "ch")
+        if st is None or st["in_flight_count"] or st["deferred_count"] != 1:
+            return None
+        return st
+    st = wait_until(settled, 5, what="the deferral and the FINs in /stats")
+    assert isinstance(st, dict)
+    assert st["requeue_count"] == 2 and st["message_count"] == 4
+
+
 def test_thousand_concurrent_connections(make_any_broker: Callable[..., BrokerProcess]) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 2500:

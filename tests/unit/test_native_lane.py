@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from pybroker import _native
 from pybroker._native import _pure
+from pybroker.core.flight import offset_of
 from pybroker.errors import ClientError
 from pybroker.protocol.decoder import CommandDecoder
 
@@ -172,39 +173,80 @@ def test_c_agrees_with_the_spec(chunks: list[bytes], cap: int) -> None:
     assert c_scan(chunks, cap) == pure_scan(chunks, cap)
 
 
-# -- the FIN lane (nsqf_fin_lane) ---------------------------------------------------------
+# -- the FIN lane (nsqf_fin_lane): FIN and REQ lines ----------------------------------------
 fin_st = st.one_of(
     st.builds(lambda v: b"FIN %016x\n" % v, st.integers(0, 2**64 - 1)),
+    st.builds(lambda v, t: b"REQ %016x %s\n" % (v, t),
+              st.integers(0, 2**64 - 1),
+              st.one_of(st.integers(0, 10**19).map(lambda t: b"%d" % t),
+                        st.sampled_from([b"007", b"", b"-1", b"1 ", b"+5", b"x"]))),
     st.sampled_from([b"FIN 000000000000000A\n", b"FIN 00000000000000 1\n", b"NOP\n",
-                     b"FIN 0000000000000001", b"RDY 1\n", b"FIN 0000000000000001 \n"]),
+                     b"FIN 0000000000000001", b"RDY 1\n", b"FIN 0000000000000001 \n",
+                     b"REQ 000000000000000A 0\n", b"REQ 0000000000000001 0",
+                     b"REQ 0000000000000001\n", b"REQ 0000000000000001 0 0\n",
+                     b"REQ 0000000000000001  0\n", b"TOUCH 0000000000000001\n"]),
 )
 fin_conn_st = st.lists(fin_st, min_size=0, max_size=5).map(b"".join)
 
 
-def fin_pure(chunks: list[bytes], cap: int) -> tuple[list[int], list[int]]:
+def fin_pure(chunks: list[bytes], cap: int) -> tuple[list[int], list[int], list[int]]:
     buf, starts, lens = lay_out(chunks)
-    res, offs, n = _pure.fin_lane(buf, starts, lens, len(chunks), cap)
-    return list(res), list(offs[:n])
+    res, offs, ms, n = _pure.fin_lane(buf, starts, lens, len(chunks), cap)
+    return list(res), list(offs[:n]), list(ms[:n])
+
+
+def decoded_acks(data: bytes) -> list[tuple[int, int]] | None:
+    """The general path's reading of one connection's bytes when they are nothing but
+    complete FIN and REQ commands: (offset, REQ timeout or -1 for a FIN) in order."""
+    d = CommandDecoder(MAX_MSG, MAX_BODY, MAX_LINE)
+    d.receive(data)
+    out: list[tuple[int, int]] = []
+    while (cmd := d.next_command()) is not None:
+        if cmd.fin_offsets is not None:
+            out += [(off, -1) for off in cmd.fin_offsets]
+        elif cmd.params[0] == b"REQ" and len(cmd.params) == 3:
+            out.append((offset_of(cmd.params[1]), int(cmd.params[2])))
+        else:
+            return None
+    return None if d.buffered() else out
+
+
+def test_fin_lane_by_hand() -> None:
+    fin, req = b"FIN %016x\n", b"REQ %016x %s\n"
+    chunks = [fin % 1 + req % (2, b"0") + fin % 3, req % (4, b"000000000000000250"),
+              req % (5, b"1000000000000000000"), req % (2**63, b"0"),
+              req % (6, b"-1"), b"REQ 000000000000000A 0\n", b""]
+    res, offs, ms = fin_pure(chunks, 100)
+    slow = _pure.FIN_LANE_SLOW
+    assert res == [3, 1, slow, slow, slow, slow, slow]
+    assert offs == [1, 2, 3, 4] and ms == [-1, 0, -1, 250]
+    assert fin_pure(chunks[:1], 2)[0] == [slow]          # 3 lines past the room of 2
 
 
 @SETTINGS
 @given(st.lists(fin_conn_st, min_size=1, max_size=6), st.integers(1, 12))
-def test_fin_lane_is_the_decoders_fin_runs(chunks: list[bytes], cap: int) -> None:
-    """A connection is counted as FINs exactly when the decoder would make its whole
-    input one run of FINs, with the same offsets; C agrees with the spec."""
-    res, offs = fin_pure(chunks, cap)
+def test_fin_lane_is_the_decoders_fin_and_req_lines(chunks: list[bytes], cap: int) -> None:
+    """A connection the lane takes is one the decoder reads as nothing but FINs and
+    REQs, with the same offsets and timeouts; one of FINs alone is always taken (within
+    the room); C agrees with the spec."""
+    res, offs, ms = fin_pure(chunks, cap)
     at = 0
     for data, k in zip(chunks, res):
         if k == _pure.FIN_LANE_SLOW:
+            d = CommandDecoder(MAX_MSG, MAX_BODY, MAX_LINE)
+            d.receive(data)
+            try:
+                cmd = d.next_command() if data else None
+                whole_fins = (cmd is not None and cmd.fin_offsets is not None
+                              and d.next_command() is None and not d.buffered())
+            except ClientError:
+                whole_fins = False
+            assert not whole_fins or cmd is not None and at + len(cmd.fin_offsets or ()) > cap
             continue
-        d = CommandDecoder(MAX_MSG, MAX_BODY, MAX_LINE)
-        d.receive(data)
-        cmd = d.next_command()
-        assert cmd is not None and cmd.fin_offsets is not None and d.next_command() is None
-        assert list(cmd.fin_offsets) == offs[at:at + k]
+        assert decoded_acks(data) == list(zip(offs[at:at + k], ms[at:at + k]))
         at += k
-    assert at == len(offs)
+    assert at == len(offs) <= cap
     if _native.c_backend is not None and _native.BACKEND == "c":
         buf, starts, lens = lay_out(chunks)
-        cres, coffs, n = _native.FinLane(cap).scan(buf, starts, lens, len(chunks))
-        assert (list(cres[:len(chunks)]), list(coffs[:n])) == (res, offs)
+        cres, coffs, cms, n = _native.FinLane(cap).scan(buf, starts, lens, len(chunks))
+        assert (list(cres[:len(chunks)]), list(coffs[:n]), list(cms[:n])) == (res, offs, ms)
