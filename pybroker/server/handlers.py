@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 from pybroker import NSQ_COMPAT_VERSION, _native
@@ -354,7 +355,7 @@ def fins_read(ch: "Channel", runs: list[tuple[Conn, Sequence[int], int]],
     for (c, offsets, start), failed in zip(runs, failures):
         _finished(c, ch, offsets, failed)
         for i, e in failed:
-            _fin_failed(c, bytes(raw[start + 21 * i + 4:start + 21 * i + 20]), e)
+            _fin_failed(c, _fin_line_id(raw, start, i), e)
     runs[0][0].loop.mark_dirty(ch)
 
 
@@ -364,8 +365,6 @@ def acks_read(c: Conn, offsets: Sequence[int], ms: Sequence[int], start: int,
     -1 for a FIN; its input ``raw[start:]``), run in their order as the general path
     runs them: each run of FINs at once, each REQ as ``req`` does once parsed, an
     E_FIN_FAILED or E_REQ_FAILED for each failure."""
-    ch = c.channel
-    assert ch is not None
     at = start
     i = 0
     n = len(offsets)
@@ -374,12 +373,7 @@ def acks_read(c: Conn, offsets: Sequence[int], ms: Sequence[int], start: int,
             j = i + 1
             while j < n and ms[j] < 0:
                 j += 1
-            run = offsets[i:j]
-            failed = ch.finish_offsets(c, run)
-            _finished(c, ch, run, failed)
-            c.loop.mark_dirty(ch)
-            for k, e in failed:
-                _fin_failed(c, bytes(raw[at + 21 * k + 4:at + 21 * k + 20]), e)
+            _fin_run(c, offsets[i:j], partial(_fin_line_id, raw, at))
             at += 21 * (j - i)
             i = j
             continue
@@ -392,6 +386,11 @@ def acks_read(c: Conn, offsets: Sequence[int], ms: Sequence[int], start: int,
         # the line: "REQ " + id + " " + its digits + "\n"
         at += 22 + len(bytes(raw[at + 21:at + 40]).split(b"\n", 1)[0])
         i += 1
+
+
+def _fin_line_id(raw: memoryview, at: int, k: int) -> bytes:
+    """The id of the k-th of the 21-byte FIN lines at raw[at:]."""
+    return bytes(raw[at + 21 * k + 4:at + 21 * k + 20])
 
 
 def fins_read_singles(ch: "Channel", conns: list[Conn], offsets: Sequence[int],
@@ -407,20 +406,26 @@ def fins_read_singles(ch: "Channel", conns: list[Conn], offsets: Sequence[int],
             if e2e:
                 _record_e2e(c, ch, [offsets[i]])
     for i, e in failed:
-        _fin_failed(conns[i], bytes(raw[starts[i] + 4:starts[i] + 20]), e)
+        _fin_failed(conns[i], _fin_line_id(raw, starts[i], 0), e)
     conns[0].loop.mark_dirty(ch)
 
 
 def _fin_batch(c: Conn, cmd: Command, offsets: Sequence[int]) -> None:
     """Consecutive well-formed FINs: one pass over their offsets; E_FIN_FAILED for
     each failure, in order."""
+    _fin_run(c, offsets, cmd.fin_id)
+
+
+def _fin_run(c: Conn, offsets: Sequence[int], mid_of: Callable[[int], bytes]) -> None:
+    """A run of FINs (from the decoder or the lane) finished at once; E_FIN_FAILED for
+    each failure, in order, naming FIN i's id (``mid_of(i)``)."""
     ch = c.channel
     assert ch is not None
     failed = ch.finish_offsets(c, offsets)
     _finished(c, ch, offsets, failed)
     c.loop.mark_dirty(ch)
     for i, e in failed:
-        _fin_failed(c, cmd.fin_id(i), e)
+        _fin_failed(c, mid_of(i), e)
 
 
 def _finished(c: Conn, ch: "Channel", offsets: Sequence[int],
