@@ -7,6 +7,7 @@ offset, and a range read again by a second query. Skipped without pyspark or Jav
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -62,6 +63,10 @@ def cursor(b: BrokerProcess, topic: str, channel: str) -> int:
     return -1
 
 
+# what Spark's log says when it gave up waiting for a Python worker it started
+SPARK_NO_WORKER = "Python worker failed to connect back"
+
+
 def committed_batches(checkpoint: Path) -> int:
     commits = checkpoint / "commits"
     if not commits.is_dir():
@@ -90,7 +95,8 @@ def test_archive_200000_exactly_once_through_three_kills(
     env = dict(os.environ, PYTHONPATH=str(project_root()))
     cmd = archive_cmd(broker, topic, out, "--trigger=1s")
     capped = [*cmd, "--max-offsets-per-trigger=8000"]
-    for round_ in range(3):
+    round_ = flakes = 0
+    while round_ < 3:
         # a new session each time: the kill takes the JVM (same process group) with it.
         # Its stderr goes to a file, never to a pipe nobody reads while it runs (a full
         # pipe would stop it mid-batch); the file's tail is in any failure's message.
@@ -112,10 +118,19 @@ def test_archive_200000_exactly_once_through_three_kills(
                            what=f"a committed batch in round {round_} (seed {seed})")
             except AssertionError as e:
                 raise AssertionError(f"{e}; its log ends:\n{log_tail()}") from None
+            if proc.poll() is not None and flakes < 2 and SPARK_NO_WORKER in log_tail():
+                # Spark gave up on a Python worker of its own before the first batch
+                # (it waits 10 s for one to connect back, not configurable; a loaded
+                # 2-core machine can pass that): a crash of the archive, which it must
+                # survive as it survives a kill; that round starts again
+                flakes += 1
+                continue
             assert proc.poll() is None, log_tail()
+            round_ += 1
             time.sleep(rng.uniform(0.0, 2.5))   # somewhere in the next batch(es)
         finally:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
     assert committed_batches(ck) < n // 8000, f"the kills came too late (seed {seed})"
     # the batch planned at the last kill runs again as planned, then the rest in one
