@@ -480,9 +480,7 @@ class Lifecycle:
     # -- FIN: in flight -> finished ------------------------------------------------------
     def _held(self, client: Consumer, msg_id: bytes) -> tuple[int, Flight]:
         """The offset and flight of a message client holds; raises NotInFlight/NotOwner."""
-        return self._held_at(client, offset_of(msg_id))
-
-    def _held_at(self, client: Consumer, off: int) -> tuple[int, Flight]:
+        off = offset_of(msg_id)
         f = self.in_flight.get(off)
         if f is None:
             raise NotInFlight()
@@ -491,10 +489,7 @@ class Lifecycle:
         return off, f
 
     def _take(self, client: Consumer, msg_id: bytes) -> tuple[int, Flight]:
-        return self._take_at(client, offset_of(msg_id))
-
-    def _take_at(self, client: Consumer, off: int) -> tuple[int, Flight]:
-        off, f = self._held_at(client, off)
+        off, f = self._held(client, msg_id)
         emptied = self.in_flight.pop(off)[1]
         client.in_flight_count -= 1
         if emptied:
@@ -604,21 +599,40 @@ class Lifecycle:
     def requeue(self, client: Consumer, msg_id: bytes, delay_ns: int, now_ns: int,
                 wall_ns: int) -> None:
         """REQ: to the tail of the queue now (delay 0) or after delay_ns."""
-        self.requeue_at(client, offset_of(msg_id), delay_ns, now_ns, wall_ns)
+        failed = self.requeue_run(client, (offset_of(msg_id),), (delay_ns,), now_ns, wall_ns)
+        if failed:
+            raise failed[0][1]
 
-    def requeue_at(self, client: Consumer, off: int, delay_ns: int, now_ns: int,
-                   wall_ns: int) -> None:
-        """requeue of the message at offset ``off`` (-1: none; as the FIN lane reads
-        REQs: server/lane.py)."""
-        off, f = self._take_at(client, off)
-        self.requeue_count += 1
-        self.replay.discard(off)
-        if self.max_attempts:
-            self._note_delivery(off, f.delivery_ns)
-        if delay_ns <= 0:
-            self._requeue(off, f.attempts, self._tail_mark())
-        else:
-            self._defer((off, f.attempts, wall_ns + delay_ns), now_ns + delay_ns)
+    def requeue_run(self, client: Consumer, offsets: Sequence[int], delays: Sequence[int],
+                    now_ns: int, wall_ns: int) -> list[tuple[int, BrokerError]]:
+        """REQs of ``client`` in order (offsets, -1 for an id that names none; each
+        with its delay), as one by one, with the timeout wheel changed under one
+        taking of the lock (a REQ, or a run of REQ lines the FIN lane read:
+        server/lane.py).
+        Returns the failures as (index, error)."""
+        failed: list[tuple[int, BrokerError]] = []
+        emptied: list[Flight] = []
+        get = self.in_flight.get
+        pop = self.in_flight.pop
+        for i, off in enumerate(offsets):
+            f = get(off)
+            if f is None or f.client is not client:
+                failed.append((i, NotInFlight() if f is None else NotOwner()))
+                continue
+            if pop(off)[1]:
+                emptied.append(f)
+            client.in_flight_count -= 1
+            self.requeue_count += 1
+            self.replay.discard(off)
+            if self.max_attempts:
+                self._note_delivery(off, f.delivery_ns)
+            delay_ns = delays[i]
+            if delay_ns <= 0:
+                self._requeue(off, f.attempts, self._tail_mark())
+            else:
+                self._defer((off, f.attempts, wall_ns + delay_ns), now_ns + delay_ns)
+        self._drop_flights(emptied)
+        return failed
 
     def _defer(self, d: Deferred, deadline_ns: int) -> None:
         with self.lock:

@@ -359,33 +359,65 @@ def fins_read(ch: "Channel", runs: list[tuple[Conn, Sequence[int], int]],
     runs[0][0].loop.mark_dirty(ch)
 
 
-def acks_read(c: Conn, offsets: Sequence[int], ms: Sequence[int], start: int,
-              raw: memoryview) -> None:
-    """FIN and REQ lines the lane read for one connection (ms[i]: line i's REQ timeout,
-    -1 for a FIN; its input ``raw[start:]``), run in their order as the general path
-    runs them: each run of FINs at once, each REQ as ``req`` does once parsed, an
-    E_FIN_FAILED or E_REQ_FAILED for each failure."""
-    at = start
+def acks_read(c: Conn, offsets: Sequence[int], ms: Sequence[int], data: memoryview) -> None:
+    """FIN and REQ lines the lane read for one connection (``data``, its input; ms[i]:
+    line i's REQ timeout, -1 for a FIN), run in their order as the general path runs
+    them, a run of each kind at once: FINs as the decoder's FIN runs, REQs as ``req``
+    runs each once parsed; an E_FIN_FAILED or E_REQ_FAILED for each failure, naming
+    its line's id."""
+    ids = _LineIds(data)
     i = 0
     n = len(offsets)
     while i < n and c.io is OPEN:
-        if ms[i] < 0:
-            j = i + 1
-            while j < n and ms[j] < 0:
-                j += 1
-            _fin_run(c, offsets[i:j], partial(_fin_line_id, raw, at))
-            at += 21 * (j - i)
-            i = j
-            continue
-        mid = bytes(raw[at + 4:at + 20])
-        try:
-            _requeue(c, mid, offsets[i], ms[i])
-        except ClientError as err:      # E_REQ_FAILED: not fatal
-            c.log_nonfatal(err)
-            c.send_frame(encode_error(err.payload()))
-        # the line: "REQ " + id + " " + its digits + "\n"
-        at += 22 + len(bytes(raw[at + 21:at + 40]).split(b"\n", 1)[0])
-        i += 1
+        fin = ms[i] < 0
+        j = i + 1
+        while j < n and (ms[j] < 0) == fin:
+            j += 1
+        if fin:
+            _fin_run(c, offsets[i:j], partial(ids.at, i))
+        else:
+            _requeue_run(c, offsets[i:j], ms[i:j], partial(ids.at, i))
+        i = j
+
+
+class _LineIds:
+    """The ids of a connection's FIN and REQ lines, by line (split once, when a
+    failure first needs one)."""
+
+    __slots__ = ("data", "lines")
+
+    def __init__(self, data: memoryview) -> None:
+        self.data = data
+        self.lines: list[bytes] | None = None
+
+    def at(self, first: int, k: int) -> bytes:
+        if self.lines is None:
+            self.lines = bytes(self.data).split(b"\n")
+        return self.lines[first + k][4:20]
+
+
+def _requeue_run(c: Conn, offsets: Sequence[int], ms: Sequence[int],
+                 mid_of: Callable[[int], bytes]) -> None:
+    """REQs, parsed (offsets and timeouts; one from ``req``, a run the lane read): the
+    clamp, the deferral, the checkpoint asked for, the counters; E_REQ_FAILED (not
+    fatal) for each failure, in order, naming REQ i's id (``mid_of(i)``)."""
+    ch = c.channel
+    assert ch is not None
+    cap = c.opts.max_req_timeout
+    # matches nsqd: a REQ timeout out of 0..max_req_timeout is clamped, not rejected
+    delays = [min(max(_ms_duration(t), 0), cap) if t else 0 for t in ms]
+    failed = ch.requeue_run(c, offsets, delays, monotonic_ns(), time.time_ns())
+    done = len(offsets) - len(failed)
+    if done:
+        bad = {i for i, _ in failed}
+        if c.loop.durable and any(d for i, d in enumerate(delays) if i not in bad):
+            c.loop.runtime.storage.request_checkpoint()   # the due times, saved soon
+        c.requeue_count += done
+        c.loop.mark_dirty(ch)
+    for i, e in failed:
+        err = ReqFailed(f"REQ {raw_text(mid_of(i))} failed {e}")
+        c.log_nonfatal(err)
+        c.send_frame(encode_error(err.payload()))
 
 
 def _fin_line_id(raw: memoryview, at: int, k: int) -> bytes:
@@ -457,24 +489,7 @@ def req(c: Conn, cmd: Command) -> None:
     ms = _base10(p[2])
     if ms is None:
         raise Invalid(f"REQ could not parse timeout {raw_text(p[2])}")
-    _requeue(c, mid, offset_of(mid), ms)
-
-
-def _requeue(c: Conn, mid: bytes, off: int, ms: int) -> None:
-    """REQ of message ``mid`` (at offset ``off``, -1: none) with a timeout of ``ms``,
-    parsed (by the decoder, or by the FIN lane: ``acks_read``)."""
-    # matches nsqd: a REQ timeout out of 0..max_req_timeout is clamped, not rejected
-    delay_ns = min(max(_ms_duration(ms), 0), c.opts.max_req_timeout)
-    ch = c.channel
-    assert ch is not None
-    try:
-        ch.requeue_at(c, off, delay_ns, monotonic_ns(), time.time_ns())
-    except BrokerError as e:
-        raise ReqFailed(f"REQ {raw_text(mid)} failed {e}") from None
-    if delay_ns and c.loop.durable:
-        c.loop.runtime.storage.request_checkpoint()   # the due time, saved soon
-    c.requeue_count += 1
-    c.loop.mark_dirty(ch)
+    _requeue_run(c, (offset_of(mid),), (ms,), lambda _: mid)
 
 
 def touch(c: Conn, cmd: Command) -> None:

@@ -182,7 +182,7 @@ class Lane:
             conn.last_read_ns = now
             if reqs and max(ms[at:at + k]) >= 0:
                 # REQs too: this connection's lines in their order, now
-                acks_read(conn, offs[at:at + k], ms[at:at + k], start, view)
+                acks_read(conn, offs[at:at + k], ms[at:at + k], view[start:start + lens[i]])
                 at += k
                 continue
             ch = conn.channel
