@@ -97,8 +97,11 @@ def test_a_short_run_with_nsqs_bench_writer_prints_the_table() -> None:
                                  proc.stdout, re.M)}
     assert set(rows) == {(s, n) for s in ("PUB", "MPUB")
                          for n in ("single node", "RF3 insync2")}, proc.stdout
-    # messages published, and bench_writer's CPU (a child process) counted as the client's
-    assert all(rate > 0 and client > 0 for rate, client in rows.values()), rows
+    # messages published, and bench_writer's CPU (a child process) counted as the
+    # client's: in some row, since a slow row (a loaded machine: 92 PUBs a second in
+    # one CI run) can stay under the clock's 10 ms tick
+    assert all(rate > 0 for rate, _ in rows.values()), rows
+    assert any(client > 0 for _, client in rows.values()), rows
 
 
 def test_a_short_takeover_run_prints_its_figures() -> None:
