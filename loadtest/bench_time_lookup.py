@@ -2,7 +2,7 @@
 """/ping latency while clients look up times on a big segment (issue 22).
 
     python loadtest/bench_time_lookup.py [--size-mib 100] [--clients 8] [--seconds 5]
-                                         [--runs 3] [--nsqd PATH]
+                                         [--runs 3] [--nsqd PATH] [--topics N]
 
 One pybroker (and, when an nsqd binary is found, one nsqd beside it), each started here
 on ephemeral ports with its own temporary data dir, stopped by PID. Each gets one topic
@@ -14,6 +14,8 @@ more client sends ``GET /ping`` every 5 ms and times each answer:
   of the segment (the worst case for a scan: the answer is near its end);
 - ``stats`` (both): ``GET /stats?format=json&topic=``, a plain HTTP load with no log
   read, for a baseline; nsqd has no lookup by time, so this is the side by side.
+- ``all`` (both, with ``--topics N``): ``GET /stats?format=json`` with N more topics
+  of a channel each: the largest document the HTTP server makes, side by side.
 
 The table shows, per broker and load, the median over runs of /ping p50, p99 and max
 (ms), of requests per second of the load, and of the broker's CPU (user+sys, from
@@ -76,6 +78,19 @@ def fill(b: BrokerProcess, topic: str, size_mib: int) -> tuple[int, int]:
     return ts_at(0), ts_at(end - 1)
 
 
+def make_topics(b: BrokerProcess, n: int) -> None:
+    """n more topics, each with one channel (what a /stats of every topic reports)."""
+    c = _conn(b)
+    for i in range(n):
+        for path in (f"/topic/create?topic=bench_tl_{i}",
+                     f"/channel/create?topic=bench_tl_{i}&channel=ch"):
+            c.request("POST", path, body=b"")
+            r = c.getresponse()
+            r.read()
+            if r.status != 200:
+                raise RuntimeError(f"{b.kind}: {path} answered {r.status}")
+
+
 def one_run(b: BrokerProcess, topic: str, load: str, times: tuple[int, int],
             args: argparse.Namespace) -> dict[str, float]:
     stop = threading.Event()
@@ -89,8 +104,10 @@ def one_run(b: BrokerProcess, topic: str, load: str, times: tuple[int, int],
         while not stop.is_set():
             if load == "lookup":
                 status, _ = _get(c, "/topic/offsets", topic=topic, ts=ts_ms)
-            else:
+            elif load == "stats":
                 status, _ = _get(c, "/stats", format="json", topic=topic)
+            else:       # "all": every topic's stats (--topics)
+                status, _ = _get(c, "/stats", format="json")
             if status != 200:
                 raise RuntimeError(f"{load}: {status}")
             done[i] += 1
@@ -127,6 +144,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--nsqd", default=shutil.which("nsqd") or "")
+    ap.add_argument("--topics", type=int, default=0,
+                    help="make this many more topics (a channel each) and add the load "
+                         "'all': /stats of every topic, on both brokers")
     args = ap.parse_args()
     seg = f"--max-bytes-per-file={(args.size_mib + 16) * 1024 * 1024}"
     brokers = [BrokerProcess("pybroker", [seg, "--mem-queue-size=10000"]).start()]
@@ -135,9 +155,12 @@ def main() -> None:
     rows: dict[tuple[str, str], list[dict[str, float]]] = {}
     try:
         times = {b.kind: fill(b, "bench_tl", args.size_mib) for b in brokers}
+        for b in brokers:
+            make_topics(b, args.topics)
+        extra = ["all"] if args.topics else []
         for _ in range(args.runs):
             for b in brokers:
-                for load in (["lookup", "stats"] if b.kind == "pybroker" else ["stats"]):
+                for load in (["lookup", "stats"] if b.kind == "pybroker" else ["stats"]) + extra:
                     rows.setdefault((b.kind, load), []).append(
                         one_run(b, "bench_tl", load, times[b.kind], args))
     finally:
