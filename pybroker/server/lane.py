@@ -17,8 +17,10 @@ any publish (an OK per command once the write of their epoch worked). Every othe
 connection's bytes go to its general path (``Conn.take_input``) unchanged, so
 errors, odd input and every other verb are answered exactly as before.
 
-Budget: at most PIECE bytes per connection per turn (the rest is read next turn: the
-selector is level-triggered), the buffer is BUF bytes, reused every turn; at most
+Budget: at most PIECE bytes per connection per turn (FIN_PIECE for a subscribed one:
+a line that fails, an id not in flight, costs about 8 us for its error, so a piece of
+failing FIN or REQ lines is kept near 12 ms of the loop; the rest is read next turn:
+the selector is level-triggered), the buffer is BUF bytes, reused every turn; at most
 PARTS messages per C call; once a buffer full has been handled past TURN_NS, the
 connections not yet read wait for the next turn (their sockets stay readable). Ownership: the loop's thread only.
 """
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pybroker")
 monotonic_ns = time.monotonic_ns
 PIECE = 64 * 1024        # bytes read per connection per turn
+FIN_PIECE = 32 * 1024    # the same for a subscribed connection (its FIN and REQ lines)
 BUF = 2 * 1024 * 1024    # the kept receive buffer: BUF // PIECE connections per C call
 TURN_NS = 4_000_000      # a turn reads more lane connections only until this much time
 PARTS = 32 * 1024        # messages per C call (more: the connection takes the general path)
@@ -68,7 +71,7 @@ class Lane:
         o = loop.options
         self.taken: list[Conn] = []     # readable this turn, read at its end (run)
         self.fins: list[Conn] = []      # of those, the subscribed ones (run_fins)
-        self.fin_scanner = _native.FinLane(PIECE // 21 * (BUF // PIECE))
+        self.fin_scanner = _native.FinLane(FIN_PIECE // 21 * _PER_CALL)
         self.buf = bytearray(BUF)
         self.batch_io = BatchIO()      # the reads into buf
         self.view = memoryview(self.buf)
@@ -109,18 +112,18 @@ class Lane:
             pubs = _still(pubs, LANE_PUB)
             fins = _still(fins, LANE_FIN)
         if pubs:
-            self._read_all(pubs, self._publish)
+            self._read_all(pubs, self._publish, PIECE)
         self.fins = fins
 
     def run_fins(self) -> None:
         """The subscribed connections ``run`` kept: read, their FINs and REQs run."""
         fins, self.fins = self.fins, []
-        self._read_all(fins, self._finish)
+        self._read_all(fins, self._finish, FIN_PIECE)
 
     def _read_all(self, conns: list[Conn],
-                  handle: Callable[[list[Conn], array.array[int], array.array[int]], None]
-                  ) -> None:
-        """One read each (at most PIECE bytes) into the kept buffer, a buffer full
+                  handle: Callable[[list[Conn], array.array[int], array.array[int]], None],
+                  piece: int) -> None:
+        """One read each (at most ``piece`` bytes) into the kept buffer, a buffer full
         (BUF // PIECE connections) per C call (``BatchIO.recv_many``), then
         ``handle(batch, starts, lens)`` for those that sent bytes. Past TURN_NS the rest
         are not read this turn (their sockets stay readable: the next turn reads them)."""
@@ -132,7 +135,7 @@ class Lane:
             # only connections still open: a closed one's descriptor may be another's now
             chunk = [c for c in conns[at:at + _PER_CALL] if c.io is OPEN]
             got_at, got = bio.recv_many([c.sock for c in chunk], [c.fd for c in chunk],
-                                        self.buf, PIECE)
+                                        self.buf, piece)
             k = len(got)
             if k and min(got) > 0:     # the steady state: each sent something
                 handle(chunk[:k], array.array("I", got_at), array.array("I", got))
@@ -288,4 +291,4 @@ def _still(conns: list[Conn], kind: int) -> list[Conn]:
     return out
 
 
-__all__ = ["BUF", "Lane", "PIECE"]
+__all__ = ["BUF", "FIN_PIECE", "Lane", "PIECE"]

@@ -398,6 +398,29 @@ def test_fins_and_reqs_sent_together_act_in_their_order(any_broker: BrokerProces
     assert st["requeue_count"] == 2 and st["message_count"] == 4
 
 
+def test_a_flood_of_failing_reqs_and_fins_is_answered_line_by_line(
+        any_broker: BrokerProcess, connect: Connect) -> None:
+    """One write of 4,000 FIN and REQ lines naming no message in flight (more than a
+    turn's piece of a subscribed connection: lines cut across reads): every line gets
+    its E_FIN_FAILED or E_REQ_FAILED, in order, naming its id, and the connection
+    still works. (Its cost to the loop is measured, not timed here: docs/io.md.)"""
+    topic = unique_name()
+    c = consumer(connect, any_broker, topic, rdy=1)
+    ids = [b"%016x" % (10**9 + i) for i in range(4000)]
+    c.send(b"".join((b"REQ " + m + b" 0\n") if i % 3 else (b"FIN " + m + b"\n")
+                    for i, m in enumerate(ids)))
+    got = []
+    while len(got) < len(ids):
+        ftype, data = c.read_frame(10)
+        assert ftype == wire.FRAME_ERROR, data
+        got.append(data)
+    assert [g.split(b" ")[:3] for g in got] == \
+        [[b"E_REQ_FAILED", b"REQ", m] if i % 3 else [b"E_FIN_FAILED", b"FIN", m]
+         for i, m in enumerate(ids)]
+    c.pub(topic, b"after")
+    assert c.read_message().body == b"after"
+
+
 def test_thousand_concurrent_connections(make_any_broker: Callable[..., BrokerProcess]) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 2500:
