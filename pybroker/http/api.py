@@ -21,8 +21,8 @@ from pybroker.core import stats as core_stats
 from pybroker.core.lifecycle import freeing
 from pybroker.errors import ChannelNotFound, Exiting, TopicNotFound
 from pybroker.http import channelconfig, logread, process, statstext
-from pybroker.http.collect import Collected, plan_stats
-from pybroker.http.gather import MISSING, Gather, Later
+from pybroker.http.collect import Collected, SharedAnswers, plan_stats
+from pybroker.http.gather import MISSING, Gather, Later, run_blocking
 from pybroker.http.options import ConfigEndpoint
 from pybroker.http.reader import LogReader, then
 from pybroker.http.request import Request, first, parse_query
@@ -33,6 +33,8 @@ from pybroker.protocol.names import is_valid_name
 from pybroker.server.services import owner_loop
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pybroker.core.channel import Channel
     from pybroker.core.statsdoc import StatsDocument
     from pybroker.core.topic import Topic
@@ -94,6 +96,7 @@ class Api:
         self.hostname = socket.gethostname()
         self.options = ConfigEndpoint(runtime, server)
         self.reader = LogReader()   # log reads and lookups by time, off this thread
+        self.answers = SharedAnswers()   # /stats and /metrics, made on the reader's thread
 
     # -- health, info ---------------------------------------------------------------
     def health(self) -> str:
@@ -378,7 +381,8 @@ class Api:
         include_clients = _BOOL.get(first(q, b"include_clients") or b"", True)
         include_mem = _BOOL.get(first(q, b"include_mem") or b"", True)
 
-        def answer(c: Collected) -> Response:      # (on the log reader's thread)
+        def make() -> Response:      # (on the log reader's thread: collect.SharedAnswers)
+            c = run_blocking(plan_stats(self.rt, topic, channel, include_clients))
             doc = self.stats_document(c, process.memory_stats() if include_mem else None)
             if as_json:
                 return ok_json_yielding(doc)
@@ -386,8 +390,14 @@ class Api:
             uptime_ns = int((now - self.server.started_at) * 1e9)
             return Response(200, statstext.render(doc, now, uptime_ns), TEXT)
 
-        return plan_stats(self.rt, topic, channel, include_clients).then(answer,
-                                                                         off_thread=True)
+        return self._shared(("stats", as_json, topic, channel, include_clients,
+                             include_mem), make)
+
+    def _shared(self, form: tuple[object, ...], make: Callable[[], Response]) -> Gather[Response]:
+        """A Gather made and answered on the log reader's thread, shared by the requests
+        of its form that wait for it (collect.SharedAnswers)."""
+        ticket = self.answers.ticket()
+        return Gather([], lambda _: self.answers.answer(form, ticket, make), off_thread=True)
 
     def stats_document(self, c: Collected, memory: dict[str, int] | None) -> StatsDocument:
         doc = core_stats.document(NSQ_COMPAT_VERSION, self.health(), self.broker.start_time,
@@ -402,16 +412,15 @@ class Api:
     def metrics(self, req: Request) -> Gather[Response]:
         from pybroker.http import metrics  # Prometheus' format: loaded when first asked for
 
-        def answer(c: Collected) -> Response:
+        def make() -> Response:
+            c = run_blocking(plan_stats(self.rt, include_clients=False, every_loop=True))
             body = metrics.render(c, self.health(), self.broker.start_time,
                                   self.server.figures())
             if self.rt.cluster is not None:
-
                 body += self.rt.cluster.metrics_text()
             return Response(200, body, metrics.CONTENT_TYPE, nsq=False)
 
-        return plan_stats(self.rt, include_clients=False, every_loop=True).then(
-            answer, off_thread=True)
+        return self._shared(("metrics",), make)
 
 
 class _Answer(Exception):

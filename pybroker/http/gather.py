@@ -47,8 +47,9 @@ MISSING: Final = _Missing()
 
 class Gather(Generic[T]):
     """``off_thread``: its finish is long (a /stats of 10,000 topics: about 40 ms of
-    Python and a 6 MB JSON body): the HTTP server runs it on the log reader's thread,
-    not its own (HttpServer._finish)."""
+    Python and a 6 MB JSON body) or may wait (for jobs it posts itself: /stats and
+    /metrics plan and gather there): the HTTP server runs it on the log reader's thread,
+    never its own, and refuses it when that thread's queue is full (HttpServer._finish)."""
 
     __slots__ = ("finish", "jobs", "off_thread", "timeout_s")
 

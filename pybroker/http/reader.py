@@ -10,11 +10,13 @@ record, a log read at most 4 MiB), and a thread of its own keeps them off the st
 thread, whose fsyncs publishers wait for.
 
 It also finishes the Gathers whose finish is long (``Gather.off_thread``: /stats and
-/metrics of many topics; HttpServer._finish), which offer the GIL as they go.
+/metrics, planned, gathered from the loops and encoded here; HttpServer._finish), which
+offer the GIL as they go, one at a time (an answer shared by the requests of its form
+that waited for it: collect.SharedAnswers).
 
-Budget: at most ``MAX_QUEUED`` jobs wait; a read beyond that is refused at once (503
-``TOO_MANY_READS``) rather than queued without bound, and a long finish then runs on
-the HTTP thread. ``then`` chains a second
+Budget: at most ``MAX_QUEUED`` jobs wait; a read or a long finish beyond that is
+refused at once (503 ``TOO_MANY_READS``) rather than queued without bound (a long finish
+never runs on the HTTP thread). ``then`` chains a second
 step on another thread (a lookup here, then the rewind on the channel's owner loop).
 
 ``cursors``: the log cursors (storage/cursor.py) that /topic/read pages left off with,

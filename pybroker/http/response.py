@@ -10,6 +10,8 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 
+import orjson
+
 from pybroker.jsonvalue import Json
 
 NSQ_HEADER = b"X-Nsq-Content-Type: nsq; version=1.0\r\n"
@@ -80,41 +82,50 @@ def ok_json(data: JsonBody) -> Response:
     return Response(200, _dumps(data), JSON)
 
 
-SLICE_ITEMS = 256   # list items json encodes per hold of the GIL in ``_dumps_yielding``
+SLICE_ITEMS = 256   # list items encoded per hold of the GIL in ``_dump_sliced``
 
 
 def ok_json_yielding(data: JsonBody) -> Response:
     """``ok_json`` for a large document, made off the HTTP thread (a /stats of many
-    topics: ``Gather.off_thread``): the same bytes, but json's C encoder, which holds
-    the GIL for a whole call (60 ms for the 6 MB of 10,000 topics), is called on
-    SLICE_ITEMS items of a long list at a time, the GIL offered between."""
-    out: list[str] = []
+    topics: ``Gather.off_thread``). Encoded with orjson (a /stats of 2,000 topics,
+    1.2 MB: 1.6 ms against json's 20 ms on this machine), SLICE_ITEMS items of a long
+    list at a time, the GIL offered between (json held it 60 ms for the 6 MB of 10,000
+    topics). orjson's bytes are json's compact ones, but for floats under 1e-4 (written
+    without an exponent, as Go writes them) and NaN (``null``); a part orjson refuses (an
+    integer past 64 bits, a key that is not a string) is encoded by json."""
+    out: list[bytes] = []
     _dump_sliced(data, out, 2)
-    return Response(200, b"".join([p.encode() for p in out]), JSON)
+    return Response(200, b"".join(out), JSON)
 
 
-def _dump_sliced(v: object, out: list[str], depth: int) -> None:
+def _enc(v: object) -> bytes:
+    try:
+        return orjson.dumps(v)
+    except TypeError:       # (orjson.JSONEncodeError is one)
+        return json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _dump_sliced(v: object, out: list[bytes], depth: int) -> None:
     if depth and isinstance(v, dict) and all(isinstance(k, str) for k in v):
-        out.append("{")
-        sep = ""
+        out.append(b"{")
+        sep = b""
         for k, item in v.items():
             out.append(sep)
-            out.append(json.dumps(k, ensure_ascii=False))
-            out.append(":")
+            out.append(_enc(k))
+            out.append(b":")
             _dump_sliced(item, out, depth - 1)
-            sep = ","
-        out.append("}")
+            sep = b","
+        out.append(b"}")
     elif isinstance(v, list) and len(v) > SLICE_ITEMS:
-        out.append("[")
+        out.append(b"[")
         for i in range(0, len(v), SLICE_ITEMS):
             if i:
-                out.append(",")
+                out.append(b",")
                 time.sleep(0)          # the GIL offered to the loops and the HTTP thread
-            out.append(json.dumps(v[i:i + SLICE_ITEMS], separators=(",", ":"),
-                                  ensure_ascii=False)[1:-1])
-        out.append("]")
+            out.append(_enc(v[i:i + SLICE_ITEMS])[1:-1])
+        out.append(b"]")
     else:
-        out.append(json.dumps(v, separators=(",", ":"), ensure_ascii=False))
+        out.append(_enc(v))
 
 
 def error(status: int, message: str, close: bool = False) -> Response:

@@ -378,15 +378,19 @@ class HttpServer(SelectorLoop):
         if p is None:
             return
         reader = self.api.reader
-        if p.gather.off_thread and not reader.busy():
-            # a long finish (a /stats of many topics) on the log reader's thread: this
-            # one goes on serving (/ping waited up to 155 ms behind a /stats of 10,000
-            # topics); the answer comes back here (_complete)
+        if p.gather.off_thread:
+            # a long finish (/stats and /metrics: planned, gathered and encoded there)
+            # on the log reader's thread, never here: this one goes on serving (/ping
+            # waited up to 155 ms behind a /stats of 10,000 topics); the answer comes
+            # back here (_complete). The reader's queue full: refused as a read is.
+            if reader.busy():
+                self._complete(p, error(503, "TOO_MANY_READS"))
+                return
             try:
                 reader.call_soon_threadsafe(self._finish_there, p)
-                return
             except RuntimeError:
-                pass            # stopping: finished here
+                self._complete(p, error(503, "EXITING"))
+            return
         self._complete(p, self._answer(p))
 
     @staticmethod

@@ -354,3 +354,43 @@ def test_e2e_percentiles(e2e_broker: BrokerProcess) -> None:
         assert 0 < p50["value"] <= p99["value"] < 30e9
     text = get(b, f"topic={t}").decode()
     assert re.search(r"e2e%: [\d.]+(ns|us|ms|s), [\d.]+(ns|us|ms|s)\n", text)
+
+
+def test_every_answer_is_as_new_as_its_request(any_broker: BrokerProcess) -> None:
+    """8 clients each publish to a topic of their own, then ask for the whole /stats
+    (the same form for all of them, so that pybroker may share one answer among them:
+    collect.SharedAnswers) and must see their own last publish counted, every time."""
+    import http.client
+    import threading
+
+    host, port = any_broker.http_hostport.rsplit(":", 1)
+    topics = [unique_name("fresh") for _ in range(8)]
+    errors: list[str] = []
+
+    def client(topic: str) -> None:
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            for n in range(1, 16):
+                conn.request("POST", f"/pub?topic={topic}", body=b"m")
+                r = conn.getresponse()
+                r.read()
+                if r.status != 200:
+                    errors.append(f"{topic}: pub {r.status}")
+                    return
+                conn.request("GET", "/stats?format=json")
+                r = conn.getresponse()
+                body = r.read()
+                counts = {t["topic_name"]: t["message_count"] for t in json.loads(body)["topics"]}
+                if counts.get(topic) != n:
+                    errors.append(f"{topic}: {counts.get(topic)} after {n} publishes")
+                    return
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=client, args=(t,)) for t in topics]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []

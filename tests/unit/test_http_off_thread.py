@@ -1,6 +1,8 @@
 """A long Gather finish runs off the HTTP thread (``Gather.off_thread``: /stats and
-/metrics), and its large JSON is made a slice at a time (``ok_json_yielding``): /ping
-waited up to 155 ms behind a /stats of 10,000 topics (6 MB) on the HTTP thread."""
+/metrics), never on it, and its large JSON is made a slice at a time
+(``ok_json_yielding``): /ping waited up to 155 ms behind a /stats of 10,000 topics
+(6 MB) on the HTTP thread. An answer is shared by the requests of its form that came
+before it was begun (``collect.SharedAnswers``), and by no later one."""
 from __future__ import annotations
 
 import json
@@ -8,11 +10,13 @@ import threading
 import time
 from collections.abc import Iterator
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pybroker.http import response
+from pybroker.http.collect import SharedAnswers
 from pybroker.http.gather import Gather
 from pybroker.http.response import Response, ok_json_yielding
 from pybroker.http.server import HttpServer
@@ -81,7 +85,19 @@ def test_the_sliced_encoding_is_the_same_bytes(doc: object) -> None:
         got = ok_json_yielding(doc).body  # type: ignore[arg-type]
     finally:
         response.SLICE_ITEMS = original
-    assert got == json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+    if _fits(doc):      # the same bytes as the whole document encoded at once
+        assert got == orjson.dumps(doc)
+    assert json.loads(got) == json.loads(json.dumps(doc))   # (past 64 bits: json's parts)
+
+
+def _fits(v: object) -> bool:
+    """No integer past orjson's 64 bits anywhere in v."""
+    if isinstance(v, bool) or not isinstance(v, (int, list, dict)):
+        return True
+    if isinstance(v, int):
+        return -2**63 <= v < 2**64
+    items = v.values() if isinstance(v, dict) else v
+    return all(_fits(x) for x in items)
 
 
 def test_a_stats_sized_document_is_the_same_bytes() -> None:
@@ -92,3 +108,82 @@ def test_a_stats_sized_document_is_the_same_bytes() -> None:
         for i in range(2_000)], "producers": []}
     assert ok_json_yielding(doc).body == json.dumps(doc, separators=(",", ":"),
                                                     ensure_ascii=False).encode()
+
+
+def test_a_full_reader_queue_refuses_a_long_finish_and_never_runs_it_here(
+        rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An off-thread finish (it may wait for the loops) never runs on the HTTP thread:
+    with the log reader's queue full it is refused as a read is (503)."""
+    server = HttpServer(rt)
+    server.thread = threading.current_thread()
+    ran: list[str] = []
+
+    def finish(results: list[object]) -> Response:
+        ran.append(threading.current_thread().name)
+        return Response(200, b"done")
+
+    monkeypatch.setattr(server.api.reader, "busy", lambda: True)
+    conn = _Conn()
+    try:
+        server.submit(conn, object(), Gather([], finish, off_thread=True))  # type: ignore[arg-type]
+        deadline = time.monotonic() + 10
+        while not conn.answers:
+            assert time.monotonic() < deadline, "no answer"
+            turn(server)
+        (_, resp, _), = conn.answers
+        assert resp.status == 503 and json.loads(resp.body) == {"message": "TOO_MANY_READS"}
+        assert ran == []
+    finally:
+        server.api.reader.stop()
+        server.close()
+
+
+def test_shared_answers_serve_only_requests_that_came_before_they_were_begun() -> None:
+    answers = SharedAnswers()
+    made: list[int] = []
+
+    def make() -> Response:
+        made.append(len(made))
+        return Response(200, b"%d" % len(made))
+
+    a, b = answers.ticket(), answers.ticket()
+    first = answers.answer("f", a, make)
+    assert answers.answer("f", b, make) is first        # came before it was begun
+    c = answers.ticket()
+    assert answers.answer("f", c, make).body == b"2"    # came after: a new one
+    assert answers.answer("g", c, make).body == b"3"    # another form: its own
+    assert len(made) == 3
+
+
+def test_a_ticket_taken_while_an_answer_is_made_gets_a_newer_one() -> None:
+    answers = SharedAnswers()
+    inside = threading.Event()
+    go_on = threading.Event()
+    bodies = iter([b"old", b"new"])
+
+    def make() -> Response:
+        inside.set()
+        go_on.wait(10)
+        return Response(200, next(bodies))
+
+    got: list[bytes | bytearray] = []
+    early = answers.ticket()
+    t = threading.Thread(target=lambda: got.append(answers.answer("f", early, make).body))
+    t.start()
+    assert inside.wait(10)
+    late = answers.ticket()            # the request comes while "old" is being made
+    go_on.set()
+    t.join(10)
+    assert got == [b"old"]
+    assert answers.answer("f", late, lambda: Response(200, b"new")).body == b"new"
+
+
+def test_failed_answers_are_not_shared_and_forms_are_bounded() -> None:
+    answers = SharedAnswers()
+    t = answers.ticket()
+    assert answers.answer("f", t, lambda: Response(500, b"x")).status == 500
+    assert answers.answer("f", t, lambda: Response(200, b"y")).body == b"y"
+    for i in range(SharedAnswers.FORMS + 5):
+        answers.answer(("form", i), answers.ticket(), lambda: Response(200, b"z"))
+    assert len(answers._made) == SharedAnswers.FORMS
+    assert ("form", 0) not in answers._made
