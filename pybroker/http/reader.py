@@ -14,9 +14,9 @@ It also finishes the Gathers whose finish is long (``Gather.off_thread``: /stats
 offer the GIL as they go, one at a time (an answer shared by the requests of its form
 that waited for it: collect.SharedAnswers).
 
-Budget: at most ``MAX_QUEUED`` jobs wait; a read or a long finish beyond that is
-refused at once (503 ``TOO_MANY_READS``) rather than queued without bound (a long finish
-never runs on the HTTP thread). ``then`` chains a second
+Budget: a read finding ``MAX_QUEUED`` jobs waiting, or a long finish finding
+``MAX_FINISHES``, is refused at once (503 ``TOO_MANY_READS``) rather than queued without
+bound (a long finish never runs on the HTTP thread). ``then`` chains a second
 step on another thread (a lookup here, then the rewind on the channel's owner loop).
 
 ``cursors``: the log cursors (storage/cursor.py) that /topic/read pages left off with,
@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pybroker")
 MAX_QUEUED = 64
+# long finishes (/stats, /metrics) that may wait: most are answered at once by an answer
+# made for the one before them (collect.SharedAnswers), so more of them may wait
+MAX_FINISHES = 1_024
 CURSORS = 8
 IDLE_S = 30.0
 R = TypeVar("R")
@@ -91,9 +94,9 @@ class LogReader:
         self._stopped = False
         self.cursors = CursorCache()        # the reader thread's (see the docstring)
 
-    def busy(self) -> bool:
-        """Too many reads wait already: refuse the next one."""
-        return self._jobs.qsize() >= MAX_QUEUED
+    def busy(self, limit: int = MAX_QUEUED) -> bool:
+        """Too many jobs wait already (``limit``): refuse the next one."""
+        return self._jobs.qsize() >= limit
 
     def call_soon_threadsafe(self, fn: Callable[[Unpack[Ts]], object],
                              *args: Unpack[Ts]) -> None:

@@ -35,6 +35,7 @@ from pybroker.http.conn import HttpConn
 from pybroker.http.gather import MISSING, Gather, Posted, Poster, run_jobs
 from pybroker.http.process import GcPauses
 from pybroker.http.request import Request
+from pybroker.http.reader import MAX_FINISHES
 from pybroker.http.response import DateCache, Response, error
 from pybroker.http.statstext import go_duration
 from pybroker.http.views import HttpFigures
@@ -383,7 +384,7 @@ class HttpServer(SelectorLoop):
             # on the log reader's thread, never here: this one goes on serving (/ping
             # waited up to 155 ms behind a /stats of 10,000 topics); the answer comes
             # back here (_complete). The reader's queue full: refused as a read is.
-            if reader.busy():
+            if reader.busy(MAX_FINISHES):
                 self._complete(p, error(503, "TOO_MANY_READS"))
                 return
             try:

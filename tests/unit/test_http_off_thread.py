@@ -21,6 +21,7 @@ from pybroker.http.gather import Gather
 from pybroker.http.response import Response, ok_json_yielding
 from pybroker.http.server import HttpServer
 from pybroker.runtime import Runtime
+from pybroker.testing import wait_until
 from tests.support.inproc import temp_runtime, turn
 
 
@@ -113,28 +114,45 @@ def test_a_stats_sized_document_is_the_same_bytes() -> None:
 def test_a_full_reader_queue_refuses_a_long_finish_and_never_runs_it_here(
         rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
     """An off-thread finish (it may wait for the loops) never runs on the HTTP thread:
-    with the log reader's queue full it is refused as a read is (503)."""
+    with MAX_FINISHES jobs waiting on the log reader it is refused as a read is (503);
+    once they are done, it runs there."""
+    from pybroker.http import server as server_module
+    monkeypatch.setattr(server_module, "MAX_FINISHES", 3)
     server = HttpServer(rt)
     server.thread = threading.current_thread()
+    reader = server.api.reader
     ran: list[str] = []
+    hold = threading.Event()
 
     def finish(results: list[object]) -> Response:
         ran.append(threading.current_thread().name)
         return Response(200, b"done")
 
-    monkeypatch.setattr(server.api.reader, "busy", lambda: True)
-    conn = _Conn()
-    try:
-        server.submit(conn, object(), Gather([], finish, off_thread=True))  # type: ignore[arg-type]
+    def answered(conn: _Conn) -> Response:
         deadline = time.monotonic() + 10
         while not conn.answers:
             assert time.monotonic() < deadline, "no answer"
             turn(server)
-        (_, resp, _), = conn.answers
+        return conn.answers[0][1]
+
+    try:
+        reader.call_soon_threadsafe(hold.wait, 10)     # the reader busy with one job
+        wait_until(lambda: reader._jobs.qsize() == 0, 10)
+        for _ in range(3):
+            reader.call_soon_threadsafe(lambda: None)
+        refused = _Conn()
+        server.submit(refused, object(), Gather([], finish, off_thread=True))  # type: ignore[arg-type]
+        resp = answered(refused)
         assert resp.status == 503 and json.loads(resp.body) == {"message": "TOO_MANY_READS"}
         assert ran == []
+        hold.set()
+        wait_until(lambda: reader._jobs.qsize() == 0, 10)
+        queued = _Conn()
+        server.submit(queued, object(), Gather([], finish, off_thread=True))  # type: ignore[arg-type]
+        assert answered(queued).body == b"done" and ran == ["logread"]
     finally:
-        server.api.reader.stop()
+        hold.set()
+        reader.stop()
         server.close()
 
 
