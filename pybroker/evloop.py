@@ -138,6 +138,11 @@ class HeapTimers:
 # a turn runs queued cross-thread calls for about this long at most (CallQueue.run)
 CALLS_BUDGET_NS = 5_000_000
 CALLS_LOOK = 32       # calls between looks at the clock
+# a turn's ready objects: past this, the rest are read next turn (their reads only; a
+# burst of thousands of connections' first commands held a turn 30-50 ms), the clock
+# looked at every EVENTS_LOOK of them
+EVENTS_BUDGET_NS = 6_000_000
+EVENTS_LOOK = 64
 
 
 class CallQueue:
@@ -460,20 +465,33 @@ class SelectorLoop:
                 events = self.selector.poll(timeout)
         start = monotonic_ns()
         self._active = bool(events)
-        for obj, mask in events:
+        if again is self._again:
+            self._again = {}     # (the empty one: what this turn defers goes to a new one)
+        late = False
+        for i, (obj, mask) in enumerate(events):
             if obj is None:
                 self._calls.drain_wakeups()
                 continue
+            if not late and i % EVENTS_LOOK == EVENTS_LOOK - 1:
+                late = monotonic_ns() - start > EVENTS_BUDGET_NS
             try:
                 if mask & EVENT_READ:
                     if again:
                         again.pop(obj, None)  # one read per turn
-                    obj.on_readable()
+                    if late:
+                        self._again[obj] = None     # read next turn (it stays readable)
+                    else:
+                        obj.on_readable()
                 if mask & EVENT_WRITE:
                     obj.on_writable()
             except Exception:
                 self.on_error(obj)
-        for obj in again:
+        for i, obj in enumerate(again):
+            if not late and i % EVENTS_LOOK == EVENTS_LOOK - 1:
+                late = monotonic_ns() - start > EVENTS_BUDGET_NS
+            if late:
+                self._again[obj] = None
+                continue
             try:
                 obj.on_readable()
             except Exception:
