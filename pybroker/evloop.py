@@ -391,6 +391,13 @@ class SelectorLoop:
             return
         self.timers.add(monotonic_ns(), (self.run_steps, (steps, done, failed)))
 
+    def _defer(self, again: dict[Pollable, None], obj: Pollable) -> None:
+        """run_once's: obj read next turn (``again`` is this turn's: when it was empty it
+        is still ``_again`` itself, which must not fill while this turn reads it)."""
+        if self._again is again:
+            self._again = {}
+        self._again[obj] = None
+
     def read_again(self, obj: Pollable) -> None:
         """Call obj.on_readable() next turn even if its socket is not readable."""
         self._again[obj] = None
@@ -465,8 +472,6 @@ class SelectorLoop:
                 events = self.selector.poll(timeout)
         start = monotonic_ns()
         self._active = bool(events)
-        if again is self._again:
-            self._again = {}     # (the empty one: what this turn defers goes to a new one)
         late = False
         for i, (obj, mask) in enumerate(events):
             if obj is None:
@@ -479,7 +484,7 @@ class SelectorLoop:
                     if again:
                         again.pop(obj, None)  # one read per turn
                     if late:
-                        self._again[obj] = None     # read next turn (it stays readable)
+                        self._defer(again, obj)     # read next turn (it stays readable)
                     else:
                         obj.on_readable()
                 if mask & EVENT_WRITE:
@@ -490,7 +495,7 @@ class SelectorLoop:
             if not late and i % EVENTS_LOOK == EVENTS_LOOK - 1:
                 late = monotonic_ns() - start > EVENTS_BUDGET_NS
             if late:
-                self._again[obj] = None
+                self._defer(again, obj)
                 continue
             try:
                 obj.on_readable()
