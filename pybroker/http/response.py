@@ -10,8 +10,6 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 
-import orjson
-
 from pybroker.jsonvalue import Json
 
 NSQ_HEADER = b"X-Nsq-Content-Type: nsq; version=1.0\r\n"
@@ -99,6 +97,7 @@ def ok_json_yielding(data: JsonBody) -> Response:
 
 
 def _enc(v: object) -> bytes:
+    import orjson   # (imported when first asked for: it brings datetime and platform)
     try:
         return orjson.dumps(v)
     except TypeError:       # (orjson.JSONEncodeError is one)
