@@ -391,13 +391,6 @@ class SelectorLoop:
             return
         self.timers.add(monotonic_ns(), (self.run_steps, (steps, done, failed)))
 
-    def _defer(self, again: dict[Pollable, None], obj: Pollable) -> None:
-        """run_once's: obj read next turn (``again`` is this turn's: when it was empty it
-        is still ``_again`` itself, which must not fill while this turn reads it)."""
-        if self._again is again:
-            self._again = {}
-        self._again[obj] = None
-
     def read_again(self, obj: Pollable) -> None:
         """Call obj.on_readable() next turn even if its socket is not readable."""
         self._again[obj] = None
@@ -443,9 +436,14 @@ class SelectorLoop:
             self.stopped.set()
 
     def run_once(self) -> None:
-        again = self._again
+        # what asked to be read this turn; what asks from now on (read_again, or past
+        # the turn's budget) goes into a new dict, read next turn (an empty one is kept:
+        # nothing is read from it this turn)
+        again: dict[Pollable, None] | None = self._again
         if again:
             self._again = {}
+        else:
+            again = None
         if self._calls or again or self.busy():
             timeout: float | None = 0
         else:
@@ -484,18 +482,18 @@ class SelectorLoop:
                     if again:
                         again.pop(obj, None)  # one read per turn
                     if late:
-                        self._defer(again, obj)     # read next turn (it stays readable)
+                        self._again[obj] = None     # read next turn (it stays readable)
                     else:
                         obj.on_readable()
                 if mask & EVENT_WRITE:
                     obj.on_writable()
             except Exception:
                 self.on_error(obj)
-        for i, obj in enumerate(again):
+        for i, obj in enumerate(again or ()):
             if not late and i % EVENTS_LOOK == EVENTS_LOOK - 1:
                 late = monotonic_ns() - start > EVENTS_BUDGET_NS
             if late:
-                self._defer(again, obj)
+                self._again[obj] = None
                 continue
             try:
                 obj.on_readable()
