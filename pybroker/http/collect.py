@@ -97,14 +97,14 @@ def _next_turn(steps: Generator[None, None, None]) -> Generator[None, None, None
     yield from steps
 
 
-# a channel with more clients than CLIENTS_STEP: its counts, the list its clients' stats
-# go into, and its consumers when the counts were read
-BigChannel = tuple[ChannelSnapshot, list[ClientStats], "list[Consumer]"]
+# a channel with more clients than CLIENTS_STEP: the list its clients' stats go into (in
+# its snapshot), and its consumers when its counts were read
+BigChannel = tuple[list[ClientStats], "list[Consumer]"]
 
 
 def _stats_step(loop: EventLoop, chans: list[Channel], at: int,
                 out: dict[int, ChannelSnapshot], include_clients: bool,
-                topic_filter: str, big: list[BigChannel] | None = None) -> int:
+                topic_filter: str, big: list[BigChannel]) -> int:
     """Channels from ``at`` on: at most STATS_STEP, and past the first, only while
     their clients come to at most CLIENTS_STEP; the index of the next. A channel with
     more clients than that is read without them, and goes into ``big`` with its
@@ -119,12 +119,11 @@ def _stats_step(loop: EventLoop, chans: list[Channel], at: int,
             n = len(ch.consumers) if include_clients else 0
             if i > at and clients + n > CLIENTS_STEP:
                 break                   # the next step starts with it
-            if n > CLIENTS_STEP and big is not None:
-                snap = channel_snapshot(ch, False, topic_filter, now, wall)
+            if n > CLIENTS_STEP:
+                snap = out[id(ch)] = channel_snapshot(ch, False, topic_filter, now, wall)
                 listed: list[ClientStats] = []
                 snap[0]["clients"] = listed
-                big.append((snap, listed, list(ch.consumers)))
-                out[id(ch)] = snap
+                big.append((listed, list(ch.consumers)))
                 return i + 1
             out[id(ch)] = channel_snapshot(ch, include_clients, topic_filter, now, wall)
             clients += n
@@ -139,7 +138,7 @@ def _stats_steps(loop: EventLoop, chans: list[Channel], out: dict[int, ChannelSn
     while True:
         at = _stats_step(loop, chans, at, out, include_clients, topic_filter, big)
         while big:
-            _, listed, consumers = big.pop()
+            listed, consumers = big.pop()
             for k in range(0, len(consumers), CLIENTS_STEP):
                 if k:
                     yield

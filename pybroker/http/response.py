@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 from pybroker.jsonvalue import Json
 
@@ -101,7 +102,7 @@ def _enc(v: object) -> bytes:
     try:
         return orjson.dumps(v)
     except TypeError:       # (orjson.JSONEncodeError is one)
-        return json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode()
+        return _dumps(cast("JsonBody", v))
 
 
 def _dump_sliced(v: object, out: list[bytes], depth: int) -> None:
