@@ -63,6 +63,19 @@ def connect(rt: Runtime) -> tuple[socket.socket, Any]:
     return client, conn
 
 
+def attach(loop: Any, sent: bytes, n: int, name: str = "test") -> list[socket.socket]:
+    """n clients of ``loop`` (socketpairs whose broker ends are its connections), each
+    having sent ``sent`` (no turn is run): their ends, for the test to close."""
+    clients = []
+    for i in range(n):
+        client, server = socket.socketpair()
+        client.settimeout(5)
+        loop.add_connection(server, f"{name}:{i}")
+        client.sendall(sent)
+        clients.append(client)
+    return clients
+
+
 def turn(loop: SelectorLoop) -> None:
     """One turn of a loop that is not started, one that does not sleep in poll."""
     loop.call_soon_threadsafe(lambda: None)

@@ -5,7 +5,6 @@ loop 48 ms at every checkpoint) and /stats (``collect.loop_snapshot``, STATS_STE
 from __future__ import annotations
 
 import queue
-import socket
 import time
 from collections.abc import Generator, Iterator
 
@@ -16,7 +15,7 @@ from pybroker.http import collect
 from pybroker.http.gather import Later
 from pybroker.runtime import Runtime
 from pybroker.testing import wait_until
-from tests.support.inproc import temp_runtime, turn
+from tests.support.inproc import attach, temp_runtime, turn
 
 
 @pytest.fixture
@@ -119,12 +118,7 @@ def test_stats_list_a_step_of_clients_a_turn(rt: Runtime,
     clients = []
     for name, n in subs.items():
         b.get_topic(name).get_channel("c")
-        for i in range(n):
-            client, server = socket.socketpair()
-            client.settimeout(5)
-            loop.add_connection(server, f"{name}:{i}")
-            client.sendall(f"  V2SUB {name} c\n".encode())
-            clients.append(client)
+        clients += attach(loop, f"  V2SUB {name} c\n".encode(), n, name)
     try:
         def subscribed() -> bool:
             turn(loop)

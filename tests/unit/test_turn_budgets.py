@@ -14,7 +14,7 @@ from pybroker.evloop import SelectorLoop
 from pybroker.poller import EVENT_READ
 from pybroker.runtime import Runtime
 from pybroker.server import lane
-from tests.support.inproc import temp_runtime, turn
+from tests.support.inproc import attach, temp_runtime, turn
 
 
 class OneByte:
@@ -93,14 +93,8 @@ def test_new_connections_past_the_lanes_budget_are_read_next_turn(
     assert loop.lane_on
     monkeypatch.setattr(lane, "TURN_NS", -10**9)     # spent as soon as it is looked at
     monkeypatch.setattr(lane, "GENERAL_LOOK", 2)     # a look every 2 connections
-    clients = []
+    clients = attach(loop, b"  V2SUB budget ch\n", 9)
     try:
-        for i in range(9):
-            client, server = socket.socketpair()
-            client.settimeout(5)
-            loop.add_connection(server, f"test:{i}")
-            client.sendall(b"  V2SUB budget ch\n")
-            clients.append(client)
         answered: list[int] = []
         got = [bytearray() for _ in clients]
         for _ in range(20):
