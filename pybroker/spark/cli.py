@@ -143,7 +143,7 @@ def archive(
 
 
 def _run(spark: SparkSession, job: ArchiveJob) -> int:
-    from pybroker.spark.pipeline import batch_rows, start_archive
+    from pybroker.spark.pipeline import batch_rows, start_archive, wait_for
 
     stop = StopFlag()     # set by the signal handlers: no lock
     previous = {s: signal.signal(s, lambda *_: stop.set())
@@ -156,10 +156,11 @@ def _run(spark: SparkSession, job: ArchiveJob) -> int:
                   else f"{job.topic}/{job.channel}")
         typer.echo(f"archiving {source} to {job.output} "
                    f"(checkpoint {job.checkpoint_dir})", err=True)
-        while query.isActive and not stop.is_set():
-            # pyspark annotates whole seconds; it takes a float (int(timeout * 1000) ms)
-            query.awaitTermination(0.5)  # type: ignore[arg-type]
+        while not stop.is_set():
+            ended = wait_for(query, 0.5)
             seen.update(batch_rows(query))
+            if ended:
+                break
         if query.isActive:
             query.stop()
         seen.update(batch_rows(query))

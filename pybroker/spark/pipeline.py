@@ -11,9 +11,12 @@ it so that it can FIN what the commit log proves written (at least once).
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -29,6 +32,8 @@ from pybroker.spark.options import (
 if TYPE_CHECKING:   # pyspark is imported where a job starts, never at import time
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+
+log = logging.getLogger("pybroker.spark")
 
 FORMATS = ("parquet", "orc", "json")
 PARTITION_COLUMNS = ("date", "hour")
@@ -189,24 +194,81 @@ def archive_frame(spark: SparkSession, job: ArchiveJob) -> DataFrame:
 
 
 def start_archive(spark: SparkSession, job: ArchiveJob) -> StreamingQuery:
-    """Start the archive query; returns the StreamingQuery.
+    """Start the archive query (see ``start_query``); returns the StreamingQuery.
 
     Raises:
         JobError: the job is invalid.
     """
     job.validate()
-    writer = (archive_frame(spark, job).writeStream.format(job.format)
-              .option("path", job.output)
-              .option("checkpointLocation", job.checkpoint_dir)
-              .partitionBy(*PARTITION_COLUMNS)
-              .outputMode("append"))
-    if job.query_name:
-        writer = writer.queryName(job.query_name)
-    if job.available_now:
-        writer = writer.trigger(availableNow=True)
-    else:
-        writer = writer.trigger(processingTime=f"{job.trigger_s} seconds")
-    return writer.start()
+
+    def start() -> StreamingQuery:
+        writer = (archive_frame(spark, job).writeStream.format(job.format)
+                  .option("path", job.output)
+                  .option("checkpointLocation", job.checkpoint_dir)
+                  .partitionBy(*PARTITION_COLUMNS)
+                  .outputMode("append"))
+        if job.query_name:
+            writer = writer.queryName(job.query_name)
+        if job.available_now:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=f"{job.trigger_s} seconds")
+        return writer.start()
+
+    return start_query(start)
+
+
+# Spark gives a new Python worker a fixed 10 s to connect back (PythonWorkerFactory); the
+# stream reader's worker starts when the query initializes its sources, and on a loaded
+# machine it can miss that window. The query then ends before reading anything, so
+# starting it again from its checkpoint loses and repeats nothing.
+WORKER_NO_SHOW = "Python worker failed to connect back"
+START_TRIES = 3          # starts of one query, the first included
+START_WAIT_S = 60.0      # longest wait for one start's sources (Spark's own bound is 10 s)
+INITIALIZING = "Initializing sources"
+
+
+def start_query(start: Callable[[], StreamingQuery],
+                tries: int = START_TRIES, wait_s: float = START_WAIT_S) -> StreamingQuery:
+    """``start()`` a streaming query and wait until its sources are initialized.
+
+    A query that ended there because Spark's Python worker did not connect back in time
+    is started again, up to ``tries`` starts in all; any other outcome (running, done,
+    failed otherwise, still initializing after ``wait_s``) is returned as it is.
+    """
+    for attempt in range(1, tries + 1):
+        query = start()
+        if attempt == tries or not _worker_missed_start(query, wait_s):
+            return query
+        log.warning("query start %d of %d failed: Spark's Python worker did not connect "
+                    "back in time; starting again", attempt, tries)
+    raise AssertionError("unreachable: the last try returns")  # pragma: no cover
+
+
+def wait_for(query: StreamingQuery, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for the query to end; True if it has ended.
+
+    Unlike ``awaitTermination``, a query that failed is not raised here: its error is
+    ``query.exception()``.
+    """
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        # pyspark annotates whole seconds; it takes a float (int(timeout * 1000) ms)
+        return bool(query.awaitTermination(timeout_s))  # type: ignore[arg-type]
+    except StreamingQueryException:
+        return True
+
+
+def _worker_missed_start(query: StreamingQuery, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while query.status.get("message") == INITIALIZING:
+        if time.monotonic() > deadline or wait_for(query, 0.05):
+            break
+    if query.isActive:
+        return False
+    error = query.exception()
+    return error is not None and WORKER_NO_SHOW in str(error)
 
 
 def batch_rows(query: StreamingQuery) -> dict[int, int]:

@@ -36,6 +36,7 @@ from pybroker.spark.pipeline import (  # noqa: E402 (needs pyspark)
     batch_rows,
     find_java,
     spark_session,
+    start_query,
     start_archive,
 )
 
@@ -257,10 +258,10 @@ def test_stream_sink_copies_a_topic(spark: Any, big_broker: BrokerProcess,
               .option("lookupd", lookupd.http_hostport)
               .option("topic", src).option("channel", "copy").option("max_in_flight", "4000")
               .option("checkpoint", str(tmp_path / "ck")).load())
-        query = (df.select("body").writeStream.format("pybroker")
-                 .option("nsqd", big_broker.tcp_hostport).option("topic", dst)
-                 .option("checkpointLocation", str(tmp_path / "ck"))
-                 .trigger(availableNow=True).start())
+        query = start_query(lambda: df.select("body").writeStream.format("pybroker")
+                            .option("nsqd", big_broker.tcp_hostport).option("topic", dst)
+                            .option("checkpointLocation", str(tmp_path / "ck"))
+                            .trigger(availableNow=True).start())
         assert query.awaitTermination(120)
     assert query.exception() is None
     assert sorted(set(consume(big_broker, dst, 5000))) == sent
@@ -312,6 +313,41 @@ def test_archive_command(spark: Any, big_broker: BrokerProcess, tmp_path: Path) 
     assert {r.user for r in rows} == {f"u{i}" for i in range(7)}
     wait_until(lambda: drained(big_broker, topic, "cli"), 10, what="FINs")
     assert spark.range(3).count() == 3                # the session is still up
+
+
+SLOW_FIRST_READER = """#!/bin/sh
+# The first stream reader worker starts after Spark stopped waiting for it (10 s).
+case "$*" in *python_streaming_source_runner*)
+  if mkdir "$SLOW_MARK" 2>/dev/null; then sleep 12; fi;;
+esac
+exec "$REAL_PYTHON" "$@"
+"""
+
+
+def test_archive_command_starts_again_when_the_reader_worker_is_late(
+        big_broker: BrokerProcess, tmp_path: Path) -> None:
+    """Spark ends a query whose stream reader worker misses its 10 s: the command starts
+    it again from the checkpoint, and everything is archived once."""
+    topic = unique_name("sk_late")
+    sent = bodies("l", 2000)
+    publish(big_broker, topic, sent)
+    python = tmp_path / "python"
+    python.write_text(SLOW_FIRST_READER)
+    python.chmod(0o755)
+    env = {**os.environ, "PYSPARK_PYTHON": str(python), "REAL_PYTHON": sys.executable,
+           "SLOW_MARK": str(tmp_path / "slowed")}
+    out = tmp_path / "lake"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pybroker.spark.cli", "archive", f"--topic={topic}",
+         "--channel=late", f"--output={out}", "--mode=channel", "--master=local[2]",
+         f"--nsqd-tcp-address={big_broker.tcp_hostport}", "--available-now",
+         "--max-in-flight=4000", "--conf=spark.ui.enabled=false"],
+        capture_output=True, text=True, timeout=200, check=False, env=env)
+    assert (tmp_path / "slowed").is_dir(), "the first reader worker was not slowed"
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "query start 1 of 3 failed" in proc.stderr, proc.stderr[-3000:]
+    assert "archived 2000 messages" in proc.stderr, proc.stderr[-3000:]
+    wait_until(lambda: drained(big_broker, topic, "late"), 10, what="FINs")
 
 
 def test_archive_command_usage_errors(tmp_path: Path) -> None:
