@@ -225,7 +225,9 @@ def start_archive(spark: SparkSession, job: ArchiveJob) -> StreamingQuery:
 WORKER_NO_SHOW = "Python worker failed to connect back"
 START_TRIES = 3          # starts of one query, the first included
 START_WAIT_S = 60.0      # longest wait for one start's sources (Spark's own bound is 10 s)
-INITIALIZING = "Initializing sources"
+# a query's status message until its sources are up: "Initializing StreamExecution"
+# before its thread runs, then "Initializing sources"
+INITIALIZING = "Initializing "
 
 
 def start_query(start: Callable[[], StreamingQuery],
@@ -262,7 +264,7 @@ def wait_for(query: StreamingQuery, timeout_s: float) -> bool:
 
 def _worker_missed_start(query: StreamingQuery, wait_s: float) -> bool:
     deadline = time.monotonic() + wait_s
-    while query.status.get("message") == INITIALIZING:
+    while str(query.status.get("message", "")).startswith(INITIALIZING):
         if time.monotonic() > deadline or wait_for(query, 0.05):
             break
     if query.isActive:
