@@ -6,12 +6,15 @@ both logs must be the same (addresses aside)."""
 from __future__ import annotations
 
 import re
+import subprocess
+import threading
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
 
 import pytest
 
+from pybroker.testing import LISTEN_RE, split_addr
 from tests.support.broker import BrokerProcess, unique_name, wait_until
 from tests.support.wire import WireClient
 
@@ -149,3 +152,55 @@ def test_log_level_can_change_at_run_time(make_broker: Callable[..., BrokerProce
         producer.pub(topic, b"x")
     wait_until(lambda: ("DEBUG", f"PROTOCOL(V2): [ADDR] [PUB {topic}]") in parsed(b), 5,
                what="the PUB's DEBUG line")
+
+
+class StalledLog(BrokerProcess):
+    """A broker whose stderr is read until it listens, then not at all until ``resume``:
+    a log collector that stopped reading (the pipe's 64 KiB then fill)."""
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.reading = threading.Event()
+        self.reading.set()
+
+    def _read_stderr(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stderr is not None
+        for raw in proc.stderr:
+            line = raw.decode("utf-8", "replace")
+            self.stderr_lines.append(line)
+            m = LISTEN_RE.search(line)
+            if m and m.group(1) == "TCP":
+                self.tcp_address = split_addr(m.group(2))
+            elif m and m.group(1) == "HTTP":
+                self.http_address = split_addr(m.group(2))
+            self.reading.wait()
+
+    def resume(self) -> None:
+        self.reading.set()
+
+
+def test_a_log_nobody_reads_holds_no_client() -> None:
+    """Every command logs a DEBUG line; with the log's pipe full, 3,000 PUBs on new and
+    old connections are still answered, and the lines come once the pipe is read."""
+    b = StalledLog("pybroker", ["--log-level=debug"]).start()
+    try:
+        b.reading.clear()
+        topic = unique_name("stall")
+        sent = 0
+        with WireClient.connect(b.tcp_address) as producer:     # type: ignore[arg-type]
+            for i in range(30):
+                with WireClient.connect(b.tcp_address) as other:  # type: ignore[arg-type]
+                    other.pub(topic, b"x" * 10)                 # (waits for its OK)
+                for _ in range(99):
+                    producer.pub(topic, b"%05d" % i)
+                sent += 100
+        assert b.ping(), "the HTTP server did not answer"
+        assert sent == 3000
+        b.resume()
+        wait_until(lambda: sum(f"[PUB {topic}]" in line for line in b.stderr_lines) >= 3000
+                   or "log lines dropped" in b.stderr_text(), 20,
+                   what="the PUB lines after the pipe was read again")
+    finally:
+        b.resume()
+        b.stop()
+        b.cleanup()
