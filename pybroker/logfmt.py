@@ -28,17 +28,26 @@ LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
           "warning": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL}
 
 
+_LEVEL_WORDS = {"WARNING": "WARN", "CRITICAL": "FATAL"}   # nsqd's words for them
+
+
 class NsqFormatter(logging.Formatter):
     """nsqd's log line: ``[pybroker] 2006/01/02 15:04:05.000000 INFO: message``."""
 
     def __init__(self, prefix: str = "[pybroker] ") -> None:
         super().__init__()
         self.prefix = prefix
+        self._second = -1         # the whole second last formatted, and its text
+        self._second_text = ""
 
     def format(self, record: logging.LogRecord) -> str:
-        t = time.localtime(record.created)
-        stamp = time.strftime("%Y/%m/%d %H:%M:%S", t) + f".{int((record.created % 1) * 1e6):06d}"
-        level = {"WARNING": "WARN", "CRITICAL": "FATAL"}.get(record.levelname, record.levelname)
+        created = record.created
+        second = int(created)
+        if second != self._second:
+            self._second_text = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(second))
+            self._second = second
+        stamp = f"{self._second_text}.{int((created - second) * 1e6):06d}"
+        level = _LEVEL_WORDS.get(record.levelname, record.levelname)
         text = f"{self.prefix}{stamp} {level}: {record.getMessage()}"
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
@@ -67,6 +76,11 @@ class LineWriter(logging.Handler):
         self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
         self._thread.start()
 
+    def handle(self, record: logging.LogRecord) -> bool:
+        """``emit`` without Handler's lock: a deque's append is safe from any thread."""
+        self.emit(record)
+        return True
+
     def emit(self, record: logging.LogRecord) -> None:
         if len(self._waiting) >= self.max_waiting:
             with self._drops:
@@ -76,7 +90,8 @@ class LineWriter(logging.Handler):
         record.msg = record.getMessage()
         record.args = None
         self._waiting.append(record)
-        self._ready.set()
+        if not self._ready.is_set():   # (the writer clears it before it drains)
+            self._ready.set()
 
     def _run(self) -> None:
         waiting, ready = self._waiting, self._ready
@@ -131,6 +146,12 @@ class LineWriter(logging.Handler):
 def setup_logging(level: str, prefix: str = "[pybroker] ") -> logging.Logger:
     """The ``pybroker`` logger, writing nsqd's lines to stderr at ``level`` from a
     thread of its own (``LineWriter``); its lines are written at exit."""
+    # what the lines never show, not looked up for each record (the logging HOWTO's
+    # "Optimization"): the caller's frame, thread and process
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     handler = LineWriter(sys.stderr, NsqFormatter(prefix))
     atexit.register(handler.close)
     root = logging.getLogger("pybroker")
