@@ -136,3 +136,20 @@ def test_relay_floor_prints_both_settings(tmp_path: Path) -> None:
         rate, leader = float(row[1].replace(",", "")), float(row[3])
         assert rate > 0 and leader > 0, (name, proc.stdout)
     assert float(rows["relay"][4]) > 0, proc.stdout        # the followers' CPU
+
+
+def test_churn_prints_rates_beside_nsqd(tmp_path: Path) -> None:
+    """loadtest/bench_churn.py (docs/benchmarks.md, "Connection churn"): one short run
+    prints a non-zero rate and CPU a connection for pybroker and nsqd, and the ratio."""
+    nsqd = require_nsqd()
+    script = str(project_root() / "loadtest" / "bench_churn.py")
+    proc = subprocess.run([sys.executable, script, "--runs=1", "--seconds=0.5",
+                           "--threads=2", f"--nsqd={nsqd}"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    medians = {ln.split()[0]: ln.split() for ln in proc.stdout.split("medians of")[1]
+               .splitlines()[1:] if ln.strip()}
+    assert set(medians) == {"pybroker", "nsqd"}, proc.stdout
+    for row in medians.values():
+        assert float(row[1].replace(",", "")) > 0 and float(row[3]) > 0, proc.stdout
+    assert medians["pybroker"][-2].endswith("x"), proc.stdout
