@@ -57,6 +57,39 @@ POLL_NS = 200_000_000
 ASSIGN_NS = 300_000_000     # in a longer pass, fetchers are assigned this often
 
 
+
+REGISTER_TRIES = 3     # registrations tried in one join while another's keeps vanishing
+
+
+def register_node(etcd: Etcd, node_id: int, value: str, lease: int) -> int:
+    """Register ``node_id`` under ``lease``; returns the registration's create revision
+    (which tells the topics made before this process joined from those made after).
+
+    The key may be held by this node's previous run until that lease expires. It can
+    expire between the failed transaction and the read that names its holder: then the
+    transaction is tried again, never taken for a registration (a node that counted
+    itself joined at revision 0 would vouch for copies it never held: a leader back
+    with an empty disk would be elected). Raises EtcdError while another holds it (the
+    new ``lease`` revoked), and on etcd's errors.
+    """
+    key = f"{ROOT}nodes/{node_id}"
+    for _ in range(REGISTER_TRIES):
+        if etcd.txn([Compare(key, "CREATE", 0)], [put_op(key, value, lease)]):
+            break
+        found = etcd.get(key)
+        if found is None:
+            continue                        # it expired just now: register again
+        if found.lease != lease:
+            etcd.revoke(lease)
+            raise EtcdError(f"node id {node_id} is registered by another process "
+                            f"({found.value}); waiting for it to go")
+        break
+    mine = etcd.get(key)
+    if mine is None or mine.lease != lease:
+        etcd.revoke(lease)
+        raise EtcdError(f"node id {node_id}: its registration did not hold; joining again")
+    return mine.create_revision
+
 class Coordinator(SelectorLoop):
     def __init__(self, node: NodePort, tcp: str, http: str, repl: str) -> None:
         super().__init__("cluster")
@@ -164,18 +197,9 @@ class Coordinator(SelectorLoop):
         # leaderships held on an earlier lease end here, whatever the clock says: a
         # replica acknowledges only under the lease its leadership was taken with
         self.node.lease_id = self.lease_id
-        key = f"{ROOT}nodes/{self.node.id}"
-        ok = self.etcd.txn([Compare(key, "CREATE", 0)],
-                           [put_op(key, json.dumps(self.me), self.lease_id)])
-        if not ok:
-            found = self.etcd.get(key)
-            if found is not None and found.lease != self.lease_id:
-                self.etcd.revoke(self.lease_id)
-                raise EtcdError(f"node id {self.node.id} is registered by another "
-                                f"process ({found.value}); waiting for it to go")
+        created = register_node(self.etcd, self.node.id, json.dumps(self.me), self.lease_id)
         if not self._joined_rev:
-            mine = self.etcd.get(key)
-            self._joined_rev = mine.create_revision if mine is not None else 0
+            self._joined_rev = created
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
             f.write(str(self.lease_id))
