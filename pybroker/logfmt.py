@@ -87,7 +87,11 @@ class LineWriter(logging.Handler):
                 self._dropped += 1
             return
         # the message now, with the arguments as they are (an object can change later)
-        record.msg = record.getMessage()
+        try:
+            record.msg = record.getMessage()
+        except Exception:      # a bad format or argument: its line says so, never raises
+            record.msg = f"(a log line that could not be formatted: {record.msg!r} " \
+                         f"% {record.args!r})"
         record.args = None
         self._waiting.append(record)
         if not self._ready.is_set():   # (the writer clears it before it drains)

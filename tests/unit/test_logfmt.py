@@ -96,3 +96,18 @@ def test_a_closed_stream_costs_the_lines_not_the_writer() -> None:
     assert not writer._thread.is_alive()
     with contextlib.suppress(OSError):
         stream.close()
+
+
+def test_a_bad_format_costs_its_line_not_the_caller() -> None:
+    r, w = os.pipe()
+    stream = os.fdopen(w, "w")
+    writer = LineWriter(stream, NsqFormatter(""))
+    writer.emit(logging.makeLogRecord({"levelno": logging.INFO, "levelname": "INFO",
+                                       "msg": "two %d %d", "args": (1,)}))
+    writer.emit(_record(7))
+    writer.close()
+    stream.close()
+    with os.fdopen(r) as f:
+        lines = f.read().splitlines()
+    assert "could not be formatted: 'two %d %d' % (1,)" in lines[0], lines
+    assert lines[1].endswith("INFO: line 7 of many"), lines
