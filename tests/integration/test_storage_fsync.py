@@ -29,6 +29,10 @@ from tests.support.wire import WireClient
 MakeBroker = Callable[..., BrokerProcess]
 SYSCALLS = "fsync,fdatasync,pwrite64,pwritev,pwritev2,write,writev,sendto,sendmsg,recvfrom,read"
 LINE_RE = re.compile(r"^(\d+)\s+[\d.]+\s+(\w+)\((\d+)(.*)$")
+# a call another thread's call interrupted in the trace: its start, then the rest
+# (a read's data is printed in the rest: "<... recvfrom resumed>"...", ...) = 40")
+UNFINISHED = " <unfinished ...>"
+RESUMED_RE = re.compile(r"^(\d+)\s+[\d.]+\s+<\.\.\. \w+ resumed>(.*)$")
 ATTACHED_RE = re.compile(r"Process (\d+) attached(?: with (\d+) threads)?")
 
 
@@ -69,7 +73,17 @@ class Trace:
     def calls(self) -> list[tuple[str, int, str]]:
         """(syscall, fd, rest of line) in the order traced so far."""
         out = []
+        started: dict[str, str] = {}      # thread -> the start of its unfinished call
         for line in self.out.read_text(errors="replace").splitlines():
+            if line.endswith(UNFINISHED):
+                started[line.split(None, 1)[0]] = line[:-len(UNFINISHED)]
+                continue
+            resumed = RESUMED_RE.match(line)
+            if resumed:
+                start = started.pop(resumed.group(1), None)
+                if start is None:
+                    continue
+                line = start + resumed.group(2)   # where it returned: its place in order
             m = LINE_RE.match(line)
             if m:
                 out.append((m.group(2), int(m.group(3)), m.group(4)))
