@@ -155,8 +155,9 @@ def check_health(b: BrokerProcess, windows: list[Window]) -> None:
         assert not [ln for ln in lines if "writes work again" in ln], \
             "'writes work again' logged while writes failed"
     wait_until(lambda: ping(b) == (200, "OK"), timeout_s=10, what="/ping OK again")
+    wait_until(lambda: "writes work again" in b.stderr_text(), timeout_s=10,
+               what="the line saying writes work again")
     text = b.stderr_text()
-    assert "writes work again" in text
     assert "Traceback" not in text, text
 
 

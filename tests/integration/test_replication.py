@@ -1080,6 +1080,8 @@ def test_a_follower_whose_fsync_fails_does_not_acknowledge(tmp_path: Path,
         with pytest.raises(urllib.error.HTTPError) as ping:
             urllib.request.urlopen(f"{c.nodes[f].http_url}/ping", timeout=5)
         assert ping.value.code == 500 and ping.value.read().startswith(b"NOK")
+        wait_until(lambda: "not synced" in c.nodes[f].stderr_text(), 10,
+                   what="the follower's line about the records not synced")
         said = c.nodes[f].stderr_text()
         assert "not synced" in said and (
             "cutting the unsynced records" in said) == cut_fails, said[-3000:]
@@ -1152,7 +1154,9 @@ def test_a_follower_behind_the_leaders_oldest_record_begins_again_there(
                what="the returning follower to rejoin the in-sync set")
     assert (c.replication(f, TOPIC) or {}).get("log_end") == 301
     assert _oldest(c, f) >= _oldest(c, lead) - 50      # it holds from about the leader's oldest on
-    assert "below the leader's oldest record" in c.nodes[f].stderr_text()
+    # (its log lines are written by a thread of their own: soon, not at once)
+    wait_until(lambda: "below the leader's oldest record" in c.nodes[f].stderr_text(), 10,
+               what="the follower's line about beginning at the leader's oldest record")
     # its copy ends where the leader's does
     status, doc = http_json("GET", f"{c.nodes[f].http_url}/topic/offsets?topic={TOPIC}")
     assert status == 200 and int(doc["end_offset"]) == 301, doc
@@ -1196,8 +1200,8 @@ def test_a_leader_whose_disk_fails_hands_its_leadership_over(tmp_path: Path,
             r = c.replication(new, TOPIC)
             assert r is not None and old not in r["isr"] and len(r["isr"]) == 2, r
             assert (c.replication(old, TOPIC) or {}).get("role") in ("follower", "none")
-            said = c.nodes[old].stderr_text()
-            assert "handing the leadership" in said, said[-3000:]
+            wait_until(lambda: "handing the leadership" in c.nodes[old].stderr_text(), 10,
+                       what="the old leader's line about handing the leadership over")
             assert c.summary(old)["leaderships_handed_over"] == 1
             assert c.summary(new)["leaderships_handed_over"] == 0
             with urllib.request.urlopen(f"{c.nodes[old].http_url}/metrics", timeout=5) as m:
@@ -1323,7 +1327,7 @@ def _leader_back_alone(c: Cluster, damage: Callable[[Any], None], says: str) -> 
         r = c.replication(old, TOPIC)
         assert r is None or r["role"] != "leader", r
         assert sorted(_etcd_isr(c, TOPIC)) == others
-        assert says in b.stderr_text()
+        wait_until(lambda: says in b.stderr_text(), 10, what=f"the line {says!r}")
     finally:
         for i in others:
             c.nodes[i].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
@@ -1543,7 +1547,8 @@ def test_a_channel_holding_150000_deferred_messages_is_replicated_off_the_loops(
     print(f"SUBs refused before the election: {len(refused)}")
     assert held == (n + 1 + more,)
     assert all(b"election" in r or b"led by node" in r for r in refused), refused
-    assert any("taking its channels over in steps" in ln for ln in N.stderr_lines)
+    wait_until(lambda: any("taking its channels over in steps" in ln for ln in N.stderr_lines),
+               10, what="the new leader's line about taking channels over in steps")
 
 
 def test_messages_requeued_and_deferred_before_a_failover_are_delivered_after_it(
