@@ -168,17 +168,20 @@ class BrokerProcess:
     def _read_stderr(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stderr is not None
         for raw in proc.stderr:
-            line = raw.decode("utf-8", "replace")
-            self.stderr_lines.append(line)
-            m = LISTEN_RE.search(line)
-            if m:
-                addr = split_addr(m.group(2))
-                if m.group(1) == "TCP":
-                    self.tcp_address = addr
-                elif m.group(1) == "HTTPS":
-                    self.https_address = addr
-                else:
-                    self.http_address = addr
+            self._took_line(raw.decode("utf-8", "replace"))
+
+    def _took_line(self, line: str) -> None:
+        """One line of the broker's stderr, read: kept, and its listening address noted."""
+        self.stderr_lines.append(line)
+        m = LISTEN_RE.search(line)
+        if m:
+            addr = split_addr(m.group(2))
+            if m.group(1) == "TCP":
+                self.tcp_address = addr
+            elif m.group(1) == "HTTPS":
+                self.https_address = addr
+            else:
+                self.http_address = addr
 
     def stderr_text(self) -> str:
         """Everything the broker has logged so far."""

@@ -6,7 +6,6 @@ both logs must be the same (addresses aside)."""
 from __future__ import annotations
 
 import re
-import subprocess
 import threading
 import urllib.request
 from collections import Counter
@@ -14,7 +13,6 @@ from collections.abc import Callable
 
 import pytest
 
-from pybroker.testing import LISTEN_RE, split_addr
 from tests.support.broker import BrokerProcess, unique_name, wait_until
 from tests.support.wire import WireClient
 
@@ -163,17 +161,9 @@ class StalledLog(BrokerProcess):
         self.reading = threading.Event()
         self.reading.set()
 
-    def _read_stderr(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stderr is not None
-        for raw in proc.stderr:
-            line = raw.decode("utf-8", "replace")
-            self.stderr_lines.append(line)
-            m = LISTEN_RE.search(line)
-            if m and m.group(1) == "TCP":
-                self.tcp_address = split_addr(m.group(2))
-            elif m and m.group(1) == "HTTP":
-                self.http_address = split_addr(m.group(2))
-            self.reading.wait()
+    def _took_line(self, line: str) -> None:
+        super()._took_line(line)
+        self.reading.wait()
 
     def resume(self) -> None:
         self.reading.set()
