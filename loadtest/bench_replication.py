@@ -5,7 +5,7 @@ min-insync 2 (a real etcd, ``$ETCD`` or ``etcd`` on PATH), and nsqd as a referen
 
     python loadtest/bench_replication.py [--seconds 3] [--runs 3] [--connections 4]
                                          [--depth 1] [--size 200] [--batch 100]
-                                         [--writer python|bench_writer]
+                                         [--writer python|c|bench_writer]
                                          [--durability memory|fsync] [--failovers 3]
                                          [--max-insync 0]
                                          [--handovers 0]
@@ -24,7 +24,10 @@ its first GB, 0.3 GB/s after), and runs that inherited earlier runs' gigabytes m
 that, not the broker. Settings are interleaved run by run; the table shows the median of
 ``--runs`` runs (min-max), the ratio to the single node, and CPU ms per 1000 messages from /proc/PID/stat: of the
 node, of the leader, and of the whole cluster (the three nodes together), and of the
-load generator (this process's threads, ``client``). ``cpu cap`` is the rate this
+load generator (``client``: this process's threads, or the writer program it ran).
+``--writer c`` publishes with ``loadtest/pub_writer.c`` instead of this process's
+threads: the same commands, connections and depth, one C thread a connection (the
+producers do not take turns under one interpreter lock, and cost less CPU). ``cpu cap`` is the rate this
 machine's cores allow at that CPU per message (brokers and load generator, all on the
 same cores): cores / (all nodes + client); where the measured rate is near it, only less
 CPU per message moves the rate.
@@ -66,7 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_durability import build_command, publish_for  # noqa: E402
-from bench_io import _tool  # noqa: E402
+from bench_io import _tool, rdy_reader_binary  # noqa: E402
 
 from pybroker.bench.brokers import BrokerProcess  # noqa: E402
 from pybroker.config import split_hostport  # noqa: E402
@@ -229,8 +232,26 @@ def publish(args: argparse.Namespace, scenario: str, b: BrokerProcess, topic: st
                            f"--batch-size={batch}"], seconds, args.connections)
         return round(rate * dur), dur
     cmd, per = build_command(scenario, topic, args.size, args.batch)
+    if args.writer == "c":
+        return publish_c(b, cmd, per, args.connections, args.depth, seconds)
     return publish_for(split_hostport(b.tcp_address), cmd, per, args.connections,
                        args.depth, seconds)
+
+
+def publish_c(b: BrokerProcess, cmd: bytes, per_cmd: int, connections: int, depth: int,
+              seconds: float) -> tuple[int, float]:
+    """``loadtest/pub_writer.c``: the same command, connections and depth as the Python
+    threads, one C thread a connection (no interpreter lock between the producers)."""
+    with tempfile.NamedTemporaryFile(prefix="bench-cmd-") as f:
+        f.write(cmd)
+        f.flush()
+        out = subprocess.run([rdy_reader_binary("pub_writer"), b.tcp_address, f.name,
+                              str(per_cmd), str(connections), str(depth), str(seconds)],
+                             capture_output=True, text=True, timeout=seconds + 60)
+    if out.returncode != 0:
+        raise RuntimeError(f"pub_writer failed ({out.returncode}): {out.stderr[-2000:]}")
+    words = out.stdout.split()
+    return int(words[2]), float(words[4])
 
 
 def throughput(args: argparse.Namespace, settings: dict[str, Any]) -> None:
@@ -253,7 +274,7 @@ def throughput(args: argparse.Namespace, settings: dict[str, Any]) -> None:
                 n, elapsed = publish(args, scenario, b, topic, args.seconds)
                 me1 = os.times()
                 cpu = b.cpu_s() - cpu0
-                # this process's threads, or the bench_writer it ran (a child)
+                # this process's threads, or the bench_writer or pub_writer it ran (a child)
                 client = sum(me1[k] - me0[k] for k in range(4))
                 allc = (s.cpu_s() if isinstance(s, ClusterSetting) else b.cpu_s()) - all0
                 results.setdefault((scenario, name), []).append(
@@ -412,8 +433,9 @@ def main() -> None:
     p.add_argument("--size", type=int, default=200)
     p.add_argument("--batch", type=int, default=100)
     p.add_argument("--durability", choices=("memory", "fsync"), default="memory")
-    p.add_argument("--writer", choices=("python", "bench_writer"), default="python",
-                   help="the load generator: this process's threads, or nsq's "
+    p.add_argument("--writer", choices=("python", "c", "bench_writer"), default="python",
+                   help="the load generator: this process's threads, "
+                        "loadtest/pub_writer.c (a C thread a connection), or nsq's "
                         "bench_writer (GOMAXPROCS=--connections, --depth 1)")
     p.add_argument("--failovers", type=int, default=3)
     p.add_argument("--handovers", type=int, default=0,

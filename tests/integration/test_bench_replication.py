@@ -57,6 +57,28 @@ def test_a_runs_topic_is_deleted_and_its_files_go() -> None:
         b.stop()
 
 
+def test_pub_writer_counts_exactly_the_messages_answered_ok() -> None:
+    """``--writer c`` (loadtest/pub_writer.c through ``publish_c``): PUB and MPUB at depth
+    2 over 2 connections; the count it prints is the topic's message count (every command
+    it wrote was answered before it stopped), and an answer other than OK fails it."""
+    bench = loadtest_module("bench_replication")
+    b = BrokerProcess("pybroker", []).start()
+    try:
+        total = 0
+        for kind in ("PUB", "MPUB"):
+            cmd, per = bench.build_command(kind, "pw", 200, 10)
+            n, elapsed = bench.publish_c(b, cmd, per, 2, 2, 0.3)
+            assert n > 0 and n % (per * 2) == 0 and 0.3 <= elapsed < 30, (kind, n, elapsed)
+            total += n
+        doc = bench._get(f"http://{b.http_address}/stats?format=json&topic=pw")
+        assert [t["message_count"] for t in doc["topics"]] == [total], doc
+        bad, per = bench.build_command("PUB", "no/such!name", 200, 1)
+        with pytest.raises(RuntimeError, match="an answer other than OK"):
+            bench.publish_c(b, bad, per, 1, 1, 0.3)
+    finally:
+        b.stop()
+
+
 def test_a_short_run_prints_the_table() -> None:
     etcd = require_program("etcd", "to coordinate the bench's cluster (apt install "
                            "etcd-server)")
