@@ -668,6 +668,78 @@ def test_gnsq_clients_work_unchanged_across_a_failover(
         assert lookupd.stop() == 0, lookupd.text()
 
 
+def test_nsq_go_tools_work_unchanged_across_a_failover(
+        make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
+    """NSQ's own programs (go-nsq inside): to_nsq publishes to a follower (forwarded to
+    the leader), nsq_tail finds the leader through a real nsqlookupd (polled every
+    second, ``-consumer-opt``); the leader is killed; to_nsq, run again on a follower
+    once a new leader leads, is answered OK for every line; nsq_tail prints every line
+    of both runs, the new leader's within 10 s of the kill."""
+    from tests.support.programs import require_program
+    to_nsq = require_program("to_nsq")
+    nsq_tail = require_program("nsq_tail")
+    lookupd = start_nsqlookupd()
+    tail: subprocess.Popen[bytes] | None = None
+    out = tmp_path / "tail.out"
+    try:
+        c = make_cluster(f"--lookupd-tcp-address={lookupd.hostport('TCP')}",
+                         "--broadcast-address=127.0.0.1")
+        old = _create(c)
+        f = next(i for i in c.nodes if i != old)
+
+        def to_nsq_on(node: int, lines: list[bytes]) -> subprocess.Popen[bytes]:
+            proc = subprocess.Popen([to_nsq, f"-topic={TOPIC}",
+                                     f"-nsqd-tcp-address={c.nodes[node].tcp_hostport}"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE)
+            assert proc.stdin is not None
+            proc.stdin.write(b"\n".join(lines) + b"\n")
+            proc.stdin.close()
+            return proc
+
+        def answered_ok(proc: subprocess.Popen[bytes]) -> None:
+            assert proc.wait(60) == 0, proc.stderr.read().decode(errors="replace")[-2000:] \
+                if proc.stderr else proc.returncode
+
+        def printed() -> set[bytes]:
+            return set(out.read_bytes().splitlines()) if out.exists() else set()
+
+        with open(out, "wb") as sink:
+            tail = subprocess.Popen([nsq_tail, f"-topic={TOPIC}", "-channel=tail",
+                                     f"-lookupd-http-address={lookupd.hostport()}",
+                                     "-consumer-opt=lookupd_poll_interval,1s",
+                                     "-consumer-opt=lookupd_poll_jitter,0.1"],
+                                    stdout=sink, stderr=subprocess.DEVNULL)
+        # nsq_tail's channel is made when it subscribes: lines published before that
+        # would not be its own
+        wait_until(lambda: channel_stats(c.nodes[old], TOPIC, "tail") is not None, 20,
+                   0.05, what="nsq_tail to subscribe on the leader")
+        before = [f"before-{k}".encode() for k in range(200)]
+        answered_ok(to_nsq_on(f, before))
+        wait_until(lambda: set(before) <= printed(), 20, 0.05,
+                   what="nsq_tail to print every line published before the kill")
+        killed = time.monotonic()
+        c.nodes[old].kill9()
+        new = wait_until(lambda: c.leader(TOPIC, exclude=(old,)), 15, 0.05,
+                         what="a new leader")
+        other = next(i for i in c.nodes if i not in (old, new))
+        after = [f"after-{k}".encode() for k in range(200)]
+        pub = to_nsq_on(other, after)
+        wait_until(lambda: bool(set(after) & printed()), 15, 0.02,
+                   what="nsq_tail to print a line published after the kill")
+        first = time.monotonic() - killed
+        answered_ok(pub)
+        wait_until(lambda: set(after) <= printed(), 20, 0.05,
+                   what="nsq_tail to print every line published after the kill")
+        assert first < 10, f"{first:.1f}s"
+    finally:
+        if tail is not None:
+            tail.terminate()
+            tail.wait(10)
+        assert lookupd.stop() == 0, lookupd.text()
+    assert tail.returncode == 0, tail.returncode
+
+
 def test_pybroker_client_finds_the_new_leader_at_once(
         make_cluster: Callable[..., Cluster]) -> None:
     """pybroker.client with its default lookupd poll interval (60 s): its consumer,
