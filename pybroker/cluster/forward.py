@@ -1,23 +1,26 @@
 """Forwarders: a publish that reaches a node which does not lead its topic is sent on
-to the leader over an ordinary NSQ V2 connection (PUB, MPUB or DPUB, exactly as a
-client would), and answered with the leader's answer, so a producer connected to any
-node works unchanged and is answered only after the leader's acknowledgement.
+to the leader over the leader's replication address (pybroker.cluster.serve: a
+``publish`` request of pybroker.cluster.wire, the message or the MPUB body as NSQ frames
+it in the blob), and answered with the leader's answer, so a producer connected to any
+node works unchanged and is answered only after the leader's acknowledgement. The
+replication address, not the leader's NSQ port: that one may require TLS of its
+clients (``--tls-required``) or AUTH (``--auth-http-address``), which are for NSQ
+clients; this node checked its own client already.
 
 One connection per (event loop, leader node), owned by that loop (registered with its
-selector; non-blocking). Commands are pipelined; the leader answers in order, so the
-waiting publishes are a FIFO. An error frame from the leader (``E_PUB_FAILED ...``:
-fatal in NSQ) fails the publish it answers and the leader closes the connection, which
-fails the ones behind it (their producers see ``E_PUB_FAILED`` with the reason and may
-retry, as after any failed publish). A leader that cannot be reached or goes away
-before answering fails its publishes with ``lost`` set, and so does one whose error
-says it leads the topic no more (``ports.leadership_moved``: not the leader, its lease
-expired, its leadership lost or handed over): ClusterNode.divert sends them again to
-the next leader (within its deadline), as a producer retrying would.
-Heartbeats are answered with NOP.
+selector; non-blocking). Requests are pipelined, each with its id; the leader answers
+each as it settles (``{"id"}`` or ``{"id", "error"}``, the error its NSQ command would
+have got). An error fails the publish it answers (``E_PUB_FAILED ...``: the producer
+sees it with the reason and may retry, as after any failed publish). A leader that
+cannot be reached or goes away before answering fails its publishes with ``lost`` set,
+and so does one whose error says it leads the topic no more
+(``ports.leadership_moved``: not the leader, its lease expired, its leadership lost or
+handed over): ClusterNode.divert sends them again to the next leader (within its
+deadline), as a producer retrying would.
 
 Budgets: a publish waits at most ``ANSWER_NS`` for its answer (then the connection is
-dropped and everything waiting on it fails); a frame from the leader over the node's
-``max_body_size`` drops it; a connect has the same deadline.
+dropped and everything waiting on it fails); an answer frame over MAX_ANSWER, or one
+that is not an answer to a waiting request, drops it; a connect has the same deadline.
 """
 from __future__ import annotations
 
@@ -26,12 +29,12 @@ import selectors
 import socket
 import struct
 import time
-from collections import deque
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from pybroker.cluster.ports import Done, leadership_moved
+from pybroker.cluster.ports import Done, JsonObj, leadership_moved, need_int
+from pybroker.cluster.wire import Buffer, FrameReader, WireError, encode, parse_head
 from pybroker.config import split_hostport
-from pybroker.protocol.wire import HEARTBEAT
 
 if TYPE_CHECKING:
     from pybroker.cluster.nodeport import NodePort
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pybroker")
 ANSWER_NS = 10_000_000_000
+MAX_ANSWER = 64 * 1024        # an answer frame: a head naming a request, maybe an error
 
 
 class ForwardError(Exception):
@@ -52,28 +56,28 @@ class ForwardError(Exception):
         self.lost = lost
 
 
-def command(name: str, payload: Payload, defer_ns: int) -> bytes:
-    """The V2 command that publishes payload to topic name."""
+def request(rid: int, node: int, name: str, payload: Payload,
+            defer_ns: int) -> list[Buffer]:
+    """The replication frame that publishes payload to topic name (request ``rid``)."""
     if isinstance(payload, tuple):             # an MPUB body, as received
-        body = bytes(payload[0])
-        return b"MPUB " + name.encode() + b"\n" + struct.pack(">I", len(body)) + body
-    if len(payload) == 1:
-        body = bytes(payload[0])
-        if defer_ns:
-            line = b"DPUB %s %d\n" % (name.encode(), defer_ns // 1_000_000)
-        else:
-            line = b"PUB " + name.encode() + b"\n"
-        return line + struct.pack(">I", len(body)) + body
-    parts = [struct.pack(">I", len(payload))]
-    for b in payload:
-        parts.append(struct.pack(">I", len(b)))
-        parts.append(b)
-    body = b"".join(parts)
-    return b"MPUB " + name.encode() + b"\n" + struct.pack(">I", len(body)) + body
+        kind, body = "mpub", bytes(payload[0])
+    elif len(payload) == 1:
+        kind, body = ("dpub" if defer_ns else "pub"), bytes(payload[0])
+    else:
+        parts = [struct.pack(">I", len(payload))]
+        for b in payload:
+            parts.append(struct.pack(">I", len(b)))
+            parts.append(b)
+        kind, body = "mpub", b"".join(parts)
+    head: JsonObj = {"op": "publish", "id": rid, "node": node, "topic": name,
+                               "kind": kind}
+    if kind == "dpub":
+        head["defer_ns"] = defer_ns
+    return encode(head, body)
 
 
 class _Link:
-    """One connection to a leader, owned by one loop."""
+    """One connection to a leader's replication address, owned by one loop."""
 
     def __init__(self, owner: Forwarders, loop: EventLoop, leader: int, address: str) -> None:
         self.owner = owner
@@ -86,20 +90,25 @@ class _Link:
         self.sock.setblocking(False)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.connect_ex((host, port))
-        self.out = bytearray(b"  V2")
-        self.inbuf = bytearray()
-        self.waiting: deque[tuple[int, Done]] = deque()
+        self.out = bytearray()
+        self.reader = FrameReader(MAX_ANSWER)
+        self.next_id = 1
+        # request id -> (its deadline, done): ids and deadlines grow in insertion order
+        self.waiting: OrderedDict[int, tuple[int, Done]] = OrderedDict()
         self.closed = False
-        self.max_frame = int(loop.options.max_body_size) + 1024
         loop.selector.register(self.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, self)
         self.timer = loop.call_later(ANSWER_NS, self._check)
 
     def __repr__(self) -> str:
         return f"forward-to-{self.leader}"
 
-    def send(self, data: bytes, done: Done) -> None:
-        self.out += data
-        self.waiting.append((time.monotonic_ns() + ANSWER_NS, done))
+    def send(self, node: int, name: str, payload: Payload, defer_ns: int,
+             done: Done) -> None:
+        rid = self.next_id
+        self.next_id += 1
+        for piece in request(rid, node, name, payload, defer_ns):
+            self.out += piece
+        self.waiting[rid] = (time.monotonic_ns() + ANSWER_NS, done)
         self.on_writable()
 
     def on_writable(self) -> None:
@@ -131,38 +140,34 @@ class _Link:
         if not data:
             self.close("the leader closed the connection")
             return
-        self.inbuf += data
-        buf = self.inbuf
-        while len(buf) >= 8:
-            size, ftype = struct.unpack_from(">iI", buf, 0)
-            if size < 4 or size > self.max_frame:
-                self.close(f"bad frame size {size}")
-                return
-            if len(buf) < 4 + size:
-                break
-            body = bytes(buf[8:4 + size])
-            del buf[:4 + size]
-            if ftype == 0 and body == HEARTBEAT:
-                self.out += b"NOP\n"
-                self.on_writable()
-                continue
-            if not self.waiting:
-                continue
-            _, done = self.waiting.popleft()
-            if ftype == 0 and body == b"OK":
-                done(None)
-            else:
-                text = body.decode("utf-8", "replace")
-                # a leader that leads no more (a stale view here, or a leader paused
-                # past its lease, or handing over): the next leader takes it
-                done(ForwardError(f"leader node {self.leader}: {text}",
-                                  lost=leadership_moved(text)))
+        self.reader.feed(data)
+        try:
+            while True:
+                frame = self.reader.next_raw()
+                if frame is None:
+                    break
+                head = parse_head(frame[0])
+                entry = self.waiting.pop(need_int(head.get("id")), None)
+                if entry is None:
+                    raise WireError(f"an answer to no waiting request: {head!r:.200}")
+                err = head.get("error")
+                if err is None:
+                    entry[1](None)
+                else:
+                    text = str(err)
+                    # a leader that leads no more (a stale view here, or a leader paused
+                    # past its lease, or handing over): the next leader takes it
+                    entry[1](ForwardError(f"leader node {self.leader}: {text}",
+                                          lost=leadership_moved(text)))
+        except (WireError, ValueError, TypeError) as e:
+            self.close(f"the leader answered nonsense: {e}")
 
     def _check(self) -> None:
         self.timer = None
         if self.closed:
             return
-        if self.waiting and self.waiting[0][0] <= time.monotonic_ns():
+        first = next(iter(self.waiting.values()), None)
+        if first is not None and first[0] <= time.monotonic_ns():
             self.close("the leader did not answer in time")
             return
         self.timer = self.loop.call_later(ANSWER_NS // 4, self._check)
@@ -181,8 +186,8 @@ class _Link:
         if self.waiting:
             log.warning("CLUSTER: forwarding to node %d: %s (%d publishes failed)",
                         self.leader, why, len(self.waiting))
-        waiting, self.waiting = self.waiting, deque()
-        for _, done in waiting:
+        waiting, self.waiting = self.waiting, OrderedDict()
+        for _, done in waiting.values():
             done(ForwardError(f"forwarding to leader node {self.leader} failed: {why}",
                               lost=True))
 
@@ -198,7 +203,7 @@ class Forwarders:
                 defer_ns: int, done: Done) -> None:
         """On ``loop``: send the publish to ``leader``; done(None or error) there."""
         reg = self.node.nodes.get(leader)
-        address = reg["tcp"] if reg is not None else ""
+        address = reg["repl"] if reg is not None else ""
         key = (id(loop), leader)
         link = self.links.get(key)
         if link is not None and link.address != address:
@@ -211,7 +216,7 @@ class Forwarders:
                 done(ForwardError(f"cannot reach leader node {leader} ({address}): {e}",
                                   lost=True))
                 return
-        link.send(command(name, payload, defer_ns), done)
+        link.send(self.node.id, name, payload, defer_ns, done)
 
     def dropped(self, link: _Link) -> None:
         key = (id(link.loop), link.leader)
@@ -219,4 +224,4 @@ class Forwarders:
             del self.links[key]
 
 
-__all__ = ["ForwardError", "Forwarders", "command"]
+__all__ = ["ForwardError", "Forwarders", "request"]

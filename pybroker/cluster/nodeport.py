@@ -45,6 +45,9 @@ class NodePort(ReplicaHost, Protocol):
                         addresses: dict[int, str]) -> None:
         """The coordinator's thread: which replicas follow which leader now."""
 
+    def diverts(self, name: str) -> bool:
+        """A publish to ``name`` must not be appended here (any thread)."""
+
     def stats(self, name: str) -> ReplicaStats | None:
         """A replicated topic's /stats keys (any thread)."""
 

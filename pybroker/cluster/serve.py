@@ -27,6 +27,16 @@ Requests (one at a time per connection, answered in order):
   for the same moment (none stays a write behind the others). With no record to send,
   the request waits (long poll) until a write (then it is answered at the next idle
   moment too) or ``wait_ms`` (at most MAX_WAIT_MS);
+- ``{"op": "publish", "id", "node", "topic", "kind": "pub"|"dpub"|"mpub", "defer_ns"}``
+  with the message (``pub``, ``dpub``) or the MPUB body as NSQ frames it (``mpub``) in
+  the blob: a publish another node took from its client and forwards here
+  (pybroker.cluster.forward), checked as the NSQ command would be, appended as a
+  client's, and answered ``{"id"}`` once acknowledged, or ``{"id", "error"}`` with the
+  error frame's text that command would have got (a node that does not lead the topic
+  says so, ``ports.NOT_LEADER``: the sender tries the next leader). Answers come in the
+  order publishes settle, each naming its request. Unlike the node's NSQ port, this
+  one asks no TLS and no AUTH of the sender: the nodes of a cluster trust each other
+  (the sending node checked its client), and NSQ clients never see this port;
 - a compact fetch (wire.COMPACT_FETCH, once a JSON answer said ``"compact": 1``): the
   connection's last JSON fetch, kept checked (pybroker.cluster.fetchreq.Fetch), with
   new offsets; answered compact (wire.COMPACT_ANSWER) when every topic's answer is
@@ -37,8 +47,11 @@ Requests (one at a time per connection, answered in order):
   waits under one timer per connection (``_park``), moved on only when it fires early.
 
 Budgets: ``max_bytes`` is capped at MAX_FETCH_BYTES per answer; a request frame over
-MAX_REQUEST (or a head over the wire's limit) drops the connection from its header, so a
-connection buffers at most that much (pybroker.cluster.serveconn), and one naming over
+MAX_REQUEST and the node's ``max_body_size`` (``serveconn.request_limit``; or a head
+over the wire's limit) drops the connection from its header, so a connection buffers at
+most that much (pybroker.cluster.serveconn); forwarded publishes waiting for their
+acknowledgement hold at most FORWARDED_BYTES a connection (more are refused with an
+error answer, not read into memory unbounded), and one naming over
 MAX_TOPICS topics drops it too (a request is served on an event loop); at most
 MAX_CONNS connections. The last read of each topic is kept for the next follower that
 asks for the same records (pybroker.cluster.reads: bounded in topics and bytes;
@@ -50,20 +63,23 @@ import logging
 import selectors
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from time import monotonic_ns
 from typing import TYPE_CHECKING, cast
 
 from pybroker.cluster.fetchreq import MAX_FETCH_BYTES, Fetch
-from pybroker.cluster.ports import Json, JsonObj, need_int, need_objs, need_str
+from pybroker.cluster.ports import NOT_LEADER, Json, JsonObj, need_int, need_objs, need_str
 from pybroker.cluster.reads import LastReads, record_bytes
 from pybroker.cluster.replica import LEADER, Replica
-from pybroker.cluster.serveconn import MAX_REQUEST, FollowerConn
+from pybroker.cluster.serveconn import MAX_REQUEST, FollowerConn, request_limit
 from pybroker.cluster.wire import (MAX_TOPICS, WireError, encode, encode_compact_answer,
                                    encode_compact_one, is_json, parse_compact_fetch,
                                    parse_head)
+from pybroker import _native
 from pybroker.config import split_hostport
+from pybroker.errors import ClientError, DpubFailed, MpubFailed, PubFailed
 from pybroker.evloop import REPLY_SPIN_NS, SelectorLoop
+from pybroker.protocol.names import is_valid_name
 from pybroker.server.services import owner_loop
 
 if TYPE_CHECKING:
@@ -72,6 +88,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pybroker")
 MAX_CONNS = 64
+FORWARDED_BYTES = 64 * 1024 * 1024   # forwarded publishes awaiting an answer, a connection
+# a forwarded publish's kind: the error its NSQ command fails with, and its verb
+_VERBS: dict[str, tuple[type[ClientError], str]] = {
+    "pub": (PubFailed, "PUB"), "dpub": (DpubFailed, "DPUB"), "mpub": (MpubFailed, "MPUB")}
 MAX_MOVES = 8                 # a connection changes loops at most this often
 
 
@@ -96,7 +116,7 @@ class _Listener:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         loop = loops[server.accepted % len(loops)]
         server.accepted += 1
-        c = FollowerConn(server, loop, sock)
+        c = FollowerConn(server, loop, sock, server.max_request)
         with server.lock:
             server.conns.add(c)
             server.loops[id(loop)] = loop
@@ -119,6 +139,7 @@ class ReplicationServer(SelectorLoop):
         self.loops: dict[int, EventLoop] = {}     # (under lock) loops serving some
         self.lock = threading.Lock()
         self.accepted = 0
+        self.max_request = request_limit(int(node.options.max_body_size))
         self.reads = LastReads()
         self.selector.register(self.lsock, selectors.EVENT_READ, _Listener(self, self.lsock))
 
@@ -228,7 +249,7 @@ class ReplicationServer(SelectorLoop):
                 frame = c.reader.next_raw()
                 if frame is None:
                     break
-                self.handle_raw(c, frame[0])
+                self.handle_raw(c, frame[0], frame[1])
         except (WireError, ValueError, KeyError, TypeError) as e:
             c.close(str(e))
 
@@ -251,10 +272,10 @@ class ReplicationServer(SelectorLoop):
                     owner.call_soon_threadsafe(r.follower_gone, c.node)
 
     # -- requests ----------------------------------------------------------------------
-    def handle_raw(self, c: FollowerConn, head: bytes) -> None:
-        """A request frame's head: JSON (checked here, once), or a compact fetch
+    def handle_raw(self, c: FollowerConn, head: bytes, blob: memoryview) -> None:
+        """A request frame: its head JSON (checked here, once), or a compact fetch
         (wire.COMPACT_FETCH): the connection's last JSON fetch again, with new offsets
-        (and wait and budget)."""
+        (and wait and budget); its blob (only a forwarded publish has one)."""
         if not is_json(head):
             node, wait_ms, max_bytes, offsets = parse_compact_fetch(head)
             fetch = c.plan
@@ -269,6 +290,9 @@ class ReplicationServer(SelectorLoop):
                 self.handle(c, fetch)
             return
         req = parse_head(head)
+        if req.get("op") == "publish":
+            self._publish(c, req, blob)
+            return
         c.node = need_int(req.get("node", -1))
         topics = need_objs(req.get("topics", []))
         if len(topics) > MAX_TOPICS:
@@ -281,6 +305,61 @@ class ReplicationServer(SelectorLoop):
             self.handle(c, fetch)
         else:
             raise ValueError(f"unknown request {op!r}")
+
+    def _publish(self, c: FollowerConn, req: JsonObj, blob: memoryview) -> None:
+        """A publish forwarded by another node (on c's loop): checked as its NSQ command
+        would be (a malformed one drops the connection, as nonsense does), appended as
+        a client's, answered when settled (``{"id"}``, or ``{"id", "error"}``)."""
+        rid = need_int(req.get("id"))
+        name = need_str(req.get("topic"))
+        kind = need_str(req.get("kind"))
+        defer_ns = need_int(req.get("defer_ns", 0))
+        failed, verb = _VERBS[kind]            # (KeyError: not a kind: dropped)
+        o = c.loop.options
+        if not is_valid_name(name):
+            raise ValueError(f"a forwarded publish to {name!r}")
+        if defer_ns and (kind != "dpub" or not 0 < defer_ns <= o.max_req_timeout):
+            raise ValueError(f"a forwarded {verb} deferred {defer_ns} ns")
+        body = bytes(blob)
+        payload: list[bytes] | tuple[bytes, Sequence[int], Sequence[int]]
+        if kind == "mpub":
+            try:
+                offs, lens = _native.mpub_parts(body, o.max_msg_size,
+                                                (o.max_body_size - 4) // 5)
+            except _native.ScanError:
+                raise ValueError("a forwarded MPUB body NSQ would refuse") from None
+            payload = (body, offs, lens)
+        elif not 0 < len(body) <= o.max_msg_size:
+            raise ValueError(f"a forwarded {verb} of {len(body)} bytes")
+        else:
+            payload = [body]
+        loop = c.loop
+
+        def answer(err: Exception | None) -> None:
+            if c.loop is not loop:          # (moved by a fetch meanwhile: answered there)
+                c.loop.call_soon_threadsafe(answer, err)
+                return
+            c.forwarded -= len(body)
+            if c.closed:
+                return
+            if err is None:
+                c.send(encode({"id": rid}))
+            else:
+                text = failed(f"{verb} failed {err}").payload().decode("utf-8", "replace")
+                c.send(encode({"id": rid, "error": text}))
+
+        if self.node.diverts(name):
+            # not the leader (any more): the sender asks the next one, never a chain
+            c.forwarded += len(body)
+            answer(RuntimeError(f"{NOT_LEADER} {name} (node {self.node.id})"))
+            return
+        if c.forwarded + len(body) > FORWARDED_BYTES:
+            c.forwarded += len(body)
+            answer(RuntimeError(f"over {FORWARDED_BYTES} bytes of forwarded publishes "
+                                "wait for their acknowledgement on this leader"))
+            return
+        c.forwarded += len(body)
+        loop.publisher.submit(name, payload, defer_ns, answer)
 
     def handle(self, c: FollowerConn, req: Fetch) -> None:
         home = self._home(req)

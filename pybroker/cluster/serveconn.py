@@ -3,7 +3,8 @@
 kept buffer, frames (pybroker.cluster.wire) handed to the server one request at a
 time, answers written with ``sendmsg`` uncopied (a fetch that found records is held
 until its loop's next idle moment: pybroker.cluster.serve). Budget: a request frame
-over MAX_REQUEST drops the connection from its header.
+over the server's limit (``request_limit``: MAX_REQUEST, and a forwarded publish's
+body) drops the connection from its header.
 """
 from __future__ import annotations
 
@@ -21,15 +22,21 @@ if TYPE_CHECKING:
     from pybroker.server.loop import EventLoop
 
 log = logging.getLogger("pybroker")
-MAX_REQUEST = 1024 * 1024     # a request frame (what a follower sends) at most
+MAX_REQUEST = 1024 * 1024     # a request frame's head and the rest (a fetch: ~100 bytes)
 RECV_BYTES = 64 * 1024        # one read (a fetch request is ~100 bytes)
 SEND_PIECES = 64              # buffers one sendmsg takes
+
+
+def request_limit(max_body_size: int) -> int:
+    """The largest request frame a server with this ``max_body_size`` takes: a fetch,
+    or a publish forwarded by another node (its body at most max_body_size)."""
+    return MAX_REQUEST + max_body_size
 
 
 class ConnServer(Protocol):
     """What a connection asks of its server."""
 
-    def handle_raw(self, c: FollowerConn, head: bytes) -> None: ...
+    def handle_raw(self, c: FollowerConn, head: bytes, blob: memoryview) -> None: ...
 
     def forget(self, c: FollowerConn) -> None: ...
 
@@ -41,16 +48,17 @@ class FollowerConn:
 
     __slots__ = ("server", "loop", "sock", "reader", "out", "parked", "timer", "node",
                  "rbuf", "writing", "closed", "held", "moves", "plan", "deadline",
-                 "answered_ns", "quick")
+                 "answered_ns", "quick", "forwarded")
 
     def __init__(self, server: ConnServer, loop: EventLoop,
-                 sock: socket.socket) -> None:
+                 sock: socket.socket, max_request: int = MAX_REQUEST) -> None:
         self.server = server
         self.loop = loop
         self.sock = sock
         self.writing = False
         self.closed = False
-        self.reader = FrameReader(MAX_REQUEST)
+        self.reader = FrameReader(max_request)
+        self.forwarded = 0         # bytes of forwarded publishes not yet answered
         self.out: deque[Buffer] = deque()   # (a frame may be many pieces: popped left)
         self.parked: Fetch | None = None
         self.held = False          # parked with records to send: answered when idle
@@ -81,7 +89,7 @@ class FollowerConn:
                 frame = self.reader.next_raw()
                 if frame is None:
                     break
-                self.server.handle_raw(self, frame[0])
+                self.server.handle_raw(self, frame[0], frame[1])
         except (WireError, ValueError, KeyError, TypeError) as e:
             log.error("CLUSTER: replication peer %s: %s", self.node, e)
             self.close(str(e))
@@ -148,4 +156,4 @@ class FollowerConn:
         self.sock.close()
 
 
-__all__ = ["MAX_REQUEST", "ConnServer", "FollowerConn"]
+__all__ = ["MAX_REQUEST", "ConnServer", "FollowerConn", "request_limit"]

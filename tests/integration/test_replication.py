@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
+from pybroker.cluster.serveconn import request_limit
 from pybroker.cluster.syncs import RESUME_AFTER, SLOW_NS
 from pybroker.cluster.states import joined, parts_of, take
 from pybroker.cluster.wire import FrameReader, encode
@@ -444,12 +445,17 @@ def test_channel_states_survive_two_failovers(cluster: Cluster) -> None:
 
 def test_hostile_replication_peers_are_dropped(cluster: Cluster) -> None:
     """The replication port (never an NSQ client's) drops a peer that sends an
-    oversized frame, a head that is not JSON or an unknown request; the node goes on."""
+    oversized frame (over a fetch's limit and the default max_body_size, which a
+    forwarded publish may carry), a head that is not JSON, an unknown request or a
+    publish NSQ would refuse; the node goes on."""
     c = cluster
     lead = _create(c)
     addr = c.summary(lead)["replication_address"]
     host, _, port = addr.rpartition(":")
-    for junk in (struct.pack(">II", 1 << 30, 4), struct.pack(">II", 2 << 20, 4) + b"x" * 4096,
+    over = request_limit(5 * 1024 * 1024) + 1
+    for junk in (struct.pack(">II", 1 << 30, 4), struct.pack(">II", over, 4) + b"x" * 4096,
+                 b"".join(encode({"op": "publish", "id": 1, "node": 9, "topic": TOPIC,
+                                  "kind": "mpub"}, b"\x00\x00\x00\x01\x00")),
                  struct.pack(">II", 12, 8) + b"notjson!",
                  b"".join(encode({"op": "drop_tables"})), b"GET / HTTP/1.1\r\n\r\n"):
         with socket.create_connection((host, int(port)), timeout=5) as s:
@@ -738,6 +744,87 @@ def test_nsq_go_tools_work_unchanged_across_a_failover(
             tail.wait(10)
         assert lookupd.stop() == 0, lookupd.text()
     assert tail.returncode == 0, tail.returncode
+
+
+@pytest.mark.parametrize("publish_opts,tail_opts", [
+    (["deflate,true", "deflate_level,3"], ["snappy,true"]),
+    (["snappy,true"], ["deflate,true", "deflate_level,6"]),
+], ids=["deflate-in-snappy-out", "snappy-in-deflate-out"])
+def test_nsq_go_tools_over_tls_and_compression_through_a_follower(
+        make_cluster: Callable[..., Cluster], tmp_path: Path, publish_opts: list[str],
+        tail_opts: list[str]) -> None:
+    """Every node requires TLS of its TCP clients: to_nsq (TLS and one compression) publishes 300 lines to
+    a follower, which forwards them to the leader; nsq_tail (TLS and the other) reads
+    them from the leader, every line once and in order."""
+    from tests.support.certs import make_certs
+    from tests.support.programs import require_program
+    to_nsq = require_program("to_nsq")
+    nsq_tail = require_program("nsq_tail")
+    certs = make_certs(tmp_path / "certs")
+    c = make_cluster(f"--tls-cert={certs.server_cert}", f"--tls-key={certs.server_key}",
+                     "--tls-required=tcp-https")
+    lead = _create(c, "tls_orders")
+    f = next(i for i in c.nodes if i != lead)
+    tls = ["tls_v1,true", f"tls_root_ca_file,{certs.ca}"]
+    tail = subprocess.Popen(
+        [nsq_tail, "-topic=tls_orders", "-channel=tail", "-n", "301",
+         f"-nsqd-tcp-address={c.nodes[lead].tcp_hostport}",
+         *[f"-consumer-opt={o}" for o in tls + tail_opts]],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: channel_stats(c.nodes[lead], "tls_orders", "tail") is not None,
+                   20, 0.05, what="nsq_tail to subscribe")
+        lines = [f"line-{k}".encode() for k in range(300)]
+        pub = subprocess.run(
+            [to_nsq, "-topic=tls_orders", f"-nsqd-tcp-address={c.nodes[f].tcp_hostport}",
+             *[f"-producer-opt={o}" for o in tls + publish_opts]],
+            input=b"\n".join(lines) + b"\n", capture_output=True, timeout=60,
+            check=False)
+        assert pub.returncode == 0, pub.stderr.decode(errors="replace")[-2000:]
+        out, err = tail.communicate(timeout=30)
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+            tail.wait(10)
+    assert tail.returncode == 0, err.decode(errors="replace")[-2000:]
+    # the topic had no channel before nsq_tail's: as nsqd, its first channel takes
+    # what was published before it (the "first" message of _create)
+    assert out.splitlines() == [b"first", *lines], out[-500:]
+
+
+def test_publishes_through_a_follower_of_a_cluster_that_asks_auth(
+        make_cluster: Callable[..., Cluster]) -> None:
+    """Every node asks an auth server (``--auth-http-address``): a producer on a follower
+    AUTHs there and publishes; the follower forwards over the replication port (the
+    leader's NSQ port would ask the forwarding node to AUTH too), so its publishes are
+    acknowledged and on every replica; a secret with no authorization is refused by the
+    follower itself."""
+    from pybroker.client import Producer
+    from pybroker.client.errors import AuthError
+    from tests.integration.test_auth import AuthServer
+
+    server = AuthServer()
+    try:
+        c = make_cluster(f"--auth-http-address={server.address}")
+        lead = _create(c, "pub_orders")
+        f = next(i for i in c.nodes if i != lead)
+        with Producer(c.nodes[f].tcp_hostport, auth_secret="good") as p:
+            for k in range(20):
+                p.publish("pub_orders", f"m{k}".encode())
+            p.multi_publish("pub_orders", [b"a", b"b", b"c"])
+        asked = [q.get("secret") for q in server.queries]
+        assert asked and set(asked) == {"good"}, asked
+
+        def replicated() -> bool:
+            return all((c.replication(i, "pub_orders") or {}).get("log_end") == 24
+                       for i in c.nodes)
+
+        wait_until(replicated, 20, 0.05, what="every replica to hold the 24 records")
+        with pytest.raises(AuthError, match="E_UNAUTHORIZED"):
+            with Producer(c.nodes[f].tcp_hostport, auth_secret="none") as p:
+                p.publish("pub_orders", b"refused")
+    finally:
+        server.stop()
 
 
 def test_pybroker_client_finds_the_new_leader_at_once(

@@ -12,6 +12,7 @@ import struct
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Iterator
 
 import pytest
@@ -21,7 +22,8 @@ from pybroker.cluster.fetcher import Fetcher
 from pybroker.cluster.replica import FOLLOWER, ShippedParts, ShippedStates
 from pybroker.cluster.rules import EpochHistory
 from pybroker.cluster.reads import LastReads, record_bytes
-from pybroker.cluster.serve import MAX_REQUEST, ReplicationServer
+from pybroker.cluster.serve import ReplicationServer
+from pybroker.cluster.serveconn import request_limit
 from pybroker.cluster.wire import MAX_TOPICS, FrameReader, encode, encode_compact_answer, \
     encode_compact_fetch, is_json, parse_compact_fetch, parse_head
 from pybroker.evloop import SelectorLoop
@@ -483,10 +485,22 @@ class _Runtime:
         self.loops = [loop]
 
 
+_BODY = 1 << 20          # the fake node's max_body_size
+
+
 class _ServerNode:
+    """A node that leads nothing: a forwarded publish is answered "not the leader"."""
+
     def __init__(self, loop: SelectorLoop) -> None:
+        self.id = 1
         self.runtime = _Runtime(loop)
         self.replicas: dict[str, object] = {}
+        self.options = SimpleNamespace(max_body_size=_BODY, max_msg_size=1 << 16,
+                                       max_req_timeout=3600 * 10**9)
+        loop.options = self.options          # type: ignore[attr-defined]
+
+    def diverts(self, name: str) -> bool:
+        return True
 
 
 @pytest.fixture
@@ -537,7 +551,23 @@ def test_the_server_answers_a_fetch_of_a_topic_it_does_not_lead(
 
 
 @pytest.mark.parametrize("request_", [
-    struct.pack(">II", MAX_REQUEST + 1, 4),                     # over the request limit
+    struct.pack(">II", request_limit(_BODY) + 1, 4),            # over the request limit
+    # forwarded publishes NSQ would refuse, or that are not publishes at all
+    b"".join(encode({"op": "publish", "id": 1, "node": 2, "topic": "t", "kind": "sub"},
+                    b"x")),
+    b"".join(encode({"op": "publish", "id": 1, "node": 2, "topic": "t!", "kind": "pub"},
+                    b"x")),
+    b"".join(encode({"op": "publish", "id": 1, "node": 2, "topic": "t", "kind": "pub"})),
+    b"".join(encode({"op": "publish", "id": 1, "node": 2, "topic": "t", "kind": "pub"},
+                    b"x" * ((1 << 16) + 1))),
+    b"".join(encode({"op": "publish", "id": 1, "node": 2, "topic": "t", "kind": "pub",
+                     "defer_ns": 10**9}, b"x")),
+    b"".join(encode({"op": "publish", "id": 1, "node": 2, "topic": "t", "kind": "dpub",
+                     "defer_ns": 3601 * 10**9}, b"x")),
+    b"".join(encode({"op": "publish", "id": 1, "node": 2, "topic": "t", "kind": "mpub"},
+                    struct.pack(">iI", 2, 1) + b"x")),
+    b"".join(encode({"op": "publish", "id": "one", "node": 2, "topic": "t",
+                     "kind": "pub"}, b"x")),
     b"".join(encode({"op": "fetch", "node": "two", "topics": []})),   # not an integer
     b"".join(encode({"op": "fetch", "node": 2, "topics": {"t": 1}})),  # not a list
     b"".join(encode({"op": "nonsense", "node": 2})),
@@ -552,6 +582,25 @@ def test_the_server_drops_a_follower_that_sends_nonsense(server: ReplicationServ
     with _connect(server) as s:
         s.sendall(request_)
         assert _closed(s)
+
+
+def test_a_publish_forwarded_to_a_node_that_leads_nothing_is_refused_by_id(
+        server: ReplicationServer) -> None:
+    """Its answer names the request and says "not the leader" (so the forwarding node
+    asks the next leader: ports.leadership_moved); the connection stays open."""
+    with _connect(server) as s:
+        reader = FrameReader()
+        for rid in (7, 8):
+            head = _exchange(s, reader, b"".join(encode(
+                {"op": "publish", "id": rid, "node": 2, "topic": "t", "kind": "pub"},
+                b"hello")))
+            assert head == {"id": rid, "error": "E_PUB_FAILED PUB failed not the leader "
+                                                "of t (node 1)"}, head
+        head = _exchange(s, reader, b"".join(encode(
+            {"op": "publish", "id": 9, "node": 2, "topic": "t", "kind": "mpub"},
+            struct.pack(">iI", 1, 2) + b"hi")))
+        assert head == {"id": 9, "error": "E_MPUB_FAILED MPUB failed not the leader of "
+                                          "t (node 1)"}, head
 
 
 def test_a_compact_fetch_must_match_the_last_fetch(server: ReplicationServer) -> None:

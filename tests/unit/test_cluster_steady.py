@@ -82,6 +82,7 @@ class _Node:
     def __init__(self, loop: SelectorLoop, r: _Replica) -> None:
         self.runtime = type("R", (), {"loops": [loop]})()
         self.replicas = {"t": r}
+        self.options = type("O", (), {"max_body_size": 5 << 20})()   # (the default)
 
 
 class _Looking(SelectorLoop):
