@@ -499,8 +499,10 @@ class _ServerNode:
                                        max_req_timeout=3600 * 10**9)
         loop.options = self.options          # type: ignore[attr-defined]
 
+        self.leads = False      # (a test may make it lead: its publishes then wait)
+
     def diverts(self, name: str) -> bool:
-        return True
+        return not self.leads
 
 
 @pytest.fixture
@@ -601,6 +603,33 @@ def test_a_publish_forwarded_to_a_node_that_leads_nothing_is_refused_by_id(
             struct.pack(">iI", 1, 2) + b"hi")))
         assert head == {"id": 9, "error": "E_MPUB_FAILED MPUB failed not the leader of "
                                           "t (node 1)"}, head
+
+
+def test_forwarded_publishes_waiting_on_a_leader_are_bounded_in_bytes(
+        server: ReplicationServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Publishes the leader took and has not answered yet (its publisher holds them:
+    here one that never settles) count against FORWARDED_BYTES; one more than fits is
+    answered at once with an error, by id, and the connection stays open."""
+    from pybroker.cluster import serve as serve_mod
+
+    monkeypatch.setattr(serve_mod, "FORWARDED_BYTES", 10)
+    node = server.node
+    node.leads = True                                        # type: ignore[attr-defined]
+    taken: list[str] = []
+    loop = node.runtime.loops[0]                             # type: ignore[attr-defined]
+    loop.publisher = SimpleNamespace(submit=lambda name, payload, defer, done:
+                                     taken.append(name))
+    with _connect(server) as s:
+        reader = FrameReader()
+        for rid in (1, 2):
+            s.sendall(b"".join(encode({"op": "publish", "id": rid, "node": 2, "topic": "t",
+                                       "kind": "pub"}, b"four")))
+        head = _exchange(s, reader, b"".join(encode(
+            {"op": "publish", "id": 3, "node": 2, "topic": "t", "kind": "pub"}, b"four")))
+        assert head == {"id": 3, "error": "E_PUB_FAILED PUB failed over 10 bytes of "
+                        "forwarded publishes wait for their acknowledgement on this "
+                        "leader"}, head
+    assert taken == ["t", "t"]
 
 
 def test_a_compact_fetch_must_match_the_last_fetch(server: ReplicationServer) -> None:
