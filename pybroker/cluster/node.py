@@ -5,11 +5,12 @@ of pybroker.cluster). It owns the coordinator thread (etcd: membership, election
 in-sync sets), the replication server (followers fetch from here), the fetchers (this
 node's follower side) and one Replica per replicated topic. The hooks elsewhere are
 narrow: the Publisher asks ``diverts``/``divert``/``refusal`` before appending and
-``await_replicas`` before answering; the SUB handler asks ``sub_refusal``; the
+``await_replicas`` before answering; the SUB handler asks ``sub_refusal``; the HTTP
+API asks ``leader_http`` before an action that changes a topic or its channels; the
 nsqlookupd registrar asks ``registers``; /stats and /metrics ask ``stats``.
 
-Threads: the ``diverts``, ``refusal``, ``sub_refusal``, ``registers`` and ``stats``
-reads may run on any thread (they read the replicas' fields, each written by one owner);
+Threads: the ``diverts``, ``refusal``, ``sub_refusal``, ``leader_http``, ``registers``
+and ``stats`` reads may run on any thread (they read the replicas' fields, each written by one owner);
 everything else says where it runs.
 """
 from __future__ import annotations
@@ -241,6 +242,22 @@ class ClusterNode:
         reg = self.nodes.get(leader)
         return (f"topic {name} is led by node {leader} ({reg['tcp'] if reg else '?'}); "
                 "subscribe there (nsqlookupd lists the leader)")
+
+    def leader_http(self, name: str) -> str | None:
+        """Where an HTTP action that changes ``name``'s topic or channels (pause, empty,
+        a channel made or deleted, its config, a rewind, a commit) must go: None, here
+        (this node leads it, or the topic is not replicated, or not known yet); the
+        leader's HTTP address; or "" while it has no leader (an election)."""
+        if is_ephemeral(name):
+            return None
+        r = self._live_replica(name)
+        if r is not None and r.role == LEADER:
+            return None
+        if r is None and name not in self.assigned and name not in self.leaders:
+            return None
+        leader = self.leaders.get(name, -1) if r is None else r.leader
+        reg = self.nodes.get(leader) if leader >= 0 and leader != self.id else None
+        return reg["http"] if reg is not None and reg["http"] else ""
 
     def sub_after_takeover(self, name: str, then: Callable[[bool], None]) -> bool:
         """(any loop) True if this node leads ``name`` but its channels are still being

@@ -442,6 +442,34 @@ def guarded(fn: Handler) -> Handler:
     return handler
 
 
+def leader_only(api: Api, fn: Handler) -> Handler:
+    """On a node of a cluster: an action that changes a replicated topic or its channels
+    is the leader's to take (its channels are the ones consumers read; a follower's
+    are the leader's shipped states, replaced at the next ship). So a follower answers
+    307 to the same path and query on the leader's HTTP address (nsqadmin's and curl
+    -L's clients follow it; the body is the message ``NOT_LEADER``), and 503
+    ``NO_LEADER`` while the topic has no leader. A missing or invalid topic goes on to
+    the handler (its 400)."""
+    def handler(req: Request) -> Response | Gather[Response]:
+        cluster = api.rt.cluster
+        if cluster is not None:
+            q, ok = parse_query(req.query)
+            name = first(q, b"topic") if ok else None
+            if name is not None and is_valid_name(name):
+                where = cluster.leader_http(name.decode())
+                if where == "":
+                    return error(503, "NO_LEADER")
+                if where is not None:
+                    loc = f"http://{where}{req.path}".encode() + (b"?" + req.query
+                                                                  if req.query else b"")
+                    r = error(307, "NOT_LEADER")
+                    r.headers = (b"Location: " + loc + b"\r\n",)
+                    return r
+        return fn(req)
+    handler.__name__ = getattr(fn, "__name__", "handler")
+    return handler
+
+
 def build_router(api: Api) -> Router:
     """nsqd's routes (http.go), each with its body limit and the answer past it."""
     o = api.opts
@@ -454,18 +482,26 @@ def build_router(api: Api) -> Router:
     r.add("POST", "/mpub", guarded(api.mpub), too_big)
     r.add("GET", "/stats", guarded(api.stats), ignored)
     for verb in ("create", "delete", "empty", "pause", "unpause"):
-        r.add("POST", f"/topic/{verb}", guarded(getattr(api, f"topic_{verb}")), ignored)
-        r.add("POST", f"/channel/{verb}", guarded(getattr(api, f"channel_{verb}")), ignored)
+        # a topic is made and deleted cluster-wide on any node (docs/replication.md);
+        # the rest changes what the leader's consumers get
+        topic_fn = guarded(getattr(api, f"topic_{verb}"))
+        r.add("POST", f"/topic/{verb}", topic_fn if verb in ("create", "delete")
+              else leader_only(api, topic_fn), ignored)
+        r.add("POST", f"/channel/{verb}",
+              leader_only(api, guarded(getattr(api, f"channel_{verb}"))), ignored)
     invalid = (o.max_msg_size, error(413, "INVALID_VALUE", close=True))
     r.add("GET", "/config/:opt", api.options.handle)
     r.add("PUT", "/config/:opt", api.options.handle, invalid)
     r.add("GET", "/metrics", api.metrics)  # beyond nsqd: Prometheus
-    r.add("POST", "/channel/rewind", guarded(api.channel_rewind))  # beyond nsqd: replay
+    r.add("POST", "/channel/rewind",                               # beyond nsqd: replay
+          leader_only(api, guarded(api.channel_rewind)))
     # beyond nsqd: a channel's max attempts and dead-letter topic
     r.add("GET", "/channel/config", guarded(lambda req: channelconfig.get_config(api, req)))
-    r.add("POST", "/channel/config", guarded(lambda req: channelconfig.post_config(api, req)))
+    r.add("POST", "/channel/config",
+          leader_only(api, guarded(lambda req: channelconfig.post_config(api, req))))
     # beyond nsqd: the log read by offset (the partitioned Spark source; logread.py)
     r.add("GET", "/topic/offsets", guarded(lambda req: logread.topic_offsets(api, req)))
     r.add("GET", "/topic/read", guarded(lambda req: logread.topic_read(api, req)))
-    r.add("POST", "/channel/commit", guarded(lambda req: logread.channel_commit(api, req)))
+    r.add("POST", "/channel/commit",
+          leader_only(api, guarded(lambda req: logread.channel_commit(api, req))))
     return r

@@ -827,6 +827,58 @@ def test_publishes_through_a_follower_of_a_cluster_that_asks_auth(
         server.stop()
 
 
+def test_actions_on_a_followers_http_port_are_sent_to_the_leader(
+        make_cluster: Callable[..., Cluster]) -> None:
+    """A channel's pause (and the other actions that change a replicated topic or its
+    channels) on a follower answers 307 to the same path on the leader, which curl -L
+    and nsqadmin (given every node's HTTP address, so it asks the followers too)
+    follow: the leader's channel is paused and unpaused (whose state the followers
+    hold for a failover: test_a_paused_topic_and_channel_settings_survive_failover).
+    A follower never answers 200 for a change it did not make where consumers read.
+    Making and deleting a topic stay cluster-wide on any node."""
+    from tests.support.nsqtools import start_nsqadmin
+    from tests.support.programs import require_program
+    curl = require_program("curl")
+    c = make_cluster("--broadcast-address=127.0.0.1")   # (the Location's host)
+    lead = _create(c, "adm")
+    f = next(i for i in c.nodes if i != lead)
+    status, _ = http_json("POST", f"{c.nodes[lead].http_url}/channel/create?topic=adm"
+                          "&channel=c1")
+    assert status == 200
+    path = "/channel/pause?topic=adm&channel=c1"
+    req = urllib.request.Request(c.nodes[f].http_url + path, data=b"", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as caught:      # (urllib does not follow it)
+        urllib.request.urlopen(req, timeout=10)
+    assert caught.value.code == 307, caught.value
+    assert caught.value.headers["Location"] == c.nodes[lead].http_url + path
+    assert json.loads(caught.value.read()) == {"message": "NOT_LEADER"}
+    out = subprocess.run([curl, "-sS", "-L", "-X", "POST", "-o", "/dev/null", "-w",
+                          "%{http_code} %{url_effective}", c.nodes[f].http_url + path],
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert out.stdout == f"200 {c.nodes[lead].http_url}{path}", (out.stdout, out.stderr)
+
+    def paused(i: int) -> bool | None:
+        ch = channel_stats(c.nodes[i], "adm", "c1")
+        return None if ch is None else bool(ch["paused"])
+
+    assert paused(lead) is True
+    admin = start_nsqadmin(*[f"--nsqd-http-address={b.http_hostport}"
+                             for b in c.nodes.values()])
+    try:
+        status, body = http_json("POST", f"http://{admin.hostport()}/api/topics/adm/c1",
+                                 {"action": "unpause"})
+        assert status == 200, (status, body, admin.text()[-2000:])
+        assert paused(lead) is False
+    finally:
+        assert admin.stop() == 0, admin.text()
+    # made and deleted through a follower: cluster-wide, answered there
+    status, _ = http_json("POST", f"{c.nodes[f].http_url}/topic/create?topic=adm2")
+    assert status == 200
+    wait_until(lambda: c.leader("adm2") is not None, 15, 0.05, what="a leader of adm2")
+    status, _ = http_json("POST", f"{c.nodes[f].http_url}/topic/delete?topic=adm2")
+    assert status == 200
+
+
 def test_pybroker_client_finds_the_new_leader_at_once(
         make_cluster: Callable[..., Cluster]) -> None:
     """pybroker.client with its default lookupd poll interval (60 s): its consumer,
