@@ -30,9 +30,10 @@ Requests (one at a time per connection, answered in order):
 - ``{"op": "publish", "id", "node", "topic", "kind": "pub"|"dpub"|"mpub", "defer_ns"}``
   with the message (``pub``, ``dpub``) or the MPUB body as NSQ frames it (``mpub``) in
   the blob: a publish another node took from its client and forwards here
-  (pybroker.cluster.forward), checked as the NSQ command would be, appended as a
-  client's, and answered ``{"id"}`` once acknowledged, or ``{"id", "error"}`` with the
-  error frame's text that command would have got (a node that does not lead the topic
+  (pybroker.cluster.forward), checked as the NSQ command would be (refused with that
+  command's error, by id), appended as a client's, and answered ``{"id"}`` once
+  acknowledged, or ``{"id", "error"}`` with the error frame's text that command would
+  have got (a node that does not lead the topic
   says so, ``ports.NOT_LEADER``: the sender tries the next leader). Answers come in the
   order publishes settle, each naming its request. Unlike the node's NSQ port, this
   one asks no TLS and no AUTH of the sender: the nodes of a cluster trust each other
@@ -77,13 +78,16 @@ from pybroker.cluster.wire import (MAX_TOPICS, WireError, encode, encode_compact
                                    parse_head)
 from pybroker import _native
 from pybroker.config import split_hostport
-from pybroker.errors import ClientError, DpubFailed, MpubFailed, PubFailed
+from pybroker.errors import BadMessage, BadTopic, ClientError, DpubFailed, Invalid, \
+    MpubFailed, PubFailed, go_quote
 from pybroker.evloop import REPLY_SPIN_NS, SelectorLoop
+from pybroker.protocol.decoder import mpub_body_error
 from pybroker.protocol.names import is_valid_name
 from pybroker.server.services import owner_loop
 
 if TYPE_CHECKING:
     from pybroker.cluster.nodeport import NodePort
+    from pybroker.config import Options
     from pybroker.server.loop import EventLoop
 
 log = logging.getLogger("pybroker")
@@ -93,6 +97,28 @@ FORWARDED_BYTES = 64 * 1024 * 1024   # forwarded publishes awaiting an answer, a
 _VERBS: dict[str, tuple[type[ClientError], str]] = {
     "pub": (PubFailed, "PUB"), "dpub": (DpubFailed, "DPUB"), "mpub": (MpubFailed, "MPUB")}
 MAX_MOVES = 8                 # a connection changes loops at most this often
+
+
+def _refusal(verb: str, kind: str, name: str, defer_ns: int, body: bytes, o: Options
+             ) -> ClientError | list[bytes] | tuple[bytes, Sequence[int], Sequence[int]]:
+    """A forwarded publish as its NSQ command would be checked here: the error that
+    command would get, or its payload (the message, or the MPUB body with its parts)."""
+    if not is_valid_name(name):
+        return BadTopic(f"{verb} topic name {go_quote(name)} is not valid")
+    if defer_ns and (kind != "dpub" or not 0 < defer_ns <= o.max_req_timeout):
+        return Invalid(f"{verb} timeout {defer_ns // 1_000_000} out of range "
+                       f"0-{o.max_req_timeout // 1_000_000}")
+    if kind == "mpub":
+        try:
+            offs, lens = _native.mpub_parts(body, o.max_msg_size, (o.max_body_size - 4) // 5)
+        except _native.ScanError as e:
+            return mpub_body_error(e, o.max_msg_size, len(body))
+        return body, offs, lens
+    if not body:
+        return BadMessage(f"{verb} invalid message body size 0")
+    if len(body) > o.max_msg_size:
+        return BadMessage(f"{verb} message too big {len(body)} > {o.max_msg_size}")
+    return [body]
 
 
 class _Listener:
@@ -308,31 +334,22 @@ class ReplicationServer(SelectorLoop):
 
     def _publish(self, c: FollowerConn, req: JsonObj, blob: memoryview) -> None:
         """A publish forwarded by another node (on c's loop): checked as its NSQ command
-        would be (a malformed one drops the connection, as nonsense does), appended as
-        a client's, answered when settled (``{"id"}``, or ``{"id", "error"}``)."""
+        would be (what the command would be refused for is answered with that error,
+        by id: nodes whose limits differ; a request without an id or a kind drops the
+        connection, as nonsense does), appended as a client's, answered when settled
+        (``{"id"}``, or ``{"id", "error"}``)."""
         rid = need_int(req.get("id"))
         name = need_str(req.get("topic"))
         kind = need_str(req.get("kind"))
         defer_ns = need_int(req.get("defer_ns", 0))
         failed, verb = _VERBS[kind]            # (KeyError: not a kind: dropped)
         o = c.loop.options
-        if not is_valid_name(name):
-            raise ValueError(f"a forwarded publish to {name!r}")
-        if defer_ns and (kind != "dpub" or not 0 < defer_ns <= o.max_req_timeout):
-            raise ValueError(f"a forwarded {verb} deferred {defer_ns} ns")
         body = bytes(blob)
-        payload: list[bytes] | tuple[bytes, Sequence[int], Sequence[int]]
-        if kind == "mpub":
-            try:
-                offs, lens = _native.mpub_parts(body, o.max_msg_size,
-                                                (o.max_body_size - 4) // 5)
-            except _native.ScanError:
-                raise ValueError("a forwarded MPUB body NSQ would refuse") from None
-            payload = (body, offs, lens)
-        elif not 0 < len(body) <= o.max_msg_size:
-            raise ValueError(f"a forwarded {verb} of {len(body)} bytes")
-        else:
-            payload = [body]
+        bad = _refusal(verb, kind, name, defer_ns, body, o)
+        if isinstance(bad, ClientError):
+            c.send(encode({"id": rid, "error": bad.payload().decode("utf-8", "replace")}))
+            return
+        payload = bad
         loop = c.loop
 
         def answer(err: Exception | None) -> None:

@@ -447,7 +447,7 @@ def test_hostile_replication_peers_are_dropped(cluster: Cluster) -> None:
     """The replication port (never an NSQ client's) drops a peer that sends an
     oversized frame (over a fetch's limit and the default max_body_size, which a
     forwarded publish may carry), a head that is not JSON, an unknown request or a
-    publish NSQ would refuse; the node goes on."""
+    publish of no kind; the node goes on."""
     c = cluster
     lead = _create(c)
     addr = c.summary(lead)["replication_address"]
@@ -455,7 +455,7 @@ def test_hostile_replication_peers_are_dropped(cluster: Cluster) -> None:
     over = request_limit(5 * 1024 * 1024) + 1
     for junk in (struct.pack(">II", 1 << 30, 4), struct.pack(">II", over, 4) + b"x" * 4096,
                  b"".join(encode({"op": "publish", "id": 1, "node": 9, "topic": TOPIC,
-                                  "kind": "mpub"}, b"\x00\x00\x00\x01\x00")),
+                                  "kind": "truncate"}, b"x")),
                  struct.pack(">II", 12, 8) + b"notjson!",
                  b"".join(encode({"op": "drop_tables"})), b"GET / HTTP/1.1\r\n\r\n"):
         with socket.create_connection((host, int(port)), timeout=5) as s:

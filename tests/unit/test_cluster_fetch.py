@@ -554,22 +554,13 @@ def test_the_server_answers_a_fetch_of_a_topic_it_does_not_lead(
 
 @pytest.mark.parametrize("request_", [
     struct.pack(">II", request_limit(_BODY) + 1, 4),            # over the request limit
-    # forwarded publishes NSQ would refuse, or that are not publishes at all
+    # requests to publish without a kind, an id or a topic that can be read
     b"".join(encode({"op": "publish", "id": 1, "node": 2, "topic": "t", "kind": "sub"},
                     b"x")),
-    b"".join(encode({"op": "publish", "id": 1, "node": 2, "topic": "t!", "kind": "pub"},
-                    b"x")),
-    b"".join(encode({"op": "publish", "id": 1, "node": 2, "topic": "t", "kind": "pub"})),
-    b"".join(encode({"op": "publish", "id": 1, "node": 2, "topic": "t", "kind": "pub"},
-                    b"x" * ((1 << 16) + 1))),
-    b"".join(encode({"op": "publish", "id": 1, "node": 2, "topic": "t", "kind": "pub",
-                     "defer_ns": 10**9}, b"x")),
-    b"".join(encode({"op": "publish", "id": 1, "node": 2, "topic": "t", "kind": "dpub",
-                     "defer_ns": 3601 * 10**9}, b"x")),
-    b"".join(encode({"op": "publish", "id": 1, "node": 2, "topic": "t", "kind": "mpub"},
-                    struct.pack(">iI", 2, 1) + b"x")),
     b"".join(encode({"op": "publish", "id": "one", "node": 2, "topic": "t",
                      "kind": "pub"}, b"x")),
+    b"".join(encode({"op": "publish", "id": 1, "node": 2, "topic": 7, "kind": "pub"},
+                    b"x")),
     b"".join(encode({"op": "fetch", "node": "two", "topics": []})),   # not an integer
     b"".join(encode({"op": "fetch", "node": 2, "topics": {"t": 1}})),  # not a list
     b"".join(encode({"op": "nonsense", "node": 2})),
@@ -603,6 +594,35 @@ def test_a_publish_forwarded_to_a_node_that_leads_nothing_is_refused_by_id(
             struct.pack(">iI", 1, 2) + b"hi")))
         assert head == {"id": 9, "error": "E_MPUB_FAILED MPUB failed not the leader of "
                                           "t (node 1)"}, head
+
+
+@pytest.mark.parametrize("head,blob,error", [
+    ({"topic": "t!", "kind": "pub"}, b"x",
+     'E_BAD_TOPIC PUB topic name "t!" is not valid'),
+    ({"topic": "t", "kind": "pub"}, b"", "E_BAD_MESSAGE PUB invalid message body size 0"),
+    ({"topic": "t", "kind": "pub"}, b"x" * ((1 << 16) + 1),
+     "E_BAD_MESSAGE PUB message too big 65537 > 65536"),
+    ({"topic": "t", "kind": "pub", "defer_ns": 10**9}, b"x",
+     "E_INVALID PUB timeout 1000 out of range 0-3600000"),
+    ({"topic": "t", "kind": "dpub", "defer_ns": 3601 * 10**9}, b"x",
+     "E_INVALID DPUB timeout 3601000 out of range 0-3600000"),
+    ({"topic": "t", "kind": "mpub"}, struct.pack(">iI", 2, 1) + b"x",
+     "E_BAD_BODY MPUB body size does not match its messages (its 9 bytes end inside "
+     "message(1)'s size)"),
+])
+def test_a_forwarded_publish_nsq_would_refuse_gets_nsqs_error_by_id(
+        server: ReplicationServer, head: dict[str, object], blob: bytes,
+        error: str) -> None:
+    """As the NSQ command would be refused (the sending node's limits may differ from
+    this one's): the error answered by id, the connection open for the next request."""
+    with _connect(server) as s:
+        reader = FrameReader()
+        got = _exchange(s, reader, b"".join(encode(
+            {"op": "publish", "id": 4, "node": 2, **head}, blob)))    # type: ignore[dict-item]
+        assert got == {"id": 4, "error": error}, got
+        got = _exchange(s, reader, b"".join(encode(
+            {"op": "publish", "id": 5, "node": 2, "topic": "t", "kind": "pub"}, b"ok")))
+        assert got["id"] == 5, got
 
 
 def test_forwarded_publishes_waiting_on_a_leader_are_bounded_in_bytes(
