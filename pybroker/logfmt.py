@@ -110,18 +110,23 @@ class LineWriter(logging.Handler):
                 lines: list[str] = []
                 while waiting and len(lines) < WRITE_SLICE:
                     record = waiting.popleft()
-                    if record is None:
-                        self._write(lines)
+                    if record is None:       # closing: the count too, if lines were lost
+                        self._write(lines + self._dropped_line())
                         return
                     lines.append(self._line(record))
                 self._write(lines)
-            with self._drops:
-                dropped, self._dropped = self._dropped, 0
-            if dropped:
-                self._write([self._line(logging.makeLogRecord({
-                    "levelno": logging.WARNING, "levelname": "WARNING",
-                    "msg": f"{dropped} log lines dropped: more than {self.max_waiting} "
-                           "waited to be written"}))])
+            self._write(self._dropped_line())
+
+    def _dropped_line(self) -> list[str]:
+        """The line that counts the lines dropped since the last such line (or none)."""
+        with self._drops:
+            dropped, self._dropped = self._dropped, 0
+        if not dropped:
+            return []
+        return [self._line(logging.makeLogRecord({
+            "levelno": logging.WARNING, "levelname": "WARNING",
+            "msg": f"{dropped} log lines dropped: more than {self.max_waiting} "
+                   "waited to be written"}))]
 
     def _line(self, record: logging.LogRecord) -> str:
         try:

@@ -68,6 +68,35 @@ def test_a_stream_that_does_not_drain_never_holds_the_caller() -> None:
     assert numbers == sorted(numbers) and numbers[-1] == emitted
 
 
+@pytest.mark.timeout(30)
+def test_lines_dropped_just_before_close_are_counted() -> None:
+    """Closed while the writer still drains the burst that overflowed: the count of the
+    dropped lines is written with the last lines (it was lost when the close came in
+    the same drain as them)."""
+    for _ in range(5):
+        r, w = os.pipe()
+        stream = os.fdopen(w, "w")
+        writer = LineWriter(stream, NsqFormatter(""), max_waiting=100)
+        emitted = 5_000
+        for i in range(emitted):
+            writer.emit(_record(i))
+        got: list[str] = []
+
+        def drain(fd: int = r, into: list[str] = got) -> None:
+            with os.fdopen(fd) as f:
+                into.extend(f.read().splitlines())
+
+        reader = threading.Thread(target=drain)
+        reader.start()
+        writer.close()
+        stream.close()
+        reader.join(10)
+        lines = [line for line in got if "log lines dropped" not in line]
+        counts = [int(line.split("WARN: ")[1].split()[0]) for line in got
+                  if "log lines dropped" in line]
+        assert counts and len(lines) + sum(counts) == emitted, (len(lines), counts)
+
+
 def test_the_message_is_made_when_logged() -> None:
     """An argument that changes after the call does not change the line."""
     r, w = os.pipe()
