@@ -69,8 +69,7 @@ def request(rid: int, node: int, name: str, payload: Payload,
             parts.append(struct.pack(">I", len(b)))
             parts.append(b)
         kind, body = "mpub", b"".join(parts)
-    head: JsonObj = {"op": "publish", "id": rid, "node": node, "topic": name,
-                               "kind": kind}
+    head: JsonObj = {"op": "publish", "id": rid, "node": node, "topic": name, "kind": kind}
     if kind == "dpub":
         head["defer_ns"] = defer_ns
     return encode(head, body)
@@ -216,7 +215,10 @@ class Forwarders:
                 done(ForwardError(f"cannot reach leader node {leader} ({address}): {e}",
                                   lost=True))
                 return
-        link.send(self.node.id, name, payload, defer_ns, done)
+        try:
+            link.send(self.node.id, name, payload, defer_ns, done)
+        except WireError as e:        # over the replication frame's limit (MAX_FRAME)
+            done(ForwardError(f"cannot forward to leader node {leader}: {e}"))
 
     def dropped(self, link: _Link) -> None:
         key = (id(link.loop), link.leader)

@@ -6,7 +6,8 @@ one named; at most MAX_MOVES times), so that on the loop that owns the topics (a
 them, with the default one loop) a follower's acknowledgement moves the high watermark
 and a write answers a parked fetch without a thread in between.
 
-Requests (one at a time per connection, answered in order):
+Requests (fetches one at a time per connection, answered in order; forwarded publishes
+pipelined, each answered by its id as it settles):
 - ``{"op": "epoch_end", "node", "topics": [{"name", "epoch"}]}``: where each asked
   epoch ends in this leader's log (``EpochHistory.end_for_epoch``), for the follower's
   truncation;
@@ -33,9 +34,8 @@ Requests (one at a time per connection, answered in order):
   (pybroker.cluster.forward), checked as the NSQ command would be (refused with that
   command's error, by id), appended as a client's, and answered ``{"id"}`` once
   acknowledged, or ``{"id", "error"}`` with the error frame's text that command would
-  have got (a node that does not lead the topic
-  says so, ``ports.NOT_LEADER``: the sender tries the next leader). Answers come in the
-  order publishes settle, each naming its request. Unlike the node's NSQ port, this
+  have got (a node that does not lead the topic says so, ``ports.NOT_LEADER``: the
+  sender tries the next leader). Unlike the node's NSQ port, this
   one asks no TLS and no AUTH of the sender: the nodes of a cluster trust each other
   (the sending node checked its client), and NSQ clients never see this port;
 - a compact fetch (wire.COMPACT_FETCH, once a JSON answer said ``"compact": 1``): the
@@ -92,11 +92,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pybroker")
 MAX_CONNS = 64
+MAX_MOVES = 8                 # a connection changes loops at most this often
 FORWARDED_BYTES = 64 * 1024 * 1024   # forwarded publishes awaiting an answer, a connection
 # a forwarded publish's kind: the error its NSQ command fails with, and its verb
 _VERBS: dict[str, tuple[type[ClientError], str]] = {
     "pub": (PubFailed, "PUB"), "dpub": (DpubFailed, "DPUB"), "mpub": (MpubFailed, "MPUB")}
-MAX_MOVES = 8                 # a connection changes loops at most this often
 
 
 def _refusal(verb: str, kind: str, name: str, defer_ns: int, body: bytes, o: Options
