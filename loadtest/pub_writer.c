@@ -56,22 +56,10 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static int write_all(int fd, const unsigned char *p, size_t n) {
+/* all n bytes sent (writing) or received: 0, or -1 on an error or a closed peer */
+static int io_all(int fd, unsigned char *p, size_t n, int writing) {
     while (n > 0) {
-        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return -1;
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-static int read_all(int fd, unsigned char *p, size_t n) {
-    while (n > 0) {
-        ssize_t k = recv(fd, p, n, 0);
+        ssize_t k = writing ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
         if (k < 0 && errno == EINTR)
             continue;
         if (k <= 0)
@@ -91,11 +79,11 @@ static void *run(void *arg) {
         return NULL;
     }
     while (!stop_flag) {
-        if (write_all(w->fd, burst, burst_len) < 0) {
+        if (io_all(w->fd, burst, burst_len, 1) < 0) {
             snprintf(w->error, sizeof w->error, "write: %s", strerror(errno));
             break;
         }
-        if (read_all(w->fd, got, want) < 0) {
+        if (io_all(w->fd, got, want, 0) < 0) {
             snprintf(w->error, sizeof w->error, "read: %s",
                      errno ? strerror(errno) : "closed");
             break;
@@ -160,6 +148,7 @@ int main(int argc, char **argv) {
         memcpy(burst + (size_t)i * cmd_len, cmd, cmd_len);
 
     static struct worker workers[MAX_CONNS];
+    unsigned char magic[] = "  V2";
     for (int i = 0; i < conns; i++) {
         int fd = socket(AF_INET, SOCK_STREAM, 0);
         int one = 1;
@@ -168,7 +157,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        if (write_all(fd, (const unsigned char *)"  V2", 4) < 0) {
+        if (io_all(fd, magic, 4, 1) < 0) {
             fprintf(stderr, "pub_writer: magic: %s\n", strerror(errno));
             return 1;
         }

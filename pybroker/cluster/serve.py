@@ -78,10 +78,10 @@ from pybroker.cluster.wire import (MAX_TOPICS, WireError, encode, encode_compact
                                    parse_head)
 from pybroker import _native
 from pybroker.config import split_hostport
-from pybroker.errors import BadMessage, BadTopic, ClientError, DpubFailed, Invalid, \
-    MpubFailed, PubFailed, go_quote
+from pybroker.errors import BadTopic, ClientError, DpubFailed, Invalid, MpubFailed, \
+    PubFailed, go_quote
 from pybroker.evloop import REPLY_SPIN_NS, SelectorLoop
-from pybroker.protocol.decoder import mpub_body_error
+from pybroker.protocol.decoder import mpub_body_error, size_error
 from pybroker.protocol.names import is_valid_name
 from pybroker.server.services import owner_loop
 
@@ -114,10 +114,9 @@ def _refusal(verb: str, kind: str, name: str, defer_ns: int, body: bytes, o: Opt
         except _native.ScanError as e:
             return mpub_body_error(e, o.max_msg_size, len(body))
         return body, offs, lens
-    if not body:
-        return BadMessage(f"{verb} invalid message body size 0")
-    if len(body) > o.max_msg_size:
-        return BadMessage(f"{verb} message too big {len(body)} > {o.max_msg_size}")
+    if not 0 < len(body) <= o.max_msg_size:
+        return size_error(verb.encode(), _native.E_MSG_SIZE, len(body), o.max_msg_size,
+                          o.max_body_size)
     return [body]
 
 

@@ -84,7 +84,7 @@ class Command:
         return f"Command({b' '.join(self.params)!r}{size}{extra})"
 
 
-def _size_error(verb: bytes, code: int, size: int, max_msg: int, max_body: int) -> ClientError:
+def size_error(verb: bytes, code: int, size: int, max_msg: int, max_body: int) -> ClientError:
     """nsqd's text for a body size that can never be valid."""
     v = verb.decode("ascii", "replace")
     if code == _native.E_MSG_SIZE:  # PUB, DPUB
@@ -229,7 +229,7 @@ class CommandDecoder:
             self._failed = True
         else:
             params = buf[line_off:line_off + line_len].split(b" ")
-            err = _size_error(params[0], status, value, self.max_msg_size, self.max_body_size)
+            err = size_error(params[0], status, value, self.max_msg_size, self.max_body_size)
             ready.append(Command(params, None, False, err))
             self._error = err
             self._failed = True
